@@ -1,0 +1,16 @@
+"""Bebop: faster RL rollouts for LLMs with MTP drafts and lossless rejection sampling.
+
+The method of arXiv 2606.12370 ("Breaking Entropy Bounds"): an MTP draft head trained once before
+RL with an end-to-end total-variation loss, rollouts verified by rejection sampling so they are
+exact samples of the policy. Folders are the method's parts:
+
+- ``bebop.mtp``: the MTP draft head, its training (``train_mtp``) and exact evaluation (``evaluate_mtp``).
+- ``bebop.losses``: draft objectives (CE, forward/reverse KL, TV, end-to-end TV).
+- ``bebop.spec``: speculative decoding: verification (``rejection_sample``) and the batched engine.
+- ``bebop.rl``: GRPO with speculative rollouts.
+- ``bebop.analysis``: acceptance-versus-entropy fits, plots and reports.
+- ``bebop.task``: the embedded synthetic task and the math task.
+- ``bebop.embedded``: the tiny default model every command uses when none is given.
+"""
+
+__version__ = "0.1.0"

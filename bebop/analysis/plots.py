@@ -1,0 +1,260 @@
+"""PNG plots of the paper's figures from plain data (lists, arrays, dicts).
+
+Each function draws one figure, writes it atomically to ``path`` (a temporary file, then a
+rename) and returns the path. Figures are built with ``matplotlib.figure.Figure`` directly, so
+importing this module or calling it never changes matplotlib's global backend or pyplot state.
+Every figure carries a title, axis labels with units and a legend, so it reads on its own.
+
+Figures (arXiv 2606.12370):
+
+- ``plot_accept_vs_entropy``: accept length against target entropy with linear fits (Figs. 1a, 8).
+- ``plot_accept_per_position``: per-position acceptance over RL steps (Figs. 2, 6).
+- ``plot_step_latency``: RL step time split into rollout and update (Fig. 7).
+- ``plot_accept_vs_temperature``: accept length against sampling temperature (Fig. 12a).
+- ``plot_rs_acceptance_by_loss``: RS acceptance per draft loss and draft step (Table 2, Fig. 4).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from bebop.analysis.fit import linear_fit
+
+FIG_DPI = 120  # sharp enough for a report, small enough to keep PNGs around 50 kB
+PANEL_INCHES = (6.4, 4.2)  # width, height of one panel
+PNG_MODE = 0o644  # mkstemp creates 0600 files; reports are meant to be shared
+LINE_STYLES = ("-", "--", ":", "-.")  # told apart within a "group / variant" family of series
+ACCEPT_LENGTH_LABEL = "accept length (tokens per verify pass, incl. bonus)"
+
+
+def _save(fig: Figure, path: str | os.PathLike) -> Path:
+    """Writes ``fig`` as a PNG to ``path`` through a temporary file and a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", suffix=".png", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            fig.savefig(f, format="png", dpi=FIG_DPI, bbox_inches="tight")
+        os.chmod(tmp, PNG_MODE)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def _check_nonempty(series: Mapping, what: str) -> None:
+    if not series:
+        raise ValueError(f"nothing to plot: {what} is empty")
+
+
+def plot_accept_vs_entropy(
+    series: Mapping[str, tuple[Sequence[float], Sequence[float]]],  # label -> ((S,) nats, (S,))
+    path: str | os.PathLike,
+    title: str = "Accept length vs target entropy",
+) -> Path:
+    """Scatters accept length against entropy per series, with a fitted line and its slope.
+
+    Args:
+        series: Per label (e.g. "rs+e2e_tv"), the mean target entropy (nats) and accept length
+            of each RL step. NaN points are skipped.
+        path: Where the PNG goes.
+        title: Figure title.
+
+    Returns:
+        ``path``.
+
+    Raises:
+        ValueError: If ``series`` is empty.
+    """
+    _check_nonempty(series, "series")
+    fig = Figure(figsize=PANEL_INCHES)
+    ax = fig.add_subplot()
+    for i, (label, (entropy, accept)) in enumerate(series.items()):
+        color = f"C{i % 10}"
+        h = np.asarray(entropy, dtype=float)
+        a = np.asarray(accept, dtype=float)
+        fit = linear_fit(h, a)
+        legend = f"{label}: slope {fit.slope:+.2f}/nat, r = {fit.r:.2f} (n = {fit.n})"
+        ax.scatter(h, a, s=12, alpha=0.6, color=color, label=legend)
+        if np.isfinite(fit.slope):
+            grid = np.linspace(np.nanmin(h), np.nanmax(h), 2)
+            ax.plot(grid, fit.predict(grid), color=color, linewidth=1.5)
+    ax.set_title(f"{title}\n(one point per RL step; lines are least-squares fits)")
+    ax.set_xlabel("mean target entropy H(p) (nats/token)")
+    ax.set_ylabel(ACCEPT_LENGTH_LABEL)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def plot_accept_per_position(
+    series: Mapping[str, tuple[Sequence[float], Sequence[Sequence[float]]]],  # label -> ((S,), (S, K))
+    path: str | os.PathLike,
+    title: str = "Per-position acceptance over RL",
+) -> Path:
+    """Draws, for each draft position j, the share of drafts accepted at j over RL steps.
+
+    Args:
+        series: Per label, the RL steps (S,) and ``spec/accepted_per_pos`` as (S, K). Series
+            may differ in K; there is one panel per position up to the largest K.
+        path: Where the PNG goes.
+        title: Figure title.
+
+    Returns:
+        ``path``.
+
+    Raises:
+        ValueError: If ``series`` is empty.
+    """
+    _check_nonempty(series, "series")
+    arrays = {
+        label: (np.asarray(steps, dtype=float), np.atleast_2d(np.asarray(accepted, dtype=float)))  # (S,), (S, K)
+        for label, (steps, accepted) in series.items()
+    }
+    num_pos = max(a.shape[1] for _, a in arrays.values())
+    fig = Figure(figsize=(PANEL_INCHES[0], 2.4 * num_pos + 0.8))
+    axes = fig.subplots(num_pos, 1, sharex=True, squeeze=False)[:, 0]
+    for i, (label, (steps, accepted)) in enumerate(arrays.items()):
+        for j in range(accepted.shape[1]):
+            axes[j].plot(steps, 100.0 * accepted[:, j], color=f"C{i % 10}", linewidth=1.2, label=label)
+    for j, ax in enumerate(axes):
+        ax.set_title(f"draft position {j + 1}", fontsize="medium")
+        ax.set_ylabel("accepted (% of drafts)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    axes[-1].set_xlabel("RL step")
+    fig.suptitle(title)
+    return _save(fig, path)
+
+
+def plot_step_latency(
+    latency: Mapping[str, tuple[float, float, float]],  # label -> (rollout_s, train_s, mtp_s)
+    path: str | os.PathLike,
+    title: str = "RL step latency",
+) -> Path:
+    """Draws one stacked bar per run: rollout, policy update and MTP update seconds per step.
+
+    The update is split into its policy (``train_s``) and MTP-head (``mtp_s``) parts so the cost
+    of online MTP training is visible; the total is written above each bar.
+
+    Args:
+        latency: Per run label, the mean rollout, policy-update and MTP-update seconds per step.
+        path: Where the PNG goes.
+        title: Figure title.
+
+    Returns:
+        ``path``.
+
+    Raises:
+        ValueError: If ``latency`` is empty.
+    """
+    _check_nonempty(latency, "latency")
+    labels = list(latency)
+    parts = np.nan_to_num(np.array([latency[k] for k in labels], dtype=float).reshape(len(labels), 3))  # (R, 3)
+    names = ("rollout", "policy update (train)", "MTP update")
+    fig = Figure(figsize=(max(PANEL_INCHES[0], 1.2 * len(labels) + 2.0), PANEL_INCHES[1]))
+    ax = fig.add_subplot()
+    x = np.arange(len(labels))
+    bottom = np.zeros(len(labels))
+    for c, name in enumerate(names):
+        ax.bar(x, parts[:, c], bottom=bottom, color=f"C{c}", label=name, width=0.6)
+        bottom += parts[:, c]
+    for xi, total in zip(x, bottom):
+        ax.annotate(f"{total:.2f} s", (xi, total), ha="center", va="bottom", fontsize="small")
+    ax.set_xticks(x, labels, rotation=20, ha="right")
+    ax.set_ylabel("mean time per RL step (s)")
+    ax.set_title(title)
+    ax.set_ylim(0, 1.15 * max(float(bottom.max()), 1e-9))
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def plot_accept_vs_temperature(
+    series: Mapping[str, tuple[Sequence[float], Sequence[float]]],  # label -> ((T,), (T,))
+    path: str | os.PathLike,
+    title: str = "Accept length vs sampling temperature",
+) -> Path:
+    """Draws accept length against sampling temperature, one line per series.
+
+    Labels of the form "group / variant" (e.g. "tv / RS", "tv / TO") share a color per group
+    and get a line style per variant, so a loss's RS and TO curves read as a pair.
+
+    Args:
+        series: Per label, the temperatures and the accept length measured at each.
+        path: Where the PNG goes.
+        title: Figure title.
+
+    Returns:
+        ``path``.
+
+    Raises:
+        ValueError: If ``series`` is empty.
+    """
+    _check_nonempty(series, "series")
+    fig = Figure(figsize=PANEL_INCHES)
+    ax = fig.add_subplot()
+    groups: dict[str, int] = {}
+    variants: dict[str, int] = {}
+    for label, (temps, accept) in series.items():
+        group, _, variant = label.partition(" / ")
+        color = f"C{groups.setdefault(group, len(groups)) % 10}"
+        style = LINE_STYLES[variants.setdefault(variant, len(variants)) % len(LINE_STYLES)]
+        t = np.asarray(temps, dtype=float)
+        a = np.asarray(accept, dtype=float)
+        order = np.argsort(t)
+        ax.plot(t[order], a[order], marker="o", linestyle=style, color=color, label=label)
+    ax.set_title(title)
+    ax.set_xlabel("sampling temperature \u03c4 (dimensionless)")
+    ax.set_ylabel(ACCEPT_LENGTH_LABEL)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def plot_rs_acceptance_by_loss(
+    alpha_rs: Mapping[str, Sequence[float]],  # loss -> (K,)
+    path: str | os.PathLike,
+    title: str = "RS acceptance per draft loss and draft step",
+) -> Path:
+    """Draws grouped bars: for each draft step, the RS acceptance sum_v min(p, q) of each loss.
+
+    Args:
+        alpha_rs: Per draft loss (e.g. "ce", "tv", "e2e_tv"), alpha_RS at draft steps 1..K.
+        path: Where the PNG goes.
+        title: Figure title.
+
+    Returns:
+        ``path``.
+
+    Raises:
+        ValueError: If ``alpha_rs`` is empty.
+    """
+    _check_nonempty(alpha_rs, "alpha_rs")
+    num_pos = max(len(v) for v in alpha_rs.values())
+    width = 0.8 / len(alpha_rs)
+    fig = Figure(figsize=PANEL_INCHES)
+    ax = fig.add_subplot()
+    x = np.arange(1, num_pos + 1)
+    for i, (loss, alphas) in enumerate(alpha_rs.items()):
+        values = 100.0 * np.asarray(alphas, dtype=float)
+        offset = (i - (len(alpha_rs) - 1) / 2) * width
+        bars = ax.bar(x[: values.size] + offset, values, width=width, color=f"C{i % 10}", label=loss)
+        ax.bar_label(bars, fmt="%.1f", fontsize="x-small")
+    ax.set_xticks(x, [str(j) for j in x])
+    ax.set_xlabel("draft step j")
+    ax.set_ylabel("RS acceptance \u03a3 min(p, q) (%)")
+    ax.set_ylim(0, 105)
+    ax.set_title(title)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(title="draft loss", fontsize="small")
+    return _save(fig, path)

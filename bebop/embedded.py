@@ -1,0 +1,202 @@
+"""The embedded default: a tiny Qwen3 model trained by the package on the embedded task, cached.
+
+Every command uses it when no ``--model`` is given. It is built from a config (no download),
+pretrained by ``bebop pretrain`` in a few CPU minutes, and cached under ``$BEBOP_CACHE_DIR``
+(default ``~/.cache/bebop``). Heads trained on it are cached beside it, one per loss.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+from bebop.task import arith
+from bebop.utils.io import BebopError, atomic_dir, write_json
+from bebop.utils.progress import progress, say, step_line
+from bebop.utils.torch_utils import resolve_device, seed_everything
+
+EMBEDDED_VERSION = "v1"  # bump when the task, tokenizer or model changes, so stale caches are not reused
+
+
+@dataclass(frozen=True)
+class PretrainConfig:
+    """How the embedded model is built and trained."""
+
+    steps: int = 1200  # optimizer steps (about 3-4 min on 2 CPU cores)
+    batch_size: int = 64  # sequences per step, drawn fresh each step
+    lr: float = 3e-3  # peak AdamW learning rate
+    warmup_steps: int = 60  # linear warmup, then cosine decay to 10%
+    weight_decay: float = 0.01  # AdamW weight decay
+    seed: int = 0  # weight init and data
+    hidden_size: int = 128  # model width D
+    num_layers: int = 8  # enough that one MTP layer costs about 1/8 of a backbone forward
+    num_heads: int = 4  # attention heads
+    num_kv_heads: int = 2  # grouped-query KV heads
+    intermediate_size: int = 384  # MLP width
+    eval_problems: int = 256  # held-out problems for accuracy/entropy after training
+    device: str = "auto"  # cpu, cuda or auto
+
+
+def cache_dir() -> Path:
+    """Where the embedded model and its heads live (``$BEBOP_CACHE_DIR`` or ``~/.cache/bebop``)."""
+    return Path(os.environ.get("BEBOP_CACHE_DIR", Path.home() / ".cache" / "bebop"))
+
+
+def embedded_model_dir() -> Path:
+    return cache_dir() / f"embedded-{EMBEDDED_VERSION}" / "model"
+
+
+def embedded_head_dir(loss: str) -> Path:
+    return cache_dir() / f"embedded-{EMBEDDED_VERSION}" / "heads" / loss
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """The embedded task's tokenizer, wrapped in the HF fast-tokenizer class (saved in the HF format)."""
+    return PreTrainedTokenizerFast(
+        tokenizer_object=arith.build_tokenizer(), pad_token=arith.PAD, eos_token=arith.EOS, unk_token=arith.UNK
+    )
+
+
+def build_model(cfg: PretrainConfig, vocab_size: int, pad_id: int, eos_id: int) -> Qwen3ForCausalLM:
+    config = Qwen3Config(
+        vocab_size=vocab_size,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        head_dim=cfg.hidden_size // cfg.num_heads,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        pad_token_id=pad_id,
+        eos_token_id=eos_id,
+        bos_token_id=None,
+    )
+    return Qwen3ForCausalLM(config)
+
+
+def _lr_at(step: int, cfg: PretrainConfig) -> float:
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    frac = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def _training_batch(
+    rng: random.Random, tok: PreTrainedTokenizerFast, batch_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, loss_mask), both (B, T): prompt + correct completion + EOS, loss on the completion."""
+    rows, masks = [], []
+    for _ in range(batch_size):
+        problem = arith.make_problem(rng)
+        prompt_ids = tok.encode(problem.prompt)
+        completion_ids = tok.encode(arith.make_solution(rng, problem)) + [tok.eos_token_id]
+        rows.append(prompt_ids + completion_ids)
+        masks.append([0] * len(prompt_ids) + [1] * len(completion_ids))
+    width = max(len(r) for r in rows)
+    ids = torch.full((batch_size, width), tok.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((batch_size, width), dtype=torch.bool)
+    for i, (r, m) in enumerate(zip(rows, masks)):
+        ids[i, : len(r)] = torch.tensor(r)
+        mask[i, : len(m)] = torch.tensor(m, dtype=torch.bool)
+    return ids, mask
+
+
+def pretrain(out_dir: str | os.PathLike, cfg: PretrainConfig = PretrainConfig(), show_progress: bool = True) -> dict:
+    """Trains the embedded model on the embedded task and saves it (``save_pretrained``) atomically.
+
+    Returns the summary also written to ``pretrain.json``: loss, accuracy and mean completion
+    entropy at T=1 on held-out problems, and wall time.
+    """
+    seed_everything(cfg.seed)
+    device = resolve_device(cfg.device)
+    tok = build_tokenizer()
+    model = build_model(cfg, len(tok), tok.pad_token_id, tok.eos_token_id).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
+    rng = random.Random(cfg.seed)
+    start = time.time()
+    loss_ema = float("nan")
+    model.train()
+    for step in progress(range(cfg.steps), total=cfg.steps, desc="pretrain", enabled=show_progress):
+        for group in opt.param_groups:
+            group["lr"] = _lr_at(step, cfg)
+        ids, mask = _training_batch(rng, tok, cfg.batch_size)
+        ids, mask = ids.to(device), mask.to(device)
+        logits = model(input_ids=ids).logits[:, :-1]
+        loss = torch.nn.functional.cross_entropy(logits[mask[:, 1:]], ids[:, 1:][mask[:, 1:]])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        loss_ema = loss.item() if step == 0 else 0.95 * loss_ema + 0.05 * loss.item()  # sync: once per step
+        if show_progress and ((step + 1) % 100 == 0 or step + 1 == cfg.steps):
+            say(step_line("pretrain", step + 1, cfg.steps, {"loss": loss_ema, "lr": _lr_at(step, cfg)}))
+    model.eval()
+    quality = evaluate_task(model, tok, num_problems=cfg.eval_problems, seed=cfg.seed + 1)
+    summary = {"loss": loss_ema, **quality, "seconds": time.time() - start, "config": asdict(cfg)}
+    with atomic_dir(out_dir) as tmp:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        write_json(tmp / "pretrain.json", summary)
+    return summary
+
+
+@torch.no_grad()
+def evaluate_task(model, tok, num_problems: int = 256, seed: int = 1, temperature: float = 1.0) -> dict:
+    """Accuracy and mean next-token entropy (nats, over completion tokens) of T=1 samples."""
+    from bebop.spec.engine import SamplingParams, generate
+
+    problems = arith.make_problems(num_problems, seed=seed)
+    result = generate(
+        model,
+        tok,
+        [p.prompt for p in problems],
+        sampling=SamplingParams(temperature=temperature, max_new_tokens=64),
+        seed=seed,
+    )
+    rewards = arith.arith_reward([p.prompt for p in problems], result.texts, answer=[p.answer for p in problems])
+    return {
+        "accuracy": sum(rewards) / len(rewards),
+        "target_entropy": result.stats.mean_target_entropy,
+        "mean_completion_tokens": sum(result.lengths) / len(result.lengths),
+    }
+
+
+def ensure_embedded_model(show_progress: bool = True) -> Path:
+    """The cached embedded model's directory, pretraining it first when it is missing."""
+    path = embedded_model_dir()
+    if not (path / "config.json").is_file():
+        say(f"bebop: no cached embedded model at {path}; pretraining it now (a few CPU minutes, once).")
+        pretrain(path, show_progress=show_progress)
+    return path
+
+
+def load_model(model_dir: str | os.PathLike | None = None, device: str = "auto", show_progress: bool = True):
+    """Loads an HF causal LM and its tokenizer from a local directory (the embedded model when None).
+
+    Raises BebopError with one clear line when the directory or its files are missing or corrupt.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(model_dir) if model_dir is not None else ensure_embedded_model(show_progress)
+    if not (path / "config.json").is_file():
+        raise BebopError(f"model directory {path} has no config.json (expected a save_pretrained directory)")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError, json.JSONDecodeError) as e:
+        raise BebopError(f"cannot load model from {path}: {str(e).splitlines()[0]}") from None
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    model.to(resolve_device(device)).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model, tok

@@ -1,0 +1,294 @@
+"""Pure tensor pieces of one GRPO step: group advantages, token logprobs, the clipped loss.
+
+GRPO (Shao et al. 2024) as used by arXiv 2606.12370 §1.4:
+
+    J(θ) = E_x[ (1/G) Σ_i (1/|y_i|) Σ_t min(r_{i,t} Â_i, clip(r_{i,t}, 1−ε, 1+ε) Â_i) ]
+    r_{i,t} = π_θ(y_{i,t} | x, y_{i,<t}) / π_θold(y_{i,t} | x, y_{i,<t})
+    Â_i = (R_i − μ_G) / σ_G   (mean and std over the G samples of prompt x)
+
+The step reads top-down: rollout -> reward -> ``group_advantages`` -> ``token_logprobs`` (old,
+reference, current) -> ``policy_loss`` -> update. Nothing here knows how rollouts were produced.
+
+Deviations from textbook GRPO:
+  1) Token-level normalisation (DAPO, Yu et al. 2025): the surrogate is summed over every valid
+     completion token of the batch and divided by the number of such tokens, instead of the
+     paper's per-sequence mean (1/|y_i|) followed by a mean over sequences. Long completions
+     therefore weigh in proportion to their length, and a token's gradient does not shrink
+     because its sequence is long.
+  2) Old logprobs are recomputed by the policy (``token_logprobs`` under ``torch.no_grad``)
+     after the rollout, not taken from the sampler, so r = 1 exactly at the first update
+     whatever numerical differences the inference engine has.
+  3) Rollouts are speculative but need no importance correction: rejection sampling accepts a
+     draft token with probability min(1, p/q) and otherwise resamples from norm(max(0, p − q)),
+     which makes every emitted token distributed exactly as the policy p.
+  4) ``scale=False`` in ``group_advantages`` gives the mean-only advantage of Dr. GRPO
+     (Liu et al. 2025); the standard deviation is the population one (see that function).
+  5) Optional KL penalty to a frozen reference with the k3 estimator (Schulman 2020), added to
+     the loss with the same token-level normalisation; the paper's runs do not state one.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+IGNORE_LOGPROB = 0.0  # value of token_logprobs outside the completion, so sums ignore it
+
+
+def group_advantages(
+    rewards: torch.Tensor,  # (B*G,)
+    group_size: int,
+    scale: bool = True,
+    eps: float = 1e-6,
+) -> torch.Tensor:  # (B*G,)
+    """Normalises rewards within each prompt's group of samples.
+
+    Rows are prompt-major: rows ``[b*G, (b+1)*G)`` are the G samples of prompt b. The standard
+    deviation is the population one (divide by G, not G−1): the group is the whole set being
+    normalised, not a sample of it, so the advantages of a group have unit RMS exactly and a
+    binary group with one success out of two gives ±1, not ±0.71.
+
+    Example:
+        >>> group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]), group_size=4, eps=0.0)
+        tensor([ 1., -1., -1.,  1.])
+
+    Args:
+        rewards: scalar reward of every sample, prompt-major.
+        group_size: G, samples per prompt.
+        scale: divide by the group's std + eps (GRPO); False keeps only the mean (Dr. GRPO).
+        eps: added to the std so zero-variance groups give zero advantages, not NaN.
+
+    Returns:
+        Advantage of every sample, same order and dtype as ``rewards`` (float).
+    """
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards must be 1-D (B*G,), got shape {tuple(rewards.shape)}")
+    if group_size < 1 or rewards.numel() % group_size != 0:
+        raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
+    grouped = rewards.float().view(-1, group_size)  # (B, G)
+    centred = grouped - grouped.mean(dim=1, keepdim=True)
+    if scale:
+        centred = centred / (grouped.std(dim=1, keepdim=True, correction=0) + eps)
+    return centred.reshape(-1)
+
+
+def pad_sequences(
+    prompt_ids: list[list[int]],
+    completion_ids: list[list[int]],
+    pad_id: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Concatenates prompt + completion per row and right-pads to the longest row.
+
+    Example:
+        >>> ids, attn, comp = pad_sequences([[5, 6], [7]], [[8], [9, 3]], pad_id=0)
+        >>> ids.tolist(), attn.tolist()
+        ([[5, 6, 8], [7, 9, 3]], [[1, 1, 1], [1, 1, 1]])
+        >>> comp.tolist()
+        [[False, False, True], [False, True, True]]
+
+    Args:
+        prompt_ids: token ids of each row's prompt; each must be non-empty, because the first
+            completion token is predicted from the last prompt position.
+        completion_ids: token ids each row sampled; may be empty.
+        pad_id: id written into padded positions (never scored).
+
+    Returns:
+        ``input_ids`` (B, T) long, ``attention_mask`` (B, T) long (1 on real tokens, HF
+        convention), ``completion_mask`` (B, T) bool (True on completion tokens).
+    """
+    if len(prompt_ids) != len(completion_ids):
+        raise ValueError(f"{len(prompt_ids)} prompts but {len(completion_ids)} completions")
+    if not prompt_ids:
+        raise ValueError("pad_sequences needs at least one row")
+    lengths = [len(p) + len(c) for p, c in zip(prompt_ids, completion_ids)]
+    num_rows, max_len = len(prompt_ids), max(lengths)
+    input_ids = torch.full((num_rows, max_len), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((num_rows, max_len), dtype=torch.long)
+    completion_mask = torch.zeros((num_rows, max_len), dtype=torch.bool)
+    for row, (prompt, completion) in enumerate(zip(prompt_ids, completion_ids)):
+        if not prompt:
+            raise ValueError(f"row {row} has an empty prompt; nothing predicts its first token")
+        n_prompt, n_total = len(prompt), lengths[row]
+        input_ids[row, :n_total] = torch.tensor(list(prompt) + list(completion), dtype=torch.long)
+        attention_mask[row, :n_total] = 1
+        completion_mask[row, n_prompt:n_total] = True
+    return input_ids, attention_mask, completion_mask
+
+
+def token_logprobs(
+    model: nn.Module,
+    input_ids: torch.Tensor,  # (B, T)
+    attention_mask: torch.Tensor,  # (B, T)
+    completion_mask: torch.Tensor,  # (B, T)
+    temperature: float = 1.0,
+) -> torch.Tensor:  # (B, T)
+    """Log-probability of each completion token under a causal LM at the sampling temperature.
+
+    The logits at position t−1 predict token t; they are divided by ``temperature`` so the
+    result is the logprob of the distribution the rollout sampled from. Rows may be padded
+    anywhere (``pad_sequences`` right-pads): position ids are the running count of real tokens
+    (``attention_mask.cumsum − 1``), so a row's real tokens get the same positions, hence the
+    same logprobs, alone or in a padded batch. Runs with gradients; wrap it in
+    ``torch.no_grad()`` for old or reference logprobs.
+
+    Args:
+        model: a Hugging Face causal LM (called with input_ids, attention_mask, position_ids;
+            returns ``.logits`` (B, T, V)).
+        input_ids: prompt + completion token ids.
+        attention_mask: 1 on real tokens, 0 on padding.
+        completion_mask: True on the tokens to score (the completion); position 0 is never
+            scored because nothing predicts it.
+        temperature: the rollout's sampling temperature, > 0.
+
+    Returns:
+        float32 logprobs, ``IGNORE_LOGPROB`` (0) wherever ``completion_mask`` is False.
+    """
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be (B, T), got shape {tuple(input_ids.shape)}")
+    if attention_mask.shape != input_ids.shape or completion_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"masks must match input_ids {tuple(input_ids.shape)}: attention_mask "
+            f"{tuple(attention_mask.shape)}, completion_mask {tuple(completion_mask.shape)}"
+        )
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 (greedy has no logprobs), got {temperature}")
+    position_ids = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+    logits = model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
+    ).logits  # (B, T, V)
+    # Upcast before the softmax: bf16 logsumexp over a large vocabulary loses ~1e-2 nats.
+    shifted = logits[:, :-1].float() / temperature  # (B, T-1, V)
+    targets = input_ids[:, 1:].unsqueeze(-1)  # (B, T-1, 1)
+    picked = shifted.gather(-1, targets).squeeze(-1) - shifted.logsumexp(dim=-1)  # (B, T-1)
+    out = torch.full(input_ids.shape, IGNORE_LOGPROB, dtype=torch.float32, device=logits.device)
+    out[:, 1:] = picked
+    return out.masked_fill(~completion_mask.bool(), IGNORE_LOGPROB)
+
+
+def sequence_logprobs(
+    model: nn.Module,
+    input_ids: torch.Tensor,  # (B, T)
+    attention_mask: torch.Tensor,  # (B, T)
+    completion_mask: torch.Tensor,  # (B, T)
+    temperature: float = 1.0,
+) -> torch.Tensor:  # (B,)
+    """Total log-probability of each row's completion; the sum of ``token_logprobs`` over T.
+
+    Args:
+        model: a Hugging Face causal LM.
+        input_ids: prompt + completion token ids.
+        attention_mask: 1 on real tokens, 0 on padding.
+        completion_mask: True on the completion tokens.
+        temperature: the rollout's sampling temperature, > 0.
+
+    Returns:
+        float32 log π(y | x) per row.
+    """
+    return token_logprobs(model, input_ids, attention_mask, completion_mask, temperature).sum(dim=1)
+
+
+def kl_k3(
+    logprobs: torch.Tensor,  # (B, T)
+    ref_logprobs: torch.Tensor,  # (B, T)
+) -> torch.Tensor:  # (B, T)
+    """Per-token k3 estimate of KL(π_θ ‖ π_ref) from tokens sampled by π_θ (Schulman 2020).
+
+    k3 = exp(ref − logp) − (ref − logp) − 1, which is ≥ 0 (since e^x ≥ 1 + x), zero when
+    the two logprobs agree, and unbiased for the KL when the token was drawn from π_θ.
+
+    Example:
+        >>> kl_k3(torch.tensor([[0.0]]), torch.tensor([[0.0]]))
+        tensor([[0.]])
+
+    Args:
+        logprobs: policy logprobs of the sampled tokens.
+        ref_logprobs: frozen reference logprobs of the same tokens.
+
+    Returns:
+        Per-token KL estimate (not masked; the caller masks).
+    """
+    if logprobs.shape != ref_logprobs.shape:
+        raise ValueError(f"shape mismatch: {tuple(logprobs.shape)} vs {tuple(ref_logprobs.shape)}")
+    log_ratio = ref_logprobs - logprobs
+    return torch.exp(log_ratio) - log_ratio - 1.0
+
+
+def _check_loss_inputs(
+    logprobs: torch.Tensor,  # (B, T)
+    old_logprobs: torch.Tensor,  # (B, T)
+    advantages: torch.Tensor,  # (B,)
+    mask: torch.Tensor,  # (B, T)
+    ref_logprobs: torch.Tensor | None,  # (B, T)
+    kl_coef: float,
+) -> None:
+    """Raises ValueError with a message when ``policy_loss`` inputs disagree in shape."""
+    if logprobs.dim() != 2:
+        raise ValueError(f"logprobs must be (B, T), got shape {tuple(logprobs.shape)}")
+    shape = tuple(logprobs.shape)
+    others = {"old_logprobs": old_logprobs, "mask": mask, "ref_logprobs": ref_logprobs}
+    for name, tensor in others.items():
+        if tensor is not None and tuple(tensor.shape) != shape:
+            raise ValueError(f"{name} shape {tuple(tensor.shape)} != logprobs {shape}")
+    if tuple(advantages.shape) != shape[:1]:
+        raise ValueError(f"advantages must be (B,) = {shape[:1]}, got {tuple(advantages.shape)}")
+    if kl_coef != 0.0 and ref_logprobs is None:
+        raise ValueError(f"kl_coef={kl_coef} needs ref_logprobs")
+
+
+def policy_loss(
+    logprobs: torch.Tensor,  # (B, T)
+    old_logprobs: torch.Tensor,  # (B, T)
+    advantages: torch.Tensor,  # (B,)
+    mask: torch.Tensor,  # (B, T)
+    clip_eps: float = 0.2,
+    ref_logprobs: torch.Tensor | None = None,  # (B, T)
+    kl_coef: float = 0.0,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Clipped-ratio GRPO surrogate with DAPO-style token-level normalisation, plus optional KL.
+
+    loss = −Σ_{b,t} m_{b,t} min(r A_b, clip(r, 1−ε, 1+ε) A_b) / Σ m  +  β Σ m k3 / Σ m,
+    with r = exp(logprobs − old_logprobs). The paper averages per sequence first (1/|y_i|),
+    then over sequences; here every valid token of the batch weighs the same (deviation 1 of
+    the module docstring). Gradients flow only through ``logprobs``: the old and reference
+    logprobs are detached.
+
+    Example (r = 1, no KL): two rows with advantages (1, −1) and 3 and 1 valid tokens give
+    loss = −(3·1 + 1·(−1)) / 4 = −0.5.
+
+    Args:
+        logprobs: current policy logprobs of the sampled tokens (with grad).
+        old_logprobs: logprobs of the same tokens under the policy that sampled them.
+        advantages: one advantage per row, broadcast over its tokens.
+        mask: True (or 1) on the tokens that count (the completion).
+        clip_eps: ε of the ratio clip.
+        ref_logprobs: frozen reference logprobs; needed when ``kl_coef`` != 0.
+        kl_coef: β, weight of the k3 KL penalty.
+
+    Returns:
+        ``(loss, metrics)``: the scalar loss, and floats ``rl/policy_loss``,
+        ``rl/clip_fraction`` (share of tokens whose clip binds, i.e. gets no gradient),
+        ``rl/ratio_mean`` and ``rl/kl`` (0.0 without a reference). The metrics call
+        ``.item()``: one host sync each, once per step, outside any loop here.
+    """
+    _check_loss_inputs(logprobs, old_logprobs, advantages, mask, ref_logprobs, kl_coef)
+    weights = mask.to(logprobs.dtype)  # (B, T)
+    num_tokens = weights.sum().clamp(min=1.0)
+    ratio = torch.exp(logprobs - old_logprobs.detach())  # (B, T)
+    adv = advantages.detach().to(logprobs.dtype).unsqueeze(1)  # (B, 1)
+    unclipped = ratio * adv
+    clipped = ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps) * adv
+    surrogate = torch.minimum(unclipped, clipped)  # (B, T)
+    pg_loss = -(surrogate * weights).sum() / num_tokens
+    kl = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    if ref_logprobs is not None:
+        kl = (kl_k3(logprobs, ref_logprobs.detach()) * weights).sum() / num_tokens
+    loss = pg_loss + kl_coef * kl
+    with torch.no_grad():
+        clip_binds = (clipped < unclipped).to(weights.dtype)
+        metrics = {
+            "rl/policy_loss": pg_loss.item(),
+            "rl/clip_fraction": ((clip_binds * weights).sum() / num_tokens).item(),
+            "rl/ratio_mean": ((ratio * weights).sum() / num_tokens).item(),
+            "rl/kl": kl.item(),
+        }
+    return loss, metrics

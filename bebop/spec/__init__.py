@@ -1,0 +1,22 @@
+"""Speculative decoding: verification (``rejection_sample``, ``greedy_verify``) and the batched engine.
+
+Verification knows nothing about where drafts come from: it takes tensors and returns tokens and
+counts. The engine (``generate``) drafts with an MTP head and verifies with the target.
+"""
+
+from bebop.spec.engine import MODES, GenerationResult, SamplingParams, SpecConfig, generate
+from bebop.spec.sampling import PAD_TOKEN_ID, greedy_verify, logits_to_probs, rejection_sample
+from bebop.spec.stats import SpecStats
+
+__all__ = [
+    "MODES",
+    "PAD_TOKEN_ID",
+    "GenerationResult",
+    "SamplingParams",
+    "SpecConfig",
+    "SpecStats",
+    "generate",
+    "greedy_verify",
+    "logits_to_probs",
+    "rejection_sample",
+]

@@ -1,0 +1,363 @@
+"""Batched speculative generation with an MTP head: plain (``none``), target-only (``to``) and
+rejection sampling (``rs``), exact for any batch mix.
+
+One verify step of a row (``to``/``rs``)::
+
+    draft:   d_1..d_K from the MTP head, chained (step j feeds step j-1's hidden state and d_{j-1})
+    verify:  one target forward over [last token, d_1..d_K] -> p_1..p_{K+1}
+    accept:  rejection_sample (RS, q = the draft's distribution) or target-only (q one-hot)
+    commit:  the row keeps 1 + num_accepted KV entries; the recovered/bonus token is the next "last token"
+
+Rows accept different numbers of tokens in the same step; a ``RaggedKVCache`` (one per model)
+keeps a length per row, so a rollback costs nothing and nothing is recomputed. Finished rows are
+dropped from the batch. A row's randomness comes from ``bebop.spec.rng`` keyed by (its seed, its
+number of emitted tokens), so its output does not depend on which other rows share the batch.
+
+Deviations from a textbook implementation:
+    1) The MTP head's own KV cache holds one entry per committed position (step-1 inputs); the
+       chained steps 2..K append speculative entries that are rolled back after every verify step,
+       as vLLM and SGLang do.
+    2) Top-k/top-p apply to the target only; the draft is sampled from its own temperature-scaled
+       distribution q and verified against exactly that q (exactness holds for any q).
+    3) Sliding-window layers are given the same full causal mask (the models Bebop targets here
+       have none; the check happens at load time).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from bebop.spec import rng
+from bebop.spec.kv_cache import RaggedKVCache
+from bebop.spec.sampling import (
+    STREAM_RESAMPLE,
+    draw_draft_noise,
+    greedy_verify,
+    logits_to_probs,
+    rejection_sample_seeded,
+    sample_from_probs,
+)
+from bebop.spec.stats import SpecStats, entropy
+from bebop.utils.io import BebopError
+
+MODES = ("none", "to", "rs")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the target's distribution is processed and when a completion ends."""
+
+    temperature: float = 1.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+    max_new_tokens: int = 64  # completion tokens per row, EOS included
+    stop: tuple[str, ...] = ()  # a completion ends right after the first of these strings
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """Which speculative mode runs and how deep it drafts."""
+
+    mode: str = "none"  # none | to | rs
+    speculate_k: int = 3  # K, drafts verified per target pass
+    draft_temperature: float | None = None  # temperature of q; None = the sampling temperature
+
+
+@dataclass
+class GenerationResult:
+    """Completions in prompt order, and the statistics of the run."""
+
+    prompt_ids: list[list[int]]
+    token_ids: list[list[int]]  # completion tokens, EOS included when emitted
+    texts: list[str]  # decoded completions, special tokens skipped
+    lengths: list[int]
+    finish_reasons: list[str]  # "eos" | "length" | "stop"
+    stats: SpecStats = field(default_factory=SpecStats)
+
+
+@dataclass
+class _Rows:
+    """Decode state of the active rows (R of them), all row-aligned."""
+
+    index: list[int]  # original row of each active row
+    seeds: torch.Tensor  # (R,) int64
+    counters: torch.Tensor  # (R,) int64, tokens emitted so far (the rng counter)
+    last_token: torch.Tensor  # (R,) newest emitted token, not yet fed to the target
+    pend_hidden: torch.Tensor | None = None  # (R, C, D) target/MTP hidden states not yet fed to the head
+    pend_tokens: torch.Tensor | None = None  # (R, C) the token after each pending hidden state
+    pend_count: list[int] | None = None  # valid pending pairs per row
+
+    def select(self, keep: list[int]) -> None:
+        idx = torch.tensor(keep, dtype=torch.long, device=self.seeds.device)
+        self.index = [self.index[i] for i in keep]
+        self.seeds, self.counters, self.last_token = self.seeds[idx], self.counters[idx], self.last_token[idx]
+        if self.pend_hidden is not None:
+            self.pend_hidden, self.pend_tokens = self.pend_hidden[idx], self.pend_tokens[idx]
+            self.pend_count = [self.pend_count[i] for i in keep]
+
+
+class _Target:
+    """The target model's decoder, lm_head and a ragged cache; one forward per call."""
+
+    def __init__(self, model, batch_size: int, max_len: int):
+        self.decoder = model.get_decoder()
+        self.lm_head = model.get_output_embeddings()
+        cfg = model.config.get_text_config()
+        self.layer_types = set(getattr(cfg, "layer_types", None) or ["full_attention"])
+        param = next(model.parameters())
+        self.cache = RaggedKVCache(cfg.num_hidden_layers, batch_size, max_len, param.device, param.dtype)
+
+    def forward(self, input_ids: torch.Tensor, valid: torch.Tensor | None = None):
+        """input_ids (R, S) -> logits (R, S, V), hidden (R, S, D); the caller commits the cache."""
+        positions = self.cache.begin(input_ids.shape[1])
+        bias = self.cache.attention_bias(valid)
+        out = self.decoder(
+            input_ids=input_ids, position_ids=positions, attention_mask={t: bias for t in self.layer_types},
+            cache=self.cache, use_cache=True,
+        )
+        hidden = out.last_hidden_state
+        return self.lm_head(hidden), hidden
+
+
+def generate(
+    model,
+    tokenizer,
+    prompts: list[str] | list[list[int]],
+    *,
+    mtp=None,
+    sampling: SamplingParams = SamplingParams(),
+    spec: SpecConfig = SpecConfig(),
+    seed: int = 0,
+    step: int = 0,
+    row_ids: list[int] | None = None,
+) -> GenerationResult:
+    """Generates one completion per prompt.
+
+    Args:
+        model: an HF causal LM (eval mode).
+        tokenizer: its tokenizer (EOS id, decoding).
+        prompts: texts, or token-id lists.
+        mtp: an ``MtpHead`` on ``model``; required for modes ``to`` and ``rs``.
+        sampling, spec: see the dataclasses.
+        seed, step, row_ids: row b's randomness is keyed by (seed, step, row_ids[b]) only
+            (row_ids default to 0..B-1), so it does not depend on the rest of the batch.
+
+    Returns:
+        A ``GenerationResult`` in prompt order.
+    """
+    _check_args(model, mtp, prompts, sampling, spec)
+    prompt_ids = [list(p) if not isinstance(p, str) else tokenizer.encode(p) for p in prompts]
+    if any(len(p) == 0 for p in prompt_ids):
+        raise BebopError("empty prompt: every prompt needs at least one token")
+    k = spec.speculate_k if spec.mode != "none" else 0
+    max_pos = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+    longest = max(len(p) for p in prompt_ids)
+    capacity = longest + sampling.max_new_tokens + k + 1
+    if max_pos is not None and capacity > max_pos:
+        raise BebopError(
+            f"prompt too long: {longest} prompt tokens + {sampling.max_new_tokens} new tokens + {k + 1} "
+            f"verify slots exceed the model's max_position_embeddings={max_pos}"
+        )
+    device = next(model.parameters()).device
+    batch = len(prompt_ids)
+    ids = torch.tensor(row_ids if row_ids is not None else range(batch), dtype=torch.long, device=device)
+    runner = _Runner(model, tokenizer, mtp, sampling, spec, batch, capacity, device)
+    rows = _Rows(
+        index=list(range(batch)), seeds=rng.derive_seeds(seed, step, ids),
+        counters=torch.zeros(batch, dtype=torch.long, device=device), last_token=ids.new_zeros(batch),
+    )
+    with torch.no_grad():
+        runner.prefill(rows, prompt_ids)
+        while rows.index:
+            runner.decode_step(rows)
+    texts = [tokenizer.decode(t, skip_special_tokens=True) for t in runner.outputs]
+    return GenerationResult(
+        prompt_ids=prompt_ids, token_ids=runner.outputs, texts=texts,
+        lengths=[len(t) for t in runner.outputs], finish_reasons=runner.finish, stats=runner.stats,
+    )
+
+
+def _check_args(model, mtp, prompts, sampling: SamplingParams, spec: SpecConfig) -> None:
+    if spec.mode not in MODES:
+        raise BebopError(f"unknown mode {spec.mode!r}; choose one of {', '.join(MODES)}")
+    if spec.mode != "none" and mtp is None:
+        raise BebopError(f"mode {spec.mode!r} needs an MTP head (--mtp)")
+    if spec.mode != "none" and spec.speculate_k < 1:
+        raise BebopError(f"speculate_k must be >= 1, got {spec.speculate_k}")
+    if sampling.temperature < 0 or sampling.max_new_tokens < 1:
+        raise BebopError("temperature must be >= 0 and max_new_tokens >= 1")
+    if not prompts:
+        raise BebopError("no prompts given")
+
+
+class _Runner:
+    """The decode loop's state and steps (prefill, plain step, speculative step)."""
+
+    def __init__(self, model, tokenizer, mtp, sampling, spec, batch, capacity, device):
+        self.mtp, self.sampling, self.spec = mtp, sampling, spec
+        self.k = spec.speculate_k if spec.mode != "none" else 0
+        self.greedy = sampling.temperature == 0
+        self.draft_temperature = spec.draft_temperature or sampling.temperature or 1.0
+        self.eos = tokenizer.eos_token_id
+        self.tokenizer = tokenizer
+        self.target = _Target(model, batch, capacity)
+        self.mtp_cache = None
+        if self.k:
+            param = next(model.parameters())
+            self.mtp_cache = RaggedKVCache(len(mtp.layers), batch, capacity, device, param.dtype)
+        self.outputs: list[list[int]] = [[] for _ in range(batch)]
+        self.finish = [""] * batch
+        self.stats = SpecStats(speculate_k=self.k)
+
+    # ------------------------------------------------------------------ target distribution
+    def _probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """The distribution tokens are drawn from (softmax at T=1 for greedy, used for statistics only)."""
+        if self.greedy:
+            return torch.softmax(logits.float(), dim=-1)
+        s = self.sampling
+        return logits_to_probs(logits, s.temperature, s.top_k, s.top_p)
+
+    def _sample(self, logits: torch.Tensor, rows: _Rows) -> torch.Tensor:
+        """One token per row from (R, V) logits at the rows' current counters."""
+        probs = self._probs(logits)
+        self.stats.record_token_entropy(entropy(probs))
+        if self.greedy:
+            return logits.argmax(-1)
+        noise = rng.exponential(rows.seeds, STREAM_RESAMPLE, rows.counters, (logits.shape[-1],))
+        return sample_from_probs(probs, noise)
+
+    # ------------------------------------------------------------------ steps
+    def prefill(self, rows: _Rows, prompt_ids: list[list[int]]) -> None:
+        lengths = [len(p) for p in prompt_ids]
+        width = max(lengths)
+        device = rows.seeds.device
+        ids = torch.zeros(len(prompt_ids), width, dtype=torch.long, device=device)
+        for i, p in enumerate(prompt_ids):
+            ids[i, : len(p)] = torch.tensor(p, dtype=torch.long)
+        valid = torch.arange(width, device=device)[None, :] < torch.tensor(lengths, device=device)[:, None]
+        logits, hidden = self.target.forward(ids, valid)
+        self.target.cache.commit(lengths)
+        last = torch.tensor(lengths, device=device) - 1
+        arange = torch.arange(len(lengths), device=device)
+        first = self._sample(logits[arange, last], rows)
+        if self.k:
+            # The head's first input pairs: (h_t, x_{t+1}) for every prompt position t.
+            tokens = torch.nn.functional.pad(ids[:, 1:], (0, 1))
+            tokens[arange, last] = first
+            rows.pend_hidden, rows.pend_tokens, rows.pend_count = hidden, tokens, lengths
+        self._emit(rows, first[:, None], [0] * len(lengths))
+
+    def decode_step(self, rows: _Rows) -> None:
+        if self.k:
+            self._speculative_step(rows)
+        else:
+            logits, _ = self.target.forward(rows.last_token[:, None])
+            self.target.cache.commit([1] * len(rows.index))
+            token = self._sample(logits[:, 0], rows)
+            self._emit(rows, token[:, None], [0] * len(rows.index))
+
+    def _draft(self, rows: _Rows) -> tuple[torch.Tensor, torch.Tensor]:
+        """K chained MTP steps -> drafts (R, K) and the draft distributions q (R, K, V)."""
+        cache, head = self.mtp_cache, self.mtp
+        num = len(rows.index)
+        count = torch.tensor(rows.pend_count, device=rows.seeds.device)
+        width = rows.pend_tokens.shape[1]
+        positions = cache.begin(width)
+        valid = torch.arange(width, device=count.device)[None, :] < count[:, None]
+        g = head.forward_step(rows.pend_hidden, rows.pend_tokens, positions, step=0,
+                              attention_bias=cache.attention_bias(valid), cache=cache)
+        g = g[torch.arange(num, device=count.device), count - 1]  # (R, D) output at the frontier pair
+        cache.commit(rows.pend_count)
+        tokens, probs = [], []
+        for j in range(self.k):
+            if j > 0:
+                positions = cache.begin(1)
+                g = head.forward_step(g[:, None], tokens[-1][:, None], positions, step=j,
+                                      attention_bias=cache.attention_bias(), cache=cache)[:, 0]
+                cache.commit([1] * num)
+            logits = head.logits(g)
+            q = torch.softmax(logits.float() / self.draft_temperature, dim=-1)
+            if self.spec.mode == "rs" and not self.greedy:
+                token = sample_from_probs(q, draw_draft_noise(rows.seeds, rows.counters, j, q.shape[-1]))
+            else:
+                token = logits.argmax(-1)
+            tokens.append(token)
+            probs.append(q)
+        if self.k > 1:
+            cache.rollback(self.k - 1)  # the chained steps' entries were speculative
+        return torch.stack(tokens, 1), torch.stack(probs, 1)
+
+    def _speculative_step(self, rows: _Rows) -> None:
+        drafts, q = self._draft(rows)
+        logits, hidden = self.target.forward(torch.cat([rows.last_token[:, None], drafts], 1))
+        p = self._probs(logits)  # (R, K+1, V)
+        if self.greedy:
+            out, accepted = greedy_verify(logits, drafts, validate=False)
+        else:
+            q_verify = q if self.spec.mode == "rs" else None
+            out, accepted = rejection_sample_seeded(p, drafts, q_verify, rows.seeds, rows.counters, validate=False)
+        p_draft = p[:, : self.k]
+        alpha_to = p_draft.gather(-1, q.argmax(-1, keepdim=True))[..., 0]
+        self.stats.record_positions(entropy(p_draft), torch.minimum(p_draft, q).sum(-1), alpha_to)
+        num_accepted = accepted.tolist()  # NOTE: the one host sync of a verify step
+        self.stats.record_verify(num_accepted)
+        kept = [n + 1 for n in num_accepted]
+        emitted_mask = torch.arange(self.k + 1, device=p.device)[None, :] <= accepted[:, None]
+        self.stats.record_token_entropy(entropy(p)[emitted_mask])
+        self.target.cache.commit(kept)
+        # The head's next inputs: (hidden at each fed position, the token emitted after it).
+        rows.pend_hidden, rows.pend_tokens, rows.pend_count = hidden, out.clamp_min(0), kept
+        self._emit(rows, out, num_accepted)
+
+    # ------------------------------------------------------------------ bookkeeping
+    def _emit(self, rows: _Rows, out: torch.Tensor, num_accepted: list[int]) -> None:
+        """Appends each row's new tokens, ends rows at EOS/length/stop, drops finished rows."""
+        num = len(rows.index)
+        arange = torch.arange(num, device=out.device)
+        accepted = torch.tensor(num_accepted, device=out.device)
+        rows.last_token = out[arange, accepted]
+        rows.counters = rows.counters + accepted + 1
+        keep = []
+        for i, (row, new) in enumerate(zip(rows.index, out.tolist())):
+            new = new[: num_accepted[i] + 1]
+            reason = self._append(row, new)
+            if reason:
+                self.finish[row] = reason
+            else:
+                keep.append(i)
+        if len(keep) < num:
+            rows.select(keep)
+            self.target.cache.select_rows(keep)
+            if self.mtp_cache is not None:
+                self.mtp_cache.select_rows(keep)
+
+    def _append(self, row: int, new: list[int]) -> str:
+        """Adds tokens to a row's completion; returns why it finished, or "" if it goes on."""
+        out = self.outputs[row]
+        limit = self.sampling.max_new_tokens
+        for token in new:
+            out.append(token)
+            self.stats.num_generated_tokens += 1
+            if token == self.eos:
+                return "eos"
+            if len(out) >= limit:
+                return "length"
+        if self.sampling.stop:
+            return self._check_stop(row)
+        return ""
+
+    def _check_stop(self, row: int) -> str:
+        """Cuts the completion right after the first stop string, token-aligned."""
+        out = self.outputs[row]
+        text = self.tokenizer.decode(out, skip_special_tokens=True)
+        if not any(s in text for s in self.sampling.stop):
+            return ""
+        for end in range(1, len(out) + 1):
+            prefix = self.tokenizer.decode(out[:end], skip_special_tokens=True)
+            if any(s in prefix for s in self.sampling.stop):
+                self.stats.num_generated_tokens -= len(out) - end
+                del out[end:]
+                return "stop"
+        return ""

@@ -1,0 +1,118 @@
+"""A ragged KV cache: every row keeps its own length, so rows can roll back independently.
+
+Speculative decoding writes K+1 positions per row per verify step, then keeps a different
+number of them in each row. ``RaggedKVCache`` stores fixed buffers of shape (B, H, T_max, d)
+per layer and a length per row; a rollback is just a smaller length (no copy, no leak: the
+stale entries are overwritten by the next write and hidden by the attention mask meanwhile).
+It implements the one method HF attention layers call, ``update(key, value, layer_idx)``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+
+class RaggedKVCache:
+    """Per-layer KV buffers with per-row lengths.
+
+    Args:
+        num_layers: attention layers that call ``update`` (their ``layer_idx`` must be < num_layers).
+        batch_size: rows B.
+        max_len: capacity per row in positions.
+        device, dtype: of the buffers (allocated lazily on first write, when head counts are known).
+    """
+
+    def __init__(self, num_layers: int, batch_size: int, max_len: int, device: torch.device, dtype: torch.dtype):
+        self.num_layers = num_layers
+        self.max_len = max_len
+        self.device = device
+        self.dtype = dtype
+        self.keys: list[torch.Tensor | None] = [None] * num_layers
+        self.values: list[torch.Tensor | None] = [None] * num_layers
+        self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # (B,) committed positions
+        self.host_lengths = [0] * batch_size  # the same on the host, so no forward needs a sync
+        self._write_index: torch.Tensor | None = None  # (B, S) positions the pending forward writes
+        self._read_len = 0  # keys returned to attention: max over rows of length + S
+
+    @property
+    def batch_size(self) -> int:
+        return self.lengths.shape[0]
+
+    def begin(self, num_new: int) -> torch.Tensor:
+        """Prepares a forward that appends ``num_new`` positions to every row.
+
+        Args:
+            num_new: S, positions written per row by the coming forward (padded rows included).
+
+        Returns:
+            position_ids (B, S): each row's new positions, ``lengths[b] + arange(S)``.
+        """
+        max_length = max(self.host_lengths, default=0)
+        if max_length + num_new > self.max_len:
+            raise ValueError(f"KV cache full: {max_length} + {num_new} > capacity {self.max_len}")
+        offsets = torch.arange(num_new, device=self.device)
+        self._write_index = self.lengths[:, None] + offsets[None, :]  # (B, S)
+        self._read_len = max_length + num_new
+        return self._write_index
+
+    def attention_bias(self, valid_new: torch.Tensor | None = None) -> torch.Tensor:
+        """Additive attention mask (B, 1, S, L) for the pending forward (0 = attend, large negative = not).
+
+        Query s of row b sees cached keys < lengths[b] and new keys at offsets <= s. ``valid_new``
+        (B, S) bool marks real (non-padded) new positions; padded keys are hidden from everyone.
+        """
+        assert self._write_index is not None, "call begin() first"
+        key_pos = torch.arange(self._read_len, device=self.device)  # (L,)
+        query_pos = self._write_index  # (B, S)
+        visible = key_pos[None, None, :] <= query_pos[:, :, None]  # (B, S, L) causal within the row
+        if valid_new is not None:
+            # Hide padded new keys: a key at position p >= lengths[b] is new; it is valid iff its slot is.
+            new_slot = key_pos[None, :] - self.lengths[:, None]  # (B, L)
+            in_new = (new_slot >= 0) & (new_slot < valid_new.shape[1])
+            slot_valid = torch.gather(valid_new, 1, new_slot.clamp(0, valid_new.shape[1] - 1))
+            visible &= ~(in_new & ~slot_valid)[:, None, :]
+        # NOTE: finite (finfo.min), not -inf, so a padded query whose keys are all hidden gives no NaN.
+        bias = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
+        bias.masked_fill_(~visible, torch.finfo(self.dtype).min)
+        return bias[:, None]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """Writes the new keys/values (B, H, S, d) at each row's positions; returns (B, H, L, d) for attention."""
+        if self.keys[layer_idx] is None:
+            b, h, _, d = key_states.shape
+            self.keys[layer_idx] = torch.zeros(b, h, self.max_len, d, device=self.device, dtype=key_states.dtype)
+            self.values[layer_idx] = torch.zeros_like(self.keys[layer_idx])
+        k_buf, v_buf = self.keys[layer_idx], self.values[layer_idx]
+        index = self._write_index[:, None, :, None].expand(-1, key_states.shape[1], -1, key_states.shape[3])
+        k_buf.scatter_(2, index, key_states)
+        v_buf.scatter_(2, index, value_states)
+        return k_buf[:, :, : self._read_len], v_buf[:, :, : self._read_len]
+
+    def commit(self, num_kept: list[int]) -> None:
+        """Keeps the first ``num_kept[b]`` of the positions just written in each row (host ints)."""
+        self.host_lengths = [a + b for a, b in zip(self.host_lengths, num_kept, strict=True)]
+        self.lengths = torch.tensor(self.host_lengths, dtype=torch.long, device=self.device)
+        self._write_index = None
+
+    def rollback(self, num: int) -> None:
+        """Forgets the last ``num`` committed positions of every row (speculative draft entries)."""
+        self.commit([-num] * self.batch_size)
+
+    def select_rows(self, rows: list[int]) -> None:
+        """Keeps only ``rows`` of the batch (finished rows stop costing memory and compute)."""
+        self.host_lengths = [self.host_lengths[r] for r in rows]
+        index = torch.tensor(rows, dtype=torch.long, device=self.device)
+        self.lengths = self.lengths[index]
+        rows = index
+        for i in range(self.num_layers):
+            if self.keys[i] is not None:
+                self.keys[i] = self.keys[i][rows]
+                self.values[i] = self.values[i][rows]
+
+    # The few Cache methods HF code may query.
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return max(self.host_lengths, default=0)
+
+    def __len__(self) -> int:
+        return self.num_layers

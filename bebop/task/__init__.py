@@ -1,0 +1,1 @@
+"""Tasks: prompt generators and reward functions (``bebop.task.arith`` is the embedded one)."""

@@ -1,0 +1,106 @@
+"""The embedded task: add a list of small numbers, showing the running sum.
+
+A prompt lists the terms; a completion adds them one at a time in *any* order, with free
+phrasing, and ends with the answer::
+
+    prompt:      Q 4 + 7 + 2 = ?
+    completion:  take 7 . add 2 gives 9 . plus 4 makes 13 . A 13
+
+Every completion that follows the format and ends with the true sum is correct, so the policy
+has genuine choices (which term next, which connective, which verb) between deterministic
+tokens (running sums, punctuation). That spread of next-token entropy is what acceptance
+versus entropy needs; a task answered token-for-token deterministically would have none.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+# Phrasing choices: the policy picks among them, so they carry the completion's entropy.
+OPENERS = ("take", "start", "begin")
+CONNECTIVES = ("add", "plus", "then")
+VERBS = ("gives", "makes", "is")
+MAX_NUMBER = 199  # every integer 0..MAX_NUMBER is one token; sums stay below it
+
+SPECIAL_TOKENS = ("<pad>", "<eos>", "<unk>")
+PAD, EOS, UNK = SPECIAL_TOKENS
+WORDS = ("Q", "+", "=", "?", ".", "A") + OPENERS + CONNECTIVES + VERBS
+
+_ANSWER = re.compile(r"\bA (\d+)\s*$")
+
+
+@dataclass(frozen=True)
+class ArithConfig:
+    """Difficulty of the embedded task."""
+
+    min_terms: int = 3  # fewest numbers to add
+    max_terms: int = 6  # most numbers to add
+    max_term: int = 19  # terms are drawn from 1..max_term
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One task instance: the prompt text and its checkable answer."""
+
+    prompt: str
+    answer: str
+    terms: tuple[int, ...]
+
+
+def make_problem(rng: random.Random, cfg: ArithConfig = ArithConfig()) -> Problem:
+    """Draws one problem.
+
+    Example: ``make_problem(random.Random(0))`` -> ``Problem(prompt="Q 13 + 2 + ... = ?", ...)``.
+    """
+    n = rng.randint(cfg.min_terms, cfg.max_terms)
+    terms = tuple(rng.randint(1, cfg.max_term) for _ in range(n))
+    prompt = "Q " + " + ".join(str(t) for t in terms) + " = ?"
+    return Problem(prompt=prompt, answer=str(sum(terms)), terms=terms)
+
+
+def make_solution(rng: random.Random, problem: Problem) -> str:
+    """A correct completion: terms in a random order, random phrasing, the running sums."""
+    order = list(problem.terms)
+    rng.shuffle(order)
+    total = order[0]
+    parts = [f"{rng.choice(OPENERS)} {total} ."]
+    for term in order[1:]:
+        total += term
+        parts.append(f"{rng.choice(CONNECTIVES)} {term} {rng.choice(VERBS)} {total} .")
+    parts.append(f"A {total}")
+    return " ".join(parts)
+
+
+def make_problems(num: int, seed: int, cfg: ArithConfig = ArithConfig()) -> list[Problem]:
+    """``num`` problems drawn from ``seed`` (the same seed always gives the same list)."""
+    rng = random.Random(seed)
+    return [make_problem(rng, cfg) for _ in range(num)]
+
+
+def extract_answer(completion: str) -> str | None:
+    """The number after the final ``A``, or None when the completion has no answer.
+
+    Example: ``extract_answer("take 3 . add 4 is 7 . A 7")`` -> ``"7"``.
+    """
+    match = _ANSWER.search(completion.replace(EOS, "").strip())
+    return match.group(1) if match else None
+
+
+def arith_reward(prompts: list[str], completions: list[str], answer: list[str], **_: object) -> list[float]:
+    """Reward 1.0 when the completion's final answer equals the true sum, else 0.0.
+
+    A plain reward function (``bebop rl --reward bebop.task.arith:arith_reward``).
+    """
+    return [float(extract_answer(c) == a) for c, a in zip(completions, answer, strict=True)]
+
+
+def build_tokenizer() -> Tokenizer:
+    """A word-level tokenizer over the task's closed vocabulary (numbers, words, specials)."""
+    vocab = list(SPECIAL_TOKENS) + list(WORDS) + [str(i) for i in range(MAX_NUMBER + 1)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return tok

@@ -1,0 +1,1 @@
+"""Small shared helpers: atomic writes, JSONL metrics, progress, device and seeding."""

@@ -1,0 +1,201 @@
+"""Peak memory and time of the draft losses: chunked (bebop.losses) vs plain autograd.
+
+    PYTHONPATH=. .venv/bin/python bench/draft_loss.py            # ~3 min on 2 CPU cores
+    PYTHONPATH=. .venv/bin/python bench/draft_loss.py --n 64 --vocab 32000 --device cuda
+
+Each (N, loss, method) runs forward + backward once in a fresh subprocess, so peaks do not mix.
+Peak memory is VmHWM from /proc/self/status on CPU (the process's high-water resident set,
+which includes the inputs) and torch.cuda.max_memory_allocated on CUDA; "extra" is the peak
+minus the memory held once the inputs exist. Without --n the script doubles N from --n-start
+while the plain version's projected peak at the next N fits in --mem-frac of MemAvailable:
+the largest N the plain version survives, found without ever meeting the OOM killer (which
+could hit other processes on a shared machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import torch
+
+from bebop.losses import draft_loss
+
+
+def plain_loss(name, draft_logits, target_logits, mask, temperature):
+    """Naive autograd tv / e2e_tv: full (N, K, V) softmaxes kept for backward."""
+    q = torch.softmax(draft_logits.float() / temperature, dim=-1)  # (N, K, V)
+    p = torch.softmax(target_logits.detach().float() / temperature, dim=-1)  # (N, K, V)
+    alpha = torch.minimum(p, q).sum(dim=-1)  # (N, K)
+    if name == "tv":
+        return torch.where(mask, 1.0 - alpha, 0.0).sum() / mask.sum().clamp_min(1)
+    prefix = (~mask).cumsum(dim=1) == 0  # (N, K)
+    num_steps = prefix.sum(dim=1)  # (N,)
+    chain = torch.where(prefix, torch.where(prefix, alpha, 1.0).cumprod(dim=1), 0.0).sum(dim=1)
+    per_chain = 1.0 - chain / num_steps.clamp_min(1)
+    valid = num_steps > 0
+    return torch.where(valid, per_chain, 0.0).sum() / valid.sum().clamp_min(1)
+
+
+def chunked_loss(name, draft_logits, target_logits, mask, temperature):
+    """bebop.losses.draft_loss with its default tile sizes."""
+    return draft_loss(name, draft_logits, target_logits, mask, temperature)
+
+
+METHODS = {"plain": plain_loss, "chunked": chunked_loss}
+
+
+def _status_mb(key: str) -> float:
+    """A 'kB' field of /proc/self/status in MB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) / 1024
+    raise KeyError(key)
+
+
+def _mem_available_mb() -> float:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1024
+    raise KeyError("MemAvailable")
+
+
+def run_worker(args: argparse.Namespace) -> dict:
+    """One forward + backward of one (N, loss, method); returns its measurements."""
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    gen = torch.Generator(device=device).manual_seed(0)
+    shape = (args.n[0], args.k, args.vocab)
+    # A draft near its target, so alpha is neither 0 nor 1.
+    target = torch.randn(shape, generator=gen, device=device, dtype=dtype) * 3
+    draft = target + torch.randn(shape, generator=gen, device=device, dtype=dtype)
+    draft.requires_grad_()
+    # Chains are cut at the sequence end: position n has min(K, N - n) draft steps.
+    steps = torch.arange(args.k, device=device)
+    mask = (torch.arange(shape[0], device=device)[:, None] + steps) < shape[0]  # (N, K)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base_mb = torch.cuda.memory_allocated() / 2**20
+    else:
+        base_mb = _status_mb("VmRSS")
+    start = time.perf_counter()
+    loss = METHODS[args.method](args.loss[0], draft, target, mask, args.temperature)
+    loss.backward()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    if device.type == "cuda":
+        peak_mb = torch.cuda.max_memory_allocated() / 2**20
+    else:
+        peak_mb = _status_mb("VmHWM")
+    return {"peak_mb": peak_mb, "extra_mb": peak_mb - base_mb, "seconds": seconds,
+            "loss": loss.item()}
+
+
+def measure(args: argparse.Namespace, n: int, loss: str, method: str) -> dict | None:
+    """Runs one configuration in a fresh subprocess; None if it failed (e.g. out of memory)."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--n", str(n),
+           "--loss", loss, "--method", method, "--vocab", str(args.vocab), "--k", str(args.k),
+           "--device", args.device, "--dtype", args.dtype, "--temperature", str(args.temperature)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(f"  N={n} {loss} {method} failed (rc {proc.returncode}): "
+              f"{proc.stderr.strip().splitlines()[-1:] }", file=sys.stderr)
+        return None
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_n(args: argparse.Namespace, n: int) -> list[dict]:
+    """Both methods for every loss at one N."""
+    rows = []
+    for loss in args.loss:
+        for method in ("plain", "chunked"):
+            result = measure(args, n, loss, method)
+            print(f"  measured N={n} {loss} {method}: {result}", file=sys.stderr, flush=True)
+            rows.append({"n": n, "loss": loss, "method": method, "result": result})
+    return rows
+
+
+def search_n(args: argparse.Namespace) -> list[dict]:
+    """Doubles N while the plain version's projected peak at the next N fits in memory."""
+    budget_mb = args.mem_frac * _mem_available_mb()
+    rows, n = [], args.n_start
+    while True:
+        batch = run_n(args, n)
+        rows += batch
+        plain = [r["result"] for r in batch if r["method"] == "plain"]
+        if not plain or any(r is None for r in plain):
+            break
+        # Peaks grow linearly in N: the next N's extra is twice this one's.
+        projected = max(r["peak_mb"] + r["extra_mb"] for r in plain)
+        if projected > budget_mb:
+            print(f"  stop: plain at N={2 * n} would need ~{projected:.0f} MB "
+                  f"> budget {budget_mb:.0f} MB", file=sys.stderr)
+            break
+        n *= 2
+    return rows
+
+
+def print_table(rows: list[dict], device: str) -> None:
+    """Side-by-side table plus chunked/plain ratios from the same run."""
+    unit = "peak MB (cuda alloc)" if device.startswith("cuda") else "peak MB (VmHWM)"
+    print(f"\n{'N':>6} {'loss':>7} {'method':>8} {unit:>21} {'extra MB':>9} {'seconds':>8} "
+          f"{'loss value':>11}")
+    for r in rows:
+        res = r["result"]
+        if res is None:
+            print(f"{r['n']:>6} {r['loss']:>7} {r['method']:>8} {'failed':>21}")
+            continue
+        print(f"{r['n']:>6} {r['loss']:>7} {r['method']:>8} {res['peak_mb']:>21.0f} "
+              f"{res['extra_mb']:>9.0f} {res['seconds']:>8.2f} {res['loss']:>11.6f}")
+    print(f"\n{'N':>6} {'loss':>7}  chunked/plain: {'peak':>6} {'extra':>6} {'time':>6}")
+    by_key = {(r["n"], r["loss"], r["method"]): r["result"] for r in rows}
+    for (n, loss, method), plain in by_key.items():
+        chunked = by_key.get((n, loss, "chunked"))
+        if method != "plain" or plain is None or chunked is None:
+            continue
+        print(f"{n:>6} {loss:>7}  {'':>14} {chunked['peak_mb'] / plain['peak_mb']:>6.2f} "
+              f"{chunked['extra_mb'] / plain['extra_mb']:>6.2f} "
+              f"{chunked['seconds'] / plain['seconds']:>6.2f}")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, nargs="+", help="chain starts N; default: search")
+    parser.add_argument("--n-start", type=int, default=32, help="first N of the search")
+    parser.add_argument("--vocab", type=int, default=151_936, help="vocabulary V (Qwen's)")
+    parser.add_argument("--k", type=int, default=5, help="draft steps K")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--dtype", default="float32", help="logits dtype")
+    parser.add_argument("--temperature", type=float, default=1.0, help="softmax temperature")
+    parser.add_argument("--loss", nargs="+", default=["e2e_tv", "tv"], help="losses to run")
+    parser.add_argument("--mem-frac", type=float, default=0.6,
+                        help="search stops before plain's projected peak exceeds this "
+                             "fraction of MemAvailable")
+    parser.add_argument("--method", choices=sorted(METHODS), help=argparse.SUPPRESS)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.worker:
+        print(json.dumps(run_worker(args)))
+        return
+    print(f"V={args.vocab} K={args.k} device={args.device} dtype={args.dtype} "
+          f"losses={args.loss}; forward + backward, one fresh process each", flush=True)
+    if args.n:
+        rows = [row for n in args.n for row in run_n(args, n)]
+    else:
+        rows = search_n(args)
+    print_table(rows, args.device)
+
+
+if __name__ == "__main__":
+    main()

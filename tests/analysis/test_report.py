@@ -1,0 +1,212 @@
+"""Tests for bebop.analysis.report and .plots on synthetic run directories."""
+
+import json
+import math
+import re
+
+import numpy as np
+import pytest
+
+from bebop.analysis import plots
+from bebop.analysis.report import load_run, run_label, summarize_run, write_report
+from bebop.utils.io import BebopError
+
+NUM_STEPS = 40
+K = 3
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _fake_metrics(mode, slope, intercept, step_s, seed):
+    """Metrics rows with accept length = intercept + slope * H + noise (mode 'none' logs no spec keys)."""
+    rng = np.random.default_rng(seed)
+    entropy = np.linspace(0.25, 0.55, NUM_STEPS) + rng.normal(0, 0.01, NUM_STEPS)  # (S,)
+    accept = intercept + slope * entropy + rng.normal(0, 0.02, NUM_STEPS)  # (S,)
+    rows = []
+    for s in range(NUM_STEPS):
+        row = {
+            "step": s, "mode": mode, "reward_mean": 0.5, "reward_std": 0.1, "accuracy": 0.3 + 0.01 * s,
+            "target_entropy": float(entropy[s]), "rollout_s": 0.7 * step_s, "train_s": 0.25 * step_s,
+            "mtp_s": 0.05 * step_s, "step_s": step_s, "num_tokens": 1000, "tokens_per_s": 1000 / step_s,
+        }
+        if mode != "none":
+            alpha = float((accept[s] - 1) / K) ** (1 / 2)
+            row.update({
+                "spec/accept_length": float(accept[s]), "spec/accepted_per_pos": [alpha, alpha**2, alpha**3],
+                "spec/alpha_rs": [alpha] * K, "spec/alpha_to": [alpha - 0.05] * K, "spec/num_drafts": 100,
+                "spec/num_draft_tokens": 300, "spec/num_accepted_tokens": int(100 * (accept[s] - 1)),
+            })
+        rows.append(row)
+    return rows
+
+
+def _write_run(path, config, metrics, token_stats=None):
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps(config))
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics))
+    if token_stats is not None:
+        (path / "token_stats.jsonl").write_text("".join(json.dumps(r) + "\n" for r in token_stats))
+    return path
+
+
+def _token_stats(seed):
+    rng = np.random.default_rng(seed)
+    rows = []
+    for s in range(5):
+        entropy = rng.exponential(0.4, 90)
+        alpha_rs = np.clip(0.95 - 0.05 * entropy + rng.normal(0, 0.02, 90), 0, 1)
+        alpha_to = np.clip(0.95 - 0.4 * entropy, 0, 1)
+        rows.append({"step": s, "position": [1, 2, 3] * 30, "entropy": entropy.tolist(),
+                     "alpha_rs": alpha_rs.tolist(), "alpha_to": alpha_to.tolist()})
+    return rows
+
+
+def _config(mode, mtp_loss=None, label=None, **extra):
+    cfg = {"mode": mode, "mtp_loss": mtp_loss, "mtp_update": "frozen", "online_loss": None, "speculate_k": K}
+    if label:
+        cfg["label"] = label
+    return {**cfg, **extra}
+
+
+@pytest.fixture
+def runs(tmp_path):
+    return [
+        _write_run(tmp_path / "none", _config("none", label="none"), _fake_metrics("none", 0, 0, 2.0, 0)),
+        _write_run(tmp_path / "to_ce", _config("to", "ce"), _fake_metrics("to", -1.5, 3.0 + 0.6, 1.4, 1)),
+        _write_run(
+            tmp_path / "rs_tv",
+            _config("rs", "e2e_tv", label="rs+e2e_tv"),
+            _fake_metrics("rs", -0.06, 3.6, 1.2, 2),
+            _token_stats(3),
+        ),
+    ]
+
+
+def test_load_run_builds_label_and_sorts_steps(tmp_path, runs):
+    run = load_run(runs[1])
+    assert run.label == "to+ce" and run.path == runs[1]
+    assert [m["step"] for m in run.metrics] == list(range(NUM_STEPS))
+    assert run.token_stats is None and load_run(runs[2]).token_stats is not None
+    cfg = _config("rs", "tv", mtp_update="online", online_loss="e2e_tv")
+    assert run_label(cfg) == "rs+tv+online-e2e_tv"
+
+
+def test_summary_recovers_entropy_slope_within_ci(runs):
+    for run_dir, slope in [(runs[1], -1.5), (runs[2], -0.06)]:
+        s = summarize_run(load_run(run_dir))
+        lo, hi = s["entropy_fit"].slope_ci
+        assert lo <= slope <= hi, (s["label"], s["entropy_fit"])
+        assert s["entropy_fit"].n == NUM_STEPS
+    s = summarize_run(load_run(runs[1]))
+    assert s["step_s"] == pytest.approx(1.4) and s["rollout_s"] == pytest.approx(0.98)
+    assert s["accept_length_start"] > s["accept_length_end"]  # entropy rises, TO-CE acceptance falls
+    assert s["final_accuracy"] == pytest.approx(0.3 + 0.01 * np.mean(range(32, 40)))
+    assert len(s["alpha_rs_start"]) == K and len(s["accepted_per_pos_end"]) == K
+    assert abs(s["mismatch_part_end"]) < 0.1  # the synthetic drop is all entropy
+
+
+def test_summary_of_none_run_has_nan_spec_values(runs):
+    s = summarize_run(load_run(runs[0]))
+    assert math.isnan(s["accept_length_start"]) and math.isnan(s["entropy_fit"].slope)
+    assert s["alpha_rs_end"] == [] and s["token"] is None
+
+
+def test_token_summary(runs):
+    t = summarize_run(load_run(runs[2]))["token"]
+    assert t["num_positions"] == 450
+    assert t["share_rs_wins"] + t["share_to_wins"] + t["share_tie"] == pytest.approx(1.0)
+    assert t["share_rs_wins"] > 0.5
+    assert t["alpha_to_fit"].slope == pytest.approx(-0.4, abs=0.05)
+
+
+def test_write_report_mentions_every_run_and_writes_plots(tmp_path, runs):
+    evals = [
+        {"loss": loss, "temperature": tau, "alpha_rs": [0.8, 0.7, 0.6], "alpha_to": [0.75, 0.6, 0.5],
+         "accept_length_rs": 2.5 - 0.1 * tau, "accept_length_to": 2.3 - 0.5 * tau, "target_entropy": 0.4 * tau,
+         "num_positions": 300}
+        for loss in ("ce", "e2e_tv") for tau in (0.5, 1.0)
+    ]
+    out = tmp_path / "report"
+    path = write_report(runs, out, title="Synthetic", extra_sections=["## Notes\n\nhand-written"], head_evals=evals)
+    text = path.read_text()
+    assert path == out / "report.md" and text.startswith("# Synthetic")
+    for label in ("none", "to+ce", "rs+e2e_tv"):
+        assert f"| {label} |" in text
+    assert "hand-written" in text and "Skipped" not in text
+    assert "1.00×" in text and f"{2.0 / 1.2:.2f}×" in text  # speed-up over the none run
+    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
+    assert len(links) == 5
+    for link in links:
+        png = out / link
+        assert png.read_bytes().startswith(PNG_MAGIC) and png.stat().st_size > 1000
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary files left
+
+
+def test_write_report_skips_plots_without_data(tmp_path, runs):
+    text = write_report([runs[0]], tmp_path / "out").read_text()
+    assert "| none |" in text
+    assert text.count("_Skipped:") == 5  # entropy, per-position, mismatch, token, head evals
+    assert (tmp_path / "out" / "step_latency.png").exists()
+    assert not (tmp_path / "out" / "accept_vs_entropy.png").exists()
+    assert "No `none` run" not in text
+
+
+def test_write_report_disambiguates_duplicate_labels(tmp_path, runs):
+    config = _config("rs", "e2e_tv", label="rs+e2e_tv")
+    copy = _write_run(tmp_path / "rs_tv_2", config, _fake_metrics("rs", 0, 3.5, 1.0, 4))
+    text = write_report([runs[2], copy], tmp_path / "out").read_text()
+    assert "rs+e2e_tv (rs_tv)" in text and "rs+e2e_tv (rs_tv_2)" in text
+    assert "No `none` run" in text
+
+
+def test_corrupt_metrics_gives_one_line_error(tmp_path, runs):
+    metrics = runs[1] / "metrics.jsonl"
+    metrics.write_text(metrics.read_text() + '{"step": 40, "mode": \n')
+    with pytest.raises(BebopError) as err:
+        load_run(runs[1])
+    message = str(err.value)
+    assert "\n" not in message and str(metrics) in message and "line 41" in message
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "needle"),
+    [
+        ("config.json", None, "not found"),
+        ("config.json", "[1, 2]", "not a JSON object"),
+        ("metrics.jsonl", "", "no steps"),
+        ("metrics.jsonl", '{"mode": "rs"}\n', "no integer 'step'"),
+        ("token_stats.jsonl", '{"step": 0, "position": [1], "entropy": [0.1, 0.2], "alpha_rs": [1], "alpha_to": [1]}\n',
+         "different lengths"),
+    ],
+)
+def test_bad_files_give_clear_errors(runs, name, content, needle):
+    path = runs[2] / name
+    if content is None:
+        path.unlink()
+    else:
+        path.write_text(content)
+    with pytest.raises(BebopError, match=needle) as err:
+        load_run(runs[2])
+    assert name in str(err.value) and "\n" not in str(err.value)
+
+
+def test_write_report_needs_runs(tmp_path):
+    with pytest.raises(BebopError):
+        write_report([], tmp_path)
+    with pytest.raises(BebopError, match="not found"):
+        write_report([tmp_path / "missing"], tmp_path / "out")
+
+
+def test_each_plot_writes_a_png(tmp_path):
+    rng = np.random.default_rng(0)
+    h = rng.uniform(0.1, 0.6, 30)
+    drawn = [
+        plots.plot_accept_vs_entropy({"to+ce": (h, 3.6 - 1.5 * h), "rs+tv": (h, 3.6 - 0.06 * h)}, tmp_path / "a.png"),
+        plots.plot_accept_per_position({"rs": (np.arange(30), rng.uniform(0.6, 1, (30, K)))}, tmp_path / "b.png"),
+        plots.plot_step_latency({"none": (1.5, 0.5, 0.0), "rs+tv": (0.8, 0.5, 0.1)}, tmp_path / "c.png"),
+        plots.plot_accept_vs_temperature({"tv / RS": ([0.1, 0.7, 1.3], [3.5, 3.4, 3.3])}, tmp_path / "d.png"),
+        plots.plot_rs_acceptance_by_loss({"ce": [0.75, 0.6, 0.5], "e2e_tv": [0.8, 0.66, 0.57]}, tmp_path / "e.png"),
+    ]
+    for path in drawn:
+        assert path.read_bytes().startswith(PNG_MAGIC) and path.stat().st_size > 1000
+    with pytest.raises(ValueError, match="nothing to plot"):
+        plots.plot_rs_acceptance_by_loss({}, tmp_path / "f.png")

@@ -1,0 +1,478 @@
+"""Tests for bebop.spec.sampling: the verify ops must emit exactly the target's distribution.
+
+Three layers:
+  * exact: the closed-form output distribution (from `verify_distributions`, which the samplers use)
+    is enumerated over every draft sequence and compared with the target's to 1e-6, for awkward p, q;
+    crafted noise then pins the samplers to those closed forms (threshold, recovered, bonus token).
+  * statistical: chi-square over 1e5 rows drawn by the real samplers. α = 1e-4 per check and 9
+    checks, so a correct sampler fails the file with odds at most 9e-4 (union bound) for a seed
+    picked at random; seeds are fixed, so a given checkout passes or fails deterministically.
+  * literal: greedy cases, logits_to_probs cases and input validation written by hand.
+"""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import scipy.stats
+import torch
+
+from bebop.spec import rng, sampling
+from bebop.spec.sampling import (
+    PAD_TOKEN_ID,
+    acceptance_probs,
+    greedy_verify,
+    logits_to_probs,
+    recovery_weights,
+    rejection_sample,
+    rejection_sample_from_noise,
+    rejection_sample_seeded,
+    sample_from_probs,
+    verify_distributions,
+)
+
+ALPHA = 1e-4  # false-alarm odds per chi-square check
+NUM_ROWS = 100_000  # rows per statistical test, drawn as one batch
+EXACT_ATOL = 1e-6  # closed-form distributions must match to this
+
+# ----------------------------------------------------------------------------- closed form
+
+AWKWARD = {  # name -> (p, q) over V = 4
+    "p_has_zeros": ([0.5, 0.5, 0.0, 0.0], [0.25, 0.25, 0.25, 0.25]),
+    "q_has_zeros": ([0.25, 0.25, 0.25, 0.25], [0.7, 0.3, 0.0, 0.0]),
+    "one_hot_p": ([0.0, 0.0, 1.0, 0.0], [0.1, 0.2, 0.3, 0.4]),
+    "one_hot_q": ([0.3, 0.3, 0.2, 0.2], [1.0, 0.0, 0.0, 0.0]),
+    "uniform": ([0.25, 0.25, 0.25, 0.25], [0.25, 0.25, 0.25, 0.25]),
+    "disjoint": ([0.5, 0.5, 0.0, 0.0], [0.0, 0.0, 0.6, 0.4]),
+    "p_equals_q": ([0.1, 0.2, 0.3, 0.4], [0.1, 0.2, 0.3, 0.4]),
+    "same_one_hot": ([0.0, 1.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]),
+    "other_one_hot": ([0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]),
+}
+
+
+def _random_pairs(vocab: int, count: int, seed: int) -> list:
+    """Dirichlet pairs with about a third of the entries zeroed (each row keeps some mass)."""
+    gen = np.random.default_rng(seed)
+    pairs = []
+    for _ in range(count):
+        pq = gen.dirichlet(np.ones(vocab), size=2) * (gen.random((2, vocab)) > 0.33)
+        pq[:, gen.integers(vocab)] += 0.05
+        pairs.append(tuple((pq / pq.sum(1, keepdims=True)).tolist()))
+    return pairs
+
+
+class Chain:
+    """A target P and draft Q that depend on the prefix: step 1 is the given pair; later steps pick
+    pairs from a pool by a hash of the prefix, so p_2 = P2[ŷ_1] changes with the first token."""
+
+    def __init__(self, first_pair, pool):
+        self.first, self.pool = first_pair, pool
+
+    def pair(self, prefix: tuple) -> tuple:
+        if not prefix:
+            return self.first
+        index = sum((i + 2) * (t + 1) for i, t in enumerate(prefix)) + 5 * len(prefix)
+        return self.pool[index % len(self.pool)]
+
+    def p(self, prefix):
+        return np.array(self.pair(prefix)[0])
+
+    def q(self, prefix):
+        return np.array(self.pair(prefix)[1])
+
+
+def _target_joint(chain: Chain, vocab: int, length: int) -> np.ndarray:
+    """P(s) = Π_t P(s[:t])[s[t]] over all sequences of `length` tokens."""
+    joint = np.zeros((vocab,) * length)
+    for seq in itertools.product(range(vocab), repeat=length):
+        joint[seq] = math.prod(chain.p(seq[:t])[seq[t]] for t in range(length))
+    return joint
+
+
+def _emitted_joint(chain, drafts, accept, resample, vocab) -> np.ndarray:
+    """Distribution of the first K+1 emitted tokens for one fixed draft sequence: the block stops at
+    n with probability Π_{i<n} a_i · (1 - a_n) (or Π a_i at n = K), emits drafts[:n] then a token
+    from resample[n]; afterwards decoding continues with plain draws from the target."""
+    num_draft = len(drafts)
+    joint = np.zeros((vocab,) * (num_draft + 1))
+    for seq in itertools.product(range(vocab), repeat=num_draft + 1):
+        total, reach = 0.0, 1.0
+        for n in range(num_draft + 1):
+            if tuple(seq[:n]) != tuple(drafts[:n]):
+                break
+            stop = reach * ((1 - accept[n]) if n < num_draft else 1.0)
+            tail = math.prod(chain.p(seq[:t])[seq[t]] for t in range(n + 1, num_draft + 1))
+            total += stop * resample[n][seq[n]] * tail
+            if n < num_draft:
+                reach *= accept[n]
+        joint[seq] = total
+    return joint
+
+
+def _block_inputs(chain: Chain, vocab: int, num_draft: int, dtype=torch.float64):
+    """Every draft sequence as one row: target rows P(ŷ[:j]) (j = 0..K), draft rows Q(ŷ[:j])."""
+    drafts = list(itertools.product(range(vocab), repeat=num_draft))
+    target = torch.tensor([[chain.p(d[:j]) for j in range(num_draft + 1)] for d in drafts], dtype=dtype)
+    draft_probs = torch.tensor([[chain.q(d[:j]) for j in range(num_draft)] for d in drafts], dtype=dtype)
+    weights = [math.prod(chain.q(d[:j])[d[j]] for j in range(num_draft)) for d in drafts]
+    return drafts, target, torch.tensor(drafts, dtype=torch.int64).view(len(drafts), num_draft), draft_probs, weights
+
+
+CASES = [(name, pair, 4) for name, pair in AWKWARD.items()]
+CASES += [(f"random_v{v}_{i}", pair, v) for v in (3, 5) for i, pair in enumerate(_random_pairs(v, 3, seed=v))]
+
+
+def _chain_for(pair, vocab):
+    pool = list(AWKWARD.values()) if vocab == 4 else _random_pairs(vocab, 6, seed=100 + vocab)
+    return Chain(pair, pool)
+
+
+@pytest.mark.parametrize("num_draft", [1, 2])
+@pytest.mark.parametrize("name, pair, vocab", CASES, ids=[c[0] for c in CASES])
+def test_rejection_sampling_is_exact(name, pair, vocab, num_draft):
+    """RS: mixing over ŷ ~ q, the first K+1 emitted tokens are distributed exactly as the target's."""
+    chain = _chain_for(pair, vocab)
+    drafts, target, draft_tokens, draft_probs, weights = _block_inputs(chain, vocab, num_draft)
+    accept, resample = verify_distributions(target, draft_tokens, draft_probs)
+    assert torch.isfinite(accept).all() and torch.isfinite(resample).all()
+    emitted = sum(
+        w * _emitted_joint(chain, d, accept[i].tolist(), resample[i].numpy(), vocab)
+        for i, (d, w) in enumerate(zip(drafts, weights)) if w > 0
+    )
+    np.testing.assert_allclose(emitted, _target_joint(chain, vocab, num_draft + 1), atol=EXACT_ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("num_draft", [1, 2])
+@pytest.mark.parametrize("name, pair, vocab", CASES, ids=[c[0] for c in CASES])
+def test_target_only_is_exact_for_any_draft(name, pair, vocab, num_draft):
+    """TO: for every fixed draft sequence (argmax q included), the output is exactly the target's."""
+    chain = _chain_for(pair, vocab)
+    drafts, target, draft_tokens, _, _ = _block_inputs(chain, vocab, num_draft)
+    accept, resample = verify_distributions(target, draft_tokens, None)
+    expected = _target_joint(chain, vocab, num_draft + 1)
+    for i, d in enumerate(drafts):
+        emitted = _emitted_joint(chain, d, accept[i].tolist(), resample[i].numpy(), vocab)
+        np.testing.assert_allclose(emitted, expected, atol=EXACT_ATOL, rtol=0, err_msg=f"drafts {d}")
+    argmax_drafts = [int(np.argmax(chain.q(()))) for _ in range(1)]
+    for _ in range(1, num_draft):
+        argmax_drafts.append(int(np.argmax(chain.q(tuple(argmax_drafts)))))
+    assert tuple(argmax_drafts) in drafts  # the TO rule's own draft is among those checked
+
+
+def test_exact_in_float32():
+    chain = _chain_for(_random_pairs(5, 1, seed=7)[0], 5)
+    drafts, target, draft_tokens, draft_probs, weights = _block_inputs(chain, 5, 2, dtype=torch.float32)
+    accept, resample = verify_distributions(target, draft_tokens, draft_probs)
+    assert resample.dtype == torch.float32
+    emitted = sum(w * _emitted_joint(chain, d, accept[i].tolist(), resample[i].double().numpy(), 5)
+                  for i, (d, w) in enumerate(zip(drafts, weights)))
+    np.testing.assert_allclose(emitted, _target_joint(chain, 5, 3), atol=EXACT_ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("use_draft_probs", [True, False], ids=["rs", "to"])
+def test_samplers_follow_the_closed_form(use_draft_probs):
+    """Crafted coins just below / at each acceptance threshold stop the block exactly where the
+    closed form says; the emitted token is the exponential race over that row's distribution."""
+    num_draft, vocab = 2, 4
+    rows = [_block_inputs(_chain_for(pair, vocab), vocab, num_draft) for pair in AWKWARD.values()]
+    target = torch.cat([r[1] for r in rows])
+    draft_tokens = torch.cat([r[2] for r in rows])
+    draft_probs = torch.cat([r[3] for r in rows]) if use_draft_probs else None
+    accept, resample = verify_distributions(target, draft_tokens, draft_probs)
+    race = torch.empty(target.shape[0], vocab, dtype=torch.float64).exponential_(
+        generator=torch.Generator().manual_seed(0)) + 1e-3
+    for stop in range(num_draft + 1):
+        below = torch.nextafter(accept, torch.zeros_like(accept))  # u < a: accept
+        coins = torch.full_like(accept, 0.5)
+        coins[:, :stop] = below[:, :stop]
+        valid = (accept[:, :stop] > 0).all(1)
+        if stop < num_draft:
+            coins[:, stop] = accept[:, stop]  # u == a: reject
+            valid &= accept[:, stop] < 1
+        coins = torch.where(valid[:, None], coins, 0.5)
+        output, num_accepted = rejection_sample_from_noise(target, draft_tokens, draft_probs, coins, race)
+        assert valid.any()
+        assert (num_accepted[valid] == stop).all()
+        expected_token = (resample[:, stop] / race).argmax(-1)
+        assert torch.equal(output[valid, stop], expected_token[valid])
+        assert resample[valid, stop].gather(1, expected_token[valid, None]).gt(0).all()
+        assert torch.equal(output[valid, :stop], draft_tokens[valid, :stop])
+        assert (output[valid, stop + 1:] == PAD_TOKEN_ID).all()
+
+
+def test_helper_examples_and_zero_handling():
+    p = torch.tensor([[[0.2, 0.8], [0.5, 0.5]]])  # (1, K+1=2, V=2)
+    q = torch.tensor([[[0.5, 0.5]]])
+    assert acceptance_probs(p, torch.tensor([[0]]), q).item() == pytest.approx(0.4)
+    assert acceptance_probs(p, torch.tensor([[1]]), q).item() == 1.0
+    assert acceptance_probs(p, torch.tensor([[0]]), None).item() == pytest.approx(0.2)
+    # q(ŷ) = 0: accept if p(ŷ) > 0, reject if p(ŷ) = 0; never NaN.
+    p0 = torch.tensor([[[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]]])
+    q0 = torch.tensor([[[1.0, 0.0, 0.0]]])
+    assert acceptance_probs(p0, torch.tensor([[1]]), q0).item() == 1.0
+    assert acceptance_probs(p0, torch.tensor([[2]]), q0).item() == 0.0
+    w = recovery_weights(torch.tensor([0.2, 0.8]), torch.tensor(0), torch.tensor([0.5, 0.5]))
+    assert torch.allclose(w, torch.tensor([0.0, 0.3]))
+    assert torch.equal(recovery_weights(torch.tensor([0.2, 0.8]), torch.tensor(1)), torch.tensor([0.2, 0.0]))
+    assert torch.equal(recovery_weights(torch.tensor([0.2, 0.8]), torch.tensor(PAD_TOKEN_ID),
+                                        torch.tensor([0.5, 0.5])), torch.tensor([0.2, 0.8]))
+    # Degenerate residual (p == q): fall back to p.
+    same = torch.tensor([0.3, 0.7])
+    assert torch.equal(recovery_weights(same, torch.tensor(0), same), same)
+    # Exponential race example from the docstring.
+    assert sample_from_probs(torch.tensor([0.0, 1.0, 3.0]), torch.tensor([0.5, 1.0, 2.0])).item() == 2
+
+
+def test_zero_draft_tokens_is_plain_sampling():
+    p = torch.tensor([[[0.1, 0.0, 0.9]], [[0.0, 1.0, 0.0]]])  # (B=2, K+1=1, V=3)
+    race = torch.tensor([[1.0, 1.0, 1.0], [0.1, 5.0, 0.1]])
+    for q in (None, torch.zeros(2, 0, 3)):
+        output, num_accepted = rejection_sample_from_noise(p, torch.zeros(2, 0, dtype=torch.int64), q,
+                                                           torch.zeros(2, 0), race)
+        assert output.tolist() == [[2], [1]] and num_accepted.tolist() == [0, 0]
+
+
+# ----------------------------------------------------------------------------- statistical
+
+VOCAB = 5  # small enough that the V^3 = 125 cells of the 3-token joint hold ~800 samples each
+
+
+def _tables(seed: int):
+    """Target P1, P2[a], P3[a, b] and draft Q1, Q2[a] with zeros on either side (float32)."""
+    gen = np.random.default_rng(seed)
+
+    def rand(*shape):
+        x = gen.dirichlet(np.ones(VOCAB), size=shape) * (gen.random(shape + (VOCAB,)) > 0.25)
+        x[..., 0] += 0.02  # keep every row non-empty
+        return torch.tensor(x / x.sum(-1, keepdims=True), dtype=torch.float32)
+
+    return rand(), rand(VOCAB), rand(VOCAB, VOCAB), rand(), rand(VOCAB)
+
+
+def _continue_plain(output, num_accepted, p2, p3, gen):
+    """Complete each row to 3 tokens: after the block stops, draw from the target as plain decoding would."""
+    seq = output.clone()
+    plain_2 = torch.multinomial(p2[seq[:, 0]], 1, generator=gen).squeeze(1)
+    seq[:, 1] = torch.where(num_accepted >= 1, output[:, 1], plain_2)
+    plain_3 = torch.multinomial(p3[seq[:, 0], seq[:, 1]], 1, generator=gen).squeeze(1)
+    seq[:, 2] = torch.where(num_accepted >= 2, output[:, 2], plain_3)
+    return seq
+
+
+def _chi_square_pvalues(seq, p1, p2, p3) -> list:
+    """p-values for the first token, the first two, and all three, against the target's joint."""
+    joint = (p1[:, None, None] * p2[:, :, None] * p3).double()  # (V, V, V)
+    counts = torch.bincount(seq[:, 0] * VOCAB**2 + seq[:, 1] * VOCAB + seq[:, 2], minlength=VOCAB**3)
+    counts = counts.view(VOCAB, VOCAB, VOCAB).double()
+    pvalues = []
+    for dims in ((1, 2), (2,), ()):
+        observed = counts.sum(dims) if dims else counts
+        expected = joint.sum(dims) if dims else joint
+        expected = expected / expected.sum() * seq.shape[0]
+        support = expected > 0
+        assert observed[~support].sum() == 0, "a token the target gives probability 0 was emitted"
+        pvalues.append(scipy.stats.chisquare(observed[support].numpy(), expected[support].numpy()).pvalue)
+    return pvalues
+
+
+def _rs_rows(tables, gen):
+    p1, p2, p3, q1, q2 = tables
+    y1 = torch.multinomial(q1, NUM_ROWS, replacement=True, generator=gen)
+    y2 = torch.multinomial(q2[y1], 1, generator=gen).squeeze(1)
+    target = torch.stack([p1.expand(NUM_ROWS, VOCAB), p2[y1], p3[y1, y2]], dim=1)  # (N, 3, V)
+    draft_probs = torch.stack([q1.expand(NUM_ROWS, VOCAB), q2[y1]], dim=1)  # (N, 2, V)
+    return target, torch.stack([y1, y2], dim=1), draft_probs
+
+
+def test_rejection_sample_statistics():
+    gen = torch.Generator().manual_seed(1)
+    tables = _tables(seed=1)
+    target, draft_tokens, draft_probs = _rs_rows(tables, gen)
+    output, num_accepted = rejection_sample(target, draft_tokens, draft_probs, generator=gen)
+    assert 0 < (num_accepted == 2).float().mean() < 1 and (num_accepted == 0).any()
+    seq = _continue_plain(output, num_accepted, tables[1], tables[2], gen)
+    assert min(_chi_square_pvalues(seq, *tables[:3])) > ALPHA
+
+
+def test_target_only_statistics():
+    gen = torch.Generator().manual_seed(2)
+    p1, p2, p3, q1, q2 = tables = _tables(seed=2)
+    y1 = q1.argmax().expand(NUM_ROWS)
+    y2 = q2[y1].argmax(-1)
+    target = torch.stack([p1.expand(NUM_ROWS, VOCAB), p2[y1], p3[y1, y2]], dim=1)
+    output, num_accepted = rejection_sample(target, torch.stack([y1, y2], dim=1), None, generator=gen)
+    seq = _continue_plain(output, num_accepted, p2, p3, gen)
+    assert min(_chi_square_pvalues(seq, p1, p2, p3)) > ALPHA
+
+
+def test_seeded_path_statistics_and_batch_independence():
+    """The engine's path: drafts and verification noise from (seed, stream, counter)."""
+    p1, p2, p3, q1, q2 = tables = _tables(seed=3)
+    seeds = rng.derive_seeds(0, 0, torch.arange(NUM_ROWS))
+    counters = torch.full((NUM_ROWS,), 17, dtype=torch.int64)
+    y1 = sample_from_probs(q1.expand(NUM_ROWS, VOCAB), sampling.draw_draft_noise(seeds, counters, 0, VOCAB))
+    y2 = sample_from_probs(q2[y1], sampling.draw_draft_noise(seeds, counters, 1, VOCAB))
+    target = torch.stack([p1.expand(NUM_ROWS, VOCAB), p2[y1], p3[y1, y2]], dim=1)
+    draft_tokens = torch.stack([y1, y2], dim=1)
+    draft_probs = torch.stack([q1.expand(NUM_ROWS, VOCAB), q2[y1]], dim=1)
+    output, num_accepted = rejection_sample_seeded(target, draft_tokens, draft_probs, seeds, counters)
+    seq = _continue_plain(output, num_accepted, p2, p3, torch.Generator().manual_seed(3))
+    assert min(_chi_square_pvalues(seq, p1, p2, p3)) > ALPHA
+    # A row's result does not depend on the rows around it.
+    for rows in (slice(5, 6), slice(1000, 1064)):
+        sub_out, sub_num = rejection_sample_seeded(target[rows], draft_tokens[rows], draft_probs[rows],
+                                                   seeds[rows], counters[rows])
+        assert torch.equal(sub_out, output[rows]) and torch.equal(sub_num, num_accepted[rows])
+
+
+def test_chi_square_catches_a_wrong_recovery(monkeypatch):
+    """Power check: recovering from p instead of max(0, p - q) must fail the same test."""
+    gen = torch.Generator().manual_seed(1)
+    tables = _tables(seed=1)
+    target, draft_tokens, draft_probs = _rs_rows(tables, gen)
+    monkeypatch.setattr(sampling, "recovery_weights", lambda p, tokens, q=None: p.to(torch.float32))
+    output, num_accepted = rejection_sample(target, draft_tokens, draft_probs, generator=gen)
+    seq = _continue_plain(output, num_accepted, tables[1], tables[2], gen)
+    assert _chi_square_pvalues(seq, *tables[:3])[0] < ALPHA
+
+
+def test_generator_determinism():
+    target, draft_tokens, draft_probs = _rs_rows(_tables(seed=4), torch.Generator().manual_seed(4))
+    target, draft_tokens, draft_probs = target[:256], draft_tokens[:256], draft_probs[:256]
+    first = rejection_sample(target, draft_tokens, draft_probs, torch.Generator().manual_seed(9))
+    second = rejection_sample(target, draft_tokens, draft_probs, torch.Generator().manual_seed(9))
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    assert first[0].dtype == torch.int64 and first[1].dtype == torch.int64
+
+
+# ----------------------------------------------------------------------------- greedy
+
+
+def _logits_with_argmax(argmax_rows, vocab=6):
+    """(B, K+1, V) logits, negative everywhere, highest at the given token ids."""
+    ids = torch.tensor(argmax_rows)
+    logits = -5.0 - torch.arange(vocab, dtype=torch.float32).expand(*ids.shape, vocab).clone()
+    logits.scatter_(-1, ids[..., None], 3.0)
+    return logits
+
+
+def test_greedy_literal_cases():
+    logits = _logits_with_argmax([[1, 2, 3], [1, 2, 3], [1, 2, 3]])
+    drafts = torch.tensor([[1, 2], [4, 2], [1, 5]])  # accept all; mismatch at step 1; at step 2
+    output, num_accepted = greedy_verify(logits, drafts)
+    assert output.tolist() == [[1, 2, 3], [1, -1, -1], [1, 2, -1]]
+    assert num_accepted.tolist() == [2, 0, 1]
+    # Probabilities give the same answer as logits; K = 0 is plain greedy decoding.
+    assert torch.equal(greedy_verify(torch.softmax(logits, -1), drafts)[0], output)
+    out0, num0 = greedy_verify(_logits_with_argmax([[4]]), torch.zeros(1, 0, dtype=torch.int64))
+    assert out0.tolist() == [[4]] and num0.tolist() == [0]
+    # Ties go to the lowest token id.
+    tied = torch.tensor([[[0.0, 1.0, 1.0]]])
+    assert greedy_verify(tied, torch.zeros(1, 0, dtype=torch.int64))[0].item() == 1
+
+
+def test_one_hot_target_reduces_to_greedy():
+    """With p = one-hot(argmax), RS and TO must both give exactly greedy_verify's output."""
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(500, 4, 7, generator=gen)
+    p = torch.nn.functional.one_hot(logits.argmax(-1), 7).float()
+    q = torch.softmax(torch.randn(500, 3, 7, generator=gen), -1)
+    drafts = torch.multinomial(q.view(-1, 7), 1, generator=gen).view(500, 3)
+    drafts[:100] = logits[:100, :3].argmax(-1)  # some rows accept everything
+    expected = greedy_verify(logits, drafts)
+    for draft_probs in (q, None):
+        got = rejection_sample(p, drafts, draft_probs, generator=gen)
+        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+
+
+# ----------------------------------------------------------------------------- logits_to_probs
+
+
+def test_temperature_scaling():
+    logits = torch.tensor([0.0, math.log(2.0)])
+    assert torch.allclose(logits_to_probs(logits, 1.0), torch.tensor([1 / 3, 2 / 3]))
+    assert torch.allclose(logits_to_probs(logits, 0.5), torch.tensor([1 / 5, 4 / 5]))
+    half = 1 / (1 + math.sqrt(2))
+    assert torch.allclose(logits_to_probs(logits, 2.0), torch.tensor([half, 1 - half]))
+
+
+def test_top_k():
+    logits = torch.tensor([3.0, 2.0, 1.0, 0.0])
+    e = torch.exp(torch.tensor([3.0, 2.0]))
+    assert torch.allclose(logits_to_probs(logits, 1.0, top_k=2), torch.cat([e / e.sum(), torch.zeros(2)]))
+    assert torch.allclose(logits_to_probs(logits, 1.0, top_k=0), torch.softmax(logits, -1))
+    assert torch.allclose(logits_to_probs(logits, 1.0, top_k=9), torch.softmax(logits, -1))
+    # Ties at the boundary are all kept (docstring example).
+    tie = logits_to_probs(torch.tensor([2.0, 1.0, 1.0, 0.0]), 1.0, top_k=2)
+    w = torch.tensor([math.e**2, math.e, math.e, 0.0])
+    assert torch.allclose(tie, w / w.sum())
+
+
+def test_top_p_and_order():
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    assert torch.allclose(logits_to_probs(logits, 1.0, top_p=0.75), torch.tensor([0.625, 0.375, 0, 0]))
+    assert torch.allclose(logits_to_probs(logits, 1.0, top_p=0.85), torch.tensor([0.5, 0.3, 0.15, 0]) / 0.95)
+    assert torch.allclose(logits_to_probs(logits, 1.0, top_p=0.4), torch.tensor([1.0, 0, 0, 0]))
+    # A tie with the least likely kept token is kept.
+    tie = logits_to_probs(torch.log(torch.tensor([0.4, 0.3, 0.3])), 1.0, top_p=0.5)
+    assert torch.allclose(tie, torch.tensor([0.4, 0.3, 0.3]))
+    # Top-k first, then top-p on the renormalised top-k distribution.
+    four = torch.log(torch.tensor([0.4, 0.3, 0.2, 0.1]))
+    assert torch.allclose(logits_to_probs(four, 1.0, top_k=2, top_p=0.5), torch.tensor([1.0, 0, 0, 0]))
+    assert torch.allclose(logits_to_probs(four, 1.0, top_p=0.5), torch.tensor([4 / 7, 3 / 7, 0, 0]))
+
+
+def test_logits_to_probs_batched():
+    logits = torch.randn(3, 4, 50, generator=torch.Generator().manual_seed(0))
+    probs = logits_to_probs(logits, 0.7, top_k=10, top_p=0.9)
+    assert probs.shape == logits.shape and probs.dtype == torch.float32
+    assert torch.allclose(probs.sum(-1), torch.ones(3, 4))
+    assert ((probs > 0).sum(-1) <= 10).all() and ((probs > 0).sum(-1) >= 1).all()
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _valid_inputs():
+    p = torch.full((2, 3, 4), 0.25)
+    return p, torch.zeros(2, 2, dtype=torch.int64), torch.full((2, 2, 4), 0.25)
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda p, t, q: (p.index_put_((torch.tensor(0),), torch.tensor(float("nan"))), t, q), "NaN"),
+    (lambda p, t, q: (p * torch.tensor([1.0, -1.0, 1.0, 1.0]), t, q), "negative"),
+    (lambda p, t, q: (p * 2, t, q), "sum to 1"),
+    (lambda p, t, q: (p, t, q.clone().fill_(float("nan"))), "draft_probs contains NaN"),
+    (lambda p, t, q: (p, t.int(), q), "int64"),
+    (lambda p, t, q: (p, t[:, :1], q), r"\(B, K\)"),
+    (lambda p, t, q: (p, t, q[:, :1]), "draft_probs must have shape"),
+    (lambda p, t, q: (p[0], t, q), "K\\+1"),
+    (lambda p, t, q: (p, t + 4, q), r"\[0, 4\)"),
+    (lambda p, t, q: (p.long(), t, q), "floating-point"),
+])
+def test_rejection_sample_rejects_bad_inputs(change, match):
+    with pytest.raises(ValueError, match=match):
+        rejection_sample(*change(*_valid_inputs()), generator=torch.Generator().manual_seed(0))
+
+
+def test_noise_and_greedy_validation():
+    p, t, q = _valid_inputs()
+    coins, race = torch.full((2, 2), 0.5), torch.ones(2, 4)
+    rejection_sample_from_noise(p, t, q, coins, race)  # valid
+    with pytest.raises(ValueError, match="uniform noise"):
+        rejection_sample_from_noise(p, t, q, torch.ones(2, 2), race)
+    with pytest.raises(ValueError, match="exponential noise"):
+        rejection_sample_from_noise(p, t, q, coins, torch.zeros(2, 4))
+    with pytest.raises(ValueError, match="uniform must have shape"):
+        rejection_sample_from_noise(p, t, q, coins[:, :1], race)
+    with pytest.raises(ValueError, match="NaN"):
+        greedy_verify(torch.full((2, 3, 4), float("nan")), t)
+    with pytest.raises(ValueError, match="temperature"):
+        logits_to_probs(torch.zeros(4), 0.0)
+    with pytest.raises(ValueError, match="top_k"):
+        logits_to_probs(torch.zeros(4), 1.0, top_k=-1)
+    with pytest.raises(ValueError, match="top_p"):
+        logits_to_probs(torch.zeros(4), 1.0, top_p=0.0)
+    with pytest.raises(ValueError, match="top_p"):
+        logits_to_probs(torch.zeros(4), 1.0, top_p=1.5)
