@@ -200,3 +200,41 @@ def load_model(model_dir: str | os.PathLike | None = None, device: str = "auto",
     for p in model.parameters():
         p.requires_grad_(False)
     return model, tok
+
+
+SELFGEN_TRAIN = 2048  # self-generated sequences the embedded heads train on
+SELFGEN_EVAL = 256  # held-out self-generated sequences for eval-mtp
+SELFGEN_SEEDS = {"train": 1000, "eval": 2000}  # problem/sampling seeds of the two splits
+
+
+def embedded_data(split: str, model=None, tok=None):
+    """Self-generated (T=1) embedded-task sequences for ``split`` ("train" or "eval"), cached as JSONL."""
+    from bebop.mtp.data import Sequences, self_generated
+    from bebop.utils.io import atomic_write_text, read_jsonl
+
+    path = cache_dir() / f"embedded-{EMBEDDED_VERSION}" / f"selfgen-{split}.jsonl"
+    if path.is_file():
+        rows = read_jsonl(path, what="cached data")
+        return Sequences([r["token_ids"] for r in rows], [r["start"] for r in rows])
+    if model is None:
+        model, tok = load_model()
+    num = SELFGEN_TRAIN if split == "train" else SELFGEN_EVAL
+    say(f"bebop: sampling {num} embedded-task completions from the model at T=1 ({split} split, cached after)")
+    data = self_generated(model, tok, num, seed=SELFGEN_SEEDS[split])
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in data.to_jsonl_rows()))
+    return data
+
+
+def ensure_embedded_head(loss: str = "e2e_tv", model=None, tok=None, show_progress: bool = True) -> Path:
+    """The cached embedded head trained with ``loss`` (default budget), training it first when missing."""
+    from bebop.mtp.head import CONFIG_NAME
+    from bebop.mtp.train import TrainMtpConfig, train_mtp
+
+    path = embedded_head_dir(loss)
+    if not (path / CONFIG_NAME).is_file():
+        if model is None:
+            model, tok = load_model(show_progress=show_progress)
+        say(f"bebop: no cached {loss} head at {path}; training it now (once).")
+        data = embedded_data("train", model, tok)
+        train_mtp(model, data, path, TrainMtpConfig(loss=loss), pad_id=tok.pad_token_id, show_progress=show_progress)
+    return path

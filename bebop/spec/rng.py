@@ -41,7 +41,7 @@ def _as_int64(value: int) -> int:
     return value - _UINT64_MOD if value >= 1 << 63 else value
 
 
-GOLDEN_GAMMA = _as_int64(0x9E3779B97F4A7C15)  # splitmix64 increment, 2^64/phi: odd, so it cycles all 2^64 states
+GOLDEN_GAMMA = _as_int64(0x9E3779B97F4A7C15)  # splitmix64 step, 2^64/phi: odd, so it cycles all 2^64 states
 MIX_MULTIPLIER_1 = _as_int64(0xBF58476D1CE4E5B9)  # splitmix64 finaliser constants (Stafford's Mix13),
 MIX_MULTIPLIER_2 = _as_int64(0x94D049BB133111EB)  # chosen for full avalanche of every input bit
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1  # range a Python int must fit to become an int64 word

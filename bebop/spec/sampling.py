@@ -123,7 +123,8 @@ def _prob_checks(x: torch.Tensor, name: str) -> list[tuple[torch.Tensor, str]]:
     return [
         (torch.isfinite(x).all(), f"{name} contains NaN or inf"),
         ((x >= 0).all(), f"{name} contains negative values"),
-        (((sums - 1).abs() <= PROB_SUM_TOLERANCE).all(), f"{name} rows must sum to 1 (±{PROB_SUM_TOLERANCE})"),
+        (((sums - 1).abs() <= PROB_SUM_TOLERANCE).all(),
+         f"{name} rows must sum to 1 (±{PROB_SUM_TOLERANCE})"),
     ]
 
 
@@ -391,7 +392,7 @@ def rejection_sample_seeded(
     *,
     validate: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # (B, K+1) int64, (B,) int64
-    """As `rejection_sample`, with noise from (seeds, counters): a row's result is independent of its batch."""
+    """As `rejection_sample`, noise from (seeds, counters): a row's result does not depend on its batch."""
     _, num_draft, vocab = _check_verify_shapes(target_probs, draft_tokens, draft_probs)
     coins, race = draw_verify_noise(seeds, counters, num_draft, vocab)
     return rejection_sample_from_noise(

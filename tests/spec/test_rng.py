@@ -79,7 +79,8 @@ def test_row_independent_of_batch():
     batch_e = rng.exponential(seeds, 2, counters, (13,))
     for b in (0, 17, 63):
         alone = slice(b, b + 1)
-        assert torch.equal(rng.uniform(seeds[alone], 1, counters[alone], (3, 11), torch.float64), batch_u[alone])
+        alone_u = rng.uniform(seeds[alone], 1, counters[alone], (3, 11), torch.float64)
+        assert torch.equal(alone_u, batch_u[alone])
         assert torch.equal(rng.exponential(seeds[alone], 2, counters[alone], (13,)), batch_e[alone])
     # Reordering the batch reorders the rows and changes nothing else.
     perm = torch.randperm(64, generator=torch.Generator().manual_seed(3))

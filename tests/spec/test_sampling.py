@@ -113,10 +113,12 @@ def _emitted_joint(chain, drafts, accept, resample, vocab) -> np.ndarray:
 def _block_inputs(chain: Chain, vocab: int, num_draft: int, dtype=torch.float64):
     """Every draft sequence as one row: target rows P(ŷ[:j]) (j = 0..K), draft rows Q(ŷ[:j])."""
     drafts = list(itertools.product(range(vocab), repeat=num_draft))
-    target = torch.tensor([[chain.p(d[:j]) for j in range(num_draft + 1)] for d in drafts], dtype=dtype)
-    draft_probs = torch.tensor([[chain.q(d[:j]) for j in range(num_draft)] for d in drafts], dtype=dtype)
+    target = np.array([[chain.p(d[:j]) for j in range(num_draft + 1)] for d in drafts])  # (B, K+1, V)
+    draft_probs = np.array([[chain.q(d[:j]) for j in range(num_draft)] for d in drafts])  # (B, K, V)
     weights = [math.prod(chain.q(d[:j])[d[j]] for j in range(num_draft)) for d in drafts]
-    return drafts, target, torch.tensor(drafts, dtype=torch.int64).view(len(drafts), num_draft), draft_probs, weights
+    draft_tokens = torch.tensor(drafts, dtype=torch.int64).view(len(drafts), num_draft)  # (B, K)
+    return (drafts, torch.tensor(target, dtype=dtype), draft_tokens,
+            torch.tensor(draft_probs, dtype=dtype), weights)
 
 
 CASES = [(name, pair, 4) for name, pair in AWKWARD.items()]
@@ -154,7 +156,7 @@ def test_target_only_is_exact_for_any_draft(name, pair, vocab, num_draft):
     for i, d in enumerate(drafts):
         emitted = _emitted_joint(chain, d, accept[i].tolist(), resample[i].numpy(), vocab)
         np.testing.assert_allclose(emitted, expected, atol=EXACT_ATOL, rtol=0, err_msg=f"drafts {d}")
-    argmax_drafts = [int(np.argmax(chain.q(()))) for _ in range(1)]
+    argmax_drafts = [int(np.argmax(chain.q(())))]
     for _ in range(1, num_draft):
         argmax_drafts.append(int(np.argmax(chain.q(tuple(argmax_drafts)))))
     assert tuple(argmax_drafts) in drafts  # the TO rule's own draft is among those checked
@@ -188,7 +190,8 @@ def test_samplers_follow_the_closed_form(use_draft_probs):
         coins[:, :stop] = below[:, :stop]
         valid = (accept[:, :stop] > 0).all(1)
         if stop < num_draft:
-            coins[:, stop] = accept[:, stop]  # u == a: reject
+            at_threshold = accept[:, stop]  # u == a: reject (any u rejects when a == 0)
+            coins[:, stop] = torch.where(at_threshold > 0, at_threshold, 0.5)
             valid &= accept[:, stop] < 1
         coins = torch.where(valid[:, None], coins, 0.5)
         output, num_accepted = rejection_sample_from_noise(target, draft_tokens, draft_probs, coins, race)

@@ -1,0 +1,218 @@
+"""The ``bebop`` command: one thin subcommand per step of the recipe.
+
+Every subcommand runs with no model arguments on the embedded default model (trained and cached
+on first use). Errors caused by input print one line and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from bebop.utils.io import BebopError
+
+
+def _add_model_args(p: argparse.ArgumentParser, mtp: bool = True) -> None:
+    p.add_argument("--model", help="HF causal LM directory (default: the embedded model, trained on first use)")
+    if mtp:
+        p.add_argument("--mtp", help="MTP head directory (default: the embedded model's cached e2e_tv head)")
+    p.add_argument("--device", default="auto", help="cpu, cuda or auto (default: auto)")
+
+
+def _load(args, need_mtp: bool, mtp_loss: str = "e2e_tv"):
+    """(model, tokenizer, head or None) from --model/--mtp, or the embedded defaults."""
+    from bebop import embedded
+    from bebop.mtp import MtpHead
+
+    model, tok = embedded.load_model(args.model, device=args.device)
+    head = None
+    if need_mtp:
+        if getattr(args, "mtp", None):
+            path = Path(args.mtp)
+        elif args.model is None:
+            path = embedded.ensure_embedded_head(mtp_loss, model, tok)
+        else:
+            raise BebopError("--mtp is required with --model (train one with `bebop train-mtp --model ...`)")
+        head = MtpHead.from_pretrained(path, model).eval()
+        for p in head.parameters():
+            p.requires_grad_(False)
+    return model, tok, head
+
+
+# ---------------------------------------------------------------------------------------------- pretrain
+def cmd_pretrain(args) -> None:
+    from bebop import embedded
+
+    cfg = embedded.PretrainConfig(
+        **{k: v for k, v in {"steps": args.steps, "seed": args.seed, "device": args.device}.items() if v is not None}
+    )
+    out = Path(args.out) if args.out else embedded.embedded_model_dir()
+    summary = embedded.pretrain(out, cfg)
+    print(json.dumps({k: v for k, v in summary.items() if k != "config"}, indent=2))
+    print(f"saved to {out}")
+
+
+# ---------------------------------------------------------------------------------------------- train-mtp
+def cmd_train_mtp(args) -> None:
+    from bebop import embedded
+    from bebop.config import resolve
+    from bebop.mtp.data import load_sequences
+    from bebop.mtp.train import TrainMtpConfig, train_mtp
+
+    cfg = resolve(TrainMtpConfig, args.config, {
+        "loss": args.loss, "speculate_k": args.speculate_k, "steps": args.steps, "batch_size": args.batch_size,
+        "lr": args.lr, "temperature": args.temperature, "num_layers": args.num_layers, "seed": args.seed,
+    })
+    print("resolved config: " + json.dumps(vars(cfg) if hasattr(cfg, "__dict__") else cfg.__dict__), file=sys.stderr)
+    model, tok, _ = _load(args, need_mtp=False)
+    if args.data:
+        data = load_sequences(args.data, tok)
+    elif args.model is None:
+        data = embedded.embedded_data("train", model, tok)
+    else:
+        raise BebopError("--data is required with --model (a JSONL of text or prompt/completion rows)")
+    out = Path(args.out) if args.out else embedded.embedded_head_dir(cfg.loss) if args.model is None else None
+    if out is None:
+        raise BebopError("--out is required with --model")
+    train_mtp(model, data, out, cfg, pad_id=tok.pad_token_id, resume=args.resume)
+    print(f"saved head to {out}")
+
+
+# ---------------------------------------------------------------------------------------------- eval-mtp
+def cmd_eval_mtp(args) -> None:
+    from bebop import embedded
+    from bebop.io_tables import acceptance_table
+    from bebop.mtp.data import load_sequences
+    from bebop.mtp.evaluate import evaluate_mtp
+    from bebop.utils.io import write_json
+
+    model, tok, head = _load(args, need_mtp=True, mtp_loss=args.loss)
+    if args.data:
+        data = load_sequences(args.data, tok)
+    elif args.model is None:
+        data = embedded.embedded_data("eval", model, tok)
+    else:
+        raise BebopError("--data is required with --model")
+    result = evaluate_mtp(model, head, data, speculate_k=args.speculate_k, temperature=args.temperature,
+                          pad_id=tok.pad_token_id)
+    print(acceptance_table({args.mtp or args.loss: result}))
+    if args.json:
+        write_json(args.json, result)
+
+
+# ---------------------------------------------------------------------------------------------- generate
+def cmd_generate(args) -> None:
+    from bebop.spec import SamplingParams, SpecConfig, generate
+    from bebop.utils.io import atomic_write_text, write_json
+
+    model, tok, head = _load(args, need_mtp=args.mode != "none")
+    prompts = _read_prompts(args.prompts, args.num_prompts)
+    sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                              max_new_tokens=args.max_new_tokens, stop=tuple(args.stop or ()))
+    spec = SpecConfig(mode=args.mode, speculate_k=args.speculate_k)
+    result = generate(model, tok, prompts, mtp=head, sampling=sampling, spec=spec, seed=args.seed)
+    lines = [json.dumps({"prompt": p, "completion": c, "token_ids": t, "finish_reason": f})
+             for p, c, t, f in zip(prompts, result.texts, result.token_ids, result.finish_reasons)]
+    atomic_write_text(args.out, "\n".join(lines) + "\n")
+    stats = result.stats.to_metrics()
+    if args.stats_json:
+        write_json(args.stats_json, stats)
+    print(f"wrote {len(lines)} completions to {args.out}; accept length {stats['spec/accept_length']:.3f}, "
+          f"target entropy {stats['spec/target_entropy']:.3f} nats")
+
+
+def _read_prompts(path: str | None, num: int) -> list[str]:
+    """Prompts from a JSONL (``{"prompt"}``) or text file (one per line), or ``num`` embedded-task prompts."""
+    if path is None:
+        from bebop.task import arith
+
+        return [p.prompt for p in arith.make_problems(num, seed=12345)]
+    from bebop.utils.io import read_jsonl
+
+    file = Path(path)
+    if not file.is_file():
+        raise BebopError(f"prompts file not found: {file}")
+    if file.suffix == ".jsonl":
+        rows = read_jsonl(file, what="prompts file")
+        if any("prompt" not in r for r in rows):
+            raise BebopError(f"prompts file {file}: every line needs a 'prompt' field")
+        prompts = [r["prompt"] for r in rows]
+    else:
+        prompts = [line for line in file.read_text().splitlines() if line.strip()]
+    if not prompts:
+        raise BebopError(f"prompts file {file} holds no prompt")
+    return prompts
+
+
+# ---------------------------------------------------------------------------------------------- parser
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bebop", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("pretrain", help="train the embedded default model on the embedded task")
+    p.add_argument("--out", help="output directory (default: the cache location every command reads)")
+    p.add_argument("--steps", type=int, help="optimizer steps (default 1200)")
+    p.add_argument("--seed", type=int, help="seed for init and data (default 0)")
+    p.add_argument("--device", default="auto", help="cpu, cuda or auto")
+    p.set_defaults(func=cmd_pretrain)
+
+    p = sub.add_parser("train-mtp", help="train an MTP draft head on a frozen model")
+    _add_model_args(p, mtp=False)
+    p.add_argument("--config", help="TOML/YAML file of TrainMtpConfig fields (flags override it)")
+    p.add_argument("--data", help="JSONL of {text} or {prompt, completion} rows (default: self-generated embedded data)")
+    p.add_argument("--out", help="output directory for the head (default: the embedded head cache)")
+    p.add_argument("--loss", help="ce | fkl | rkl | tv | e2e_tv (default e2e_tv)")
+    p.add_argument("--speculate-k", type=int, help="head steps unrolled in training (default 5)")
+    p.add_argument("--steps", type=int, help="optimizer steps (default 300)")
+    p.add_argument("--batch-size", type=int, help="sequences per step (default 32)")
+    p.add_argument("--lr", type=float, help="peak learning rate (default 1e-3)")
+    p.add_argument("--temperature", type=float, help="softmax temperature of p and q in the loss (default 1)")
+    p.add_argument("--num-layers", type=int, help="physical MTP layers (default 1)")
+    p.add_argument("--seed", type=int, help="seed (default 0)")
+    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint")
+    p.set_defaults(func=cmd_train_mtp)
+
+    p = sub.add_parser("eval-mtp", help="exact RS/TO acceptance of a head along teacher-forced chains")
+    _add_model_args(p)
+    p.add_argument("--loss", default="e2e_tv", help="which cached embedded head to use when --mtp is not given")
+    p.add_argument("--data", help="JSONL evaluation data (default: held-out self-generated embedded data)")
+    p.add_argument("--speculate-k", type=int, default=3, help="draft depth K (default 3)")
+    p.add_argument("--temperature", type=float, default=1.0, help="temperature of p and q (default 1)")
+    p.add_argument("--json", help="write the result as JSON here")
+    p.set_defaults(func=cmd_eval_mtp)
+
+    p = sub.add_parser("generate", help="generate completions (plain, target-only or rejection sampling)")
+    _add_model_args(p)
+    p.add_argument("--prompts", help="JSONL with a 'prompt' field, or a text file with one prompt per line")
+    p.add_argument("--num-prompts", type=int, default=16, help="embedded-task prompts when --prompts is not given")
+    p.add_argument("--mode", choices=["none", "to", "rs"], default="rs", help="verification mode (default rs)")
+    p.add_argument("--speculate-k", type=int, default=3, help="drafts per verify step (default 3)")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature, 0 = greedy (default 1)")
+    p.add_argument("--top-k", type=int, default=0, help="top-k on the target, 0 = off")
+    p.add_argument("--top-p", type=float, default=1.0, help="top-p on the target, 1 = off")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="completion length limit (default 64)")
+    p.add_argument("--stop", action="append", help="stop string (repeatable)")
+    p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    p.add_argument("--out", required=True, help="output JSONL, one line per completion")
+    p.add_argument("--stats-json", help="write speculative-decoding statistics here")
+    p.set_defaults(func=cmd_generate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except BebopError as e:
+        print(f"bebop: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("bebop: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

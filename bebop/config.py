@@ -1,0 +1,63 @@
+"""Config resolution: dataclass defaults < a TOML/YAML file < command-line flags.
+
+A config file is a flat table of the dataclass's fields (its first line, a comment, names the
+command that runs it, e.g. ``# bebop rl --config rl.toml``). Unknown keys are an error, so a typo
+never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any, TypeVar
+
+from bebop.utils.io import BebopError
+
+T = TypeVar("T")
+
+
+def load_config_file(path: str | os.PathLike) -> dict[str, Any]:
+    """Reads a ``.toml``, ``.yaml`` or ``.yml`` file into a dict (one clear error line on failure)."""
+    path = Path(path)
+    if not path.is_file():
+        raise BebopError(f"config file not found: {path}")
+    text = path.read_text()
+    try:
+        if path.suffix == ".toml":
+            import tomllib
+
+            data = tomllib.loads(text)
+        elif path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+        else:
+            raise BebopError(f"config file {path} must end in .toml, .yaml or .yml")
+    except BebopError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any parser error is a bad file
+        raise BebopError(f"cannot parse config file {path}: {str(e).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise BebopError(f"config file {path} must hold a table of settings")
+    return data
+
+
+def resolve(cls: type[T], file: str | os.PathLike | None = None, overrides: dict[str, Any] | None = None) -> T:
+    """Builds ``cls`` from its defaults, then ``file``, then ``overrides`` (None values are skipped)."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    values: dict[str, Any] = {}
+    for source, data in (("config file", load_config_file(file) if file else {}), ("flags", overrides or {})):
+        unknown = sorted(set(data) - set(fields))
+        if unknown:
+            raise BebopError(f"unknown {source} keys {unknown}; valid keys: {', '.join(fields)}")
+        values.update({k: v for k, v in data.items() if v is not None})
+    for name, value in values.items():
+        default = fields[name].default
+        if isinstance(default, tuple) and isinstance(value, list):
+            values[name] = tuple(value)
+        elif isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+            values[name] = float(value)
+        elif default is not None and default is not dataclasses.MISSING and not isinstance(value, type(default)):
+            raise BebopError(f"config key {name!r} should be {type(default).__name__}, got {value!r}")
+    return cls(**values)

@@ -1,0 +1,114 @@
+"""Training and evaluation data for MTP heads: token sequences with the index where drafting starts.
+
+Drafting happens only inside completions, so a chain may start at position t >= start - 1, where
+``start`` is the first completion token (the head's first draft after a prompt reads the target's
+state at the prompt's last position). Plain texts have start = 1.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from bebop.utils.io import BebopError, read_jsonl
+
+
+@dataclass
+class Sequences:
+    """Token sequences and, per sequence, the index of its first completion token."""
+
+    token_ids: list[list[int]]
+    starts: list[int]
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def batch(self, index: list[int], pad_id: int, device: torch.device):
+        """Right-padded (ids (B, T), lengths (B,), starts (B,)) for the rows in ``index``."""
+        rows = [self.token_ids[i] for i in index]
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+        lengths = torch.tensor([len(r) for r in rows])
+        starts = torch.tensor([self.starts[i] for i in index])
+        return ids.to(device), lengths.to(device), starts.to(device)
+
+    def to_jsonl_rows(self) -> list[dict]:
+        return [{"token_ids": t, "start": s} for t, s in zip(self.token_ids, self.starts)]
+
+
+def load_sequences(path: str | os.PathLike, tokenizer, max_len: int | None = None) -> Sequences:
+    """Reads a JSONL file of ``{"text"}``, ``{"prompt", "completion"}`` or ``{"token_ids", "start"}`` rows."""
+    rows = read_jsonl(path, what="data file")
+    if not rows:
+        raise BebopError(f"data file {path} is empty")
+    token_ids, starts = [], []
+    for i, row in enumerate(rows, start=1):
+        if "token_ids" in row:
+            ids, start = [int(t) for t in row["token_ids"]], int(row.get("start", 1))
+        elif "prompt" in row and "completion" in row:
+            prompt = tokenizer.encode(row["prompt"])
+            ids, start = prompt + tokenizer.encode(row["completion"]), max(1, len(prompt))
+        elif "text" in row:
+            ids, start = tokenizer.encode(row["text"]), 1
+        else:
+            raise BebopError(f"data file {path} line {i}: needs 'text', 'prompt'+'completion' or 'token_ids'")
+        if max_len is not None:
+            ids = ids[:max_len]
+        if len(ids) >= start + 2:  # at least one chain with one verified step
+            token_ids.append(ids)
+            starts.append(start)
+    if not token_ids:
+        raise BebopError(f"data file {path} has no sequence long enough to train or evaluate a draft on")
+    return Sequences(token_ids, starts)
+
+
+def self_generated(model, tokenizer, num: int, seed: int, temperature: float = 1.0, batch_size: int = 64) -> Sequences:
+    """The embedded task's completions sampled from the model itself at ``temperature`` (the policy's own data)."""
+    from bebop.spec.engine import SamplingParams, generate
+    from bebop.task import arith
+
+    problems = arith.make_problems(num, seed=seed)
+    token_ids, starts = [], []
+    for i in range(0, num, batch_size):
+        chunk = problems[i : i + batch_size]
+        result = generate(
+            model, tokenizer, [p.prompt for p in chunk], sampling=SamplingParams(temperature=temperature, max_new_tokens=64),
+            seed=seed, row_ids=list(range(i, i + len(chunk))),
+        )
+        for prompt, completion in zip(result.prompt_ids, result.token_ids):
+            token_ids.append(prompt + completion)
+            starts.append(len(prompt))
+    return Sequences(token_ids, starts)
+
+
+def chain_tensors(backbone, head, ids: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor, num_steps: int):
+    """Teacher-forced draft and target logits along every chain of a padded batch.
+
+    Chain n starts at position t (of row b) with t >= start_b - 1; its step j (1-based) is the
+    head's depth-j prediction at t and the backbone's prediction at t + j, both for token x_{t+j+1}.
+
+    Args:
+        ids: (B, T) right-padded sequences; lengths: (B,); starts: (B,) first completion index.
+        num_steps: K.
+
+    Returns:
+        draft_logits (N, K, V) (with grad through the head), target_logits (N, K, V) (no grad),
+        mask (N, K) bool: step j exists (x_{t+j+1} is inside the sequence).
+    """
+    with torch.no_grad():
+        hidden = backbone.get_decoder()(input_ids=ids).last_hidden_state  # (B, T, D)
+        target_all = backbone.get_output_embeddings()(hidden)  # (B, T, V)
+    drafts = head.unroll(hidden, ids, num_steps)  # K x (B, T, V)
+    t = torch.arange(ids.shape[1], device=ids.device)
+    is_start = (t[None, :] >= (starts[:, None] - 1).clamp_min(0)) & (t[None, :] + 2 < lengths[:, None])
+    b_idx, t_idx = is_start.nonzero(as_tuple=True)  # (N,), (N,)
+    steps = torch.arange(1, num_steps + 1, device=ids.device)
+    mask = (t_idx[:, None] + steps[None, :] + 1) < lengths[b_idx][:, None]  # (N, K)
+    target_pos = (t_idx[:, None] + steps[None, :]).clamp_max(ids.shape[1] - 1)
+    target = target_all[b_idx[:, None], target_pos]  # (N, K, V)
+    draft = torch.stack([d[b_idx, t_idx] for d in drafts], dim=1)  # (N, K, V)
+    return draft, target, mask

@@ -1,0 +1,54 @@
+"""``evaluate_mtp``: exact acceptance of a head along teacher-forced chains, no sampling noise.
+
+At every chain start t and step j <= K: alpha_RS,j = sum_v min(p_j, q_j) (rejection sampling)
+and alpha_TO,j = p_j(argmax q_j) (target-only). Per chain E[L] = sum_j prod_{i<=j} alpha_i, and
+accept length = 1 + E[L] (the bonus/recovered token included, vLLM's convention). Per-step
+means average every valid (chain, step); E[L] averages the chains with all K steps inside the
+sequence (a cut chain would count as shorter, not as worse).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from bebop.losses import acceptance_stats
+from bebop.mtp.data import Sequences, chain_tensors
+
+
+@torch.no_grad()
+def evaluate_mtp(
+    backbone, head, data: Sequences, speculate_k: int = 3, temperature: float = 1.0, batch_size: int = 32,
+    pad_id: int = 0,
+) -> dict:
+    """Returns ``alpha_rs``/``alpha_to`` (lists of K), ``accept_length_rs``/``accept_length_to``,
+    ``target_entropy`` (mean nats over chain steps), ``num_positions`` (chains) and ``num_full_chains``."""
+    device = next(backbone.parameters()).device
+    sums = {"rs": torch.zeros(speculate_k), "to": torch.zeros(speculate_k), "count": torch.zeros(speculate_k)}
+    el = {"rs": 0.0, "to": 0.0}
+    entropy_sum, num_chains, num_full = 0.0, 0, 0
+    for i in range(0, len(data), batch_size):
+        ids, lengths, starts = data.batch(list(range(i, min(i + batch_size, len(data)))), pad_id, device)
+        draft, target, mask = chain_tensors(backbone, head, ids, lengths, starts, speculate_k)
+        alpha_rs, alpha_to, ent = acceptance_stats(draft, target, temperature=temperature)
+        m = mask.float().cpu()
+        sums["rs"] += (alpha_rs.cpu() * m).sum(0)
+        sums["to"] += (alpha_to.cpu() * m).sum(0)
+        sums["count"] += m.sum(0)
+        entropy_sum += float((ent.cpu() * m).sum())
+        num_chains += mask.shape[0]
+        full = mask.all(1).cpu()
+        num_full += int(full.sum())
+        el["rs"] += float(alpha_rs.cpu()[full].cumprod(1).sum())
+        el["to"] += float(alpha_to.cpu()[full].cumprod(1).sum())
+    count = sums["count"].clamp_min(1)
+    return {
+        "alpha_rs": (sums["rs"] / count).tolist(),
+        "alpha_to": (sums["to"] / count).tolist(),
+        "accept_length_rs": 1.0 + el["rs"] / max(num_full, 1),
+        "accept_length_to": 1.0 + el["to"] / max(num_full, 1),
+        "target_entropy": entropy_sum / float(sums["count"].sum().clamp_min(1)),
+        "num_positions": num_chains,
+        "num_full_chains": num_full,
+        "speculate_k": speculate_k,
+        "temperature": temperature,
+    }
