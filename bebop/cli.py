@@ -7,6 +7,7 @@ on first use). Errors caused by input print one line and exit with status 2.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -45,9 +46,8 @@ def _load(args, need_mtp: bool, mtp_loss: str = "e2e_tv"):
 def cmd_pretrain(args) -> None:
     from bebop import embedded
 
-    cfg = embedded.PretrainConfig(
-        **{k: v for k, v in {"steps": args.steps, "seed": args.seed, "device": args.device}.items() if v is not None}
-    )
+    overrides = {"steps": args.steps, "seed": args.seed, "device": args.device, "eval_problems": args.eval_problems}
+    cfg = embedded.PretrainConfig(**{k: v for k, v in overrides.items() if v is not None})
     out = Path(args.out) if args.out else embedded.embedded_model_dir()
     summary = embedded.pretrain(out, cfg)
     print(json.dumps({k: v for k, v in summary.items() if k != "config"}, indent=2))
@@ -65,12 +65,12 @@ def cmd_train_mtp(args) -> None:
         "loss": args.loss, "speculate_k": args.speculate_k, "steps": args.steps, "batch_size": args.batch_size,
         "lr": args.lr, "temperature": args.temperature, "num_layers": args.num_layers, "seed": args.seed,
     })
-    print("resolved config: " + json.dumps(vars(cfg) if hasattr(cfg, "__dict__") else cfg.__dict__), file=sys.stderr)
+    print("resolved config: " + json.dumps(dataclasses.asdict(cfg)), file=sys.stderr)
     model, tok, _ = _load(args, need_mtp=False)
     if args.data:
         data = load_sequences(args.data, tok)
     elif args.model is None:
-        data = embedded.embedded_data("train", model, tok)
+        data = embedded.embedded_data("train", model, tok, num=args.num_sequences)
     else:
         raise BebopError("--data is required with --model (a JSONL of text or prompt/completion rows)")
     out = Path(args.out) if args.out else embedded.embedded_head_dir(cfg.loss) if args.model is None else None
@@ -92,7 +92,7 @@ def cmd_eval_mtp(args) -> None:
     if args.data:
         data = load_sequences(args.data, tok)
     elif args.model is None:
-        data = embedded.embedded_data("eval", model, tok)
+        data = embedded.embedded_data("eval", model, tok, num=args.num_sequences)
     else:
         raise BebopError("--data is required with --model")
     result = evaluate_mtp(model, head, data, speculate_k=args.speculate_k, temperature=args.temperature,
@@ -155,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="output directory (default: the cache location every command reads)")
     p.add_argument("--steps", type=int, help="optimizer steps (default 1200)")
     p.add_argument("--seed", type=int, help="seed for init and data (default 0)")
+    p.add_argument("--eval-problems", type=int, help="held-out problems sampled to measure accuracy (default 256)")
     p.add_argument("--device", default="auto", help="cpu, cuda or auto")
     p.set_defaults(func=cmd_pretrain)
 
@@ -171,6 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, help="softmax temperature of p and q in the loss (default 1)")
     p.add_argument("--num-layers", type=int, help="physical MTP layers (default 1)")
     p.add_argument("--seed", type=int, help="seed (default 0)")
+    p.add_argument("--num-sequences", type=int,
+                   help="self-generated embedded sequences when no --data (default 2048; used when first cached)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint")
     p.set_defaults(func=cmd_train_mtp)
 
@@ -180,6 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", help="JSONL evaluation data (default: held-out self-generated embedded data)")
     p.add_argument("--speculate-k", type=int, default=3, help="draft depth K (default 3)")
     p.add_argument("--temperature", type=float, default=1.0, help="temperature of p and q (default 1)")
+    p.add_argument("--num-sequences", type=int,
+                   help="held-out self-generated sequences when no --data (default 256; used when first cached)")
     p.add_argument("--json", help="write the result as JSON here")
     p.set_defaults(func=cmd_eval_mtp)
 

@@ -207,8 +207,11 @@ SELFGEN_EVAL = 256  # held-out self-generated sequences for eval-mtp
 SELFGEN_SEEDS = {"train": 1000, "eval": 2000}  # problem/sampling seeds of the two splits
 
 
-def embedded_data(split: str, model=None, tok=None):
-    """Self-generated (T=1) embedded-task sequences for ``split`` ("train" or "eval"), cached as JSONL."""
+def embedded_data(split: str, model=None, tok=None, num: int | None = None):
+    """Self-generated (T=1) embedded-task sequences for ``split`` ("train" or "eval"), cached as JSONL.
+
+    ``num`` (default SELFGEN_TRAIN / SELFGEN_EVAL) applies only when the cache is being created.
+    """
     from bebop.mtp.data import Sequences, self_generated
     from bebop.utils.io import atomic_write_text, read_jsonl
 
@@ -218,7 +221,7 @@ def embedded_data(split: str, model=None, tok=None):
         return Sequences([r["token_ids"] for r in rows], [r["start"] for r in rows])
     if model is None:
         model, tok = load_model()
-    num = SELFGEN_TRAIN if split == "train" else SELFGEN_EVAL
+    num = num or (SELFGEN_TRAIN if split == "train" else SELFGEN_EVAL)
     say(f"bebop: sampling {num} embedded-task completions from the model at T=1 ({split} split, cached after)")
     data = self_generated(model, tok, num, seed=SELFGEN_SEEDS[split])
     atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in data.to_jsonl_rows()))

@@ -10,12 +10,17 @@ Modules:
 """
 
 from bebop.losses.draft import DRAFT_LOSSES, draft_loss
-from bebop.losses.entry_stats import LOG_PROB_FLOOR, ROW_CHUNK, VOCAB_CHUNK, acceptance_stats
+from bebop.losses.entry_stats import (
+    LOG_PROB_FLOOR,
+    TILE_ELEMENTS,
+    VOCAB_CHUNK,
+    acceptance_stats,
+)
 
 __all__ = [
     "DRAFT_LOSSES",
     "LOG_PROB_FLOOR",
-    "ROW_CHUNK",
+    "TILE_ELEMENTS",
     "VOCAB_CHUNK",
     "acceptance_stats",
     "draft_loss",

@@ -33,7 +33,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from bebop.losses.entry_stats import ROW_CHUNK, VOCAB_CHUNK, check_logits, entry_statistic
+from bebop.losses.entry_stats import VOCAB_CHUNK, check_logits, entry_statistic
 
 
 def _masked_mean(
@@ -76,7 +76,7 @@ def ce_loss(
     mask: Tensor,  # (N, K) bool
     temperature: float,
     *,
-    row_chunk: int = ROW_CHUNK,
+    row_chunk: int | None = None,
     vocab_chunk: int = VOCAB_CHUNK,
 ) -> Tensor:  # ()
     """Soft cross-entropy -sum_v p log q, averaged over valid entries."""
@@ -93,7 +93,7 @@ def fkl_loss(
     mask: Tensor,  # (N, K) bool
     temperature: float,
     *,
-    row_chunk: int = ROW_CHUNK,
+    row_chunk: int | None = None,
     vocab_chunk: int = VOCAB_CHUNK,
 ) -> Tensor:  # ()
     """Forward KL(p || q), averaged over valid entries."""
@@ -110,7 +110,7 @@ def rkl_loss(
     mask: Tensor,  # (N, K) bool
     temperature: float,
     *,
-    row_chunk: int = ROW_CHUNK,
+    row_chunk: int | None = None,
     vocab_chunk: int = VOCAB_CHUNK,
 ) -> Tensor:  # ()
     """Reverse KL(q || p), averaged over valid entries."""
@@ -127,7 +127,7 @@ def tv_loss(
     mask: Tensor,  # (N, K) bool
     temperature: float,
     *,
-    row_chunk: int = ROW_CHUNK,
+    row_chunk: int | None = None,
     vocab_chunk: int = VOCAB_CHUNK,
 ) -> Tensor:  # ()
     """Per-step TV distance 1 - sum_v min(p, q), averaged over valid entries."""
@@ -144,7 +144,7 @@ def e2e_tv_loss(
     mask: Tensor,  # (N, K) bool
     temperature: float,
     *,
-    row_chunk: int = ROW_CHUNK,
+    row_chunk: int | None = None,
     vocab_chunk: int = VOCAB_CHUNK,
 ) -> Tensor:  # ()
     """End-to-end TV: one minus the normalised expected accept length (paper Eq. 13).
@@ -190,7 +190,7 @@ def draft_loss(
     mask: Tensor | None = None,  # (N, K) bool
     temperature: float = 1.0,
     *,
-    row_chunk: int = ROW_CHUNK,
+    row_chunk: int | None = None,
     vocab_chunk: int = VOCAB_CHUNK,
 ) -> Tensor:  # ()
     """Draft objective ``name`` on a batch of draft chains; gradients reach draft_logits only.
@@ -201,7 +201,7 @@ def draft_loss(
         target_logits: Target logits; p = softmax(target_logits / temperature), detached.
         mask: True where the (position, step) entry exists; None means all entries do.
         temperature: Softmax temperature T > 0 applied to both distributions.
-        row_chunk: Entries per tile of the chunked computation.
+        row_chunk: Entries per tile of the chunked computation; None fills TILE_ELEMENTS.
         vocab_chunk: Vocabulary columns per tile of the chunked computation.
 
     Returns:

@@ -13,9 +13,11 @@ this module computes one number:
 
 `entry_statistic` differentiates it with a custom autograd Function whose backward is the
 analytic gradient (paper Eq. 11, App. A-C), so no (N*K, V) softmax is ever stored (paper App. F):
-the forward keeps its inputs and a few numbers per row (the two logsumexps, S for the overlap),
-and the backward recomputes q and p one (row chunk, vocab chunk) tile at a time. Everything is
-a plain torch op, so it runs unchanged on CUDA.
+the forward keeps its inputs and a few numbers per row (the statistic, S for the overlap, and
+the two log-normalisers when the vocabulary is split into tiles), and the backward recomputes q
+and p one (row chunk, vocab chunk) tile at a time. When a tile spans whole rows (the default up
+to VOCAB_CHUNK columns) the fused log_softmax kernel normalises it and no logsumexp pass is
+needed. Everything is a plain torch op, so it runs unchanged on CUDA.
 
 Where this deviates from the textbook formulas:
 1) In ``rkl`` log p is clamped below at LOG_PROB_FLOOR. log p comes from a log-softmax, so it is
@@ -35,75 +37,81 @@ from typing import Callable, Iterator
 import torch
 from torch import Tensor
 
-# NOTE: 256 rows x 65,536 vocab x 4 bytes = 64 MiB per float32 tile buffer; one tile step holds
-# about six such buffers, so the working set stays a few hundred MiB whatever N, K and V are.
-ROW_CHUNK = 256  # rows (entries) per tile
-VOCAB_CHUNK = 65_536  # vocabulary columns per tile
+# NOTE: a tile is (row chunk, vocab chunk); one tile step holds about six float32 buffers of that
+# size. 2**22 elements = 16 MiB each: big enough to keep a GPU busy, and small enough that glibc
+# reuses freed tiles on CPU instead of mapping (and page-faulting) fresh memory for every tile.
+TILE_ELEMENTS = 2**22  # default row chunk = TILE_ELEMENTS // vocab columns per tile
+VOCAB_CHUNK = 262_144  # whole rows up to 256k vocabularies (Qwen's 151,936 included)
 LOG_PROB_FLOOR = -1.0e4  # rkl's lower clamp on log p; only ever reached when t / T overflows
 
-# A statistic's two partial sums over one vocab tile: (value, aux), each (rows,).
-PartialSums = Callable[[Tensor, Tensor], "tuple[Tensor, Tensor]"]
-# d value / d (z / T) on one vocab tile, given the full-row value and aux.
-TileGrad = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+# NOTE: the functions below receive freshly computed tiles (rows, C) of q and p, or of log q and
+# log p when the statistic is `in_log_space`; nobody else holds them, so they may be overwritten
+# in place to save memory traffic.
 
 
 @dataclass(frozen=True)
 class Statistic:
     """How one per-entry statistic sums over vocabulary tiles and how it is differentiated."""
 
-    partial_sums: PartialSums  # (log_q, log_p) tiles (rows, C) -> (value, aux) partial sums (rows,)
-    tile_grad: TileGrad  # (log_q, log_p, value, aux) -> d value / d(z / T) on the tile (rows, C)
+    in_log_space: bool  # tiles hold (log q, log p) rather than (q, p)
+    # (q, p) or (log q, log p) tiles (rows, C) -> (value, aux) partial sums, each (rows,)
+    partial_sums: Callable[[Tensor, Tensor], "tuple[Tensor, Tensor]"]
+    # (tile_q, tile_p, value, aux, scale) -> scale * d value / d(z / T) on the tile (rows, C),
+    # given the full-row value and aux (rows,) and the upstream gradient scale (rows,)
+    tile_grad: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
-def _overlap_sums(log_q: Tensor, log_p: Tensor) -> tuple[Tensor, Tensor]:
+def _overlap_sums(q: Tensor, p: Tensor) -> tuple[Tensor, Tensor]:
     """Partial alpha = sum min(p, q) and S = sum q * 1[q <= p] over one tile."""
-    q, p = log_q.exp(), log_p.exp()
-    return torch.minimum(q, p).sum(-1), torch.where(q <= p, q, 0.0).sum(-1)
+    below = (q <= p).to(q.dtype)
+    return torch.minimum(q, p).sum(-1), below.mul_(q).sum(-1)
 
 
-def _overlap_grad(log_q: Tensor, log_p: Tensor, value: Tensor, aux: Tensor) -> Tensor:
-    """d alpha / dz = -q (S - 1 + 1[q > p]) (paper Eq. 11), with S = aux."""
-    q, p = log_q.exp(), log_p.exp()
+def _overlap_grad(q: Tensor, p: Tensor, value: Tensor, aux: Tensor, scale: Tensor) -> Tensor:
+    """scale * d alpha / dz with d alpha / dz = -q (S - 1 + 1[q > p]) (paper Eq. 11), S = aux."""
     # NOTE: q and p are recomputed exactly as in the forward, so 1[q > p] here is the complement
     # of the 1[q <= p] that built S.
-    return q * (1.0 - aux[:, None] - (q > p).to(q.dtype))
+    above = -scale[:, None] * aux[:, None]  # (rows, 1)
+    below = scale[:, None] * (1.0 - aux[:, None])  # (rows, 1)
+    return torch.where(q > p, above, below).mul_(q)
 
 
 def _ce_sums(log_q: Tensor, log_p: Tensor) -> tuple[Tensor, Tensor]:
     """Partial -sum p log q over one tile (aux unused)."""
-    value = -(log_p.exp() * log_q).sum(-1)
+    value = -log_p.exp_().mul_(log_q).sum(-1)
     return value, torch.zeros_like(value)
 
 
 def _fkl_sums(log_q: Tensor, log_p: Tensor) -> tuple[Tensor, Tensor]:
     """Partial sum p (log p - log q) over one tile (aux unused)."""
-    value = (log_p.exp() * (log_p - log_q)).sum(-1)
+    log_ratio = log_p - log_q
+    value = log_p.exp_().mul_(log_ratio).sum(-1)
     return value, torch.zeros_like(value)
 
 
-def _ce_grad(log_q: Tensor, log_p: Tensor, value: Tensor, aux: Tensor) -> Tensor:
-    """d CE / dz = d KL(p || q) / dz = q - p (paper App. B)."""
-    return log_q.exp() - log_p.exp()
+def _ce_grad(log_q: Tensor, log_p: Tensor, value: Tensor, aux: Tensor, scale: Tensor) -> Tensor:
+    """scale * d CE / dz, where d CE / dz = d KL(p || q) / dz = q - p (paper App. B)."""
+    return log_q.exp_().sub_(log_p.exp_()).mul_(scale[:, None])
 
 
 def _rkl_sums(log_q: Tensor, log_p: Tensor) -> tuple[Tensor, Tensor]:
     """Partial sum q (log q - log p) over one tile (aux unused)."""
-    log_p = log_p.clamp_min(LOG_PROB_FLOOR)
-    value = (log_q.exp() * (log_q - log_p)).sum(-1)
+    log_ratio = log_p.clamp_min_(LOG_PROB_FLOOR).neg_().add_(log_q)  # log q - log p
+    value = log_q.exp_().mul_(log_ratio).sum(-1)
     return value, torch.zeros_like(value)
 
 
-def _rkl_grad(log_q: Tensor, log_p: Tensor, value: Tensor, aux: Tensor) -> Tensor:
-    """d KL(q || p) / dz = q (log q - log p - KL(q || p)) (paper Eq. 17), with KL = value."""
-    log_p = log_p.clamp_min(LOG_PROB_FLOOR)
-    return log_q.exp() * (log_q - log_p - value[:, None])
+def _rkl_grad(log_q: Tensor, log_p: Tensor, value: Tensor, aux: Tensor, scale: Tensor) -> Tensor:
+    """scale * d KL(q || p) / dz = scale * q (log q - log p - KL) (paper Eq. 17), KL = value."""
+    centred = log_p.clamp_min_(LOG_PROB_FLOOR).neg_().add_(log_q).sub_(value[:, None])
+    return centred.mul_(log_q.exp_()).mul_(scale[:, None])
 
 
 STATISTICS = {
-    "overlap": Statistic(_overlap_sums, _overlap_grad),
-    "ce": Statistic(_ce_sums, _ce_grad),
-    "fkl": Statistic(_fkl_sums, _ce_grad),
-    "rkl": Statistic(_rkl_sums, _rkl_grad),
+    "overlap": Statistic(False, _overlap_sums, _overlap_grad),
+    "ce": Statistic(True, _ce_sums, _ce_grad),
+    "fkl": Statistic(True, _fkl_sums, _ce_grad),
+    "rkl": Statistic(True, _rkl_sums, _rkl_grad),
 }
 
 
@@ -118,18 +126,27 @@ def compute_dtype(*dtypes: torch.dtype) -> torch.dtype:
     return out
 
 
+def resolve_row_chunk(row_chunk: int | None, vocab: int, vocab_chunk: int) -> int:
+    """row_chunk, or by default as many rows as fit TILE_ELEMENTS.
+
+    Example: ``resolve_row_chunk(None, 151_936, VOCAB_CHUNK) == 27``.
+    """
+    if row_chunk is not None:
+        return row_chunk
+    return max(1, TILE_ELEMENTS // max(1, min(vocab, vocab_chunk)))
+
+
 def check_logits(
     draft_logits: Tensor,  # (N, K, V)
     target_logits: Tensor,  # (N, K, V)
     temperature: float,
     *,
-    row_chunk: int,
+    row_chunk: int | None,
     vocab_chunk: int,
 ) -> None:
     """Raises ValueError unless the logits pair, temperature and chunk sizes are usable.
 
-    Costs one host sync per tensor (the finiteness check), chunked over rows so it never
-    allocates an (N, K, V) mask.
+    Costs one host sync per tensor (the NaN/inf check, a min/max reduction).
     """
     for label, x in (("draft_logits", draft_logits), ("target_logits", target_logits)):
         if not isinstance(x, Tensor):
@@ -152,12 +169,11 @@ def check_logits(
         raise ValueError(f"temperature must be a number, got {type(temperature).__name__}")
     if not 0.0 < temperature < float("inf"):
         raise ValueError(f"temperature must be finite and > 0, got {temperature}")
-    if row_chunk < 1 or vocab_chunk < 1:
+    if (row_chunk is not None and row_chunk < 1) or vocab_chunk < 1:
         raise ValueError(f"row_chunk and vocab_chunk must be >= 1, got {row_chunk}, {vocab_chunk}")
     for label, x in (("draft_logits", draft_logits), ("target_logits", target_logits)):
-        rows = x.reshape(-1, x.shape[-1])
-        tiles = [torch.isfinite(rows[r]).all() for r in _row_slices(rows.shape[0], row_chunk)]
-        if tiles and not bool(torch.stack(tiles).all()):  # host sync, once per tensor
+        # min and max propagate NaN, so one reduction pass (no (N, K, V) mask) sees NaN and inf.
+        if x.numel() and not bool(torch.isfinite(torch.stack(torch.aminmax(x))).all()):  # sync
             raise ValueError(f"{label} contains NaN or inf")
 
 
@@ -165,6 +181,10 @@ def _row_slices(num_rows: int, row_chunk: int) -> Iterator[slice]:
     """Consecutive row slices of at most row_chunk rows."""
     for start in range(0, num_rows, row_chunk):
         yield slice(start, min(start + row_chunk, num_rows))
+
+
+def _take(x: Tensor | None, rows: slice) -> Tensor | None:
+    return None if x is None else x[rows]
 
 
 def _row_logsumexp(
@@ -181,21 +201,51 @@ def _row_logsumexp(
     return torch.logsumexp(torch.stack(parts, dim=-1), dim=-1)
 
 
-def _log_prob_tiles(
+def _prob_tile(
+    logits: Tensor,  # (R, C)
+    log_norm: Tensor | None,  # (R,)
+    temperature: float,
+    dtype: torch.dtype,
+    log: bool,
+) -> Tensor:  # (R, C), a fresh tensor
+    """softmax(logits / T) (log_softmax if log) on one tile; log_norm None: the tile spans rows."""
+    scaled = logits.to(dtype)
+    if temperature != 1.0:
+        scaled = scaled / temperature
+    if log_norm is None:  # fused kernels, no separate normaliser pass
+        return torch.log_softmax(scaled, dim=-1) if log else torch.softmax(scaled, dim=-1)
+    log_probs = scaled - log_norm[:, None]
+    return log_probs if log else log_probs.exp_()
+
+
+def _prob_tiles(
     draft_logits: Tensor,  # (R, V)
     target_logits: Tensor,  # (R, V)
-    log_norm_q: Tensor,  # (R,)
-    log_norm_p: Tensor,  # (R,)
+    log_norm_q: Tensor | None,  # (R,); None when vocab_chunk >= V
+    log_norm_p: Tensor | None,  # (R,); None when vocab_chunk >= V
     temperature: float,
     vocab_chunk: int,
     dtype: torch.dtype,
+    log: bool,
 ) -> Iterator[tuple[slice, Tensor, Tensor]]:
-    """Yields (columns, log q tile (R, C), log p tile (R, C)) across the vocabulary."""
+    """Yields (columns, q tile (R, C), p tile (R, C)) across the vocabulary (logs if log)."""
     for v in range(0, draft_logits.shape[-1], vocab_chunk):
         cols = slice(v, v + vocab_chunk)
-        log_q = draft_logits[:, cols].to(dtype) / temperature - log_norm_q[:, None]
-        log_p = target_logits[:, cols].to(dtype) / temperature - log_norm_p[:, None]
-        yield cols, log_q, log_p
+        q = _prob_tile(draft_logits[:, cols], log_norm_q, temperature, dtype, log)
+        p = _prob_tile(target_logits[:, cols], log_norm_p, temperature, dtype, log)
+        yield cols, q, p
+
+
+def _log_norms(
+    logits: Tensor,  # (R, V)
+    temperature: float,
+    vocab_chunk: int,
+    dtype: torch.dtype,
+) -> Tensor | None:  # (R,)
+    """Row log-normalisers when the vocabulary is split into tiles, else None."""
+    if logits.shape[-1] <= vocab_chunk:
+        return None
+    return _row_logsumexp(logits, temperature, vocab_chunk, dtype)
 
 
 class _EntryStatisticFunction(torch.autograd.Function):
@@ -204,21 +254,23 @@ class _EntryStatisticFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, draft, target, statistic, temperature, row_chunk, vocab_chunk):
         dtype = compute_dtype(draft.dtype, target.dtype)
-        num_rows = draft.shape[0]
-        value, aux, log_norm_q, log_norm_p = (
-            draft.new_empty(num_rows, dtype=dtype) for _ in range(4)
-        )
+        num_rows, vocab = draft.shape
+        value, aux = (draft.new_empty(num_rows, dtype=dtype) for _ in range(2))
+        log_norm_q = log_norm_p = None
+        if vocab > vocab_chunk:
+            log_norm_q, log_norm_p = (draft.new_empty(num_rows, dtype=dtype) for _ in range(2))
         for rows in _row_slices(num_rows, row_chunk):
-            log_norm_q[rows] = _row_logsumexp(draft[rows], temperature, vocab_chunk, dtype)
-            log_norm_p[rows] = _row_logsumexp(target[rows], temperature, vocab_chunk, dtype)
-            value_sum, aux_sum = 0.0, 0.0
-            for _, log_q, log_p in _log_prob_tiles(
-                draft[rows], target[rows], log_norm_q[rows], log_norm_p[rows],
-                temperature, vocab_chunk, dtype,
-            ):
-                tile_value, tile_aux = statistic.partial_sums(log_q, log_p)
-                value_sum, aux_sum = value_sum + tile_value, aux_sum + tile_aux
-            value[rows], aux[rows] = value_sum, aux_sum
+            if log_norm_q is not None:
+                log_norm_q[rows] = _log_norms(draft[rows], temperature, vocab_chunk, dtype)
+                log_norm_p[rows] = _log_norms(target[rows], temperature, vocab_chunk, dtype)
+            sums = [
+                torch.stack(statistic.partial_sums(tile_q, tile_p))  # (2, rows)
+                for _, tile_q, tile_p in _prob_tiles(
+                    draft[rows], target[rows], _take(log_norm_q, rows), _take(log_norm_p, rows),
+                    temperature, vocab_chunk, dtype, statistic.in_log_space,
+                )
+            ]
+            value[rows], aux[rows] = torch.stack(sums).sum(0)
         ctx.save_for_backward(draft, target, log_norm_q, log_norm_p, value, aux)
         ctx.config = (statistic, temperature, row_chunk, vocab_chunk, dtype)
         return value
@@ -233,12 +285,13 @@ class _EntryStatisticFunction(torch.autograd.Function):
         scale = grad_value.to(dtype) / temperature  # (R,)
         grad_draft = torch.empty_like(draft)  # (R, V)
         for rows in _row_slices(draft.shape[0], row_chunk):
-            for cols, log_q, log_p in _log_prob_tiles(
-                draft[rows], target[rows], log_norm_q[rows], log_norm_p[rows],
-                temperature, vocab_chunk, dtype,
+            for cols, tile_q, tile_p in _prob_tiles(
+                draft[rows], target[rows], _take(log_norm_q, rows), _take(log_norm_p, rows),
+                temperature, vocab_chunk, dtype, statistic.in_log_space,
             ):
-                tile = statistic.tile_grad(log_q, log_p, value[rows], aux[rows])
-                grad_draft[rows, cols] = (scale[rows, None] * tile).to(grad_draft.dtype)
+                grad_draft[rows, cols] = statistic.tile_grad(
+                    tile_q, tile_p, value[rows], aux[rows], scale[rows]
+                )
         return grad_draft, None, None, None, None, None
 
 
@@ -248,7 +301,7 @@ def entry_statistic(
     target_logits: Tensor,  # (..., V)
     temperature: float = 1.0,
     *,
-    row_chunk: int = ROW_CHUNK,
+    row_chunk: int | None = None,
     vocab_chunk: int = VOCAB_CHUNK,
 ) -> Tensor:  # (...)
     """One statistic of (p, q) per entry, differentiable w.r.t. draft_logits only.
@@ -260,7 +313,7 @@ def entry_statistic(
         draft_logits: Draft logits z; q = softmax(z / temperature).
         target_logits: Target logits t; p = softmax(t / temperature), treated as a constant.
         temperature: Softmax temperature T > 0 applied to both sides.
-        row_chunk: Entries per tile.
+        row_chunk: Entries per tile; None fills TILE_ELEMENTS.
         vocab_chunk: Vocabulary columns per tile.
 
     Returns:
@@ -277,7 +330,7 @@ def entry_statistic(
         target_logits.detach().reshape(-1, vocab),
         statistic,
         float(temperature),
-        row_chunk,
+        resolve_row_chunk(row_chunk, vocab, vocab_chunk),
         vocab_chunk,
     )
     return value.reshape(lead_shape)
@@ -299,13 +352,38 @@ def _tile_argmax(logits: Tensor, vocab_chunk: int) -> Tensor:  # (R, V) -> (R,) 
     return best_index
 
 
+def _acceptance_rows(
+    draft: Tensor,  # (R, V)
+    target: Tensor,  # (R, V)
+    temperature: float,
+    vocab_chunk: int,
+    dtype: torch.dtype,
+) -> Tensor:  # (3, R): alpha_rs, alpha_to, target_entropy
+    """`acceptance_stats` for one row chunk."""
+    log_norm_q = _log_norms(draft, temperature, vocab_chunk, dtype)
+    log_norm_p = _log_norms(target, temperature, vocab_chunk, dtype)
+    # The temperature does not move the argmax, so the raw draft logits suffice.
+    greedy = _tile_argmax(draft, vocab_chunk)  # (R,)
+    overlap = neg_entropy = log_p_greedy = 0.0
+    for cols, log_q, log_p in _prob_tiles(
+        draft, target, log_norm_q, log_norm_p, temperature, vocab_chunk, dtype, log=True
+    ):
+        inside = (greedy >= cols.start) & (greedy < cols.start + log_p.shape[-1])  # (R,)
+        local = (greedy - cols.start).clamp(0, log_p.shape[-1] - 1)[:, None]  # (R, 1)
+        log_p_greedy = torch.where(inside, log_p.gather(-1, local).squeeze(-1), log_p_greedy)
+        p = log_p.exp()
+        neg_entropy = neg_entropy + (p * log_p).sum(-1)
+        overlap = overlap + torch.minimum(p, log_q.exp_()).sum(-1)
+    return torch.stack([overlap, log_p_greedy.exp(), -neg_entropy])
+
+
 @torch.no_grad()
 def acceptance_stats(
     draft_logits: Tensor,  # (N, K, V)
     target_logits: Tensor,  # (N, K, V)
     temperature: float = 1.0,
     *,
-    row_chunk: int = ROW_CHUNK,
+    row_chunk: int | None = None,
     vocab_chunk: int = VOCAB_CHUNK,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Per-entry acceptance probabilities and target entropy, without gradient.
@@ -314,13 +392,14 @@ def acceptance_stats(
         draft_logits: Draft logits z; q = softmax(z / temperature).
         target_logits: Target logits t; p = softmax(t / temperature).
         temperature: Softmax temperature T > 0 applied to both sides.
-        row_chunk: Entries per tile.
+        row_chunk: Entries per tile; None fills TILE_ELEMENTS.
         vocab_chunk: Vocabulary columns per tile.
 
     Returns:
         ``(alpha_rs, alpha_to, target_entropy)``, each (N, K) float32 (float64 for float64
         inputs): alpha_rs = sum_v min(p, q) (rejection sampling, paper Eq. 2), alpha_to =
-        p(argmax q) (target-only sampling, paper Eq. 1), target_entropy = H(p) in nats.
+        p(argmax q) (target-only sampling, paper Eq. 1; ties go to the first index),
+        target_entropy = H(p) in nats.
 
     Raises:
         ValueError: On malformed inputs (see `check_logits`).
@@ -335,21 +414,10 @@ def acceptance_stats(
     lead_shape, vocab = draft_logits.shape[:-1], draft_logits.shape[-1]
     draft, target = draft_logits.reshape(-1, vocab), target_logits.reshape(-1, vocab)
     dtype = compute_dtype(draft.dtype, target.dtype)
-    alpha_rs, alpha_to, entropy = (draft.new_empty(draft.shape[0], dtype=dtype) for _ in range(3))
-    for rows in _row_slices(draft.shape[0], row_chunk):
-        log_norm_q = _row_logsumexp(draft[rows], temperature, vocab_chunk, dtype)
-        log_norm_p = _row_logsumexp(target[rows], temperature, vocab_chunk, dtype)
-        overlap, neg_entropy = 0.0, 0.0
-        for _, log_q, log_p in _log_prob_tiles(
-            draft[rows], target[rows], log_norm_q, log_norm_p, temperature, vocab_chunk, dtype
-        ):
-            p = log_p.exp()
-            overlap = overlap + torch.minimum(p, log_q.exp()).sum(-1)
-            neg_entropy = neg_entropy + (p * log_p).sum(-1)
-        # The temperature does not move the argmax, so the raw draft logits suffice.
-        greedy = _tile_argmax(draft[rows], vocab_chunk)  # (rows,)
-        greedy_logit = target[rows].gather(-1, greedy[:, None]).squeeze(-1).to(dtype)
-        alpha_rs[rows] = overlap
-        alpha_to[rows] = (greedy_logit / temperature - log_norm_p).exp()
-        entropy[rows] = -neg_entropy
-    return alpha_rs.reshape(lead_shape), alpha_to.reshape(lead_shape), entropy.reshape(lead_shape)
+    stats = draft.new_empty((3, draft.shape[0]), dtype=dtype)
+    for rows in _row_slices(draft.shape[0], resolve_row_chunk(row_chunk, vocab, vocab_chunk)):
+        stats[:, rows] = _acceptance_rows(
+            draft[rows], target[rows], float(temperature), vocab_chunk, dtype
+        )
+    alpha_rs, alpha_to, target_entropy = stats.reshape(3, *lead_shape).unbind(0)
+    return alpha_rs, alpha_to, target_entropy

@@ -105,7 +105,6 @@ class _Target:
         self.decoder = model.get_decoder()
         self.lm_head = model.get_output_embeddings()
         cfg = model.config.get_text_config()
-        self.layer_types = set(getattr(cfg, "layer_types", None) or ["full_attention"])
         param = next(model.parameters())
         self.cache = RaggedKVCache(cfg.num_hidden_layers, batch_size, max_len, param.device, param.dtype)
 
@@ -113,9 +112,10 @@ class _Target:
         """input_ids (R, S) -> logits (R, S, V), hidden (R, S, D); the caller commits the cache."""
         positions = self.cache.begin(input_ids.shape[1])
         bias = self.cache.attention_bias(valid)
+        # NOTE: a 4-D mask, not a {layer_type: mask} dict: every HF decoder's mask builder returns a
+        # 4-D mask unchanged (sliding layers included), but only some decoders accept the dict (Llama does not).
         out = self.decoder(
-            input_ids=input_ids, position_ids=positions, attention_mask={t: bias for t in self.layer_types},
-            cache=self.cache, use_cache=True,
+            input_ids=input_ids, position_ids=positions, attention_mask=bias, cache=self.cache, use_cache=True,
         )
         hidden = out.last_hidden_state
         return self.lm_head(hidden), hidden

@@ -50,7 +50,7 @@ MANTISSA_BITS = {torch.float32: 23, torch.float64: 52}  # random bits per unifor
 
 def _shift_right_logical(x: torch.Tensor, shift: int) -> torch.Tensor:
     """Unsigned `x >> shift` on int64 bits; torch's `>>` copies the sign bit, so mask it away."""
-    return (x >> shift) & ((1 << (64 - shift)) - 1)
+    return (x >> shift).bitwise_and_((1 << (64 - shift)) - 1)
 
 
 def mix64(x: torch.Tensor) -> torch.Tensor:
@@ -60,11 +60,12 @@ def mix64(x: torch.Tensor) -> torch.Tensor:
     Example: mix64(tensor([GOLDEN_GAMMA])) == tensor([_as_int64(0xE220A8397B1DCDAF)]), the first output
     of splitmix64 seeded with 0.
     """
+    # In-place after the first op (which leaves the input untouched): these run on (B, V) tensors.
     x = x ^ _shift_right_logical(x, 30)
-    x = x * MIX_MULTIPLIER_1
-    x = x ^ _shift_right_logical(x, 27)
-    x = x * MIX_MULTIPLIER_2
-    return x ^ _shift_right_logical(x, 31)
+    x.mul_(MIX_MULTIPLIER_1)
+    x.bitwise_xor_(_shift_right_logical(x, 27))
+    x.mul_(MIX_MULTIPLIER_2)
+    return x.bitwise_xor_(_shift_right_logical(x, 31))
 
 
 def _absorb(state: torch.Tensor, word: torch.Tensor) -> torch.Tensor:
@@ -125,7 +126,7 @@ def random_bits(
     key = _absorb(key, counters)  # (B,)
     num_elements = math.prod(shape)
     element = torch.arange(1, num_elements + 1, dtype=torch.int64, device=seeds.device)  # (N,)
-    bits = mix64(key[:, None] + element * GOLDEN_GAMMA)  # (B, N): splitmix64 started at `key`
+    bits = mix64(key[:, None] + element.mul_(GOLDEN_GAMMA))  # (B, N): splitmix64 started at `key`
     return bits.view(seeds.shape[0], *shape)
 
 

@@ -1,0 +1,28 @@
+"""GRPO with speculative rollouts (arXiv 2606.12370 §1.4, §5).
+
+    cfg = resolve_rl_config("rl.toml", {"mode": "rs", "steps": 50})
+    rows = train_rl(model, tokenizer, head, cfg, "runs/rs")  # config.json, metrics.jsonl, token_stats.jsonl
+
+Modules:
+    config.py      RLConfig (+ PolicyConfig, MtpUpdateConfig) and resolve_rl_config: one flat table
+    loop.py        rl_step (rollout -> reward -> advantages -> loss -> update -> log) and train_rl
+    grpo.py        pure tensor pieces: group_advantages, token_logprobs, policy_loss, kl_k3
+    online.py      the optional online MTP head update (its own AdamW; no gradient to the policy)
+    checkpoint.py  atomic checkpoints (weights, optimizers, RNG, step, config) and exact resume
+    rewards.py     reward functions (math_reward, load_reward for module:function specs)
+    data.py        prompt files (JSONL/parquet) for task math
+"""
+
+from bebop.rl.config import MtpUpdateConfig, PolicyConfig, RLConfig, config_fields, flat_config, resolve_rl_config
+from bebop.rl.loop import rl_step, train_rl
+
+__all__ = [
+    "MtpUpdateConfig",
+    "PolicyConfig",
+    "RLConfig",
+    "config_fields",
+    "flat_config",
+    "resolve_rl_config",
+    "rl_step",
+    "train_rl",
+]

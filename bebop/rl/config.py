@@ -1,0 +1,184 @@
+"""``RLConfig``: everything ``bebop rl`` needs, resolved from one flat table.
+
+The settings are grouped by concern into three small frozen dataclasses: ``RLConfig`` (the run,
+the rollout and the task), ``PolicyConfig`` (how the policy learns) and ``MtpUpdateConfig``
+(what happens to the MTP head). Files and flags stay *flat*: every leaf field has a unique name
+(``lr``, ``mtp_lr``, ...) and ``resolve_rl_config`` routes each key to its dataclass, so
+``--mtp-lr 1e-4`` and ``mtp_lr = 1e-4`` in a TOML file mean the same thing, and ``config.json``
+of a run (``flat_config``) is one flat object that ``bebop.analysis.report`` reads.
+
+Precedence: dataclass defaults < config file < overrides (None values skipped); unknown keys
+are an error that lists the valid ones.
+
+Example:
+    >>> cfg = resolve_rl_config(None, {"mode": "rs", "lr": 1e-5, "mtp_update": "online"})
+    >>> cfg.mode, cfg.policy.lr, cfg.mtp.mtp_update
+    ('rs', 1e-05, 'online')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from bebop.config import load_config_file, resolve
+from bebop.losses import DRAFT_LOSSES
+from bebop.spec.engine import MODES
+from bebop.utils.io import BebopError
+
+TASKS = ("embedded", "math")  # prompt sources: the built-in arithmetic task, or a JSONL/parquet file
+MTP_UPDATES = ("frozen", "online")  # what happens to the head during RL (paper §5)
+RESUME_MAY_CHANGE = ("steps", "save_every", "label")  # keys a resumed run may set differently
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """How the policy learns from a rollout batch (GRPO, AdamW)."""
+
+    lr: float = 5e-5  # policy AdamW learning rate (tiny embedded model; the paper uses 1e-6..2e-6 at 35B)
+    weight_decay: float = 0.0  # policy AdamW weight decay
+    clip_eps: float = 0.2  # epsilon of the PPO/GRPO ratio clip
+    kl_coef: float = 0.0  # beta of the k3 KL penalty to the initial policy; 0 = no reference model
+    update_epochs: int = 1  # mu, optimizer steps on each rollout batch (full batch each)
+    mean_only: bool = False  # advantages without dividing by the group std (Dr. GRPO)
+    grad_clip: float = 1.0  # max global gradient norm of the policy; 0 = no clipping
+
+
+@dataclass(frozen=True)
+class MtpUpdateConfig:
+    """What happens to the MTP draft head during RL."""
+
+    mtp_update: str = "frozen"  # frozen: weights never change (paper recipe) | online: trained on each rollout
+    online_loss: str = "e2e_tv"  # draft loss of the online update: ce | fkl | rkl | tv | e2e_tv
+    mtp_lr: float = 1e-4  # head AdamW learning rate (online only)
+    mtp_grad_clip: float = 1.0  # max gradient norm of the head, separate from the policy's (paper §5.3)
+    mtp_speculate_k: int = 3  # draft steps unrolled by the online loss
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    """One GRPO run with speculative rollouts; defaults fit the embedded model on a CPU."""
+
+    mode: str = "rs"  # rollout decoding: none (plain) | to (target-only) | rs (rejection sampling)
+    speculate_k: int = 3  # K, drafts verified per target forward in the rollout
+    mtp_loss: str = "e2e_tv"  # loss the head was trained with (picks the embedded head; logged)
+    task: str = "embedded"  # prompt source: embedded (built-in arithmetic) | math (--data file)
+    data: str = ""  # JSONL/parquet prompt file with a "prompt" field (task math)
+    reward: str = ""  # reward spec: name, module:function or file.py:function; "" = the task's own
+    steps: int = 100  # RL steps (one rollout batch and its updates each)
+    prompts_per_step: int = 8  # B, distinct prompts per step
+    group_size: int = 8  # G, completions sampled per prompt (>= 2: advantages are within a group)
+    max_new_tokens: int = 48  # completion length limit, EOS included
+    temperature: float = 1.0  # sampling temperature of the rollout and of the loss's logprobs (> 0)
+    top_k: int = 0  # top-k filter of the rollout; 0 = off
+    top_p: float = 1.0  # nucleus filter of the rollout; 1 = off
+    async_rollout: bool = False  # sample step s+1 in a thread while step s updates (one step off-policy)
+    save_every: int = 25  # checkpoint every this many steps (and at the end); 0 = only at the end
+    seed: int = 0  # seeds prompts, rollout sampling (with step and row) and initial RNG states
+    label: str = ""  # run name in reports; "" = built from mode, mtp_loss and mtp_update
+    policy: PolicyConfig = PolicyConfig()  # learning-rate, clip, KL and epoch settings
+    mtp: MtpUpdateConfig = MtpUpdateConfig()  # MTP head update settings
+
+
+_GROUPS = {"policy": PolicyConfig, "mtp": MtpUpdateConfig}  # nested RLConfig fields and their classes
+
+
+def _leaf_owners() -> dict[str, type]:
+    """Flat key -> the dataclass that holds it, in declaration order."""
+    owners: dict[str, type] = {}
+    for f in dataclasses.fields(RLConfig):
+        for name in [g.name for g in dataclasses.fields(_GROUPS[f.name])] if f.name in _GROUPS else [f.name]:
+            if name in owners:
+                raise AssertionError(f"config key {name!r} is defined twice")
+            owners[name] = _GROUPS.get(f.name, RLConfig)
+    return owners
+
+
+def flat_config(cfg: RLConfig) -> dict[str, Any]:
+    """The config as one flat dict (what ``config.json`` holds and ``resolve_rl_config`` reads).
+
+    Example:
+        >>> flat_config(RLConfig())["mtp_update"]
+        'frozen'
+    """
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        out.update(dataclasses.asdict(value) if f.name in _GROUPS else {f.name: value})
+    return out
+
+
+def config_fields() -> dict[str, tuple[type, Any, str]]:
+    """Every flat key with its type, default and the comment on its field (the CLI's help text).
+
+    Example:
+        >>> config_fields()["mtp_lr"][:2]
+        (<class 'float'>, 0.0001)
+    """
+    comments: dict[str, str] = {}
+    for cls in (RLConfig, *_GROUPS.values()):
+        for name, comment in re.findall(r"^\s+(\w+):[^#\n]*#\s*(.+)$", inspect.getsource(cls), re.MULTILINE):
+            comments[name] = comment.strip()
+    defaults = flat_config(RLConfig())
+    return {name: (type(defaults[name]), defaults[name], comments[name]) for name in _leaf_owners()}
+
+
+def check_rl_config(cfg: RLConfig) -> None:
+    """Raises BebopError (one line) on a value no run could use."""
+    problems = []
+    if cfg.mode not in MODES:
+        problems.append(f"mode {cfg.mode!r} is not one of {', '.join(MODES)}")
+    if cfg.task not in TASKS:
+        problems.append(f"task {cfg.task!r} is not one of {', '.join(TASKS)}")
+    if cfg.task == "math" and not cfg.data:
+        problems.append("task math needs data (a JSONL/parquet prompt file)")
+    if cfg.mtp.mtp_update not in MTP_UPDATES:
+        problems.append(f"mtp_update {cfg.mtp.mtp_update!r} is not one of {', '.join(MTP_UPDATES)}")
+    if cfg.mtp.online_loss not in DRAFT_LOSSES:
+        problems.append(f"online_loss {cfg.mtp.online_loss!r} is not one of {', '.join(DRAFT_LOSSES)}")
+    if cfg.temperature <= 0:
+        problems.append(f"temperature must be > 0 (RL needs sampled rollouts), got {cfg.temperature}")
+    if cfg.group_size < 2:
+        problems.append(f"group_size must be >= 2 (advantages compare a prompt's samples), got {cfg.group_size}")
+    for name in ("speculate_k", "steps", "prompts_per_step", "max_new_tokens"):
+        if getattr(cfg, name) < 1:
+            problems.append(f"{name} must be >= 1, got {getattr(cfg, name)}")
+    if cfg.policy.update_epochs < 1 or cfg.mtp.mtp_speculate_k < 1:
+        problems.append("update_epochs and mtp_speculate_k must be >= 1")
+    if cfg.save_every < 0 or cfg.policy.kl_coef < 0:
+        problems.append("save_every and kl_coef must be >= 0")
+    if problems:
+        raise BebopError("invalid rl config: " + "; ".join(problems))
+
+
+def resolve_rl_config(file: str | os.PathLike | None = None, overrides: dict[str, Any] | None = None) -> RLConfig:
+    """Builds an ``RLConfig`` from defaults, then a flat TOML/YAML ``file``, then ``overrides``.
+
+    Args:
+        file: a config file holding a flat table of keys of ``config_fields()``, or None.
+        overrides: flat keys from the command line; None values are skipped (flag not given).
+
+    Returns:
+        The resolved, checked config.
+
+    Raises:
+        BebopError: unknown key (the message lists the valid ones), wrong type, or an invalid value.
+    """
+    owners = _leaf_owners()
+    values: dict[str, Any] = {}
+    for source, data in (("config file", load_config_file(file) if file else {}), ("flags", overrides or {})):
+        unknown = sorted(set(data) - set(owners))
+        if unknown:
+            raise BebopError(f"unknown {source} keys {unknown}; valid keys: {', '.join(owners)}")
+        values.update({k: v for k, v in data.items() if v is not None})
+    groups = {
+        name: resolve(cls, None, {k: v for k, v in values.items() if owners[k] is cls}) for name, cls in _GROUPS.items()
+    }
+    top = {k: v for k, v in values.items() if owners[k] is RLConfig}
+    cfg = resolve(RLConfig, None, {**top, **groups})
+    check_rl_config(cfg)
+    return cfg

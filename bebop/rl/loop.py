@@ -1,0 +1,513 @@
+"""The GRPO loop with speculative rollouts: ``rl_step`` (one step) and ``train_rl`` (a run).
+
+One step, top-down (``rl_step``)::
+
+    rollout       collect_rollout   engine ``generate`` (mode none|to|rs), G samples per prompt;
+                                    row b*G+g is seeded by (seed, step, b*G+g) only
+    reward        score_rollout     the reward function on the decoded completions
+    advantages    group_advantages  within each prompt's G samples
+    old logprobs  fixed_logprobs    of the sampled tokens under the sampling policy (and the reference)
+    loss, update  update_policy     update_epochs x (policy_loss, backward, clip, AdamW step)
+    head          update_head       one online step of the MTP head (mtp_update == "online")
+    log           step_metrics      one flat dict per step; token_stats_row for token_stats.jsonl
+
+Deviations from textbook GRPO (beyond the numbered list in ``bebop.rl.grpo``):
+  1) Rollouts are speculative, yet every emitted token is distributed exactly as the policy:
+     ``rs`` accepts with min(1, p/q) and ``to`` is the same rule with a one-hot q. The loss never
+     sees the drafts; old logprobs are recomputed after the rollout (``fixed_logprobs``).
+  2) Top-k/top-p shape the rollout's distribution only; the loss's logprobs are those of the
+     unfiltered, temperature-scaled policy (as in common GRPO code). With the defaults (off) the
+     two coincide.
+  3) The policy stays in eval mode: the engine needs it, and Qwen-family models have no dropout,
+     so train mode would compute the same function.
+  4) The MTP head. ``frozen``: its own weights never change, but it is attached to the policy
+     object, so it always reads the *current* policy's hidden states, embedding and lm_head; the
+     draft drifts from the target only because the policy changes (the paper's setting, §5).
+     ``online``: ``bebop.rl.online`` trains it after the policy update of each step, on that
+     step's sequences, so it adapts to the policy that samples next.
+  5) ``async_rollout`` is one step off-policy: the rollout of step s+1 is sampled in a background
+     thread by a *snapshot* of (policy, head) taken before the update of step s, while step s
+     updates. Old logprobs are the snapshot's (the policy that really sampled), so the clipped
+     ratio pi_theta / pi_snapshot corrects for the lag. The first step is sampled synchronously by
+     the (identical) snapshot. The snapshot costs one extra copy of the weights; it is saved in
+     checkpoints, so a resumed async run regenerates the in-flight rollout bit for bit.
+  6) Full-batch updates: each of the update_epochs is one optimizer step on all B*G rows.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from bebop.rl.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
+from bebop.rl.config import RESUME_MAY_CHANGE, PolicyConfig, RLConfig, check_rl_config, flat_config
+from bebop.rl.data import load_prompts
+from bebop.rl.grpo import group_advantages, pad_sequences, policy_loss, token_logprobs
+from bebop.rl.online import make_head_optimizer, online_head_step, rollout_sequences
+from bebop.rl.rewards import RewardFn, load_reward, math_reward
+from bebop.spec.engine import GenerationResult, SamplingParams, SpecConfig, generate
+from bebop.task import arith
+from bebop.utils.io import BebopError, JsonlLogger, write_json
+from bebop.utils.progress import progress, say, step_line
+from bebop.utils.torch_utils import seed_everything
+
+CONFIG_FILE = "config.json"  # the resolved flat config (read by bebop.analysis.report)
+METRICS_FILE = "metrics.jsonl"  # one object per RL step
+TOKEN_STATS_FILE = "token_stats.jsonl"  # per verified draft position: depth, H(p), alpha_RS, alpha_TO
+TASK_REWARDS: dict[str, RewardFn] = {"embedded": arith.arith_reward, "math": math_reward}  # reward when reward=""
+STEP_SEED_STRIDE = 1_000_003  # prime spacing of (seed, step) -> problem seed, so nearby runs do not share problems
+
+
+@dataclass(frozen=True)
+class PromptBatch:
+    """The prompts of one RL step."""
+
+    step: int  # 0-based RL step; keys the rollout seeds (logged as step + 1 = steps completed)
+    prompts: list[str]  # (B,) prompt texts
+    fields: dict[str, list]  # extra per-prompt fields for the reward (e.g. answer), each (B,)
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """G completions of every prompt of a batch, prompt-major (row b*G+g)."""
+
+    batch: PromptBatch  # the prompts answered
+    result: GenerationResult  # (B*G,) rows, with the engine's SpecStats
+    seconds: float  # wall time of ``generate`` (measured in the background thread when async)
+
+
+@dataclass
+class RLState:
+    """Everything ``rl_step`` reads and changes (mutable run state, not configuration)."""
+
+    policy: nn.Module  # the HF causal LM being trained (eval mode, requires_grad on)
+    tokenizer: Any  # its tokenizer (pad/EOS ids, decoding)
+    head: nn.Module | None  # the MtpHead attached to ``policy``; None only in mode none
+    optimizer: torch.optim.Optimizer  # AdamW over the policy's parameters
+    reward_fn: RewardFn  # reward(prompts, completions, **fields) -> list[float]
+    head_optimizer: torch.optim.Optimizer | None = None  # AdamW over the head (online only)
+    reference: nn.Module | None = None  # frozen copy of the initial policy (kl_coef > 0 only)
+    sampler: tuple[nn.Module, nn.Module | None] | None = None  # async: snapshot (policy, head) that samples
+    pending: tuple[int, Future] | None = None  # async: (step, rollout in flight) of the next step
+    executor: ThreadPoolExecutor | None = None  # async: the one background rollout thread
+
+    @property
+    def pad_id(self) -> int:
+        tok = self.tokenizer
+        return next(i for i in (tok.pad_token_id, tok.eos_token_id, 0) if i is not None)
+
+
+# ------------------------------------------------------------------------------ prompts, reward
+
+
+def step_seed(seed: int, step: int) -> int:
+    """Seed of the embedded task's problems at ``step``: a function of (seed, step) only."""
+    return seed * STEP_SEED_STRIDE + step
+
+
+def load_task_rows(cfg: RLConfig, tokenizer) -> list[dict] | None:
+    """The prompt rows of task math (chat prompts rendered with the chat template); None for embedded."""
+    if cfg.task == "embedded":
+        return None
+    try:
+        rows = load_prompts(cfg.data)
+    except (FileNotFoundError, ValueError, ImportError) as e:
+        raise BebopError(str(e)) from None
+    rendered = []
+    for row in rows:
+        prompt = row["prompt"]
+        if isinstance(prompt, list):
+            prompt = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+        rendered.append({**row, "prompt": prompt})
+    return rendered
+
+
+def prompt_batch(cfg: RLConfig, step: int, rows: list[dict] | None) -> PromptBatch:
+    """The B prompts of ``step``: fresh embedded problems, or the data rows cycled in file order.
+
+    Example: with 5 rows and B = 2, steps 0, 1, 2 use rows (0, 1), (2, 3), (4, 0).
+    """
+    num = cfg.prompts_per_step
+    if rows is None:
+        problems = arith.make_problems(num, seed=step_seed(cfg.seed, step))
+        return PromptBatch(step, [p.prompt for p in problems], {"answer": [p.answer for p in problems]})
+    chosen = [rows[(step * num + b) % len(rows)] for b in range(num)]
+    keys = sorted(set().union(*chosen) - {"prompt"})
+    return PromptBatch(step, [r["prompt"] for r in chosen], {k: [r.get(k) for r in chosen] for k in keys})
+
+
+def task_reward(cfg: RLConfig) -> RewardFn:
+    """``cfg.reward`` when set, else the task's own reward."""
+    if not cfg.reward:
+        return TASK_REWARDS[cfg.task]
+    try:
+        return load_reward(cfg.reward)
+    except (ValueError, ImportError) as e:
+        raise BebopError(str(e)) from None
+
+
+def score_rollout(reward_fn: RewardFn, rollout: Rollout, group_size: int) -> torch.Tensor:  # (B*G,)
+    """Rewards of every row; prompts and extra fields are repeated G times to line up with rows."""
+    batch = rollout.batch
+    prompts = [p for p in batch.prompts for _ in range(group_size)]
+    fields = {k: [v for v in values for _ in range(group_size)] for k, values in batch.fields.items()}
+    rewards = reward_fn(prompts, rollout.result.texts, **fields)
+    if len(rewards) != len(prompts):
+        raise BebopError(f"the reward function returned {len(rewards)} rewards for {len(prompts)} completions")
+    return torch.tensor([float(r) for r in rewards], dtype=torch.float32)
+
+
+# ------------------------------------------------------------------------------ rollout
+
+
+def generate_rollout(model: nn.Module, head: nn.Module | None, tokenizer, batch: PromptBatch, cfg: RLConfig) -> Rollout:
+    """G completions of each prompt with the engine; a pure function of the weights and the seeds."""
+    prompts = [p for p in batch.prompts for _ in range(cfg.group_size)]
+    sampling = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p, cfg.max_new_tokens)
+    start = time.perf_counter()
+    result = generate(
+        model, tokenizer, prompts, mtp=head if cfg.mode != "none" else None, sampling=sampling,
+        spec=SpecConfig(cfg.mode, cfg.speculate_k), seed=cfg.seed, step=batch.step, row_ids=list(range(len(prompts))),
+    )
+    return Rollout(batch, result, time.perf_counter() - start)
+
+
+def _sampling_pair(state: RLState) -> tuple[nn.Module, nn.Module | None]:
+    """The (model, head) that samples rollouts: the async snapshot, or the policy itself."""
+    return state.sampler if state.sampler is not None else (state.policy, state.head)
+
+
+def collect_rollout(state: RLState, batch: PromptBatch, cfg: RLConfig) -> tuple[Rollout, float]:
+    """The step's rollout (the one in flight when async) and the seconds spent waiting for it."""
+    start = time.perf_counter()
+    if state.pending is not None:
+        step, future = state.pending
+        state.pending = None
+        if step != batch.step:
+            raise RuntimeError(f"the rollout in flight is for step {step}, not {batch.step}")
+        rollout = future.result()
+    else:
+        model, head = _sampling_pair(state)
+        rollout = generate_rollout(model, head, state.tokenizer, batch, cfg)
+    return rollout, time.perf_counter() - start
+
+
+@torch.no_grad()
+def refresh_sampler(state: RLState) -> None:
+    """Copies the current policy (and head) weights into the async snapshot, in place."""
+    model, head = state.sampler
+    model.load_state_dict(state.policy.state_dict())
+    if head is not None:
+        head.load_state_dict(state.head.state_dict())
+
+
+def launch_next_rollout(state: RLState, next_batch: PromptBatch | None, cfg: RLConfig) -> None:
+    """Async only: snapshot the weights (before this step's update) and sample ``next_batch`` in the background."""
+    if state.sampler is None:
+        return
+    # NOTE: refreshed even without a next batch, so a checkpoint's snapshot is always the weights
+    # that sample the step after it.
+    refresh_sampler(state)
+    if next_batch is not None:
+        model, head = state.sampler
+        future = state.executor.submit(generate_rollout, model, head, state.tokenizer, next_batch, cfg)
+        state.pending = (next_batch.step, future)
+
+
+# ------------------------------------------------------------------------------ loss and updates
+
+
+def sequence_tensors(rollout: Rollout, pad_id: int, device: torch.device):
+    """(input_ids, attention_mask, completion_mask), each (B*G, T), of prompt + completion rows."""
+    ids, attn, comp = pad_sequences(rollout.result.prompt_ids, rollout.result.token_ids, pad_id)
+    return ids.to(device), attn.to(device), comp.to(device)
+
+
+@torch.no_grad()
+def fixed_logprobs(sampler: nn.Module, reference: nn.Module | None, inputs, temperature: float):
+    """Old logprobs (B*G, T) under the model that sampled, and reference logprobs (or None)."""
+    old = token_logprobs(sampler, *inputs, temperature=temperature)
+    ref = token_logprobs(reference, *inputs, temperature=temperature) if reference is not None else None
+    return old, ref
+
+
+def update_policy(
+    policy: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor],  # 3 x (B*G, T)
+    old_logprobs: torch.Tensor,  # (B*G, T)
+    ref_logprobs: torch.Tensor | None,  # (B*G, T)
+    advantages: torch.Tensor,  # (B*G,)
+    cfg: PolicyConfig,
+    temperature: float,
+) -> dict[str, float]:
+    """``update_epochs`` full-batch AdamW steps of the GRPO loss; returns the metrics' epoch means."""
+    params = [p for p in policy.parameters() if p.requires_grad]
+    max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+    advantages = advantages.to(old_logprobs.device)
+    history: list[dict[str, float]] = []
+    for _ in range(cfg.update_epochs):
+        logprobs = token_logprobs(policy, *inputs, temperature=temperature)
+        loss, metrics = policy_loss(
+            logprobs, old_logprobs, advantages, inputs[2], cfg.clip_eps, ref_logprobs, cfg.kl_coef
+        )
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        optimizer.step()
+        history.append({**metrics, "rl/loss": loss.item(), "rl/grad_norm": float(grad_norm)})  # sync per epoch
+    optimizer.zero_grad(set_to_none=True)  # frees the gradients until the next step
+    return {key: sum(h[key] for h in history) / len(history) for key in history[0]}
+
+
+NO_HEAD_METRICS = {"mtp/loss": None, "mtp/grad_norm": None, "mtp/num_chains": None, "mtp/alpha_rs": None}
+
+
+def update_head(state: RLState, rollout: Rollout, cfg: RLConfig) -> dict:
+    """One online step of the head on the rollout (``bebop.rl.online``); nulls when the head is frozen."""
+    if state.head_optimizer is None:
+        return dict(NO_HEAD_METRICS)
+    sequences = rollout_sequences(rollout.result.prompt_ids, rollout.result.token_ids)
+    return online_head_step(state.policy, state.head, state.head_optimizer, sequences, cfg.mtp, cfg.temperature,
+                            state.pad_id)
+
+
+# ------------------------------------------------------------------------------ metrics
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN/inf floats -> None (JSON null), recursively, so metrics.jsonl is strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def step_metrics(cfg: RLConfig, rollout: Rollout, rewards: torch.Tensor, update: dict, seconds: dict) -> dict:
+    """The metrics.jsonl row of a step: reward, acceptance (``spec/*``, null in mode none), loss, time.
+
+    ``accuracy`` is the share of rewards > 0.5 (for 0/1 rewards, the share that are 1).
+    """
+    result = rollout.result
+    spec = result.stats.to_metrics()
+    target_entropy = spec.pop("spec/target_entropy")
+    if cfg.mode == "none":
+        spec = dict.fromkeys(spec)
+    num_tokens = sum(result.lengths)
+    row = {
+        "step": rollout.batch.step + 1,
+        "mode": cfg.mode,
+        "reward_mean": float(rewards.mean()),
+        "reward_std": float(rewards.std(correction=0)),
+        "accuracy": float((rewards > 0.5).float().mean()),
+        "target_entropy": target_entropy,
+        **spec,
+        "completion_len_mean": num_tokens / len(result.lengths),
+        "num_tokens": num_tokens,
+        **update,
+        **seconds,
+        "tokens_per_s": num_tokens / max(rollout.seconds, 1e-9),
+    }
+    return _json_safe(row)
+
+
+def token_stats_row(rollout: Rollout) -> dict:
+    """One token_stats.jsonl row: flat per-verified-position lists (depth j, H(p), alpha_RS, alpha_TO)."""
+    arrays = rollout.result.stats.token_arrays()
+    row = {"step": rollout.batch.step + 1, "position": [int(j) for j in arrays["position"].tolist()]}
+    row.update({k: arrays[k].tolist() for k in ("entropy", "alpha_rs", "alpha_to")})
+    return _json_safe(row)
+
+
+# ------------------------------------------------------------------------------ one step
+
+
+def rl_step(
+    state: RLState, batch: PromptBatch, cfg: RLConfig, next_batch: PromptBatch | None = None
+) -> tuple[dict, Rollout]:
+    """One GRPO step: rollout -> reward -> advantages -> old logprobs -> update -> head -> metrics.
+
+    Args:
+        state: the run state (``make_state``); the policy, optimizers and async snapshot change.
+        batch: this step's prompts.
+        cfg: the run's config.
+        next_batch: the next step's prompts; with ``async_rollout`` its rollout starts in the
+            background before this step's update (ignored otherwise).
+
+    Returns:
+        ``(metrics, rollout)``: the metrics.jsonl row, and the rollout (for token statistics).
+    """
+    start = time.perf_counter()
+    rollout, wait_s = collect_rollout(state, batch, cfg)
+    rewards = score_rollout(state.reward_fn, rollout, cfg.group_size)
+    advantages = group_advantages(rewards, cfg.group_size, scale=not cfg.policy.mean_only)
+    train_start = time.perf_counter()
+    inputs = sequence_tensors(rollout, state.pad_id, next(state.policy.parameters()).device)
+    old_logprobs, ref_logprobs = fixed_logprobs(_sampling_pair(state)[0], state.reference, inputs, cfg.temperature)
+    launch_next_rollout(state, next_batch if cfg.async_rollout else None, cfg)
+    update = update_policy(state.policy, state.optimizer, inputs, old_logprobs, ref_logprobs, advantages, cfg.policy,
+                           cfg.temperature)
+    mtp_start = time.perf_counter()
+    update.update(update_head(state, rollout, cfg))
+    end = time.perf_counter()
+    seconds = {"rollout_s": rollout.seconds, "rollout_wait_s": wait_s, "train_s": mtp_start - train_start,
+               "mtp_s": end - mtp_start, "step_s": end - start}
+    return step_metrics(cfg, rollout, rewards, update, seconds), rollout
+
+
+# ------------------------------------------------------------------------------ a run
+
+
+def _frozen_copy(obj):
+    """A deep copy whose parameters do not require grad (modules shared inside ``obj`` stay shared)."""
+    out = copy.deepcopy(obj)
+    for module in out if isinstance(out, tuple) else (out,):
+        for p in module.parameters() if module is not None else ():
+            p.requires_grad_(False)
+    return out
+
+
+def make_state(model: nn.Module, tokenizer, head: nn.Module | None, cfg: RLConfig) -> RLState:
+    """Prepares a run: trainable policy, optimizers, frozen or trainable head, reference, async snapshot."""
+    if head is None and (cfg.mode != "none" or cfg.mtp.mtp_update == "online"):
+        raise BebopError(f"mode {cfg.mode!r} with mtp_update {cfg.mtp.mtp_update!r} needs an MTP head")
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.policy.lr, weight_decay=cfg.policy.weight_decay)
+    head_optimizer = None
+    if head is not None:
+        head.eval()
+        online = cfg.mtp.mtp_update == "online"
+        for p in head.parameters():
+            p.requires_grad_(online)
+        head_optimizer = make_head_optimizer(head, cfg.mtp) if online else None
+    return RLState(
+        policy=model, tokenizer=tokenizer, head=head, optimizer=optimizer, reward_fn=task_reward(cfg),
+        head_optimizer=head_optimizer,
+        reference=_frozen_copy(model) if cfg.policy.kl_coef > 0 else None,
+        sampler=_frozen_copy((model, head)) if cfg.async_rollout else None,
+        executor=ThreadPoolExecutor(max_workers=1, thread_name_prefix="bebop-rollout") if cfg.async_rollout else None,
+    )
+
+
+def close_state(state: RLState) -> None:
+    """Waits for a rollout in flight and stops the background thread."""
+    if state.executor is not None:
+        state.executor.shutdown(wait=True, cancel_futures=True)
+    state.pending = None
+
+
+def checkpoint_components(state: RLState) -> dict[str, Any]:
+    """Everything a resumed run needs to continue bit for bit, by checkpoint file name."""
+    parts: dict[str, Any] = {"policy": state.policy, "policy_optimizer": state.optimizer}
+    if state.head_optimizer is not None:
+        parts.update(head=state.head, head_optimizer=state.head_optimizer)
+    if state.reference is not None:
+        parts["reference"] = state.reference
+    if state.sampler is not None:
+        parts["sampler_policy"] = state.sampler[0]
+        if state.sampler[1] is not None:
+            parts["sampler_head"] = state.sampler[1]
+    return parts
+
+
+class _NullLogger:
+    """Stands in for token_stats.jsonl in mode none (no drafts, nothing to record)."""
+
+    def log(self, row: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _start_step(state: RLState, run_dir: Path, config: dict, resume: bool) -> int:
+    """0, or the step of the checkpoint a resumed run continues from."""
+    if not resume:
+        return 0
+    if not has_checkpoint(run_dir):
+        say(f"rl: no checkpoint in {run_dir}; starting from step 0")
+        return 0
+    return load_checkpoint(run_dir, checkpoint_components(state), config, RESUME_MAY_CHANGE)
+
+
+def _line(row: dict) -> dict:
+    """The values of the fixed-format step line."""
+    return {"reward": row["reward_mean"], "acc": row["accuracy"], "accept": row["spec/accept_length"] or "-",
+            "H": row["target_entropy"], "loss": row["rl/loss"], "step_s": row["step_s"]}
+
+
+def train_rl(
+    model: nn.Module,
+    tokenizer,
+    head: nn.Module | None,
+    cfg: RLConfig,
+    run_dir: str | Path,
+    resume: bool = False,
+    show_progress: bool = True,
+) -> list[dict]:
+    """Runs GRPO for ``cfg.steps`` steps and writes the run directory.
+
+    Writes ``config.json`` (flat resolved config), ``metrics.jsonl`` (one row per step),
+    ``token_stats.jsonl`` (modes to/rs) and ``checkpoint/`` every ``cfg.save_every`` steps and at
+    the end. With ``resume`` it continues from ``checkpoint/`` (policy, optimizers, head, snapshot,
+    RNG) and drops log rows written after it, so the files match a run that never stopped.
+
+    Args:
+        model: the policy, an HF causal LM; trained in place.
+        tokenizer: its tokenizer.
+        head: an ``MtpHead`` attached to ``model`` (modes to/rs, or mtp_update online), else None.
+        cfg: the resolved config.
+        run_dir: the run directory (created).
+        resume: continue from ``run_dir/checkpoint`` when it exists.
+        show_progress: show a progress bar with ETA.
+
+    Returns:
+        The metrics rows of the steps run by this call.
+    """
+    check_rl_config(cfg)
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config = flat_config(cfg)
+    seed_everything(cfg.seed)
+    state = make_state(model, tokenizer, head, cfg)
+    rows_out: list[dict] = []
+    try:
+        start = _start_step(state, run_dir, config, resume)
+        write_json(run_dir / CONFIG_FILE, config)
+        say(f"rl: resolved config {json.dumps(config)}")
+        say(f"rl: mode={cfg.mode} steps={cfg.steps} B={cfg.prompts_per_step} G={cfg.group_size} from step {start}")
+        data_rows = load_task_rows(cfg, tokenizer)
+        metrics_log = JsonlLogger(run_dir / METRICS_FILE, truncate_after_step=start)
+        token_log = (JsonlLogger(run_dir / TOKEN_STATS_FILE, truncate_after_step=start) if cfg.mode != "none"
+                     else _NullLogger())
+        label = cfg.label or cfg.mode
+        for step in progress(range(start, cfg.steps), total=cfg.steps - start, desc=f"rl {label}",
+                             enabled=show_progress):
+            batch = prompt_batch(cfg, step, data_rows)
+            next_batch = prompt_batch(cfg, step + 1, data_rows) if step + 1 < cfg.steps else None
+            row, rollout = rl_step(state, batch, cfg, next_batch)
+            metrics_log.log(row)
+            token_log.log(token_stats_row(rollout))
+            rows_out.append(row)
+            say(step_line("rl", step + 1, cfg.steps, _line(row)))
+            if (cfg.save_every and (step + 1) % cfg.save_every == 0) or step + 1 == cfg.steps:
+                save_checkpoint(run_dir, checkpoint_components(state), step + 1, config)
+        metrics_log.close()
+        token_log.close()
+    finally:
+        close_state(state)
+    return rows_out

@@ -1,0 +1,104 @@
+"""train_mtp and evaluate_mtp on a tiny model: frozen backbone, learning, resume, exact acceptance."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from bebop.mtp import MtpHead
+from bebop.mtp.data import Sequences, chain_tensors
+from bebop.mtp.evaluate import evaluate_mtp
+from bebop.mtp.train import TrainMtpConfig, train_mtp
+from bebop.utils.io import BebopError
+from tests.conftest import tiny_model
+
+
+def _data(num=32, vocab=64, seed=0) -> Sequences:
+    g = torch.Generator().manual_seed(seed)
+    seqs = [torch.randint(1, vocab, (int(torch.randint(8, 14, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(num)]
+    return Sequences(seqs, [3] * num)
+
+
+@pytest.mark.parametrize("loss", ["ce", "fkl", "rkl", "tv", "e2e_tv"])
+def test_backbone_frozen_head_trained(tmp_path, loss):
+    model = tiny_model("qwen3")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    head0 = MtpHead(model)
+    cfg = TrainMtpConfig(loss=loss, steps=6, batch_size=4, speculate_k=3, save_every=0, lr=1e-2)
+    head = train_mtp(model, _data(), tmp_path / loss, cfg, show_progress=False)
+    for k, v in model.state_dict().items():
+        assert torch.equal(before[k], v), f"backbone parameter {k} changed"
+    changed = [not torch.equal(a, b) for a, b in zip(head0.state_dict().values(), head.state_dict().values())]
+    assert all(changed), "every head parameter should move"
+    rows = [json.loads(line) for line in (tmp_path / loss / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 6 and all(torch.isfinite(torch.tensor(r["loss"])) for r in rows)
+
+
+def test_e2e_tv_training_raises_acceptance(tmp_path):
+    model = tiny_model("qwen3", seed=1)
+    data = _data(64)
+    head0 = MtpHead(model)
+    torch.nn.init.normal_(head0.layers[0].eh_proj.weight, std=0.5)
+    start = evaluate_mtp(model, head0, data, speculate_k=3)
+    cfg = TrainMtpConfig(loss="e2e_tv", steps=40, batch_size=16, speculate_k=3, save_every=0, lr=3e-3)
+    head = train_mtp(model, data, tmp_path / "h", cfg, show_progress=False)
+    end = evaluate_mtp(model, head, data, speculate_k=3)
+    assert end["accept_length_rs"] > start["accept_length_rs"] - 1e-3
+    assert end["alpha_rs"][0] > 0.5
+
+
+def test_resume_matches_uninterrupted(tmp_path):
+    model = tiny_model("qwen3")
+    data = _data()
+    full = TrainMtpConfig(loss="tv", steps=6, batch_size=4, speculate_k=2, save_every=3)
+    a = train_mtp(model, data, tmp_path / "a", full, show_progress=False)
+    train_mtp(model, data, tmp_path / "b", TrainMtpConfig(loss="tv", steps=3, batch_size=4, speculate_k=2,
+                                                          save_every=3), show_progress=False)
+    b = train_mtp(model, data, tmp_path / "b", full, resume=True, show_progress=False)
+    for (k, va), vb in zip(a.state_dict().items(), b.state_dict().values()):
+        torch.testing.assert_close(va, vb, rtol=0, atol=1e-6, msg=k)
+    rows_a = [json.loads(x)["loss"] for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    rows_b = [json.loads(x)["loss"] for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert rows_a == pytest.approx(rows_b, abs=1e-6)
+
+
+def test_unknown_loss_is_clear():
+    with pytest.raises(BebopError, match="unknown loss 'kl2'.*e2e_tv"):
+        train_mtp(tiny_model(), _data(), "/nonexistent/never-written", TrainMtpConfig(loss="kl2"))
+
+
+def test_chain_mask_cuts_at_sequence_end():
+    model = tiny_model("qwen3")
+    head = MtpHead(model)
+    ids = torch.randint(1, 64, (1, 6))
+    draft, target, mask = chain_tensors(model, head, ids, torch.tensor([6]), torch.tensor([1]), 3)
+    # starts t = 0..3 (t + 2 < 6); step j valid iff t + j + 1 < 6
+    expected = torch.tensor([[True, True, True], [True, True, True], [True, True, False], [True, False, False]])
+    assert torch.equal(mask, expected)
+    # target step j of chain t is the backbone's logits at t + j
+    full = model(input_ids=ids).logits[0]
+    torch.testing.assert_close(target[1, 0], full[2])
+    torch.testing.assert_close(target[0, 2], full[3])
+
+
+def test_evaluate_matches_hand_computation():
+    """alpha and accept length from evaluate_mtp equal a direct computation on the chain tensors."""
+    model = tiny_model("qwen3")
+    head = MtpHead(model)
+    torch.nn.init.normal_(head.layers[0].eh_proj.weight, std=0.3)
+    data = _data(4)
+    result = evaluate_mtp(model, head, data, speculate_k=2, batch_size=4)
+    ids, lengths, starts = data.batch(list(range(4)), 0, torch.device("cpu"))
+    with torch.no_grad():
+        draft, target, mask = chain_tensors(model, head, ids, lengths, starts, 2)
+    p, q = target.softmax(-1), draft.softmax(-1)
+    alpha = torch.minimum(p, q).sum(-1)
+    full = mask.all(1)
+    el = alpha[full, 0] + alpha[full, 0] * alpha[full, 1]
+    assert result["accept_length_rs"] == pytest.approx(1 + el.mean().item(), abs=1e-5)
+    assert result["alpha_rs"][1] == pytest.approx(alpha[mask[:, 1], 1].mean().item(), abs=1e-5)
+    to = p.gather(-1, q.argmax(-1, keepdim=True))[..., 0]
+    assert result["alpha_to"][0] == pytest.approx(to[:, 0].mean().item(), abs=1e-5)

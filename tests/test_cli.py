@@ -1,0 +1,118 @@
+"""The ``bebop`` command end to end on a tiny budget: the embedded default path, and clear errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from bebop.cli import main
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """One cache for the module: a barely-trained embedded model, so every no-argument command works."""
+    path = tmp_path_factory.mktemp("cli-cache")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("BEBOP_CACHE_DIR", str(path))
+    assert main(["pretrain", "--steps", "3", "--eval-problems", "4"]) == 0
+    assert main(["train-mtp", "--steps", "2", "--num-sequences", "8", "--batch-size", "4"]) == 0
+    yield path
+    mp.undo()
+
+
+@pytest.fixture
+def use_cache(cache, monkeypatch):
+    monkeypatch.setenv("BEBOP_CACHE_DIR", str(cache))
+    return cache
+
+
+def test_embedded_model_and_head_are_cached(use_cache):
+    root = next(use_cache.glob("embedded-*"))
+    assert (root / "model" / "config.json").is_file()
+    assert (root / "model" / "tokenizer.json").is_file()
+    assert (root / "heads" / "e2e_tv" / "model.safetensors").is_file()
+    assert (root / "heads" / "e2e_tv" / "metrics.jsonl").is_file()
+
+
+def test_eval_mtp_json(use_cache, tmp_path, capsys):
+    out = tmp_path / "eval.json"
+    assert main(["eval-mtp", "--num-sequences", "4", "--speculate-k", "3", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    for key in ("alpha_rs", "alpha_to", "accept_length_rs", "accept_length_to", "target_entropy", "num_positions"):
+        assert key in result
+    assert len(result["alpha_rs"]) == 3 and 1.0 <= result["accept_length_rs"] <= 4.0
+    assert "alpha_RS per step" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("mode", ["none", "to", "rs"])
+def test_generate(use_cache, tmp_path, mode):
+    out, stats = tmp_path / "out.jsonl", tmp_path / "stats.json"
+    argv = ["generate", "--mode", mode, "--num-prompts", "3", "--max-new-tokens", "6", "--out", str(out),
+            "--stats-json", str(stats), "--seed", "1"]
+    assert main(argv) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 3 and all({"prompt", "completion", "token_ids"} <= set(r) for r in rows)
+    assert all(1 <= len(r["token_ids"]) <= 6 for r in rows)
+    metrics = json.loads(stats.read_text())
+    assert "spec/accept_length" in metrics
+
+
+def test_train_mtp_other_loss_and_resume(use_cache, tmp_path):
+    out = tmp_path / "head"
+    assert main(["train-mtp", "--loss", "rkl", "--steps", "2", "--batch-size", "4", "--out", str(out)]) == 0
+    assert main(["train-mtp", "--loss", "rkl", "--steps", "3", "--batch-size", "4", "--out", str(out),
+                 "--resume"]) == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+
+
+def _error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err and err[-1].startswith("bebop: error: ")
+    return err[-1]
+
+
+def test_missing_model_dir(tmp_path, capsys):
+    assert main(["generate", "--model", str(tmp_path / "nope"), "--mode", "none", "--out", str(tmp_path / "o")]) == 2
+    assert "no config.json" in _error_line(capsys)
+
+
+def test_unknown_config_key(use_cache, tmp_path, capsys):
+    cfg = tmp_path / "mtp.toml"
+    cfg.write_text("# bebop train-mtp --config mtp.toml\nloss = 'tv'\nlearning_rate = 1e-3\n")
+    assert main(["train-mtp", "--config", str(cfg), "--out", str(tmp_path / "h")]) == 2
+    assert "unknown config file keys ['learning_rate']" in _error_line(capsys)
+    assert not (tmp_path / "h").exists()
+
+
+def test_mismatched_head(use_cache, tmp_path, capsys):
+    from bebop.mtp import MtpHead
+    from tests.conftest import tiny_model
+
+    MtpHead(tiny_model(hidden_size=32)).save_pretrained(tmp_path / "head")
+    assert main(["eval-mtp", "--mtp", str(tmp_path / "head"), "--num-sequences", "4"]) == 2
+    assert "hidden_size=32" in _error_line(capsys)
+
+
+def test_empty_prompts_file(use_cache, tmp_path, capsys):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("\n")
+    assert main(["generate", "--prompts", str(prompts), "--mode", "none", "--out", str(tmp_path / "o")]) == 2
+    assert "holds no prompt" in _error_line(capsys)
+    assert not (tmp_path / "o").exists()
+
+
+def test_too_long_prompt(use_cache, tmp_path, capsys):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("Q " + " + ".join(["1"] * 200) + " = ?\n")
+    assert main(["generate", "--prompts", str(prompts), "--mode", "none", "--out", str(tmp_path / "o")]) == 2
+    assert "prompt too long" in _error_line(capsys)
+
+
+def test_console_entry_point_help():
+    out = subprocess.run([sys.executable, "-m", "bebop.cli", "--help"], capture_output=True, text=True, check=True)
+    for command in ("pretrain", "train-mtp", "eval-mtp", "generate"):
+        assert command in out.stdout
