@@ -146,6 +146,55 @@ def _read_prompts(path: str | None, num: int) -> list[str]:
     return prompts
 
 
+# ---------------------------------------------------------------------------------------------- rl
+def cmd_rl(args) -> None:
+    from bebop.rl import resolve_rl_config, train_rl
+    from bebop.rl.config import config_fields
+
+    run_dir = Path(args.resume or args.out or "")
+    if not args.resume and not args.out:
+        raise BebopError("give --out RUN_DIR (or --resume RUN_DIR)")
+    overrides = {name: getattr(args, name, None) for name in config_fields()}
+    file = args.config
+    if args.resume and not file and (run_dir / "config.json").is_file():
+        saved = json.loads((run_dir / "config.json").read_text())
+        overrides = {**{k: v for k, v in saved.items() if k in config_fields()},
+                     **{k: v for k, v in overrides.items() if v is not None}}
+    cfg = resolve_rl_config(file, overrides)
+    need_head = cfg.mode != "none" or cfg.mtp.mtp_update == "online"
+    model, tok, head = _load(args, need_mtp=need_head, mtp_loss=cfg.mtp_loss)
+    train_rl(model, tok, head, cfg, run_dir, resume=bool(args.resume))
+    print(f"run written to {run_dir}")
+
+
+def _add_rl_flags(p: argparse.ArgumentParser) -> None:
+    """One flag per RLConfig field, help text from the field's comment; unset flags keep file/defaults."""
+    from bebop.rl.config import config_fields
+
+    for name, (ftype, default, comment) in config_fields().items():
+        flag = "--" + name.replace("_", "-")
+        if ftype is bool:
+            p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None,
+                           help=f"{comment} (default {default})")
+        else:
+            p.add_argument(flag, dest=name, type=ftype, default=None, help=f"{comment} (default {default!r})")
+
+
+# ---------------------------------------------------------------------------------------------- report / demo
+def cmd_report(args) -> None:
+    from bebop.analysis.report import write_report
+
+    path = write_report([Path(d) for d in args.runs], Path(args.out))
+    print(f"report written to {path}")
+
+
+def cmd_demo(args) -> None:
+    from bebop.demo import quick_or_default, run_demo
+
+    report = run_demo(quick_or_default(args.quick, args.out))
+    print(f"demo report: {report}")
+
+
 # ---------------------------------------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bebop", description=__doc__.splitlines()[0])
@@ -203,6 +252,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output JSONL, one line per completion")
     p.add_argument("--stats-json", help="write speculative-decoding statistics here")
     p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("rl", help="GRPO with speculative rollouts (frozen or online MTP head)")
+    _add_model_args(p)
+    p.add_argument("--config", help="TOML/YAML file of RL settings (flags override it)")
+    p.add_argument("--out", help="run directory (config.json, metrics.jsonl, checkpoint/)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+    _add_rl_flags(p)
+    p.set_defaults(func=cmd_rl)
+
+    p = sub.add_parser("report", help="markdown report with tables and plots from RL run directories")
+    p.add_argument("runs", nargs="+", help="run directories written by `bebop rl`")
+    p.add_argument("--out", required=True, help="output directory for report.md and the PNG plots")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("demo", help="the whole recipe on the embedded model, with the paper's analyses")
+    p.add_argument("--quick", action="store_true", help="smoke-test budgets (about 3 minutes)")
+    p.add_argument("--out", help="output directory (default demo_out)")
+    p.set_defaults(func=cmd_demo)
     return parser
 
 

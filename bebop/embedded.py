@@ -31,16 +31,16 @@ class PretrainConfig:
     """How the embedded model is built and trained."""
 
     steps: int = 1200  # optimizer steps (about 3-4 min on 2 CPU cores)
-    batch_size: int = 64  # sequences per step, drawn fresh each step
+    batch_size: int = 32  # sequences per step, drawn fresh each step
     lr: float = 3e-3  # peak AdamW learning rate
     warmup_steps: int = 60  # linear warmup, then cosine decay to 10%
     weight_decay: float = 0.01  # AdamW weight decay
     seed: int = 0  # weight init and data
-    hidden_size: int = 128  # model width D
+    hidden_size: int = 64  # model width D
     num_layers: int = 8  # enough that one MTP layer costs about 1/8 of a backbone forward
     num_heads: int = 4  # attention heads
     num_kv_heads: int = 2  # grouped-query KV heads
-    intermediate_size: int = 384  # MLP width
+    intermediate_size: int = 192  # MLP width
     eval_problems: int = 256  # held-out problems for accuracy/entropy after training
     device: str = "auto"  # cpu, cuda or auto
 

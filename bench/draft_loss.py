@@ -1,15 +1,19 @@
 """Peak memory and time of the draft losses: chunked (bebop.losses) vs plain autograd.
 
-    PYTHONPATH=. .venv/bin/python bench/draft_loss.py            # ~3 min on 2 CPU cores
-    PYTHONPATH=. .venv/bin/python bench/draft_loss.py --n 64 --vocab 32000 --device cuda
+    PYTHONPATH=. .venv/bin/python bench/draft_loss.py              # N=512, ~3 min on 2 CPU cores
+    PYTHONPATH=. .venv/bin/python bench/draft_loss.py --search     # find the largest N plain survives
+    PYTHONPATH=. .venv/bin/python bench/draft_loss.py --n 2048 --device cuda
 
-Each (N, loss, method) runs forward + backward once in a fresh subprocess, so peaks do not mix.
-Peak memory is VmHWM from /proc/self/status on CPU (the process's high-water resident set,
-which includes the inputs) and torch.cuda.max_memory_allocated on CUDA; "extra" is the peak
-minus the memory held once the inputs exist. Without --n the script doubles N from --n-start
-while the plain version's projected peak at the next N fits in --mem-frac of MemAvailable:
-the largest N the plain version survives, found without ever meeting the OOM killer (which
-could hit other processes on a shared machine).
+Each (N, loss, method) runs forward + backward once (after a tiny warm-up) in a fresh subprocess,
+so peaks do not mix. Peak memory is VmHWM from /proc/self/status on CPU (the process's
+high-water resident set, inputs included) and torch.cuda.max_memory_allocated on CUDA; "extra"
+is the peak minus the memory held once the inputs exist. Inputs are float32 (N, K, V) logits,
+a draft near its target, and chains cut at the sequence end.
+
+--search doubles N from --n-start until the plain version fails or its projected peak at the
+next N exceeds --mem-frac of MemAvailable. Each CPU worker runs under RLIMIT_AS of that budget,
+so a run that does not fit fails with an allocation error instead of waking the OOM killer
+(which could pick another process on a shared machine).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -25,6 +30,8 @@ import torch
 
 from bebop.losses import draft_loss
 
+DEFAULT_N = 512  # largest N (doubling from 32) the plain version survived with --search on the
+# 24 GiB, 2-core development machine while other jobs ran: N=1024 projects to ~20 GB.
 
 def plain_loss(name, draft_logits, target_logits, mask, temperature):
     """Naive autograd tv / e2e_tv: full (N, K, V) softmaxes kept for backward."""
@@ -66,11 +73,11 @@ def _mem_available_mb() -> float:
     raise KeyError("MemAvailable")
 
 
-def run_worker(args: argparse.Namespace) -> dict:
-    """One forward + backward of one (N, loss, method); returns its measurements."""
+def make_inputs(n: int, args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Draft logits (N, K, V) requiring grad, target logits (N, K, V) and mask (N, K)."""
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     gen = torch.Generator(device=device).manual_seed(0)
-    shape = (args.n[0], args.k, args.vocab)
+    shape = (n, args.k, args.vocab)
     # A draft near its target, so alpha is neither 0 nor 1.
     target = torch.randn(shape, generator=gen, device=device, dtype=dtype) * 3
     draft = target + torch.randn(shape, generator=gen, device=device, dtype=dtype)
@@ -78,6 +85,19 @@ def run_worker(args: argparse.Namespace) -> dict:
     # Chains are cut at the sequence end: position n has min(K, N - n) draft steps.
     steps = torch.arange(args.k, device=device)
     mask = (torch.arange(shape[0], device=device)[:, None] + steps) < shape[0]  # (N, K)
+    return draft, target, mask
+
+
+def run_worker(args: argparse.Namespace) -> dict:
+    """One forward + backward of one (N, loss, method); returns its measurements."""
+    device, loss_fn = torch.device(args.device), METHODS[args.method]
+    if device.type == "cpu" and args.mem_limit_mb:
+        limit = int((_status_mb("VmSize") + args.mem_limit_mb) * 2**20)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    warm_draft, warm_target, warm_mask = make_inputs(2, args)  # load kernels, not timed
+    loss_fn(args.loss[0], warm_draft, warm_target, warm_mask, args.temperature).backward()
+    del warm_draft, warm_target, warm_mask
+    draft, target, mask = make_inputs(args.n[0], args)
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -85,7 +105,7 @@ def run_worker(args: argparse.Namespace) -> dict:
     else:
         base_mb = _status_mb("VmRSS")
     start = time.perf_counter()
-    loss = METHODS[args.method](args.loss[0], draft, target, mask, args.temperature)
+    loss = loss_fn(args.loss[0], draft, target, mask, args.temperature)
     loss.backward()
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -102,7 +122,8 @@ def measure(args: argparse.Namespace, n: int, loss: str, method: str) -> dict | 
     """Runs one configuration in a fresh subprocess; None if it failed (e.g. out of memory)."""
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--n", str(n),
            "--loss", loss, "--method", method, "--vocab", str(args.vocab), "--k", str(args.k),
-           "--device", args.device, "--dtype", args.dtype, "--temperature", str(args.temperature)]
+           "--device", args.device, "--dtype", args.dtype, "--temperature", str(args.temperature),
+           "--mem-limit-mb", str(int(args.mem_frac * _mem_available_mb()))]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         print(f"  N={n} {loss} {method} failed (rc {proc.returncode}): "
@@ -123,15 +144,16 @@ def run_n(args: argparse.Namespace, n: int) -> list[dict]:
 
 
 def search_n(args: argparse.Namespace) -> list[dict]:
-    """Doubles N while the plain version's projected peak at the next N fits in memory."""
-    budget_mb = args.mem_frac * _mem_available_mb()
+    """Doubles N while the plain version survives and its projected next peak fits in memory."""
     rows, n = [], args.n_start
     while True:
         batch = run_n(args, n)
         rows += batch
         plain = [r["result"] for r in batch if r["method"] == "plain"]
         if not plain or any(r is None for r in plain):
+            print(f"  stop: plain failed at N={n}", file=sys.stderr)
             break
+        budget_mb = args.mem_frac * _mem_available_mb()
         # Peaks grow linearly in N: the next N's extra is twice this one's.
         projected = max(r["peak_mb"] + r["extra_mb"] for r in plain)
         if projected > budget_mb:
@@ -167,19 +189,22 @@ def print_table(rows: list[dict], device: str) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, nargs="+", help="chain starts N; default: search")
-    parser.add_argument("--n-start", type=int, default=32, help="first N of the search")
+    parser.add_argument("--n", type=int, nargs="+", default=[DEFAULT_N], help="chain starts N")
+    parser.add_argument("--search", action="store_true",
+                        help="double N from --n-start until the plain version no longer fits")
+    parser.add_argument("--n-start", type=int, default=32, help="first N of --search")
     parser.add_argument("--vocab", type=int, default=151_936, help="vocabulary V (Qwen's)")
     parser.add_argument("--k", type=int, default=5, help="draft steps K")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--dtype", default="float32", help="logits dtype")
     parser.add_argument("--temperature", type=float, default=1.0, help="softmax temperature")
     parser.add_argument("--loss", nargs="+", default=["e2e_tv", "tv"], help="losses to run")
-    parser.add_argument("--mem-frac", type=float, default=0.6,
-                        help="search stops before plain's projected peak exceeds this "
-                             "fraction of MemAvailable")
+    parser.add_argument("--mem-frac", type=float, default=0.8,
+                        help="memory budget as a fraction of MemAvailable: each CPU run's "
+                             "address-space limit, and where --search stops")
     parser.add_argument("--method", choices=sorted(METHODS), help=argparse.SUPPRESS)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--mem-limit-mb", type=float, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -190,10 +215,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     print(f"V={args.vocab} K={args.k} device={args.device} dtype={args.dtype} "
           f"losses={args.loss}; forward + backward, one fresh process each", flush=True)
-    if args.n:
-        rows = [row for n in args.n for row in run_n(args, n)]
-    else:
+    if args.search:
         rows = search_n(args)
+    else:
+        rows = [row for n in args.n for row in run_n(args, n)]
     print_table(rows, args.device)
 
 

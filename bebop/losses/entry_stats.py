@@ -13,11 +13,11 @@ this module computes one number:
 
 `entry_statistic` differentiates it with a custom autograd Function whose backward is the
 analytic gradient (paper Eq. 11, App. A-C), so no (N*K, V) softmax is ever stored (paper App. F):
-the forward keeps its inputs and a few numbers per row (the statistic, S for the overlap, and
-the two log-normalisers when the vocabulary is split into tiles), and the backward recomputes q
-and p one (row chunk, vocab chunk) tile at a time. When a tile spans whole rows (the default up
-to VOCAB_CHUNK columns) the fused log_softmax kernel normalises it and no logsumexp pass is
-needed. Everything is a plain torch op, so it runs unchanged on CUDA.
+the forward keeps its inputs and a few numbers per row (the statistic, S for the overlap, the
+row logsumexps of both sides), and the backward recomputes q and p one (row chunk, vocab chunk)
+tile at a time. The overlap (the hot path: tv, e2e_tv) skips the logsumexp pass when a tile spans
+whole rows (the default up to VOCAB_CHUNK columns) and uses the fused softmax kernel instead.
+Everything is a plain torch op, so it runs unchanged on CUDA.
 
 Where this deviates from the textbook formulas:
 1) In ``rkl`` log p is clamped below at LOG_PROB_FLOOR. log p comes from a log-softmax, so it is
@@ -208,12 +208,18 @@ def _prob_tile(
     dtype: torch.dtype,
     log: bool,
 ) -> Tensor:  # (R, C), a fresh tensor
-    """softmax(logits / T) (log_softmax if log) on one tile; log_norm None: the tile spans rows."""
+    """softmax(logits / T), or its log if log, on one tile.
+
+    log_norm (the row logsumexp of logits / T) may be None only for whole-row tiles and log=False.
+    """
     scaled = logits.to(dtype)
     if temperature != 1.0:
         scaled = scaled / temperature
-    if log_norm is None:  # fused kernels, no separate normaliser pass
-        return torch.log_softmax(scaled, dim=-1) if log else torch.softmax(scaled, dim=-1)
+    if log_norm is None:
+        # NOTE: the fused CPU softmax sums its normaliser sequentially (relative error ~2e-5 at
+        # V = 152k); renormalising with torch.sum's cascade sum restores float32 accuracy.
+        probs = torch.softmax(scaled, dim=-1)
+        return probs.div_(probs.sum(dim=-1, keepdim=True))
     log_probs = scaled - log_norm[:, None]
     return log_probs if log else log_probs.exp_()
 
@@ -221,8 +227,8 @@ def _prob_tile(
 def _prob_tiles(
     draft_logits: Tensor,  # (R, V)
     target_logits: Tensor,  # (R, V)
-    log_norm_q: Tensor | None,  # (R,); None when vocab_chunk >= V
-    log_norm_p: Tensor | None,  # (R,); None when vocab_chunk >= V
+    log_norm_q: Tensor | None,  # (R,); None allowed as in _prob_tile
+    log_norm_p: Tensor | None,  # (R,)
     temperature: float,
     vocab_chunk: int,
     dtype: torch.dtype,
@@ -236,16 +242,9 @@ def _prob_tiles(
         yield cols, q, p
 
 
-def _log_norms(
-    logits: Tensor,  # (R, V)
-    temperature: float,
-    vocab_chunk: int,
-    dtype: torch.dtype,
-) -> Tensor | None:  # (R,)
-    """Row log-normalisers when the vocabulary is split into tiles, else None."""
-    if logits.shape[-1] <= vocab_chunk:
-        return None
-    return _row_logsumexp(logits, temperature, vocab_chunk, dtype)
+def _needs_log_norms(vocab: int, vocab_chunk: int, log: bool) -> bool:
+    """Whether tiles need precomputed row logsumexps: for log-probs or a split vocabulary."""
+    return log or vocab > vocab_chunk
 
 
 class _EntryStatisticFunction(torch.autograd.Function):
@@ -257,12 +256,12 @@ class _EntryStatisticFunction(torch.autograd.Function):
         num_rows, vocab = draft.shape
         value, aux = (draft.new_empty(num_rows, dtype=dtype) for _ in range(2))
         log_norm_q = log_norm_p = None
-        if vocab > vocab_chunk:
+        if _needs_log_norms(vocab, vocab_chunk, statistic.in_log_space):
             log_norm_q, log_norm_p = (draft.new_empty(num_rows, dtype=dtype) for _ in range(2))
         for rows in _row_slices(num_rows, row_chunk):
             if log_norm_q is not None:
-                log_norm_q[rows] = _log_norms(draft[rows], temperature, vocab_chunk, dtype)
-                log_norm_p[rows] = _log_norms(target[rows], temperature, vocab_chunk, dtype)
+                log_norm_q[rows] = _row_logsumexp(draft[rows], temperature, vocab_chunk, dtype)
+                log_norm_p[rows] = _row_logsumexp(target[rows], temperature, vocab_chunk, dtype)
             sums = [
                 torch.stack(statistic.partial_sums(tile_q, tile_p))  # (2, rows)
                 for _, tile_q, tile_p in _prob_tiles(
@@ -360,8 +359,8 @@ def _acceptance_rows(
     dtype: torch.dtype,
 ) -> Tensor:  # (3, R): alpha_rs, alpha_to, target_entropy
     """`acceptance_stats` for one row chunk."""
-    log_norm_q = _log_norms(draft, temperature, vocab_chunk, dtype)
-    log_norm_p = _log_norms(target, temperature, vocab_chunk, dtype)
+    log_norm_q = _row_logsumexp(draft, temperature, vocab_chunk, dtype)
+    log_norm_p = _row_logsumexp(target, temperature, vocab_chunk, dtype)
     # The temperature does not move the argmax, so the raw draft logits suffice.
     greedy = _tile_argmax(draft, vocab_chunk)  # (R,)
     overlap = neg_entropy = log_p_greedy = 0.0

@@ -28,9 +28,11 @@ Deviations from textbook GRPO (beyond the numbered list in ``bebop.rl.grpo``):
   5) ``async_rollout`` is one step off-policy: the rollout of step s+1 is sampled in a background
      thread by a *snapshot* of (policy, head) taken before the update of step s, while step s
      updates. Old logprobs are the snapshot's (the policy that really sampled), so the clipped
-     ratio pi_theta / pi_snapshot corrects for the lag. The first step is sampled synchronously by
-     the (identical) snapshot. The snapshot costs one extra copy of the weights; it is saved in
-     checkpoints, so a resumed async run regenerates the in-flight rollout bit for bit.
+     ratio pi_theta / pi_snapshot corrects for the lag. The first step (and a resumed run's first)
+     waits for its rollout, sampled by the snapshot in the same thread. The snapshot costs one extra
+     copy of the weights; it is saved in checkpoints, so a resumed async run regenerates the
+     in-flight rollout bit for bit. On CUDA both threads use the default stream: correct, and the
+     overlap comes from the host side (the engine's Python loop and kernel launches).
   6) Full-batch updates: each of the update_epochs is one optimizer step on all B*G rows.
 """
 
@@ -195,9 +197,12 @@ def collect_rollout(state: RLState, batch: PromptBatch, cfg: RLConfig) -> tuple[
         if step != batch.step:
             raise RuntimeError(f"the rollout in flight is for step {step}, not {batch.step}")
         rollout = future.result()
+    elif state.executor is not None:
+        # NOTE: async rollouts, the first one and a resumed run's too, all run in the rollout thread,
+        # so thread-dependent numerics (e.g. intra-op thread counts) cannot break exact resumption.
+        rollout = state.executor.submit(generate_rollout, *state.sampler, state.tokenizer, batch, cfg).result()
     else:
-        model, head = _sampling_pair(state)
-        rollout = generate_rollout(model, head, state.tokenizer, batch, cfg)
+        rollout = generate_rollout(state.policy, state.head, state.tokenizer, batch, cfg)
     return rollout, time.perf_counter() - start
 
 
@@ -485,6 +490,7 @@ def train_rl(
     seed_everything(cfg.seed)
     state = make_state(model, tokenizer, head, cfg)
     rows_out: list[dict] = []
+    loggers: list[JsonlLogger | _NullLogger] = []
     try:
         start = _start_step(state, run_dir, config, resume)
         write_json(run_dir / CONFIG_FILE, config)
@@ -494,6 +500,7 @@ def train_rl(
         metrics_log = JsonlLogger(run_dir / METRICS_FILE, truncate_after_step=start)
         token_log = (JsonlLogger(run_dir / TOKEN_STATS_FILE, truncate_after_step=start) if cfg.mode != "none"
                      else _NullLogger())
+        loggers += [metrics_log, token_log]
         label = cfg.label or cfg.mode
         for step in progress(range(start, cfg.steps), total=cfg.steps - start, desc=f"rl {label}",
                              enabled=show_progress):
@@ -506,8 +513,8 @@ def train_rl(
             say(step_line("rl", step + 1, cfg.steps, _line(row)))
             if (cfg.save_every and (step + 1) % cfg.save_every == 0) or step + 1 == cfg.steps:
                 save_checkpoint(run_dir, checkpoint_components(state), step + 1, config)
-        metrics_log.close()
-        token_log.close()
     finally:
         close_state(state)
+        for logger in loggers:
+            logger.close()
     return rows_out

@@ -38,7 +38,7 @@ class ArithConfig:
     """Difficulty of the embedded task."""
 
     min_terms: int = 3  # fewest numbers to add
-    max_terms: int = 6  # most numbers to add
+    max_terms: int = 5  # most numbers to add
     max_term: int = 19  # terms are drawn from 1..max_term
 
 

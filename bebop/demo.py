@@ -1,0 +1,197 @@
+"""``bebop demo``: the whole recipe on the embedded model, with the paper's analyses and a report.
+
+Stages (each reuses what an earlier, possibly interrupted, run finished):
+    1. the embedded model (cached; ``--quick`` pretrains a short one when none is cached);
+    2. self-generated training and held-out data (T=1 samples of the model itself);
+    3. heads trained with ce, fkl, rkl, tv and e2e_tv under the same budget;
+    4. exact teacher-forced acceptance of each head at K=3 (RS and TO), and a temperature sweep;
+    5. RL runs: none, to+ce, rs+ce, rs+e2e_tv (frozen), rs+e2e_tv with online CE updates;
+    6. a markdown report with plots and one row per paper finding, its verdict computed from the data.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from bebop import embedded
+from bebop.mtp.data import Sequences, self_generated
+from bebop.mtp.evaluate import evaluate_mtp
+from bebop.mtp.head import CONFIG_NAME, MtpHead
+from bebop.mtp.train import TrainMtpConfig, train_mtp
+from bebop.utils.io import read_json, read_jsonl, write_json
+from bebop.utils.progress import say
+
+LOSSES = ("ce", "fkl", "rkl", "tv", "e2e_tv")  # heads compared in the acceptance table
+SWEEP_LOSSES = ("ce", "e2e_tv")  # heads in the temperature sweep
+# (label, rollout mode, head loss, head update during RL, online loss)
+RL_RUNS = (
+    ("none", "none", "e2e_tv", "frozen", "e2e_tv"),
+    ("to+ce", "to", "ce", "frozen", "e2e_tv"),
+    ("rs+ce", "rs", "ce", "frozen", "e2e_tv"),
+    ("rs+e2e_tv", "rs", "e2e_tv", "frozen", "e2e_tv"),
+    ("rs+e2e_tv+online-ce", "rs", "e2e_tv", "online", "ce"),
+)
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """Budgets of the demo (defaults: about 15 CPU minutes once the model is cached)."""
+
+    out: str = "demo_out"  # output directory (report, plots, evaluations, RL runs)
+    quick: bool = False  # smoke-test budgets, everything under ``out``
+    head_steps: int = 300  # optimizer steps per head (same budget for every loss)
+    rl_steps: int = 30  # RL steps per run
+    prompts_per_step: int = 8  # B of the RL runs
+    group_size: int = 8  # G of the RL runs
+    temperatures: tuple[float, ...] = (0.1, 0.3, 0.5, 0.7, 1.0, 1.3)  # sweep temperatures
+    eval_sequences: int = 256  # held-out sequences for exact acceptance
+    seed: int = 0  # RL seed (the same for every run)
+
+
+QUICK = DemoConfig(quick=True, head_steps=30, rl_steps=3, prompts_per_step=4, group_size=4,
+                   temperatures=(0.5, 1.0), eval_sequences=48)
+QUICK_PRETRAIN_STEPS = 150  # a short model for --quick when no embedded model is cached
+QUICK_TRAIN_SEQUENCES = 128  # self-generated training sequences for --quick
+
+
+def run_demo(cfg: DemoConfig) -> Path:
+    """Runs every stage and returns the report's path."""
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    model_dir = _model_dir(cfg, out)
+    model, tok = embedded.load_model(model_dir)
+    train_data, eval_data = _data(cfg, out, model, tok)
+    head_dirs = {loss: _head(cfg, out, loss, model, tok, train_data) for loss in LOSSES}
+    say(f"demo: heads ready ({time.time() - t0:.0f}s)")
+    head_evals = _head_evals(cfg, out, model, tok, head_dirs, eval_data)
+    sweep = _sweep(cfg, out, model, tok, head_dirs, eval_data)
+    say(f"demo: acceptance tables ready ({time.time() - t0:.0f}s)")
+    run_dirs = [_rl_run(cfg, out, model_dir, head_dirs, spec) for spec in RL_RUNS]
+    say(f"demo: RL runs done ({time.time() - t0:.0f}s)")
+    report = _report(cfg, out, model_dir, head_evals, sweep, run_dirs)
+    say(f"demo: report at {report} ({time.time() - t0:.0f}s in all)")
+    return report
+
+
+def _model_dir(cfg: DemoConfig, out: Path) -> Path:
+    cached = embedded.embedded_model_dir()
+    if (cached / "config.json").is_file() or not cfg.quick:
+        return embedded.ensure_embedded_model()
+    quick_dir = out / "model"
+    if not (quick_dir / "config.json").is_file():
+        say(f"demo --quick: no cached embedded model; pretraining a short one ({QUICK_PRETRAIN_STEPS} steps)")
+        embedded.pretrain(quick_dir, embedded.PretrainConfig(steps=QUICK_PRETRAIN_STEPS, eval_problems=32))
+    return quick_dir
+
+
+def _data(cfg: DemoConfig, out: Path, model, tok) -> tuple[Sequences, Sequences]:
+    if not cfg.quick:
+        return embedded.embedded_data("train", model, tok), embedded.embedded_data("eval", model, tok)
+    return (_cached_sequences(out / "data-train.jsonl", model, tok, QUICK_TRAIN_SEQUENCES, embedded.SELFGEN_SEEDS["train"]),
+            _cached_sequences(out / "data-eval.jsonl", model, tok, cfg.eval_sequences, embedded.SELFGEN_SEEDS["eval"]))
+
+
+def _cached_sequences(path: Path, model, tok, num: int, seed: int) -> Sequences:
+    from bebop.utils.io import atomic_write_text
+
+    if path.is_file():
+        rows = read_jsonl(path)
+        return Sequences([r["token_ids"] for r in rows], [r["start"] for r in rows])
+    data = self_generated(model, tok, num, seed=seed)
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in data.to_jsonl_rows()))
+    return data
+
+
+def _head(cfg: DemoConfig, out: Path, loss: str, model, tok, data: Sequences) -> Path:
+    """The head trained with ``loss``: the shared cache at the default budget, ``out/heads`` otherwise."""
+    default_budget = TrainMtpConfig().steps == cfg.head_steps and not cfg.quick
+    path = embedded.embedded_head_dir(loss) if default_budget else out / "heads" / loss
+    if (path / CONFIG_NAME).is_file():
+        return path
+    train_cfg = TrainMtpConfig(loss=loss, steps=cfg.head_steps, save_every=max(cfg.head_steps // 3, 1))
+    train_mtp(model, data, path, train_cfg, pad_id=tok.pad_token_id, resume=True)
+    return path
+
+
+def _head_evals(cfg, out: Path, model, tok, head_dirs: dict[str, Path], data: Sequences) -> dict[str, dict]:
+    """eval-mtp at K=3, T=1 for every head (cached as JSON)."""
+    evals = {}
+    for loss, path in head_dirs.items():
+        file = out / "evals" / f"{loss}.json"
+        if not file.is_file():
+            head = MtpHead.from_pretrained(path, model).eval()
+            write_json(file, {**evaluate_mtp(model, head, data, speculate_k=3, pad_id=tok.pad_token_id), "loss": loss})
+        evals[loss] = read_json(file)
+    return evals
+
+
+def _sweep(cfg: DemoConfig, out: Path, model, tok, head_dirs: dict[str, Path], data: Sequences) -> list[dict]:
+    """Exact acceptance across sampling temperatures (p and q both at temperature tau)."""
+    file = out / "evals" / "temperature_sweep.json"
+    if file.is_file():
+        return read_json(file)
+    rows = []
+    for loss in SWEEP_LOSSES:
+        head = MtpHead.from_pretrained(head_dirs[loss], model).eval()
+        for tau in cfg.temperatures:
+            rows.append({**evaluate_mtp(model, head, data, speculate_k=3, temperature=tau, pad_id=tok.pad_token_id),
+                         "loss": loss})
+    write_json(file, rows)
+    return rows
+
+
+def _rl_run(cfg: DemoConfig, out: Path, model_dir: Path, head_dirs: dict[str, Path], spec: tuple) -> Path:
+    """One RL run from the pretrained policy; skipped when complete, resumed when checkpointed."""
+    from bebop.rl import resolve_rl_config, train_rl
+    from bebop.rl.checkpoint import has_checkpoint
+
+    label, mode, loss, update, online_loss = spec
+    run_dir = out / "runs" / label
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.is_file() and len(read_jsonl(metrics)) >= cfg.rl_steps:
+        return run_dir
+    rl_cfg = resolve_rl_config(None, {
+        "mode": mode, "mtp_loss": loss, "mtp_update": update, "online_loss": online_loss, "label": label,
+        "steps": cfg.rl_steps, "prompts_per_step": cfg.prompts_per_step, "group_size": cfg.group_size,
+        "seed": cfg.seed, "save_every": max(cfg.rl_steps // 3, 1),
+    })
+    model, tok = embedded.load_model(model_dir)
+    head = MtpHead.from_pretrained(head_dirs[loss], model) if (mode != "none" or update == "online") else None
+    train_rl(model, tok, head, rl_cfg, run_dir, resume=has_checkpoint(run_dir))
+    return run_dir
+
+
+def _report(cfg: DemoConfig, out: Path, model_dir: Path, head_evals: dict, sweep: list, run_dirs: list[Path]) -> Path:
+    from bebop.analysis.findings import compute_findings, findings_table
+    from bebop.analysis.report import load_run, write_report
+    from bebop.io_tables import acceptance_table
+
+    runs = [load_run(d) for d in run_dirs]
+    findings = compute_findings(head_evals, sweep, runs)
+    pretrain = read_json(model_dir / "pretrain.json") if (model_dir / "pretrain.json").is_file() else {}
+    sections = [
+        "## Paper findings at our scale\n\nVerdicts are computed from the data of this run.\n\n" + findings_table(findings),
+        "## Exact acceptance per head (K=3, T=1, teacher-forced held-out data)\n\n" + acceptance_table(head_evals),
+        "## The embedded model\n\n" + _model_summary(pretrain, model_dir),
+    ]
+    write_json(out / "findings.json", [f.__dict__ if hasattr(f, "__dict__") else f for f in findings])
+    evals = list(head_evals.values()) + [dict(r, loss=f"{r['loss']}") for r in sweep]
+    return write_report(run_dirs, out, title="Bebop demo" + (" (--quick)" if cfg.quick else ""),
+                        extra_sections=sections, head_evals=evals)
+
+
+def _model_summary(pretrain: dict, model_dir: Path) -> str:
+    if not pretrain:
+        return f"Model at `{model_dir}` (no pretrain summary found)."
+    return (f"Model at `{model_dir}`: accuracy at T=1 {pretrain.get('accuracy', float('nan')):.1%}, mean completion "
+            f"entropy {pretrain.get('target_entropy', float('nan')):.3f} nats, pretraining "
+            f"{pretrain.get('seconds', float('nan')):.0f} s.")
+
+
+def quick_or_default(quick: bool, out: str | None) -> DemoConfig:
+    base = QUICK if quick else DemoConfig()
+    return replace(base, out=out) if out else base

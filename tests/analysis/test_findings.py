@@ -1,0 +1,297 @@
+"""Tests for bebop.analysis.findings: each finding reproduced, not reproduced and not comparable.
+
+Synthetic inputs are built so the verdict is unambiguous (slopes far from the thresholds,
+noise tiny), so no test depends on a lucky draw.
+"""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from bebop.analysis.findings import (
+    NOT_COMPARABLE,
+    NOT_REPRODUCED,
+    REPRODUCED,
+    VERDICTS,
+    Finding,
+    _token_estimate,
+    chain_weights,
+    compute_findings,
+    findings_table,
+)
+from bebop.analysis.fit import expected_accept_length
+from bebop.analysis.report import Run, load_run
+
+K = 3
+NUM_STEPS = 30
+SWEEP_TEMPERATURES = (0.1, 0.3, 0.5, 0.7, 1.0, 1.3)
+
+
+# --------------------------------------------------------------------------------------------
+# Synthetic inputs
+# --------------------------------------------------------------------------------------------
+
+
+def _head_evals(rs_offsets=None, to_offsets=None):
+    """eval-mtp dicts per loss: alpha_RS = CE's + offset (points, per step); alpha_TO likewise."""
+    rs_offsets = rs_offsets or {"ce": (0, 0, 0), "fkl": (0.1, 0.1, 0.1), "rkl": (1.3, 1.3, 1.3),
+                                "tv": (2.4, 2.4, 2.4), "e2e_tv": (2.0, 3.5, 5.0)}
+    to_offsets = to_offsets or {loss: (0.05 * i,) * K for i, loss in enumerate(rs_offsets)}
+    ce_rs, ce_to = np.array([0.80, 0.70, 0.60]), np.array([0.70, 0.60, 0.50])
+    out = {}
+    for loss in rs_offsets:
+        alpha_rs = (ce_rs + np.array(rs_offsets[loss]) / 100).tolist()
+        alpha_to = (ce_to + np.array(to_offsets[loss]) / 100).tolist()
+        out[loss] = {"alpha_rs": alpha_rs, "alpha_to": alpha_to, "accept_length_rs": expected_accept_length(alpha_rs),
+                     "accept_length_to": expected_accept_length(alpha_to), "target_entropy": 0.4,
+                     "num_positions": 500}
+    return out
+
+
+def _sweep(slopes=None):
+    """Rows per (loss, tau): accept length = intercept + slope * H with H rising with tau."""
+    slopes = slopes or {("ce", "to"): -1.2, ("ce", "rs"): -1.0, ("e2e_tv", "to"): -1.2, ("e2e_tv", "rs"): -0.01}
+    rows = []
+    for loss in ("ce", "e2e_tv"):
+        for i, tau in enumerate(SWEEP_TEMPERATURES):
+            h = 0.05 + 0.9 * tau
+            wiggle = 0.002 * (-1) ** i  # keeps the residuals non-zero, so intervals have width
+            row = {"loss": loss, "temperature": tau, "target_entropy": h, "alpha_rs": [0.8] * K, "alpha_to": [0.7] * K}
+            for method in ("rs", "to"):
+                row[f"accept_length_{method}"] = 3.7 + slopes[(loss, method)] * h + wiggle
+            rows.append(row)
+    return rows
+
+
+def _metrics(slope, intercept=3.6, entropy=(0.2, 0.5), step_s=1.0, rollout_s=0.6, drift=0.0, spec=True):
+    """One row per RL step: accept length = intercept + slope * H + drift * step/S, tiny noise."""
+    rng = np.random.default_rng(0)
+    h = np.linspace(*entropy, NUM_STEPS)  # (S,)
+    accept = intercept + slope * h + drift * np.arange(NUM_STEPS) / NUM_STEPS + rng.normal(0, 0.005, NUM_STEPS)
+    rows = []
+    for s in range(NUM_STEPS):
+        row = {"step": s + 1, "target_entropy": float(h[s]), "step_s": step_s, "rollout_s": rollout_s,
+               "train_s": step_s - rollout_s}
+        if spec:
+            row["spec/accept_length"] = float(accept[s])
+        rows.append(row)
+    return rows
+
+
+def _token_stats(alpha_to_slope=-0.5, alpha_rs_slope=-0.3, num_steps=3, per_step=300):
+    """token_stats rows: alpha_j = a_j + slope * H at depths j = 1..K, tiny noise."""
+    rng = np.random.default_rng(1)
+    rows = []
+    for s in range(num_steps):
+        pos = np.tile(np.arange(1, K + 1), per_step // K)  # (N,)
+        h = rng.uniform(0.0, 1.0, pos.size)
+        base = 0.95 - 0.05 * pos
+        rows.append({"step": s + 1, "position": pos.tolist(), "entropy": h.tolist(),
+                     "alpha_rs": (base + alpha_rs_slope * h + rng.normal(0, 0.002, pos.size)).tolist(),
+                     "alpha_to": (base - 0.1 + alpha_to_slope * h + rng.normal(0, 0.002, pos.size)).tolist()})
+    return rows
+
+
+def _run(mode, loss, metrics, update="frozen", online_loss="e2e_tv", token_stats=None):
+    config = {"mode": mode, "mtp_loss": loss, "mtp_update": update, "online_loss": online_loss, "speculate_k": K}
+    return Run(f"{mode}+{loss}+{update}", config, metrics, token_stats)
+
+
+def _runs(to_slope=-1.7, ce_slope=-1.6, tv_slope=-0.02, entropy=(0.2, 0.5), online_drift=-0.4,
+          none_step_s=1.8, token_stats=False):
+    """The demo's five runs; each role can be made to pass or fail its finding."""
+    stats = _token_stats() if token_stats else None
+    return [
+        _run("none", "e2e_tv", _metrics(0.0, step_s=none_step_s, rollout_s=0.8 * none_step_s, spec=False)),
+        _run("to", "ce", _metrics(to_slope, entropy=entropy), token_stats=stats),
+        _run("rs", "ce", _metrics(ce_slope, entropy=entropy), token_stats=stats),
+        _run("rs", "e2e_tv", _metrics(tv_slope, intercept=3.8, entropy=entropy)),
+        _run("rs", "e2e_tv", _metrics(tv_slope, intercept=3.8, entropy=entropy, drift=online_drift),
+             update="online", online_loss="ce"),
+    ]
+
+
+def _by_number(findings):
+    return {f.number: f for f in findings}
+
+
+# --------------------------------------------------------------------------------------------
+# All reproduced, and the table
+# --------------------------------------------------------------------------------------------
+
+
+def test_all_findings_reproduced_on_paper_like_data():
+    findings = compute_findings(_head_evals(), _sweep(), _runs())
+    assert [f.number for f in findings] == list(range(1, 8))
+    assert all(isinstance(f, Finding) and f.verdict in VERDICTS for f in findings)
+    assert {f.number: f.verdict for f in findings} == dict.fromkeys(range(1, 8), REPRODUCED)
+    f = _by_number(findings)
+    assert "RL steps" in f[1].note and "RL steps" in f[2].note  # the preferred source decides
+    assert "order e2e_tv > tv > rkl > fkl ≈ ce" in f[3].ours
+    assert "+2.0 / +3.5 / +5.0" in f[4].ours
+    assert "1.80×" in f[7].ours
+
+
+def test_table_has_one_row_per_finding_and_the_notes():
+    findings = compute_findings(_head_evals(), {}, [])
+    text = findings_table(findings)
+    lines = text.splitlines()
+    assert lines[0] == "| # | finding | paper | ours | verdict |"
+    rows = [line for line in lines[2:] if line.startswith("| ")]
+    assert len(rows) == len(findings) == 7
+    for f, row in zip(findings, rows):
+        assert row.startswith(f"| {f.number} |") and row.rstrip().endswith(f"| {f.verdict} |")
+    assert "Notes:" in text and "no to+ce run" in text  # computed reasons travel with the table
+
+
+# --------------------------------------------------------------------------------------------
+# Findings 1 and 2: entropy slopes and their sources
+# --------------------------------------------------------------------------------------------
+
+
+def test_finding1_narrow_entropy_falls_back_to_the_sweep():
+    runs = _runs(entropy=(0.30, 0.32))
+    f = _by_number(compute_findings(_head_evals(), _sweep(), runs))
+    assert f[1].verdict == REPRODUCED
+    assert "decided by temperature sweep" in f[1].note
+    assert "RL steps: entropy range was 0.020 nats, below 0.05" in f[1].note
+    assert "temperature sweep: -1.20" in f[1].ours and "← decides" in f[1].ours
+
+
+def test_finding1_falls_back_to_token_level_in_accept_length_units():
+    runs = _runs(entropy=(0.30, 0.32), token_stats=True)
+    f = _by_number(compute_findings(_head_evals(), [], runs))
+    assert f[1].verdict == REPRODUCED and "decided by token level" in f[1].note
+
+
+def test_token_level_slope_is_the_chain_rule_of_expected_accept_length():
+    est = _token_estimate([_run("to", "ce", _metrics(-1.0), token_stats=_token_stats())], "to")
+    # alpha_j(H) = 0.85 - 0.05 j - 0.5 H: the finite difference of 1 + sum_j prod alpha at mean H
+    alpha = lambda h: [0.85 - 0.05 * j - 0.5 * h for j in range(1, K + 1)]  # noqa: E731
+    h_mean, eps = 0.5, 1e-6
+    expected = (expected_accept_length(alpha(h_mean + eps)) - expected_accept_length(alpha(h_mean - eps))) / (2 * eps)
+    assert est.comparable and est.slope == pytest.approx(expected, abs=0.02)
+    assert est.ci[0] < est.slope < est.ci[1] < 0 and est.r < -0.9
+
+
+def test_chain_weights_match_the_derivative_of_the_accept_length():
+    a = np.array([0.9, 0.7, 0.4])
+    eps = 1e-7
+    numeric = [(expected_accept_length(a + eps * np.eye(K)[i]) - expected_accept_length(a)) / eps for i in range(K)]
+    np.testing.assert_allclose(chain_weights(a), numeric, rtol=1e-5)
+
+
+def test_finding1_not_reproduced_when_to_does_not_fall_with_entropy():
+    f = _by_number(compute_findings(_head_evals(), _sweep(), _runs(to_slope=0.8)))
+    assert f[1].verdict == NOT_REPRODUCED
+    assert "does not lie below 0" in f[1].note and "r = +" in f[1].note
+
+
+def test_findings_1_and_2_not_comparable_without_any_source():
+    runs = _runs(entropy=(0.30, 0.31))  # too narrow, no sweep, no token stats
+    f = _by_number(compute_findings(_head_evals(), [], runs))
+    assert f[1].verdict == f[2].verdict == NOT_COMPARABLE
+    assert "0.010 nats" in f[1].note and "no sweep of the ce head" in f[1].note and "no token stats" in f[1].note
+
+
+def test_finding2_not_reproduced_gives_the_flattening_percentage():
+    f = _by_number(compute_findings(_head_evals(), _sweep(), _runs(ce_slope=-1.6, tv_slope=-0.5)))
+    assert f[2].verdict == NOT_REPRODUCED
+    assert "69% flatter" in f[2].ours  # 1 - 0.5 / 1.6
+    assert "needs ≤ 5%" in f[2].note
+
+
+def test_finding2_not_reproduced_when_ce_has_no_slope_to_flatten():
+    f = _by_number(compute_findings(_head_evals(), _sweep(), _runs(ce_slope=0.0, tv_slope=0.0)))
+    assert f[2].verdict == NOT_REPRODUCED and "nothing to flatten" in f[2].note
+
+
+def test_finding2_uses_the_sweep_when_rl_entropy_is_flat():
+    f = _by_number(compute_findings(_head_evals(), _sweep(), _runs(entropy=(0.3, 0.33), tv_slope=-0.9)))
+    assert f[2].verdict == REPRODUCED and "decided by temperature sweep" in f[2].note
+    assert "RL steps: not comparable" in f[2].ours
+
+
+# --------------------------------------------------------------------------------------------
+# Findings 3-5: head evaluations
+# --------------------------------------------------------------------------------------------
+
+
+def test_finding3_order_broken_and_ties_respected():
+    offsets = {"ce": (0,) * K, "fkl": (0.1,) * K, "rkl": (2.4,) * K, "tv": (1.3,) * K, "e2e_tv": (3.5,) * K}
+    f = _by_number(compute_findings(_head_evals(rs_offsets=offsets), [], []))
+    assert f[3].verdict == NOT_REPRODUCED
+    assert "order e2e_tv > rkl > tv > fkl ≈ ce" in f[3].ours and "tv − rkl = -1.10" in f[3].note
+    close = {"ce": (0,) * K, "fkl": (0.1,) * K, "rkl": (1.3,) * K, "tv": (1.6,) * K, "e2e_tv": (3.5,) * K}
+    g = _by_number(compute_findings(_head_evals(rs_offsets=close), [], []))
+    assert g[3].verdict == NOT_REPRODUCED and "tv ≈ rkl" in g[3].ours  # a 0.3-point gap is a tie
+
+
+def test_finding3_fkl_far_from_ce_is_not_a_tie():
+    offsets = {"ce": (0,) * K, "fkl": (-1.0,) * K, "rkl": (1.3,) * K, "tv": (2.4,) * K, "e2e_tv": (3.5,) * K}
+    f = _by_number(compute_findings(_head_evals(rs_offsets=offsets), [], []))
+    assert f[3].verdict == NOT_REPRODUCED and "|fkl − ce|" in f[3].note
+
+
+def test_findings_3_to_5_not_comparable_with_missing_losses():
+    evals = {k: v for k, v in _head_evals().items() if k in ("ce",)}
+    f = _by_number(compute_findings(evals, [], []))
+    assert f[3].verdict == f[4].verdict == f[5].verdict == NOT_COMPARABLE
+    assert "no alpha_RS for e2e_tv, tv, rkl, fkl" in f[3].note
+    assert f[3].ours == f[4].ours == f[5].ours == "–"
+
+
+def test_finding4_gain_that_shrinks_with_depth_is_not_reproduced():
+    offsets = {"ce": (0,) * K, "fkl": (0.1,) * K, "rkl": (1.3,) * K, "tv": (2.4,) * K, "e2e_tv": (5.0, 3.5, 2.0)}
+    f = _by_number(compute_findings(_head_evals(rs_offsets=offsets), [], []))
+    assert f[4].verdict == NOT_REPRODUCED and "does not grow from step 1" in f[4].note
+    negative = dict(offsets, e2e_tv=(-3.0, -2.0, -1.0))
+    g = _by_number(compute_findings(_head_evals(rs_offsets=negative), [], []))
+    assert g[4].verdict == NOT_REPRODUCED and "not > 0" in g[4].note
+
+
+def test_finding5_spread_over_the_bound_is_not_reproduced():
+    to = {"ce": (0,) * K, "fkl": (0.0,) * K, "rkl": (-0.4,) * K, "tv": (0.6,) * K, "e2e_tv": (0.2,) * K}
+    f = _by_number(compute_findings(_head_evals(to_offsets=to), [], []))
+    assert f[5].verdict == NOT_REPRODUCED and "spread 1.00 points" in f[5].ours and "tv" in f[5].ours
+
+
+# --------------------------------------------------------------------------------------------
+# Findings 6-7: RL runs
+# --------------------------------------------------------------------------------------------
+
+
+def test_finding6_not_comparable_without_an_online_run():
+    runs = [r for r in _runs() if r.config["mtp_update"] != "online"]
+    f = _by_number(compute_findings({}, [], runs))
+    assert f[6].verdict == NOT_COMPARABLE and "online CE" in f[6].note
+    assert f[7].verdict == REPRODUCED  # the speed-up does not need the online run
+
+
+def test_finding6_online_run_that_rises_is_not_reproduced():
+    f = _by_number(compute_findings({}, [], _runs(online_drift=+0.4)))
+    assert f[6].verdict == NOT_REPRODUCED
+    assert "did not decline" in f[6].note and "frozen ends" in f[6].note
+
+
+def test_finding7_slow_rl_step_reports_the_number_and_the_rollout_bound():
+    f = _by_number(compute_findings({}, [], _runs(none_step_s=1.2)))
+    assert f[7].verdict == NOT_REPRODUCED and "1.20×" in f[7].ours
+    assert "1.20× < 1.5×" in f[7].note and "at most 5.00×" in f[7].note  # rollout is 80% of the step
+    g = _by_number(compute_findings({}, [], [r for r in _runs() if r.config["mode"] != "none"]))
+    assert g[7].verdict == NOT_COMPARABLE and "no none run" in g[7].note
+
+
+def test_runs_loaded_from_directories(tmp_path):
+    paths = []
+    for i, run in enumerate(_runs()):
+        path = tmp_path / f"run{i}"
+        path.mkdir()
+        (path / "config.json").write_text(json.dumps(run.config))
+        (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in run.metrics))
+        paths.append(path)
+    findings = compute_findings(_head_evals(), _sweep(), [load_run(p) for p in paths])
+    assert all(f.verdict == REPRODUCED for f in findings)
+    assert not any(isinstance(v, float) and math.isnan(v) for f in findings for v in vars(f).values())
