@@ -184,6 +184,7 @@ def _row_slices(num_rows: int, row_chunk: int) -> Iterator[slice]:
 
 
 def _take(x: Tensor | None, rows: slice) -> Tensor | None:
+    """x[rows], passing None through."""
     return None if x is None else x[rows]
 
 

@@ -16,7 +16,10 @@ def progress(items: Iterable[T], total: int | None = None, desc: str = "", enabl
     if not enabled:
         yield from items
         return
-    yield from tqdm(items, total=total, desc=desc, file=sys.stderr, dynamic_ncols=True, leave=False)
+    # NOTE: in a log file (not a terminal) redraw at most every 30 s; the per-step lines carry the detail.
+    interval = 0.1 if sys.stderr.isatty() else 30.0
+    yield from tqdm(items, total=total, desc=desc, file=sys.stderr, dynamic_ncols=True, leave=False,
+                    mininterval=interval)
 
 
 def step_line(prefix: str, step: int, total: int, values: dict[str, float]) -> str:

@@ -1,0 +1,404 @@
+"""Rollout throughput: Bebop's engine (none / to / rs) beside HF generate, with the speedup limit.
+
+    PYTHONPATH=. .venv/bin/python bench/rollout.py --quick          # ~1-2 min on 2 quiet CPU cores
+    PYTHONPATH=. .venv/bin/python bench/rollout.py                  # ~10 min: K 1-4, B 1/16/64, T 0/1
+    PYTHONPATH=. .venv/bin/python bench/rollout.py --model DIR --mtp DIR --json rows.json
+
+Defaults: the embedded model and its e2e-TV head (both trained and cached on first use).
+
+Terms (K = speculation depth, B = batch rows, T = temperature):
+    tok/s           completion tokens (EOS included) per second of wall time of one call.
+    accept length   1 + E[L]: tokens emitted per verify step (``stats.accept_length``).
+    c               cost of one chained draft step / cost of one target verify step, both timed
+                    here at batch B with a KV cache of realistic length (longest prompt +
+                    max_new_tokens / 2), medians of repeats taken side by side. Each side is
+                    what the engine runs per forward: cache.begin + attention_bias + the forward
+                    + lm_head (draft: ``MtpHead.forward_step`` + ``logits``; verify: the target
+                    over K+1 tokens). Sampling and verification are left out, so their cost shows
+                    up as achieved/limit < 1.
+    limit           (1 + E[L]) / (1 + K c): the speedup over plain decoding if a verify step cost
+                    one plain step and nothing but the forwards took time (Leviathan et al. 2023).
+    speedup         tok/s of the row / tok/s of ``none`` at the same (B, T): the median over
+                    repeats of the ratio within each repeat (rows of a repeat run back to back).
+    verify/plain    verify forward over K+1 tokens / plain forward over 1 token; above 1 the
+                    limit is optimistic by that factor.
+
+Fairness: every configuration of a (B, T) group runs once per repeat, in alternating order
+(A B C, C B A, ...), so slow phases of a shared machine hit all of them alike; medians of repeats.
+HF ``generate`` gets the same left-padded prompts, temperature, max_new_tokens and EOS, with
+top_k/top_p off as in Bebop's defaults; its tokens are counted up to each row's first EOS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+import transformers
+
+from bebop.embedded import ensure_embedded_head, load_model
+from bebop.mtp.head import MtpHead
+from bebop.spec import SamplingParams, SpecConfig, generate
+from bebop.spec.engine import _Target  # the engine's own verify forward, timed as the engine runs it
+from bebop.spec.kv_cache import RaggedKVCache
+from bebop.task import arith
+
+PROMPT_SEED = 0  # problems drawn for the prompts
+SAMPLING_SEED = 0  # Bebop's row seeds and HF's torch.manual_seed: the same tokens every repeat
+COST_REPEATS = 15  # timed calls per forward kind in the c measurement (median taken)
+WARMUP_TOKENS = 4  # max_new_tokens of the untimed warmup call of each configuration
+QUICK = {"batch_sizes": [1, 16], "ks": [1, 3], "temperatures": [0.0, 1.0], "repeats": 2}
+
+
+@dataclass(frozen=True)
+class Method:
+    """One thing that generates: Bebop's engine in a mode, or HF generate."""
+
+    name: str  # none | to | rs | hf | hf_mtp
+    k: int = 0  # speculation depth; 0 for none/hf
+
+
+@dataclass
+class Row:
+    """Results of one method at one (B, T)."""
+
+    method: str
+    k: int
+    batch_size: int
+    temperature: float
+    tokens: int = 0  # completion tokens of one call (the same every repeat)
+    seconds: list[float] = field(default_factory=list)  # one per repeat
+    tok_per_s: float = 0.0  # median over repeats
+    speedup: float = float("nan")  # over none at the same (B, T), median of paired ratios
+    accept_length: float = float("nan")
+    c: float = float("nan")
+    verify_over_plain: float = float("nan")
+    limit: float = float("nan")
+    achieved_over_limit: float = float("nan")
+    greedy_match: float = float("nan")  # T=0: fraction of rows whose tokens equal none's
+    metrics: dict = field(default_factory=dict)  # stats.to_metrics() (speculative rows)
+
+
+# ----------------------------------------------------------------------------- setup
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default=None, help="HF model directory (default: the embedded model)")
+    ap.add_argument("--mtp", default=None, help="MTP head directory (default: the embedded e2e_tv head)")
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64], help="rows B per call")
+    ap.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3, 4], help="speculation depths K")
+    ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0], help="T; 0 = greedy")
+    ap.add_argument("--modes", nargs="+", default=["to", "rs"], choices=["to", "rs"], help="speculative modes")
+    ap.add_argument("--max-new-tokens", type=int, default=48, help="completion tokens per row, EOS included")
+    ap.add_argument("--repeats", type=int, default=3, help="timed calls per configuration (median)")
+    ap.add_argument("--quick", action="store_true", help="B 1/16, K 1/3, T 0/1, 2 repeats (~1-2 min)")
+    ap.add_argument("--no-hf", action="store_true", help="skip HF generate")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
+    ap.add_argument("--device", default="cpu", help="cpu, cuda or auto")
+    ap.add_argument("--json", default=None, metavar="OUT", help="write every row and cost to this JSON file")
+    args = ap.parse_args(argv)
+    if args.quick:
+        for key, value in QUICK.items():
+            setattr(args, key, value)
+    return args
+
+
+def load(args: argparse.Namespace):
+    """The model, its tokenizer and the MTP head, in eval mode on the chosen device."""
+    model, tok = load_model(args.model, device=args.device)
+    head_dir = args.mtp
+    if head_dir is None:
+        if args.model is not None:
+            raise SystemExit("--model given without --mtp: the embedded head only fits the embedded model")
+        head_dir = ensure_embedded_head("e2e_tv", model, tok)
+    head = MtpHead.from_pretrained(head_dir, model).eval()
+    for p in head.parameters():
+        p.requires_grad_(False)
+    return model, tok, head
+
+
+def make_prompts(num: int) -> list[str]:
+    return [p.prompt for p in arith.make_problems(num, seed=PROMPT_SEED)]
+
+
+def header(args, model, head, device) -> str:
+    cfg = model.config.get_text_config()
+    n_model = sum(p.numel() for p in model.parameters())
+    n_head = sum(p.numel() for p in head.parameters())
+    return (
+        f"torch {torch.__version__} | transformers {transformers.__version__} | device {device} | "
+        f"threads {torch.get_num_threads()} | model {cfg.model_type} {n_model / 1e6:.2f}M params "
+        f"(D={cfg.hidden_size}, {cfg.num_hidden_layers} layers, V={cfg.vocab_size}) | "
+        f"head {len(head.layers)} layer {n_head / 1e6:.2f}M params | max_new_tokens {args.max_new_tokens} | "
+        f"repeats {args.repeats}"
+    )
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ----------------------------------------------------------------------------- one call
+
+
+def run_bebop(model, tok, head, prompts, method: Method, temperature: float, max_new: int):
+    """One ``generate`` call -> (seconds, result)."""
+    device = next(model.parameters()).device
+    sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new)
+    spec = SpecConfig(mode=method.name, speculate_k=max(method.k, 1))
+    _sync(device)
+    start = time.perf_counter()
+    result = generate(model, tok, prompts, mtp=head, sampling=sampling, spec=spec, seed=SAMPLING_SEED)
+    _sync(device)
+    return time.perf_counter() - start, result
+
+
+def run_hf(model, tok, prompts, method: Method, temperature: float, max_new: int):
+    """One HF ``model.generate`` call on left-padded prompts -> (seconds, completions as token lists)."""
+    device = next(model.parameters()).device
+    tok.padding_side = "left"
+    enc = tok(prompts, return_tensors="pt", padding=True).to(device)
+    sample = temperature > 0
+    kwargs = dict(
+        max_new_tokens=max_new, do_sample=sample, temperature=temperature if sample else None,
+        top_k=None, top_p=None, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+    )
+    if method.name == "hf_mtp":
+        kwargs["use_mtp"] = True
+    torch.manual_seed(SAMPLING_SEED)
+    _sync(device)
+    start = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(**enc, **kwargs)
+    _sync(device)
+    seconds = time.perf_counter() - start
+    completions = []
+    for row in out[:, enc["input_ids"].shape[1]:].tolist():
+        end = row.index(tok.eos_token_id) + 1 if tok.eos_token_id in row else len(row)
+        completions.append(row[:end])
+    return seconds, completions
+
+
+def hf_mtp_skip_reason(model, batch_size: int) -> str | None:
+    """Why ``generate(use_mtp=True)`` cannot run here, or None when it can.
+
+    transformers' MTPCandidateGenerator reads ``num_mtp_layers`` from the model config and loads
+    the MTP weights from the model's own checkpoint (MtpModel.from_pretrained); Bebop's heads are
+    separate files it cannot see. Assisted generation also raises for batch_size > 1.
+    """
+    if getattr(model.config.get_text_config(), "num_mtp_layers", None) is None:
+        return ("HF generate(use_mtp=True) skipped: the model config has no num_mtp_layers (no native MTP "
+                "weights in its checkpoint; Bebop's head is a separate file HF's MTPCandidateGenerator cannot load)")
+    if batch_size > 1:
+        return f"HF generate(use_mtp=True) skipped at B={batch_size}: assisted generation supports batch size 1 only"
+    return None
+
+
+# ----------------------------------------------------------------------------- cost ratio c
+
+
+def _prefilled_caches(model, head, batch: int, kv_len: int, capacity: int):
+    """The engine's target and an MTP cache, both holding kv_len positions of every row."""
+    device = next(model.parameters()).device
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    vocab = model.config.get_text_config().vocab_size
+    ids = torch.randint(0, vocab, (batch, kv_len), generator=gen).to(device)
+    target = _Target(model, batch, capacity)
+    _, hidden = target.forward(ids)
+    target.cache.commit([kv_len] * batch)
+    mtp_cache = RaggedKVCache(len(head.layers), batch, capacity, device, hidden.dtype)
+    positions = mtp_cache.begin(kv_len)
+    g = head.forward_step(hidden, ids, positions, step=0, attention_bias=mtp_cache.attention_bias(), cache=mtp_cache)
+    mtp_cache.commit([kv_len] * batch)
+    return target, mtp_cache, g[:, -1:], ids[:, -1:]
+
+
+@torch.no_grad()
+def measure_costs(model, head, batch: int, ks: list[int], kv_len: int) -> dict[int, dict]:
+    """Seconds of one chained draft step, one verify forward over K+1 tokens and one plain forward,
+    interleaved call by call at batch ``batch`` over ``kv_len`` cached positions; medians.
+
+    Nothing is committed, so every call sees the same cache state.
+    """
+    device = next(model.parameters()).device
+    target, mtp_cache, g, last = _prefilled_caches(model, head, batch, kv_len, kv_len + max(ks) + 2)
+    verify_ids = {k: last.expand(-1, k + 1).contiguous() for k in ks}
+
+    def draft_step():
+        positions = mtp_cache.begin(1)
+        out = head.forward_step(g, last, positions, step=1, attention_bias=mtp_cache.attention_bias(), cache=mtp_cache)
+        head.logits(out)
+
+    calls = {"draft": draft_step, "plain": lambda: target.forward(last)}
+    calls.update({f"verify{k}": (lambda k=k: target.forward(verify_ids[k])) for k in ks})
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for fn in calls.values():
+        fn()  # warmup
+    for _ in range(COST_REPEATS):
+        for name, fn in calls.items():
+            _sync(device)
+            start = time.perf_counter()
+            fn()
+            _sync(device)
+            times[name].append(time.perf_counter() - start)
+    med = {name: statistics.median(v) for name, v in times.items()}
+    return {
+        k: {"kv_len": kv_len, "draft_s": med["draft"], "verify_s": med[f"verify{k}"], "plain_s": med["plain"],
+            "c": med["draft"] / med[f"verify{k}"], "verify_over_plain": med[f"verify{k}"] / med["plain"]}
+        for k in ks
+    }
+
+
+# ----------------------------------------------------------------------------- one (B, T) group
+
+
+def run_group(model, tok, head, methods: list[Method], batch: int, temperature: float, args) -> list[Row]:
+    """Every method at (B, T): one short warmup each, then ``repeats`` interleaved timed calls."""
+    prompts = make_prompts(batch)
+    rows = {m: Row(m.name, m.k, batch, temperature) for m in methods}
+    outputs = {}
+
+    def call(m: Method, max_new: int):
+        if m.name in ("hf", "hf_mtp"):
+            return run_hf(model, tok, prompts, m, temperature, max_new)
+        return run_bebop(model, tok, head, prompts, m, temperature, max_new)
+
+    for m in methods:
+        call(m, min(WARMUP_TOKENS, args.max_new_tokens))
+    for r in range(args.repeats):
+        for m in methods if r % 2 == 0 else methods[::-1]:
+            seconds, out = call(m, args.max_new_tokens)
+            rows[m].seconds.append(seconds)
+            outputs[m] = out
+    for m, row in rows.items():
+        out = outputs[m]
+        tokens = out if isinstance(out, list) else out.token_ids
+        row.tokens = sum(len(t) for t in tokens)
+        row.tok_per_s = statistics.median(row.tokens / s for s in row.seconds)
+        if not isinstance(out, list) and m.k:
+            row.accept_length = out.stats.accept_length
+            row.metrics = out.stats.to_metrics()
+    _compare_with_none(rows, outputs, temperature)
+    return list(rows.values())
+
+
+def _compare_with_none(rows: dict[Method, Row], outputs: dict, temperature: float) -> None:
+    """Speedups over ``none`` (paired per repeat) and, at T=0, whether the tokens equal none's."""
+    base = rows[Method("none")]
+    base_tokens = outputs[Method("none")].token_ids
+    for m, row in rows.items():
+        ratios = [(row.tokens / s) / (base.tokens / b) for s, b in zip(row.seconds, base.seconds)]
+        row.speedup = statistics.median(ratios)
+        if temperature == 0:
+            out = outputs[m]
+            tokens = out if isinstance(out, list) else out.token_ids
+            row.greedy_match = sum(a == b for a, b in zip(tokens, base_tokens)) / len(base_tokens)
+
+
+def add_limits(rows: list[Row], costs: dict[int, dict]) -> None:
+    for row in rows:
+        if row.k and row.method in ("to", "rs"):
+            cost = costs[row.k]
+            row.c, row.verify_over_plain = cost["c"], cost["verify_over_plain"]
+            row.limit = row.accept_length / (1 + row.k * row.c)
+            row.achieved_over_limit = row.speedup / row.limit
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def _f(x: float, fmt: str = ".2f") -> str:
+    return "" if x != x else format(x, fmt)  # NaN -> blank
+
+
+def format_tables(rows: list[Row], costs: dict[int, dict[int, dict]]) -> str:
+    lines = ["### Speculative decoding vs plain (`none`), same (B, T)", "",
+             "| B | T | mode | K | tok/s | accept len | c | limit | speedup | achieved/limit | verify/plain |",
+             "|---:|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        if r.method in ("none", "to", "rs"):
+            k = str(r.k) if r.k else ""
+            lines.append(
+                f"| {r.batch_size} | {r.temperature:g} | {r.method} | {k} | {r.tok_per_s:.0f} | "
+                f"{_f(r.accept_length)} | {_f(r.c, '.3f')} | {_f(r.limit)} | {_f(r.speedup)} | "
+                f"{_f(r.achieved_over_limit)} | {_f(r.verify_over_plain)} |"
+            )
+    hf = [r for r in rows if r.method in ("hf", "hf_mtp")]
+    if hf:
+        lines += ["", "### Plain decoding vs HF `generate` (target: none/HF >= 1)", "",
+                  "| B | T | method | tok/s | none tok/s | none/HF |", "|---:|---:|:---|---:|---:|---:|"]
+        none = {(r.batch_size, r.temperature): r for r in rows if r.method == "none"}
+        for r in hf:
+            base = none[(r.batch_size, r.temperature)]
+            lines.append(f"| {r.batch_size} | {r.temperature:g} | {r.method} | {r.tok_per_s:.0f} | "
+                         f"{base.tok_per_s:.0f} | {_f(1 / r.speedup)} |")
+    lines += ["", "### Forward costs behind c (medians, ms)", "",
+              "| B | KV len | draft step | plain (1 tok) | K | verify (K+1 tok) | c | verify/plain |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for batch, per_k in costs.items():
+        for k, c in per_k.items():
+            lines.append(f"| {batch} | {c['kv_len']} | {c['draft_s'] * 1e3:.2f} | {c['plain_s'] * 1e3:.2f} | {k} | "
+                         f"{c['verify_s'] * 1e3:.2f} | {c['c']:.3f} | {c['verify_over_plain']:.2f} |")
+    return "\n".join(lines)
+
+
+def format_notes(rows: list[Row], notes: list[str]) -> str:
+    out = list(notes)
+    bad = [r for r in rows if r.greedy_match == r.greedy_match and r.greedy_match < 1]
+    for r in bad:
+        out.append(f"T=0 {r.method} K={r.k} B={r.batch_size}: only {r.greedy_match:.0%} of rows equal plain greedy "
+                   "(speculative greedy must reproduce it; HF may differ by float rounding)")
+    if not bad:
+        out.append("T=0: every method's tokens equal plain greedy decoding, row for row.")
+    return "\n".join(f"- {n}" for n in out)
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, tok, head = load(args)
+    device = next(model.parameters()).device
+    print(f"# bench/rollout.py | {header(args, model, head, device)}\n", flush=True)
+    notes = []
+    rows: list[Row] = []
+    costs: dict[int, dict[int, dict]] = {}
+    start = time.perf_counter()
+    for batch in args.batch_sizes:
+        kv_len = max(len(tok.encode(p)) for p in make_prompts(batch)) + args.max_new_tokens // 2
+        costs[batch] = measure_costs(model, head, batch, args.ks, kv_len)
+        methods = [Method("none")] + ([] if args.no_hf else [Method("hf")])
+        skip = hf_mtp_skip_reason(model, batch)
+        if skip is None and not args.no_hf:
+            methods.append(Method("hf_mtp"))
+        elif skip not in notes and not args.no_hf:
+            notes.append(skip)
+        methods += [Method(mode, k) for mode in args.modes for k in args.ks]
+        for temperature in args.temperatures:
+            group = run_group(model, tok, head, methods, batch, temperature, args)
+            add_limits(group, costs[batch])
+            rows += group
+            print(f"[{time.perf_counter() - start:.0f}s] done B={batch} T={temperature:g}", file=sys.stderr, flush=True)
+    print(format_tables(rows, costs))
+    print("\n" + format_notes(rows, notes))
+    print(f"\ntotal {time.perf_counter() - start:.0f}s")
+    if args.json:
+        payload = {"header": header(args, model, head, device), "args": vars(args), "notes": notes,
+                   "costs": {str(b): {str(k): c for k, c in v.items()} for b, v in costs.items()},
+                   "rows": [asdict(r) for r in rows]}
+        with open(args.json, "w") as f:
+            json.dump(payload, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,416 @@
+"""Tests for bebop.spec.engine: speculative generation must be plain generation, only faster.
+
+What pins it:
+  * greedy: at temperature 0, modes ``to`` and ``rs`` with K = 1..4 give the tokens of plain greedy
+    decoding (mode ``none``) and of HF ``model.generate(do_sample=False)``, on tiny Qwen3, Qwen2 and
+    Llama models, for a batch of prompts of different lengths.
+  * statistical: 1e5 rows of one prompt through the engine; the first three tokens' marginals and
+    the joint of the first two are compared by chi-square with the *exact* plain-sampling
+    distribution, enumerated from the model's own logits (V = 8, so V^2 continuations). α = 1e-4
+    per check, 4 checks per configuration and 4 configurations: a correct engine fails the file
+    with odds at most 16 × 1e-4 = 1.6e-3 (union bound) for a seed picked at random; seeds are
+    fixed, so a given checkout passes or fails deterministically.
+  * seeded determinism, batch-mix invariance (a row's tokens depend on (seed, step, row id) only),
+    EOS/length/stop handling inside accepted blocks, the MTP cache (depth-1 drafts equal the
+    head's teacher-forced logits), the statistics' invariants, and input errors.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.stats
+import torch
+
+from bebop.mtp import MtpHead
+from bebop.spec import engine
+from bebop.spec.engine import SamplingParams, SpecConfig, generate
+from bebop.spec.sampling import logits_to_probs
+from bebop.utils.io import BebopError
+from tests.conftest import tiny_model
+
+ALPHA = 1e-4  # false-alarm odds per chi-square check
+NUM_ROWS = 100_000  # rows per statistical configuration, one batch of one prompt
+MIN_EXPECTED = 5  # chi-square cells with fewer expected counts are pooled into one
+VOCAB = 32  # tiny models for exact-match tests: few argmax ties, drafts accepted often enough
+STAT_VOCAB = 8  # tiny model for the statistical tests: V^2 = 64 joint cells, V^2 sequences to enumerate
+MTP_ATOL = 1e-5  # engine draft logits vs teacher-forced unroll (same float32 ops, different batching)
+
+
+class ToyTokenizer:
+    """What the engine asks of a tokenizer: ``encode`` (text prompts), ``decode``, ``eos_token_id``.
+
+    Token i is the word ``w{i}``; EOS is skipped when decoding with ``skip_special_tokens``.
+
+    Example: ToyTokenizer(eos_token_id=2).decode([5, 2, 7]) -> "w5 w7".
+    """
+
+    WORDS = tuple(f"w{i}" for i in range(VOCAB))  # precomputed: 1e5 rows are decoded per statistical test
+
+    def __init__(self, eos_token_id: int | None = None):
+        self.eos_token_id = eos_token_id
+
+    def encode(self, text: str) -> list[int]:
+        return [int(word[1:]) for word in text.split()]
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        skip = self.eos_token_id if skip_special_tokens else None
+        return " ".join([self.WORDS[i] for i in ids if i != skip])
+
+
+def _prompts(lengths: tuple[int, ...], vocab: int = VOCAB, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+def _perturbed_head(model, scale: float, seed: int = 1) -> MtpHead:
+    """A head whose fusion weights are jittered, so q differs from p and drafts are often rejected."""
+    head = MtpHead(model)
+    g = torch.Generator().manual_seed(seed)
+    weight = head.layers[0].eh_proj.weight
+    with torch.no_grad():
+        weight.add_(scale * torch.randn(weight.shape, generator=g))
+    return head
+
+
+def _peaked_model(vocab_size: int = VOCAB, **kwargs):
+    """A tiny Qwen3 whose p is peaked and depends on the context (std-1 embeddings, std-0.3 lm_head;
+    the default init gives p close to uniform, where q = p nearly always and tests see no rejection)."""
+    model = tiny_model("qwen3", vocab_size=vocab_size, **kwargs)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for module, std in ((model.get_input_embeddings(), 1.0), (model.get_output_embeddings(), 0.3)):
+            module.weight.copy_(std * torch.randn(module.weight.shape, generator=g))
+    return model
+
+
+# ----------------------------------------------------------------------------- greedy
+
+
+GREEDY_LENGTHS = (1, 3, 5, 8, 13)  # prompt lengths of one batch
+GREEDY_NEW_TOKENS = 20
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen2", "llama"])
+def test_greedy_speculative_equals_plain_and_hf(arch):
+    model = tiny_model(arch, vocab_size=VOCAB)
+    head = MtpHead(model)  # the warm start: drafts agree with the target often, not always
+    prompts = _prompts(GREEDY_LENGTHS)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=GREEDY_NEW_TOKENS)
+    plain = generate(model, ToyTokenizer(), prompts, sampling=greedy)
+    for prompt, tokens in zip(prompts, plain.token_ids):
+        hf = model.generate(
+            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long), do_sample=False,
+            max_new_tokens=GREEDY_NEW_TOKENS, pad_token_id=0,
+        )
+        assert tokens == hf[0, len(prompt):].tolist()
+    for mode in ("to", "rs"):
+        for k in (1, 2, 3, 4):
+            out = generate(model, ToyTokenizer(), prompts, mtp=head, sampling=greedy, spec=SpecConfig(mode, k))
+            assert out.token_ids == plain.token_ids, (mode, k)
+            assert out.finish_reasons == ["length"] * len(prompts)
+            # The case is only meaningful if some drafts were accepted and some rejected.
+            assert 0 < out.stats.num_accepted_tokens < out.stats.num_draft_tokens, (mode, k)
+
+
+# ----------------------------------------------------------------------------- statistical
+
+
+def _stat_model():
+    """V = 8, one layer, hidden 16, a jittered head: alpha_RS about 0.5, so accepts, rejections and
+    bonus tokens all happen often."""
+    model = _peaked_model(vocab_size=STAT_VOCAB, hidden_size=16, num_layers=1)
+    return model, _perturbed_head(model, 0.3)
+
+
+def exact_joint(model, prompt: list[int], sampling: SamplingParams) -> np.ndarray:  # (V, V, V)
+    """P(x1, x2, x3) of plain sampling, by enumerating all V^2 continuations (x1, x2) in one forward."""
+    vocab = model.config.vocab_size
+    n = len(prompt)
+    pairs = torch.cartesian_prod(torch.arange(vocab), torch.arange(vocab))  # (V^2, 2), row = x1 * V + x2
+    seqs = torch.cat([torch.tensor(prompt).expand(vocab * vocab, n), pairs], dim=1)  # (V^2, n+2)
+    with torch.no_grad():
+        logits = model(input_ids=seqs).logits.double()  # (V^2, n+2, V)
+    probs = logits_to_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
+    p1 = probs[0, n - 1]  # (V,) p(x1 | prompt)
+    p2 = probs[:, n].reshape(vocab, vocab, vocab)[:, 0]  # (V, V) p(x2 | x1)
+    p3 = probs[:, n + 1].reshape(vocab, vocab, vocab)  # (V, V, V) p(x3 | x1, x2)
+    return (p1[:, None, None] * p2[:, :, None] * p3).numpy()
+
+
+def assert_fits(observed: np.ndarray, probs: np.ndarray, name: str) -> None:
+    """Chi-square goodness of fit of counts to exact probabilities (same shape, any).
+
+    Impossible cells (probability 0, e.g. cut by top-k) must be empty; cells expected below
+    MIN_EXPECTED are pooled into one (folded into the smallest cell if still too small).
+    """
+    observed, probs = observed.reshape(-1), probs.reshape(-1)
+    possible = probs > 0
+    assert observed[~possible].sum() == 0, f"{name}: tokens drawn outside the support of p"
+    observed, expected = observed[possible].astype(float), probs[possible] * observed.sum()
+    big = expected >= MIN_EXPECTED
+    obs = list(observed[big]) + [observed[~big].sum()]
+    exp = list(expected[big]) + [expected[~big].sum()]
+    if exp[-1] < MIN_EXPECTED:
+        smallest = int(np.argmin(exp[:-1]))
+        obs[smallest] += obs.pop()
+        exp[smallest] += exp.pop()
+    statistic, p_value = scipy.stats.chisquare(obs, exp)
+    assert p_value > ALPHA, f"{name}: chi2 = {statistic:.1f} over {len(obs)} cells, p = {p_value:.2e}"
+
+
+STAT_PROMPT = [3]
+STAT_CONFIGS = {  # mode, K, sampling: both modes, K = 2 and 3, T = 1 and T = 0.7 with top-k and top-p
+    "rs-k2-t1": ("rs", 2, SamplingParams(temperature=1.0, max_new_tokens=3)),
+    "rs-k3-t0.7-topk-topp": ("rs", 3, SamplingParams(temperature=0.7, top_k=5, top_p=0.9, max_new_tokens=3)),
+    "to-k3-t1": ("to", 3, SamplingParams(temperature=1.0, max_new_tokens=3)),
+    "to-k2-t0.7-topk-topp": ("to", 2, SamplingParams(temperature=0.7, top_k=5, top_p=0.9, max_new_tokens=3)),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", list(STAT_CONFIGS))
+def test_speculative_sampling_matches_exact_distribution(config):
+    """Marginals of tokens 1, 2, 3 and the joint of (1, 2) against the enumerated plain distribution."""
+    mode, k, sampling = STAT_CONFIGS[config]
+    model, head = _stat_model()
+    out = generate(model, ToyTokenizer(), [STAT_PROMPT] * NUM_ROWS, mtp=head, sampling=sampling,
+                   spec=SpecConfig(mode, k), seed=1)
+    tokens = np.array(out.token_ids)  # (N, 3): no EOS in this vocabulary, so every row has 3 tokens
+    assert tokens.shape == (NUM_ROWS, 3)
+    # Every path must have run: rejections, partial blocks and full blocks with a bonus token.
+    assert all(n > 0 for n in out.stats.accept_length_hist), out.stats.accept_length_hist
+    joint = exact_joint(model, STAT_PROMPT, sampling)
+    v = STAT_VOCAB
+    for t, marginal in enumerate((joint.sum((1, 2)), joint.sum((0, 2)), joint.sum((0, 1)))):
+        assert_fits(np.bincount(tokens[:, t], minlength=v), marginal, f"{config} token {t + 1}")
+    pairs = np.bincount(tokens[:, 0] * v + tokens[:, 1], minlength=v * v)
+    assert_fits(pairs, joint.sum(2), f"{config} tokens (1, 2)")
+
+
+def test_exact_joint_is_a_distribution():
+    model, _ = _stat_model()
+    sampling = SamplingParams(temperature=0.7, top_k=5, top_p=0.9)
+    joint = exact_joint(model, STAT_PROMPT, sampling)
+    assert joint.shape == (STAT_VOCAB,) * 3
+    assert abs(joint.sum() - 1) < 1e-9 and (joint >= 0).all()
+    assert (joint.sum((1, 2)) > 0).sum() <= 5  # top-k = 5 cuts the first token's support
+
+
+# ----------------------------------------------------------------------------- randomness
+
+
+def _sampled(model, head, prompts, mode, seed=0, row_ids=None, k=3, eos=None, max_new_tokens=16):
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens)
+    return generate(model, ToyTokenizer(eos), prompts, mtp=head, sampling=sampling, spec=SpecConfig(mode, k),
+                    seed=seed, row_ids=row_ids)
+
+
+@pytest.mark.parametrize("mode", ["none", "to", "rs"])
+def test_seeded_determinism(mode):
+    model = _peaked_model()
+    head = _perturbed_head(model, 0.1)
+    prompts = _prompts((2, 5, 3, 7))
+    first = _sampled(model, head, prompts, mode, seed=7)
+    again = _sampled(model, head, prompts, mode, seed=7)
+    other = _sampled(model, head, prompts, mode, seed=8)
+    assert first.token_ids == again.token_ids
+    assert first.token_ids != other.token_ids
+    # Different rows of one call get different randomness, even with the same prompt.
+    same = _sampled(model, head, [prompts[0]] * 4, mode, seed=7)
+    assert len({tuple(t) for t in same.token_ids}) > 1
+
+
+@pytest.mark.parametrize("mode", ["none", "to", "rs"])
+def test_row_output_does_not_depend_on_its_batch(mode):
+    """Row id 5 gives the same tokens alone, among 7 other prompts (which end at other steps), and
+    at another position in the batch."""
+    eos = 2  # other rows end early at EOS, so the batch shrinks around the tested row
+    model = _peaked_model()
+    head = _perturbed_head(model, 0.1)
+    prompt, others = _prompts((4,), seed=1)[0], _prompts((1, 6, 3, 9, 2, 5, 7), seed=2)
+    alone = _sampled(model, head, [prompt], mode, row_ids=[5], eos=eos, max_new_tokens=24)
+    for position in (3, 7):
+        batch = others[:position] + [prompt] + others[position:]
+        row_ids = [10, 11, 12, 13, 14, 15, 16][:position] + [5] + [10, 11, 12, 13, 14, 15, 16][position:]
+        mixed = _sampled(model, head, batch, mode, row_ids=row_ids, eos=eos, max_new_tokens=24)
+        assert mixed.token_ids[position] == alone.token_ids[0], position
+        assert mixed.finish_reasons[position] == alone.finish_reasons[0]
+    assert len(alone.token_ids[0]) > 4  # long enough to span several verify steps
+
+
+# ----------------------------------------------------------------------------- ends of completions
+
+
+def _record_blocks(monkeypatch) -> list[tuple[int, list[int]]]:
+    """Spies on the engine: (row, tokens emitted by one prefill or verify step), before truncation."""
+    blocks: list[tuple[int, list[int]]] = []
+    emit = engine._Runner._emit
+
+    def spy(self, rows, out, num_accepted):
+        for row, new, n in zip(rows.index, out.tolist(), num_accepted):
+            blocks.append((row, new[: n + 1]))
+        return emit(self, rows, out, num_accepted)
+
+    monkeypatch.setattr(engine._Runner, "_emit", spy)
+    return blocks
+
+
+def _eos_inside_a_block(blocks, completions) -> tuple[int, int, int]:
+    """(row, index in the completion, token) of a token emitted before the end of its block and not
+    seen earlier in its completion: made the EOS, it must cut that block short."""
+    offsets = [0] * len(completions)
+    for row, block in blocks:
+        for i, token in enumerate(block[:-1]):
+            index = offsets[row] + i
+            if index < len(completions[row]) and token not in completions[row][:index]:
+                return row, index, token
+        offsets[row] += len(block)
+    raise AssertionError("no accepted block long enough in this setup")
+
+
+@pytest.mark.parametrize("mode", ["to", "rs"])
+def test_eos_inside_accepted_block_ends_the_row(mode, monkeypatch):
+    model = tiny_model("llama", vocab_size=VOCAB)
+    head = MtpHead(model)
+    prompts = _prompts(GREEDY_LENGTHS)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=GREEDY_NEW_TOKENS)
+    blocks = _record_blocks(monkeypatch)
+    free = generate(model, ToyTokenizer(), prompts, mtp=head, sampling=greedy, spec=SpecConfig(mode, 3))
+    row, index, eos = _eos_inside_a_block(blocks, free.token_ids)
+    blocks.clear()
+    out = generate(model, ToyTokenizer(eos), prompts, mtp=head, sampling=greedy, spec=SpecConfig(mode, 3))
+    plain = generate(model, ToyTokenizer(eos), prompts, sampling=greedy)
+    assert out.token_ids[row] == free.token_ids[row][: index + 1]
+    assert out.finish_reasons[row] == "eos" and out.lengths[row] == index + 1
+    assert out.token_ids == plain.token_ids and out.finish_reasons == plain.finish_reasons
+    assert any(r == row and eos in b[:-1] for r, b in blocks)  # the EOS block did emit more tokens
+    assert out.texts[row] == ToyTokenizer().decode(out.token_ids[row][:-1])  # EOS not decoded
+    assert out.stats.num_generated_tokens == sum(out.lengths)
+
+
+@pytest.mark.parametrize("max_new_tokens", [1, 2, 7])
+def test_max_new_tokens_is_exact(max_new_tokens):
+    model = tiny_model("qwen3", vocab_size=VOCAB)
+    head = MtpHead(model)
+    out = _sampled(model, head, _prompts((3, 1, 6)), "rs", k=4, max_new_tokens=max_new_tokens)
+    assert out.lengths == [max_new_tokens] * 3
+    assert out.finish_reasons == ["length"] * 3
+    assert out.stats.num_generated_tokens == 3 * max_new_tokens
+
+
+@pytest.mark.parametrize("mode", ["to", "rs"])
+def test_stop_string_cuts_the_completion(mode):
+    model = tiny_model("llama", vocab_size=VOCAB)
+    head = MtpHead(model)
+    prompts = _prompts(GREEDY_LENGTHS)
+    free = generate(model, ToyTokenizer(), prompts, sampling=SamplingParams(temperature=0.0, max_new_tokens=20))
+    row = 1
+    stop = ToyTokenizer().decode(free.token_ids[row][6:8])  # two words from the middle of row 1
+    end = next(e for e in range(1, 21) if stop in ToyTokenizer().decode(free.token_ids[row][:e]))
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=20, stop=(stop,))
+    out = generate(model, ToyTokenizer(), prompts, mtp=head, sampling=sampling, spec=SpecConfig(mode, 3))
+    plain = generate(model, ToyTokenizer(), prompts, sampling=sampling)
+    assert out.token_ids[row] == free.token_ids[row][:end]
+    assert out.finish_reasons[row] == "stop" and out.texts[row].endswith(stop)
+    assert out.token_ids == plain.token_ids and out.finish_reasons == plain.finish_reasons
+    assert out.stats.num_generated_tokens == sum(out.lengths)
+
+
+# ----------------------------------------------------------------------------- MTP cache
+
+
+@pytest.mark.parametrize("mode", ["to", "rs"])
+def test_depth1_drafts_equal_teacher_forced_head(mode, monkeypatch):
+    """At every verify step the depth-1 draft logits of each row equal ``head.unroll`` depth 1 at the
+    row's frontier in the final sequence: the per-row rollback of both KV caches is right."""
+    model = _peaked_model()
+    head = _perturbed_head(model, 0.1)
+    prompts = _prompts((2, 5, 9, 3))
+    records: list[tuple[int, int, torch.Tensor]] = []  # (row, frontier position t, depth-1 logits (V,))
+    draft = engine._Runner._draft
+
+    def spy(self, rows):
+        # The target has committed prompt + completion[:-1]; the frontier pair is (h_t, last token).
+        frontier = [len(prompts[r]) + len(self.outputs[r]) - 2 for r in rows.index]
+        seen: list[torch.Tensor] = []
+        real_logits = self.mtp.logits
+
+        def record(hidden):
+            logits = real_logits(hidden)
+            if not seen:  # the first call of a block is depth 1
+                seen.append(logits.clone())
+            return logits
+
+        self.mtp.logits = record
+        try:
+            result = draft(self, rows)
+        finally:
+            del self.mtp.logits
+        records.extend(zip(rows.index, frontier, seen[0]))
+        return result
+
+    monkeypatch.setattr(engine._Runner, "_draft", spy)
+    out = _sampled(model, head, prompts, mode, k=3, max_new_tokens=12)
+    assert out.stats.num_drafts > 2 * len(prompts)  # several verify steps per row
+    assert 0 < out.stats.num_accepted_tokens < out.stats.num_draft_tokens
+    references = []
+    for prompt, completion in zip(prompts, out.token_ids):
+        ids = torch.tensor([prompt + completion])
+        with torch.no_grad():
+            hidden = model.get_decoder()(input_ids=ids).last_hidden_state
+            references.append(head.unroll(hidden, ids, 1)[0][0])  # (T, V)
+    for row, t, logits in records:
+        torch.testing.assert_close(logits, references[row][t], atol=MTP_ATOL, rtol=0)
+
+
+# ----------------------------------------------------------------------------- statistics
+
+
+@pytest.mark.parametrize("mode", ["to", "rs"])
+def test_stats_invariants(mode):
+    k = 3
+    model = _peaked_model()
+    head = _perturbed_head(model, 0.1)
+    out = _sampled(model, head, _prompts((2, 5, 9, 3)), mode, k=k, max_new_tokens=12)
+    s = out.stats
+    assert s.speculate_k == k and s.num_drafts > 0
+    assert s.num_draft_tokens == k * s.num_drafts
+    assert len(s.accepted_per_pos) == k and len(s.accept_length_hist) == k + 1
+    assert all(a >= b for a, b in zip(s.accepted_per_pos, s.accepted_per_pos[1:]))
+    assert sum(s.accept_length_hist) == s.num_drafts
+    assert s.num_accepted_tokens == sum(s.accepted_per_pos) == sum(i * n for i, n in enumerate(s.accept_length_hist))
+    assert 1 <= s.accept_length <= k + 1
+    assert s.num_generated_tokens == sum(out.lengths)
+    arrays = s.token_arrays()
+    assert arrays["alpha_rs"].numel() == k * s.num_drafts
+    for key in ("alpha_rs", "alpha_to"):
+        assert ((arrays[key] >= 0) & (arrays[key] <= 1 + 1e-6)).all(), key
+    assert ((arrays["position"] >= 1) & (arrays["position"] <= k)).all()
+    metrics = s.to_metrics()
+    assert metrics["spec/num_draft_tokens"] == k * metrics["spec/num_drafts"]
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def test_input_errors():
+    model = tiny_model("qwen3", vocab_size=VOCAB, max_position_embeddings=16)
+    head = MtpHead(model)
+    tok = ToyTokenizer()
+    for mode in ("to", "rs"):
+        with pytest.raises(BebopError, match="needs an MTP head"):
+            generate(model, tok, [[1, 2]], spec=SpecConfig(mode, 2))
+    with pytest.raises(BebopError, match="unknown mode"):
+        generate(model, tok, [[1, 2]], mtp=head, spec=SpecConfig("greedy", 2))
+    for empty in ([[]], [""], [[1, 2], []]):
+        with pytest.raises(BebopError, match="empty prompt"):
+            generate(model, tok, empty, mtp=head, spec=SpecConfig("rs", 2))
+    with pytest.raises(BebopError, match="prompt too long"):
+        generate(model, tok, [[1] * 10], sampling=SamplingParams(max_new_tokens=8))
+    with pytest.raises(BebopError, match="prompt too long"):  # K + 1 verify slots count too
+        generate(model, tok, [[1] * 10], mtp=head, sampling=SamplingParams(max_new_tokens=4),
+                 spec=SpecConfig("rs", 2))
+    generate(model, tok, [[1] * 10], sampling=SamplingParams(max_new_tokens=5))  # 10 + 5 + 1 fits in 16
+    with pytest.raises(BebopError, match="no prompts"):
+        generate(model, tok, [], mtp=head)
