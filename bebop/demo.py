@@ -5,7 +5,7 @@ Stages (each reuses what an earlier, possibly interrupted, run finished):
     2. self-generated training and held-out data (T=1 samples of the model itself);
     3. heads trained with ce, fkl, rkl, tv and e2e_tv under the same budget;
     4. exact teacher-forced acceptance of each head at K=3 (RS and TO), and a temperature sweep;
-    5. RL runs: none, to+ce, rs+ce, rs+e2e_tv (frozen), rs+e2e_tv with online CE updates;
+    5. RL runs: none, to+ce, rs+ce, rs+e2e_tv (frozen), rs+e2e_tv with online CE, and with online TV updates;
     6. a markdown report with plots and one row per paper finding, its verdict computed from the data.
 """
 
@@ -33,6 +33,7 @@ RL_RUNS = (
     ("rs+ce", "rs", "ce", "frozen", "e2e_tv"),
     ("rs+e2e_tv", "rs", "e2e_tv", "frozen", "e2e_tv"),
     ("rs+e2e_tv+online-ce", "rs", "e2e_tv", "online", "ce"),
+    ("rs+e2e_tv+online-tv", "rs", "e2e_tv", "online", "tv"),
 )
 
 
@@ -43,7 +44,7 @@ class DemoConfig:
     out: str = "demo_out"  # output directory (report, plots, evaluations, RL runs)
     quick: bool = False  # smoke-test budgets, everything under ``out``
     head_steps: int = 300  # optimizer steps per head (same budget for every loss)
-    rl_steps: int = 30  # RL steps per run
+    rl_steps: int = 20  # RL steps per run
     prompts_per_step: int = 8  # B of the RL runs
     group_size: int = 8  # G of the RL runs
     temperatures: tuple[float, ...] = (0.1, 0.3, 0.5, 0.7, 1.0, 1.3)  # sweep temperatures

@@ -1,7 +1,7 @@
 """Peak memory and time of the draft losses: chunked (bebop.losses) vs plain autograd.
 
     PYTHONPATH=. .venv/bin/python bench/draft_loss.py              # N=512, ~3 min on 2 CPU cores
-    PYTHONPATH=. .venv/bin/python bench/draft_loss.py --search     # find the largest N plain survives
+    PYTHONPATH=. .venv/bin/python bench/draft_loss.py --search     # largest N plain survives
     PYTHONPATH=. .venv/bin/python bench/draft_loss.py --n 2048 --device cuda
 
 Each (N, loss, method) runs forward + backward once (after a tiny warm-up) in a fresh subprocess,
@@ -74,7 +74,9 @@ def _mem_available_mb() -> float:
     raise KeyError("MemAvailable")
 
 
-def make_inputs(n: int, args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def make_inputs(
+    n: int, args: argparse.Namespace
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Draft logits (N, K, V) requiring grad, target logits (N, K, V) and mask (N, K)."""
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     gen = torch.Generator(device=device).manual_seed(0)

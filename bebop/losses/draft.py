@@ -177,7 +177,9 @@ def _resolve_mask(mask: Tensor | None, draft_logits: Tensor) -> Tensor:  # -> (N
     if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
         raise ValueError(f"mask must be a bool tensor, got {getattr(mask, 'dtype', type(mask))}")
     if mask.shape != lead_shape:
-        raise ValueError(f"mask must have shape (N, K) = {tuple(lead_shape)}, got {tuple(mask.shape)}")
+        raise ValueError(
+            f"mask must have shape (N, K) = {tuple(lead_shape)}, got {tuple(mask.shape)}"
+        )
     if mask.device != draft_logits.device:
         raise ValueError(f"mask is on {mask.device} but the logits are on {draft_logits.device}")
     return mask

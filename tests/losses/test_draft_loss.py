@@ -121,7 +121,9 @@ def test_e2e_tv_zero_acceptance_step():
     got, got_grad = value_and_grad(
         lambda z: draft_loss("e2e_tv", z, target, mask, row_chunk=3, vocab_chunk=4), draft
     )
-    want, want_grad = value_and_grad(lambda z: reference_loss("e2e_tv", z, target, mask, 1.0), draft)
+    want, want_grad = value_and_grad(
+        lambda z: reference_loss("e2e_tv", z, target, mask, 1.0), draft
+    )
     assert torch.isfinite(got) and torch.isfinite(got_grad).all()
     torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got_grad, want_grad, atol=1e-5, rtol=1e-5)

@@ -63,7 +63,7 @@ def _prompts(lengths: tuple[int, ...], vocab: int = VOCAB, seed: int = 0) -> lis
     return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
 
 
-def _perturbed_head(model, scale: float, seed: int = 1) -> MtpHead:
+def perturbed_head(model, scale: float, seed: int = 1) -> MtpHead:
     """A head whose fusion weights are jittered, so q differs from p and drafts are often rejected."""
     head = MtpHead(model)
     g = torch.Generator().manual_seed(seed)
@@ -73,7 +73,7 @@ def _perturbed_head(model, scale: float, seed: int = 1) -> MtpHead:
     return head
 
 
-def _peaked_model(vocab_size: int = VOCAB, **kwargs):
+def peaked_model(vocab_size: int = VOCAB, **kwargs):
     """A tiny Qwen3 whose p is peaked and depends on the context (std-1 embeddings, std-0.3 lm_head;
     the default init gives p close to uniform, where q = p nearly always and tests see no rejection)."""
     model = tiny_model("qwen3", vocab_size=vocab_size, **kwargs)
@@ -119,8 +119,8 @@ def test_greedy_speculative_equals_plain_and_hf(arch):
 def _stat_model():
     """V = 8, one layer, hidden 16, a jittered head: alpha_RS about 0.5, so accepts, rejections and
     bonus tokens all happen often."""
-    model = _peaked_model(vocab_size=STAT_VOCAB, hidden_size=16, num_layers=1)
-    return model, _perturbed_head(model, 0.3)
+    model = peaked_model(vocab_size=STAT_VOCAB, hidden_size=16, num_layers=1)
+    return model, perturbed_head(model, 0.3)
 
 
 def exact_joint(model, prompt: list[int], sampling: SamplingParams) -> np.ndarray:  # (V, V, V)
@@ -208,8 +208,8 @@ def _sampled(model, head, prompts, mode, seed=0, row_ids=None, k=3, eos=None, ma
 
 @pytest.mark.parametrize("mode", ["none", "to", "rs"])
 def test_seeded_determinism(mode):
-    model = _peaked_model()
-    head = _perturbed_head(model, 0.1)
+    model = peaked_model()
+    head = perturbed_head(model, 0.1)
     prompts = _prompts((2, 5, 3, 7))
     first = _sampled(model, head, prompts, mode, seed=7)
     again = _sampled(model, head, prompts, mode, seed=7)
@@ -226,8 +226,8 @@ def test_row_output_does_not_depend_on_its_batch(mode):
     """Row id 5 gives the same tokens alone, among 7 other prompts (which end at other steps), and
     at another position in the batch."""
     eos = 2  # other rows end early at EOS, so the batch shrinks around the tested row
-    model = _peaked_model()
-    head = _perturbed_head(model, 0.1)
+    model = peaked_model()
+    head = perturbed_head(model, 0.1)
     prompt, others = _prompts((4,), seed=1)[0], _prompts((1, 6, 3, 9, 2, 5, 7), seed=2)
     alone = _sampled(model, head, [prompt], mode, row_ids=[5], eos=eos, max_new_tokens=24)
     for position in (3, 7):
@@ -324,8 +324,8 @@ def test_stop_string_cuts_the_completion(mode):
 def test_depth1_drafts_equal_teacher_forced_head(mode, monkeypatch):
     """At every verify step the depth-1 draft logits of each row equal ``head.unroll`` depth 1 at the
     row's frontier in the final sequence: the per-row rollback of both KV caches is right."""
-    model = _peaked_model()
-    head = _perturbed_head(model, 0.1)
+    model = peaked_model()
+    head = perturbed_head(model, 0.1)
     prompts = _prompts((2, 5, 9, 3))
     records: list[tuple[int, int, torch.Tensor]] = []  # (row, frontier position t, depth-1 logits (V,))
     draft = engine._Runner._draft
@@ -370,8 +370,8 @@ def test_depth1_drafts_equal_teacher_forced_head(mode, monkeypatch):
 @pytest.mark.parametrize("mode", ["to", "rs"])
 def test_stats_invariants(mode):
     k = 3
-    model = _peaked_model()
-    head = _perturbed_head(model, 0.1)
+    model = peaked_model()
+    head = perturbed_head(model, 0.1)
     out = _sampled(model, head, _prompts((2, 5, 9, 3)), mode, k=k, max_new_tokens=12)
     s = out.stats
     assert s.speculate_k == k and s.num_drafts > 0

@@ -1,0 +1,182 @@
+"""Tests for bebop.spec.lossless: the harness passes an exact engine and catches a broken one.
+
+The harness's own statistics: ``chi2_sf`` and ``two_sample_chi2`` against scipy, the pooling of
+rare cells by hand. End to end on a tiny model (V = 8): with alpha = 1e-3 and the 21 default checks,
+an exact engine fails ``test_exact_engine_passes`` with odds 1 - (1 - 1e-3)^21 ~= 2.1% for a seed
+picked at random; the seed is fixed, so a given checkout passes or fails deterministically. The
+broken sampler (recovered tokens drawn from p instead of max(0, p - q)) must give p-values below
+BROKEN_P_VALUE, which an exact sampler reaches with odds 1e-12 per check.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+import scipy.stats
+
+from bebop.spec import lossless, sampling
+from bebop.spec.lossless import (
+    ENDED,
+    LOSSLESS_CONFIGS,
+    LosslessCheck,
+    LosslessConfig,
+    chi2_sf,
+    false_alarm_odds,
+    format_lossless_table,
+    pool_rare_cells,
+    run_lossless_checks,
+    two_sample_chi2,
+)
+from bebop.utils.io import BebopError
+from tests.spec.test_engine import ToyTokenizer, peaked_model, perturbed_head
+
+NUM_SAMPLES = 3000  # rows per sample on the tiny model: ~33k rows for the 7 default configs, a few seconds
+NUM_SAMPLES_BROKEN = 10_000  # one config: 2 runs; enough that a broken sampler gives p < 1e-12
+PROMPTS = [[3], [5, 1], [2, 2, 7, 4]]  # the first is tested; the others have other lengths (padding)
+BROKEN_P_VALUE = 1e-12  # a broken sampler must be this clear, far below any alpha
+
+
+def _tiny():
+    model = peaked_model(vocab_size=8, hidden_size=16, num_layers=1)
+    return model, perturbed_head(model, 0.3)
+
+
+# ----------------------------------------------------------------------------- statistics
+
+
+@pytest.mark.parametrize("dof", [1, 2, 3, 7, 20, 100, 1000])
+def test_chi2_sf_matches_scipy(dof):
+    for x in [0.0, 1e-8, 0.01, 0.5, dof / 2, dof - 1, dof, dof + 1, 2 * dof, 5 * dof + 40, 20 * dof + 200]:
+        expected = scipy.stats.chi2.sf(x, dof)
+        got = chi2_sf(x, dof)
+        assert math.isclose(got, expected, rel_tol=1e-10, abs_tol=1e-300), (x, dof, got, expected)
+
+
+def test_chi2_sf_edges():
+    assert chi2_sf(0.0, 4) == 1.0 and chi2_sf(-1.0, 4) == 1.0
+    assert math.isclose(chi2_sf(3.841458820694124, 1), 0.05, rel_tol=1e-12)
+    assert 0.0 <= chi2_sf(1e5, 3) < 1e-300
+    with pytest.raises(ValueError, match="dof"):
+        chi2_sf(1.0, 0)
+
+
+def test_two_sample_chi2_matches_scipy_contingency():
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        num_cells = int(rng.integers(2, 12))
+        probs = rng.dirichlet(np.ones(num_cells))
+        first = Counter(rng.choice(num_cells, size=int(rng.integers(500, 3000)), p=probs).tolist())
+        second = Counter(rng.choice(num_cells, size=int(rng.integers(500, 3000)), p=probs).tolist())
+        statistic, dof, p_value = two_sample_chi2(first, second)
+        table = np.array(pool_rare_cells(first, second))
+        ref = scipy.stats.chi2_contingency(table, correction=False)
+        assert math.isclose(statistic, ref.statistic, rel_tol=1e-9) and dof == ref.dof
+        assert math.isclose(p_value, ref.pvalue, rel_tol=1e-8, abs_tol=1e-300)
+        assert (table.sum(0) * min(table.sum(1)) / table.sum() >= lossless.MIN_EXPECTED).all()
+
+
+def test_pool_rare_cells_by_hand():
+    first, second = Counter(a=50, b=50, c=1), Counter(a=48, b=52, d=2)
+    assert pool_rare_cells(first, second) == ([50, 51], [52, 50])
+    # Rare cells that together are large enough keep a cell of their own.
+    first, second = Counter(a=100, b=3, c=3, d=3), Counter(a=100, b=3, c=3, d=3)
+    assert pool_rare_cells(first, second) == ([100, 9], [100, 9])
+    assert two_sample_chi2(Counter(a=10), Counter(a=20)) == (0.0, 0, 1.0)  # one cell: nothing to compare
+
+
+def test_false_alarm_odds():
+    assert math.isclose(false_alarm_odds(1e-3, 21), 1 - 0.999**21)
+    assert false_alarm_odds(0.5, 1) == 0.5
+
+
+def test_batch_rows_interleave_other_prompts():
+    rows, tested = lossless._batch_rows("t", ["a", "b"], 6, batch_mix=True)
+    assert rows == ["t", "t", "a", "t", "t", "b", "t", "t"] and sum(tested) == 6
+    assert lossless._batch_rows("t", ["a"], 3, batch_mix=False) == (["t"] * 3, [True] * 3)
+
+
+def test_first_tokens_mark_ended_rows():
+    assert lossless._first_tokens([4, 1]) == (4, 1, ENDED)
+    assert lossless._first_tokens([4, 1, 5, 6]) == (4, 1, 5)
+
+
+# ----------------------------------------------------------------------------- end to end
+
+
+def test_exact_engine_passes():
+    model, head = _tiny()
+    checks = run_lossless_checks(model, ToyTokenizer(), head, num_samples=NUM_SAMPLES, seed=0, prompts=PROMPTS)
+    assert len(checks) == len(LOSSLESS_CONFIGS) * lossless.NUM_TOKENS
+    assert all(c.passed for c in checks), format_lossless_table(checks)
+    assert all(c.dof >= 1 for c in checks)  # every check compared something
+    assert {(c.mode, c.k, c.temperature, c.top_k, c.top_p) for c in checks} >= {
+        ("rs", 1, 0.7, 0, 1.0), ("to", 3, 1.0, 0, 1.0), ("rs", 3, 1.0, 20, 0.9)}
+    assert any(c.batch_mix for c in checks)
+
+
+def _recover_from_p(target_probs, draft_tokens, draft_probs=None):
+    """A broken verifier: the token after a rejection is drawn from p, not from max(0, p - q)."""
+    return target_probs.to(sampling._compute_dtype(target_probs, draft_probs))
+
+
+@pytest.mark.parametrize("config", [LosslessConfig("rs", 3, 1.0), LosslessConfig("to", 1, 0.7, batch_mix=True)])
+def test_broken_sampler_fails(config, monkeypatch):
+    monkeypatch.setattr(sampling, "recovery_weights", _recover_from_p)
+    model, head = _tiny()
+    checks = run_lossless_checks(model, ToyTokenizer(), head, num_samples=NUM_SAMPLES_BROKEN, seed=0,
+                                 prompts=PROMPTS, configs=(config,))
+    table = format_lossless_table(checks)
+    assert [c.token for c in checks] == [1, 2, 3]
+    assert checks[0].passed, table  # token 1 never goes through verification
+    assert min(c.p_value for c in checks[1:]) < BROKEN_P_VALUE, table
+    assert "FAIL" in table
+
+
+# ----------------------------------------------------------------------------- report and errors
+
+
+def _check(name: str, p_value: float) -> LosslessCheck:
+    return LosslessCheck(name=name, mode="rs", k=3, temperature=1.0, top_k=0, top_p=1.0, statistic=1.5, dof=4,
+                         p_value=p_value, passed=p_value > 1e-3, token=2, alpha=1e-3)
+
+
+def test_format_table_ends_with_false_alarm_odds():
+    table = format_lossless_table([_check("a", 0.5), _check("b", 1e-9)])
+    lines = table.splitlines()
+    assert lines[0].startswith("| check |") and len([x for x in lines if x.startswith("| ")]) == 3
+    assert "| a | rs | 3 | 1 | off | off | 1.50 | 4 | 0.5 | pass |" in lines
+    assert "FAIL" in lines[3]
+    assert "1 of 2 checks passed." in table
+    assert lines[-1].startswith("False-alarm odds:") and "1 - (1 - 0.001)^2 = 0.20%" in lines[-1]
+    assert format_lossless_table([]) == "No lossless checks were run."
+
+
+def test_default_prompts_are_short_task_prompts():
+    prompts = lossless.default_prompts()
+    assert len(prompts) == lossless.DEFAULT_NUM_PROMPTS and len(set(prompts)) == len(prompts)
+    assert all(p.startswith("Q ") and p.count("+") == 2 for p in prompts)
+
+
+def test_input_errors():
+    model, head = _tiny()
+    tok = ToyTokenizer()
+    cases = [
+        (dict(head=None), "needs an MTP head"),
+        (dict(num_samples=10), "num_samples"),
+        (dict(alpha=1.5), "alpha"),
+        (dict(prompts=[[3]]), "at least two prompts"),
+        (dict(prompts=[]), "no prompts"),
+        (dict(configs=(LosslessConfig("none", 1, 1.0),)), "bad lossless config"),
+        (dict(configs=(LosslessConfig("rs", 1, 0.0),)), "bad lossless config"),
+    ]
+    for kwargs, message in cases:
+        args = dict(head=head, prompts=PROMPTS) | kwargs
+        with pytest.raises(BebopError, match=message):
+            run_lossless_checks(model, tok, **args)
+    # One prompt is fine when no config mixes batches.
+    unmixed = LOSSLESS_CONFIGS[:1]
+    assert not unmixed[0].batch_mix
+    assert len(run_lossless_checks(model, tok, head, num_samples=200, prompts=[[3]], configs=unmixed)) == 3
