@@ -146,6 +146,18 @@ def _read_prompts(path: str | None, num: int) -> list[str]:
     return prompts
 
 
+# ---------------------------------------------------------------------------------------------- check-lossless
+def cmd_check_lossless(args) -> int:
+    from bebop.spec.lossless import format_lossless_table, run_lossless_checks
+
+    model, tok, head = _load(args, need_mtp=True)
+    prompts = _read_prompts(args.prompts, 4) if args.prompts else None
+    checks = run_lossless_checks(model, tok, head, num_samples=args.samples, seed=args.seed, prompts=prompts,
+                                 alpha=args.alpha, show_progress=True)
+    print(format_lossless_table(checks))
+    return 0 if all(c.passed for c in checks) else 1
+
+
 # ---------------------------------------------------------------------------------------------- rl
 def cmd_rl(args) -> None:
     from bebop.rl import resolve_rl_config, train_rl
@@ -253,6 +265,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stats-json", help="write speculative-decoding statistics here")
     p.set_defaults(func=cmd_generate)
 
+    p = sub.add_parser("check-lossless", help="chi-square checks that speculative sampling equals plain sampling")
+    _add_model_args(p)
+    p.add_argument("--samples", type=int, default=10_000,
+                   help="completions per configuration (default 10000, about 2 CPU minutes on the embedded model)")
+    p.add_argument("--prompts", help="prompt file (the first prompt is tested; the others are mixed into batches)")
+    p.add_argument("--alpha", type=float, default=1e-3, help="false-alarm probability of each check (default 1e-3)")
+    p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    p.set_defaults(func=cmd_check_lossless)
+
     p = sub.add_parser("rl", help="GRPO with speculative rollouts (frozen or online MTP head)")
     _add_model_args(p)
     p.add_argument("--config", help="TOML/YAML file of RL settings (flags override it)")
@@ -276,14 +297,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        args.func(args)
+        status = args.func(args)
     except BebopError as e:
         print(f"bebop: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("bebop: interrupted", file=sys.stderr)
         return 130
-    return 0
+    return status or 0
 
 
 if __name__ == "__main__":

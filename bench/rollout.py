@@ -19,12 +19,19 @@ Terms (K = speculation depth, B = batch rows, T = temperature):
     limit           (1 + E[L]) / (1 + K c): the speedup over plain decoding if a verify step cost
                     one plain step and nothing but the forwards took time (Leviathan et al. 2023).
     speedup         tok/s of the row / tok/s of ``none`` at the same (B, T): the median over
-                    repeats of the ratio within each repeat (rows of a repeat run back to back).
+                    repeats of the ratio within each repeat (rows of a repeat run back to back);
+                    with ``--stat min``, the ratio of the best repeats.
     verify/plain    verify forward over K+1 tokens / plain forward over 1 token; above 1 the
                     limit is optimistic by that factor.
+    step gain       decode steps of ``none`` / decode steps of the row. Rows advance in lockstep,
+                    so a call takes as many steps as its slowest row: at B > 1 the step gain is
+                    below the accept length even before any cost is counted.
+Roughly, achieved/limit = (step gain / accept length) / (verify/plain) * (share of a step spent
+in the timed forwards); ``--profile`` shows where the rest goes.
 
 Fairness: every configuration of a (B, T) group runs once per repeat, in alternating order
-(A B C, C B A, ...), so slow phases of a shared machine hit all of them alike; medians of repeats.
+(A B C, C B A, ...), so slow phases of a shared machine hit all of them alike; medians of repeats
+(or best-of with --stat min).
 HF ``generate`` gets the same left-padded prompts, temperature, max_new_tokens and EOS, with
 top_k/top_p off as in Bebop's defaults; its tokens are counted up to each row's first EOS.
 """
@@ -32,7 +39,11 @@ top_k/top_p off as in Bebop's defaults; its tokens are counted up to each row's 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import cProfile
 import json
+import os
+import pstats
 import statistics
 import sys
 import time
@@ -43,7 +54,7 @@ import transformers
 
 from bebop.embedded import ensure_embedded_head, load_model
 from bebop.mtp.head import MtpHead
-from bebop.spec import SamplingParams, SpecConfig, generate
+from bebop.spec import SamplingParams, SpecConfig, engine, generate
 from bebop.spec.engine import _Target  # the engine's own verify forward, timed as the engine runs it
 from bebop.spec.kv_cache import RaggedKVCache
 from bebop.task import arith
@@ -52,7 +63,7 @@ PROMPT_SEED = 0  # problems drawn for the prompts
 SAMPLING_SEED = 0  # Bebop's row seeds and HF's torch.manual_seed: the same tokens every repeat
 COST_REPEATS = 15  # timed calls per forward kind in the c measurement (median taken)
 WARMUP_TOKENS = 4  # max_new_tokens of the untimed warmup call of each configuration
-QUICK = {"batch_sizes": [1, 16], "ks": [1, 3], "temperatures": [0.0, 1.0], "repeats": 2}
+QUICK = {"batch_sizes": [1, 16], "ks": [1, 3], "temperatures": [0.0, 1.0], "repeats": 3}
 
 
 @dataclass(frozen=True)
@@ -72,9 +83,11 @@ class Row:
     batch_size: int
     temperature: float
     tokens: int = 0  # completion tokens of one call (the same every repeat)
+    steps: int = 0  # decode steps of one Bebop call (batch-wide: the slowest row sets it)
     seconds: list[float] = field(default_factory=list)  # one per repeat
-    tok_per_s: float = 0.0  # median over repeats
-    speedup: float = float("nan")  # over none at the same (B, T), median of paired ratios
+    tok_per_s: float = 0.0  # median (or best, --stat min) over repeats
+    speedup: float = float("nan")  # over none at the same (B, T), median of paired ratios (or best-of)
+    step_gain: float = float("nan")  # decode steps of none / of this row: the speedup if all steps cost alike
     accept_length: float = float("nan")
     c: float = float("nan")
     verify_over_plain: float = float("nan")
@@ -96,12 +109,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0], help="T; 0 = greedy")
     ap.add_argument("--modes", nargs="+", default=["to", "rs"], choices=["to", "rs"], help="speculative modes")
     ap.add_argument("--max-new-tokens", type=int, default=48, help="completion tokens per row, EOS included")
-    ap.add_argument("--repeats", type=int, default=3, help="timed calls per configuration (median)")
-    ap.add_argument("--quick", action="store_true", help="B 1/16, K 1/3, T 0/1, 2 repeats (~1-2 min)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed calls per configuration")
+    ap.add_argument("--stat", default="median", choices=["median", "min"],
+                    help="summary of the repeats: median (of paired ratios for speedups) or min (best-of, "
+                         "steadier when other jobs burst on a shared machine)")
+    ap.add_argument("--quick", action="store_true", help="B 1/16, K 1/3, T 0/1, 3 repeats (~1-2 min); overrides those flags")
     ap.add_argument("--no-hf", action="store_true", help="skip HF generate")
     ap.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
     ap.add_argument("--device", default="cpu", help="cpu, cuda or auto")
     ap.add_argument("--json", default=None, metavar="OUT", help="write every row and cost to this JSON file")
+    ap.add_argument("--profile", default=None, metavar="MODE:K:B:T",
+                    help="instead of the grid, cProfile one Bebop call (e.g. rs:3:16:1) and print the top costs")
     args = ap.parse_args(argv)
     if args.quick:
         for key, value in QUICK.items():
@@ -136,8 +154,17 @@ def header(args, model, head, device) -> str:
         f"threads {torch.get_num_threads()} | model {cfg.model_type} {n_model / 1e6:.2f}M params "
         f"(D={cfg.hidden_size}, {cfg.num_hidden_layers} layers, V={cfg.vocab_size}) | "
         f"head {len(head.layers)} layer {n_head / 1e6:.2f}M params | max_new_tokens {args.max_new_tokens} | "
-        f"repeats {args.repeats}"
+        f"repeats {args.repeats} ({args.stat}) | load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs | "
+        f"OMP_WAIT_POLICY {os.environ.get('OMP_WAIT_POLICY', 'unset')}"
     )
+
+
+def warn_if_busy() -> None:
+    """Several torch threads on a busy machine wait at every parallel region for a descheduled thread."""
+    load, cpus = os.getloadavg()[0], os.cpu_count() or 1
+    if torch.get_num_threads() > 1 and load > cpus:
+        print(f"warning: load {load:.1f} on {cpus} CPUs with {torch.get_num_threads()} torch threads; thread "
+              "barriers may dominate the timings (try --threads 1 or OMP_WAIT_POLICY=PASSIVE)", file=sys.stderr)
 
 
 def _sync(device: torch.device) -> None:
@@ -148,20 +175,39 @@ def _sync(device: torch.device) -> None:
 # ----------------------------------------------------------------------------- one call
 
 
+@contextlib.contextmanager
+def count_decode_steps():
+    """Counts the engine's decode steps (one per batch-wide target forward after prefill) in a list."""
+    original = engine._Runner.decode_step
+    counter = [0]
+
+    def counted(self, rows):
+        counter[0] += 1
+        return original(self, rows)
+
+    engine._Runner.decode_step = counted
+    try:
+        yield counter
+    finally:
+        engine._Runner.decode_step = original
+
+
 def run_bebop(model, tok, head, prompts, method: Method, temperature: float, max_new: int):
-    """One ``generate`` call -> (seconds, result)."""
+    """One ``generate`` call -> (seconds, result, decode steps)."""
     device = next(model.parameters()).device
     sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new)
     spec = SpecConfig(mode=method.name, speculate_k=max(method.k, 1))
-    _sync(device)
-    start = time.perf_counter()
-    result = generate(model, tok, prompts, mtp=head, sampling=sampling, spec=spec, seed=SAMPLING_SEED)
-    _sync(device)
-    return time.perf_counter() - start, result
+    with count_decode_steps() as steps:
+        _sync(device)
+        start = time.perf_counter()
+        result = generate(model, tok, prompts, mtp=head, sampling=sampling, spec=spec, seed=SAMPLING_SEED)
+        _sync(device)
+        seconds = time.perf_counter() - start
+    return seconds, result, steps[0]
 
 
 def run_hf(model, tok, prompts, method: Method, temperature: float, max_new: int):
-    """One HF ``model.generate`` call on left-padded prompts -> (seconds, completions as token lists)."""
+    """One HF ``model.generate`` call on left-padded prompts -> (seconds, completions as token lists, 0)."""
     device = next(model.parameters()).device
     tok.padding_side = "left"
     enc = tok(prompts, return_tensors="pt", padding=True).to(device)
@@ -183,7 +229,7 @@ def run_hf(model, tok, prompts, method: Method, temperature: float, max_new: int
     for row in out[:, enc["input_ids"].shape[1]:].tolist():
         end = row.index(tok.eos_token_id) + 1 if tok.eos_token_id in row else len(row)
         completions.append(row[:end])
-    return seconds, completions
+    return seconds, completions, 0
 
 
 def hf_mtp_skip_reason(model, batch_size: int) -> str | None:
@@ -274,28 +320,35 @@ def run_group(model, tok, head, methods: list[Method], batch: int, temperature: 
         call(m, min(WARMUP_TOKENS, args.max_new_tokens))
     for r in range(args.repeats):
         for m in methods if r % 2 == 0 else methods[::-1]:
-            seconds, out = call(m, args.max_new_tokens)
+            seconds, out, steps = call(m, args.max_new_tokens)
             rows[m].seconds.append(seconds)
+            rows[m].steps = steps
             outputs[m] = out
     for m, row in rows.items():
         out = outputs[m]
         tokens = out if isinstance(out, list) else out.token_ids
         row.tokens = sum(len(t) for t in tokens)
-        row.tok_per_s = statistics.median(row.tokens / s for s in row.seconds)
+        row.tok_per_s = row.tokens / min(row.seconds) if args.stat == "min" else statistics.median(
+            row.tokens / s for s in row.seconds)
         if not isinstance(out, list) and m.k:
             row.accept_length = out.stats.accept_length
             row.metrics = out.stats.to_metrics()
-    _compare_with_none(rows, outputs, temperature)
+    _compare_with_none(rows, outputs, temperature, args.stat)
     return list(rows.values())
 
 
-def _compare_with_none(rows: dict[Method, Row], outputs: dict, temperature: float) -> None:
-    """Speedups over ``none`` (paired per repeat) and, at T=0, whether the tokens equal none's."""
+def _compare_with_none(rows: dict[Method, Row], outputs: dict, temperature: float, stat: str) -> None:
+    """Speedups over ``none`` (paired per repeat, or best-of) and, at T=0, whether the tokens equal none's."""
     base = rows[Method("none")]
     base_tokens = outputs[Method("none")].token_ids
     for m, row in rows.items():
-        ratios = [(row.tokens / s) / (base.tokens / b) for s, b in zip(row.seconds, base.seconds)]
-        row.speedup = statistics.median(ratios)
+        if stat == "min":
+            row.speedup = (row.tokens / min(row.seconds)) / (base.tokens / min(base.seconds))
+        else:
+            ratios = [(row.tokens / s) / (base.tokens / b) for s, b in zip(row.seconds, base.seconds)]
+            row.speedup = statistics.median(ratios)
+        if row.steps:
+            row.step_gain = base.steps / row.steps
         if temperature == 0:
             out = outputs[m]
             tokens = out if isinstance(out, list) else out.token_ids
@@ -320,15 +373,16 @@ def _f(x: float, fmt: str = ".2f") -> str:
 
 def format_tables(rows: list[Row], costs: dict[int, dict[int, dict]]) -> str:
     lines = ["### Speculative decoding vs plain (`none`), same (B, T)", "",
-             "| B | T | mode | K | tok/s | accept len | c | limit | speedup | achieved/limit | verify/plain |",
-             "|---:|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| B | T | mode | K | tok/s | accept len | c | limit | speedup | achieved/limit | verify/plain "
+             "| steps | step gain |",
+             "|---:|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         if r.method in ("none", "to", "rs"):
             k = str(r.k) if r.k else ""
             lines.append(
                 f"| {r.batch_size} | {r.temperature:g} | {r.method} | {k} | {r.tok_per_s:.0f} | "
                 f"{_f(r.accept_length)} | {_f(r.c, '.3f')} | {_f(r.limit)} | {_f(r.speedup)} | "
-                f"{_f(r.achieved_over_limit)} | {_f(r.verify_over_plain)} |"
+                f"{_f(r.achieved_over_limit)} | {_f(r.verify_over_plain)} | {r.steps} | {_f(r.step_gain)} |"
             )
     hf = [r for r in rows if r.method in ("hf", "hf_mtp")]
     if hf:
@@ -355,9 +409,31 @@ def format_notes(rows: list[Row], notes: list[str]) -> str:
     for r in bad:
         out.append(f"T=0 {r.method} K={r.k} B={r.batch_size}: only {r.greedy_match:.0%} of rows equal plain greedy "
                    "(speculative greedy must reproduce it; HF may differ by float rounding)")
-    if not bad:
+    if not bad and any(r.greedy_match == r.greedy_match for r in rows):
         out.append("T=0: every method's tokens equal plain greedy decoding, row for row.")
+    # NOTE: at T=0 `to` and `rs` run the same greedy code path, so their tok/s differ by noise only.
+    by_key = {(r.method, r.k, r.batch_size): r for r in rows if r.temperature == 0}
+    gaps = [abs(r.tok_per_s / by_key[("rs", r.k, r.batch_size)].tok_per_s - 1)
+            for r in rows if r.temperature == 0 and r.method == "to" and ("rs", r.k, r.batch_size) in by_key]
+    if gaps:
+        out.append(f"noise gauge: at T=0 `to` and `rs` are the same computation; their tok/s differ by "
+                   f"{statistics.median(gaps):.0%} (median), {max(gaps):.0%} (max) in this run.")
     return "\n".join(f"- {n}" for n in out)
+
+
+def profile_one(model, tok, head, spec: str, max_new: int, top: int = 25) -> None:
+    """cProfile of one Bebop ``generate`` call (after a warmup call), top functions by own time."""
+    mode, k, batch, temperature = spec.split(":")
+    method, prompts = Method(mode, int(k)), make_prompts(int(batch))
+    run_bebop(model, tok, head, prompts, method, float(temperature), max_new)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    seconds, result, steps = run_bebop(model, tok, head, prompts, method, float(temperature), max_new)
+    profiler.disable()
+    print(f"{spec}: {seconds * 1e3:.0f} ms under cProfile, {sum(result.lengths)} tokens, {steps} decode steps, "
+          f"accept length {result.stats.accept_length:.2f}")
+    stats = pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime")
+    stats.print_stats(top)
 
 
 # ----------------------------------------------------------------------------- main
@@ -370,6 +446,10 @@ def main(argv: list[str] | None = None) -> None:
     model, tok, head = load(args)
     device = next(model.parameters()).device
     print(f"# bench/rollout.py | {header(args, model, head, device)}\n", flush=True)
+    warn_if_busy()
+    if args.profile:
+        profile_one(model, tok, head, args.profile, args.max_new_tokens)
+        return
     notes = []
     rows: list[Row] = []
     costs: dict[int, dict[int, dict]] = {}
@@ -391,7 +471,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"[{time.perf_counter() - start:.0f}s] done B={batch} T={temperature:g}", file=sys.stderr, flush=True)
     print(format_tables(rows, costs))
     print("\n" + format_notes(rows, notes))
-    print(f"\ntotal {time.perf_counter() - start:.0f}s")
+    print(f"\ntotal {time.perf_counter() - start:.0f}s, load {os.getloadavg()[0]:.1f} at the end")
     if args.json:
         payload = {"header": header(args, model, head, device), "args": vars(args), "notes": notes,
                    "costs": {str(b): {str(k): c for k, c in v.items()} for b, v in costs.items()},

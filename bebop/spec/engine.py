@@ -233,9 +233,7 @@ class _Runner:
         lengths = [len(p) for p in prompt_ids]
         width = max(lengths)
         device = rows.seeds.device
-        ids = torch.zeros(len(prompt_ids), width, dtype=torch.long, device=device)
-        for i, p in enumerate(prompt_ids):
-            ids[i, : len(p)] = torch.tensor(p, dtype=torch.long)
+        ids = torch.tensor([p + [0] * (width - len(p)) for p in prompt_ids], dtype=torch.long, device=device)
         valid = torch.arange(width, device=device)[None, :] < torch.tensor(lengths, device=device)[:, None]
         logits, hidden = self.target.forward(ids, valid)
         self.target.cache.commit(lengths)

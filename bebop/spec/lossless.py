@@ -16,10 +16,10 @@ if its p-value is far below alpha (a broken sampler typically gives p < 1e-10).
 
 Runtime: 11 * num_samples rows of NUM_TOKENS tokens (3 plain references, 7 speculative settings,
 two of which add a half-size share of other prompts' rows). The embedded default (8 layers,
-hidden 128, V = 218, 8-token prompts) costs about 1 ms of CPU time per row, so the default
-num_samples = 10_000 takes about two minutes on 2 CPU cores (num_samples = 20_000, four). More samples detect smaller deviations: a
-check has good power against a total-variation shift of about sqrt(C / num_samples) in a marginal
-with C cells (3% for C = 10 at the default).
+hidden 64, V = 218, 8-token prompts) costs about 1 ms of CPU time per row, so the default
+num_samples = 10_000 takes about two minutes on 2 CPU cores (20_000: about four). Power: at the
+default a check has even odds of catching a total-variation shift of about 3% spread evenly over
+10 cells (sqrt(9 / num_samples)); shifts concentrated on rare tokens are caught sooner.
 
 Deviations from a textbook goodness-of-fit test:
     1) Two samples, not one sample against exact probabilities: the plain distribution of token 2
@@ -93,7 +93,7 @@ class LosslessCheck:
     name: str  # e.g. "rs K=3 T=1 top-k=20 top-p=0.9 mixed, token 2"
     mode: str  # to | rs
     k: int  # speculate_k
-    temperature: float
+    temperature: float  # of the target (q is drawn at the same temperature)
     top_k: int  # 0 = off
     top_p: float  # 1 = off
     statistic: float  # Pearson's chi-square
@@ -162,7 +162,9 @@ def chi2_sf(statistic: float, dof: int) -> float:
     return _gamma_q_continued_fraction(a, x)
 
 
-def pool_rare_cells(first: Counter, second: Counter, min_expected: float = MIN_EXPECTED) -> tuple[list[int], list[int]]:
+def pool_rare_cells(
+    first: Counter, second: Counter, min_expected: float = MIN_EXPECTED
+) -> tuple[list[int], list[int]]:
     """Aligned cell counts of two samples, rare categories pooled so each cell expects >= min_expected.
 
     A category's expected count in a sample is its pooled share times that sample's size; categories
