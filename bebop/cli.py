@@ -64,6 +64,7 @@ def cmd_train_mtp(args) -> None:
     cfg = resolve(TrainMtpConfig, args.config, {
         "loss": args.loss, "speculate_k": args.speculate_k, "steps": args.steps, "batch_size": args.batch_size,
         "lr": args.lr, "temperature": args.temperature, "num_layers": args.num_layers, "seed": args.seed,
+        "init_from": args.init_from,
     })
     print("resolved config: " + json.dumps(dataclasses.asdict(cfg)), file=sys.stderr)
     model, tok, _ = _load(args, need_mtp=False)
@@ -232,6 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, help="peak learning rate (default 1e-3)")
     p.add_argument("--temperature", type=float, help="softmax temperature of p and q in the loss (default 1)")
     p.add_argument("--num-layers", type=int, help="physical MTP layers (default 1)")
+    p.add_argument("--init-from", help="start from this head (e.g. a CE-trained or native MTP head) instead of "
+                                       "a copy of the backbone's last layer")
     p.add_argument("--seed", type=int, help="seed (default 0)")
     p.add_argument("--num-sequences", type=int,
                    help="self-generated embedded sequences when no --data (default 2048; used when first cached)")

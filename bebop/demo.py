@@ -3,7 +3,8 @@
 Stages (each reuses what an earlier, possibly interrupted, run finished):
     1. the embedded model (cached; ``--quick`` pretrains a short one when none is cached);
     2. self-generated training and held-out data (T=1 samples of the model itself);
-    3. heads trained with ce, fkl, rkl, tv and e2e_tv under the same budget;
+    3. heads trained with ce, fkl, rkl, tv and e2e_tv under the same budget, each fine-tuned from one
+       shared CE-trained head (as in the paper, where every loss starts from the native MTP head);
     4. exact teacher-forced acceptance of each head at K=3 (RS and TO), and a temperature sweep;
     5. RL runs: none, to+ce, rs+ce, rs+e2e_tv (frozen), rs+e2e_tv with online CE, and with online TV updates;
     6. a markdown report with plots and one row per paper finding, its verdict computed from the data.
@@ -19,8 +20,7 @@ from pathlib import Path
 from bebop import embedded
 from bebop.mtp.data import Sequences, self_generated
 from bebop.mtp.evaluate import evaluate_mtp
-from bebop.mtp.head import CONFIG_NAME, MtpHead
-from bebop.mtp.train import TrainMtpConfig, train_mtp
+from bebop.mtp.head import MtpHead
 from bebop.utils.io import read_json, read_jsonl, write_json
 from bebop.utils.progress import say
 
@@ -43,16 +43,18 @@ class DemoConfig:
 
     out: str = "demo_out"  # output directory (report, plots, evaluations, RL runs)
     quick: bool = False  # smoke-test budgets, everything under ``out``
-    head_steps: int = 300  # optimizer steps per head (same budget for every loss)
-    rl_steps: int = 20  # RL steps per run
-    prompts_per_step: int = 8  # B of the RL runs
+    head_steps: int = 0  # --quick only: warm-start and per-loss head steps (default: the embedded cache's budget)
+    rl_steps: int = 30  # RL steps per run
+    # NOTE: 16 rows per rollout. On a CPU a verify pass over K+1 tokens costs about a plain pass only
+    # at small batches (bench/rollout.py: 1.1x at B=16, 1.75x at B=64), so that is where MTP pays here.
+    prompts_per_step: int = 2  # B of the RL runs
     group_size: int = 8  # G of the RL runs
     temperatures: tuple[float, ...] = (0.1, 0.3, 0.5, 0.7, 1.0, 1.3)  # sweep temperatures
     eval_sequences: int = 256  # held-out sequences for exact acceptance
     seed: int = 0  # RL seed (the same for every run)
 
 
-QUICK = DemoConfig(quick=True, head_steps=30, rl_steps=3, prompts_per_step=4, group_size=4,
+QUICK = DemoConfig(quick=True, head_steps=20, rl_steps=3, prompts_per_step=2, group_size=4,
                    temperatures=(0.5, 1.0), eval_sequences=48)
 QUICK_PRETRAIN_STEPS = 150  # a short model for --quick when no embedded model is cached
 QUICK_TRAIN_SEQUENCES = 128  # self-generated training sequences for --quick
@@ -108,14 +110,11 @@ def _cached_sequences(path: Path, model, tok, num: int, seed: int) -> Sequences:
 
 
 def _head(cfg: DemoConfig, out: Path, loss: str, model, tok, data: Sequences) -> Path:
-    """The head trained with ``loss``: the shared cache at the default budget, ``out/heads`` otherwise."""
-    default_budget = TrainMtpConfig().steps == cfg.head_steps and not cfg.quick
-    path = embedded.embedded_head_dir(loss) if default_budget else out / "heads" / loss
-    if (path / CONFIG_NAME).is_file():
-        return path
-    train_cfg = TrainMtpConfig(loss=loss, steps=cfg.head_steps, save_every=max(cfg.head_steps // 3, 1))
-    train_mtp(model, data, path, train_cfg, pad_id=tok.pad_token_id, resume=True)
-    return path
+    """The head trained with ``loss``: the shared cache at the default budget, ``out/heads`` for --quick."""
+    if not cfg.quick:
+        return embedded.ensure_embedded_head(loss, model, tok, data=data)
+    return embedded.ensure_embedded_head(loss, model, tok, root=out / "heads", warmup_steps=cfg.head_steps,
+                                         steps=cfg.head_steps, data=data)
 
 
 def _head_evals(cfg, out: Path, model, tok, head_dirs: dict[str, Path], data: Sequences) -> dict[str, dict]:
@@ -180,7 +179,7 @@ def _report(cfg: DemoConfig, out: Path, model_dir: Path, head_evals: dict, sweep
         "## The embedded model\n\n" + _model_summary(pretrain, model_dir),
     ]
     write_json(out / "findings.json", [f.__dict__ if hasattr(f, "__dict__") else f for f in findings])
-    evals = list(head_evals.values()) + [dict(r, loss=f"{r['loss']}") for r in sweep]
+    evals = list(head_evals.values()) + [r for r in sweep if r["temperature"] != 1.0]  # T=1 rows are head_evals
     return write_report(run_dirs, out, title="Bebop demo" + (" (--quick)" if cfg.quick else ""),
                         extra_sections=sections, head_evals=evals)
 

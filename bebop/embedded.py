@@ -228,16 +228,35 @@ def embedded_data(split: str, model=None, tok=None, num: int | None = None):
     return data
 
 
-def ensure_embedded_head(loss: str = "e2e_tv", model=None, tok=None, show_progress: bool = True) -> Path:
-    """The cached embedded head trained with ``loss`` (default budget), training it first when missing."""
+HEAD_WARMUP_STEPS = 150  # CE steps of the shared warm-start head (stands in for a native, CE-pretrained MTP head)
+HEAD_STEPS = 150  # steps of each loss's head, starting from the warm-start head (same budget for every loss)
+WARMUP_HEAD = "ce-init"  # cache name of the warm-start head
+
+
+def ensure_embedded_head(loss: str = "e2e_tv", model=None, tok=None, show_progress: bool = True,
+                         root: Path | None = None, warmup_steps: int = HEAD_WARMUP_STEPS,
+                         steps: int = HEAD_STEPS, data=None) -> Path:
+    """The embedded head trained with ``loss``, training it first when missing (cached under ``root``).
+
+    Protocol (the paper's: every loss fine-tunes the same CE-pretrained MTP head, §6.1): a shared
+    head trained with CE for ``warmup_steps``, then ``steps`` more with ``loss`` from it.
+    """
     from bebop.mtp.head import CONFIG_NAME
     from bebop.mtp.train import TrainMtpConfig, train_mtp
 
-    path = embedded_head_dir(loss)
-    if not (path / CONFIG_NAME).is_file():
-        if model is None:
-            model, tok = load_model(show_progress=show_progress)
-        say(f"bebop: no cached {loss} head at {path}; training it now (once).")
-        data = embedded_data("train", model, tok)
-        train_mtp(model, data, path, TrainMtpConfig(loss=loss), pad_id=tok.pad_token_id, show_progress=show_progress)
+    root = root or embedded_head_dir(loss).parent
+    path = root / loss
+    if (path / CONFIG_NAME).is_file():
+        return path
+    if model is None:
+        model, tok = load_model(show_progress=show_progress)
+    data = data if data is not None else embedded_data("train", model, tok)
+    warm = root / WARMUP_HEAD
+    if not (warm / CONFIG_NAME).is_file():
+        say(f"bebop: training the shared CE warm-start head at {warm} (once).")
+        train_mtp(model, data, warm, TrainMtpConfig(loss="ce", steps=warmup_steps, save_every=max(warmup_steps // 3, 1)),
+                  pad_id=tok.pad_token_id, resume=True, show_progress=show_progress)
+    say(f"bebop: no cached {loss} head at {path}; training it now from the warm-start head (once).")
+    cfg = TrainMtpConfig(loss=loss, steps=steps, init_from=str(warm), save_every=max(steps // 3, 1))
+    train_mtp(model, data, path, cfg, pad_id=tok.pad_token_id, resume=True, show_progress=show_progress)
     return path

@@ -11,16 +11,14 @@ Terms (K = speculation depth, B = batch rows, T = temperature):
     accept length   1 + E[L]: tokens emitted per verify step (``stats.accept_length``).
     c               cost of one chained draft step / cost of one target verify step, both timed
                     here at batch B with a KV cache of realistic length (longest prompt +
-                    max_new_tokens / 2), medians of repeats taken side by side. Each side is
-                    what the engine runs per forward: cache.begin + attention_bias + the forward
-                    + lm_head (draft: ``MtpHead.forward_step`` + ``logits``; verify: the target
-                    over K+1 tokens). Sampling and verification are left out, so their cost shows
-                    up as achieved/limit < 1.
+                    max_new_tokens / 2), medians (or minima) of repeats taken side by side.
+                    Each side is what the engine runs per forward: cache.begin + attention_bias
+                    + the forward + lm_head (draft: ``MtpHead.forward_step`` + ``logits``;
+                    verify: the target over K+1 tokens). Sampling and verification are left
+                    out, so their cost shows up as achieved/limit < 1.
     limit           (1 + E[L]) / (1 + K c): the speedup over plain decoding if a verify step cost
                     one plain step and nothing but the forwards took time (Leviathan et al. 2023).
-    speedup         tok/s of the row / tok/s of ``none`` at the same (B, T): the median over
-                    repeats of the ratio within each repeat (rows of a repeat run back to back);
-                    with ``--stat min``, the ratio of the best repeats.
+    speedup         tok/s of the row / tok/s of ``none`` at the same (B, T), as printed.
     verify/plain    verify forward over K+1 tokens / plain forward over 1 token; above 1 the
                     limit is optimistic by that factor.
     step gain       decode steps of ``none`` / decode steps of the row. Rows advance in lockstep,
@@ -63,7 +61,7 @@ PROMPT_SEED = 0  # problems drawn for the prompts
 SAMPLING_SEED = 0  # Bebop's row seeds and HF's torch.manual_seed: the same tokens every repeat
 COST_REPEATS = 15  # timed calls per forward kind in the c measurement (median taken)
 WARMUP_TOKENS = 4  # max_new_tokens of the untimed warmup call of each configuration
-QUICK = {"batch_sizes": [1, 16], "ks": [1, 3], "temperatures": [0.0, 1.0], "repeats": 3}
+QUICK = {"batch_sizes": [1, 16], "ks": [1, 3], "temperatures": [0.0, 1.0], "repeats": 5}
 
 
 @dataclass(frozen=True)
@@ -86,7 +84,7 @@ class Row:
     steps: int = 0  # decode steps of one Bebop call (batch-wide: the slowest row sets it)
     seconds: list[float] = field(default_factory=list)  # one per repeat
     tok_per_s: float = 0.0  # median (or best, --stat min) over repeats
-    speedup: float = float("nan")  # over none at the same (B, T), median of paired ratios (or best-of)
+    speedup: float = float("nan")  # tok_per_s / none's tok_per_s at the same (B, T)
     step_gain: float = float("nan")  # decode steps of none / of this row: the speedup if all steps cost alike
     accept_length: float = float("nan")
     c: float = float("nan")
@@ -107,13 +105,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64], help="rows B per call")
     ap.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3, 4], help="speculation depths K")
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0], help="T; 0 = greedy")
-    ap.add_argument("--modes", nargs="+", default=["to", "rs"], choices=["to", "rs"], help="speculative modes")
+    ap.add_argument("--modes", nargs="*", default=["to", "rs"], choices=["to", "rs"],
+                    help="speculative modes (none and HF always run; pass --modes alone for none vs HF only)")
     ap.add_argument("--max-new-tokens", type=int, default=48, help="completion tokens per row, EOS included")
-    ap.add_argument("--repeats", type=int, default=3, help="timed calls per configuration")
+    ap.add_argument("--repeats", type=int, default=5, help="timed calls per configuration")
     ap.add_argument("--stat", default="median", choices=["median", "min"],
-                    help="summary of the repeats: median (of paired ratios for speedups) or min (best-of, "
-                         "steadier when other jobs burst on a shared machine)")
-    ap.add_argument("--quick", action="store_true", help="B 1/16, K 1/3, T 0/1, 3 repeats (~1-2 min); overrides those flags")
+                    help="summary of the repeats: median, or min (best-of: steadier when other jobs burst "
+                         "on a shared machine, since noise only ever adds time)")
+    ap.add_argument("--quick", action="store_true",
+                    help="B 1/16, K 1/3, T 0/1, 5 repeats (~1 min); overrides those flags")
     ap.add_argument("--no-hf", action="store_true", help="skip HF generate")
     ap.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
     ap.add_argument("--device", default="cpu", help="cpu, cuda or auto")
@@ -163,8 +163,10 @@ def warn_if_busy() -> None:
     """Several torch threads on a busy machine wait at every parallel region for a descheduled thread."""
     load, cpus = os.getloadavg()[0], os.cpu_count() or 1
     if torch.get_num_threads() > 1 and load > cpus:
+        passive = os.environ.get("OMP_WAIT_POLICY", "").lower() == "passive"
+        fix = "--threads 1" if passive else "--threads 1 or OMP_WAIT_POLICY=PASSIVE"
         print(f"warning: load {load:.1f} on {cpus} CPUs with {torch.get_num_threads()} torch threads; thread "
-              "barriers may dominate the timings (try --threads 1 or OMP_WAIT_POLICY=PASSIVE)", file=sys.stderr)
+              f"barriers may dominate the timings (try {fix})", file=sys.stderr)
 
 
 def _sync(device: torch.device) -> None:
@@ -207,7 +209,7 @@ def run_bebop(model, tok, head, prompts, method: Method, temperature: float, max
 
 
 def run_hf(model, tok, prompts, method: Method, temperature: float, max_new: int):
-    """One HF ``model.generate`` call on left-padded prompts -> (seconds, completions as token lists, 0)."""
+    """One HF ``model.generate`` call on left-padded prompts -> (seconds, completions as token lists, decode steps)."""
     device = next(model.parameters()).device
     tok.padding_side = "left"
     enc = tok(prompts, return_tensors="pt", padding=True).to(device)
@@ -226,10 +228,11 @@ def run_hf(model, tok, prompts, method: Method, temperature: float, max_new: int
     _sync(device)
     seconds = time.perf_counter() - start
     completions = []
-    for row in out[:, enc["input_ids"].shape[1]:].tolist():
+    new_tokens = out[:, enc["input_ids"].shape[1]:]
+    for row in new_tokens.tolist():
         end = row.index(tok.eos_token_id) + 1 if tok.eos_token_id in row else len(row)
         completions.append(row[:end])
-    return seconds, completions, 0
+    return seconds, completions, new_tokens.shape[1] - 1  # forwards after prefill, as the engine counts
 
 
 def hf_mtp_skip_reason(model, batch_size: int) -> str | None:
@@ -267,9 +270,9 @@ def _prefilled_caches(model, head, batch: int, kv_len: int, capacity: int):
 
 
 @torch.no_grad()
-def measure_costs(model, head, batch: int, ks: list[int], kv_len: int) -> dict[int, dict]:
+def measure_costs(model, head, batch: int, ks: list[int], kv_len: int, stat: str = "median") -> dict[int, dict]:
     """Seconds of one chained draft step, one verify forward over K+1 tokens and one plain forward,
-    interleaved call by call at batch ``batch`` over ``kv_len`` cached positions; medians.
+    interleaved call by call at batch ``batch`` over ``kv_len`` cached positions; medians (or minima).
 
     Nothing is committed, so every call sees the same cache state.
     """
@@ -294,7 +297,8 @@ def measure_costs(model, head, batch: int, ks: list[int], kv_len: int) -> dict[i
             fn()
             _sync(device)
             times[name].append(time.perf_counter() - start)
-    med = {name: statistics.median(v) for name, v in times.items()}
+    summarise = min if stat == "min" else statistics.median
+    med = {name: summarise(v) for name, v in times.items()}
     return {
         k: {"kv_len": kv_len, "draft_s": med["draft"], "verify_s": med[f"verify{k}"], "plain_s": med["plain"],
             "c": med["draft"] / med[f"verify{k}"], "verify_over_plain": med[f"verify{k}"] / med["plain"]}
@@ -333,20 +337,16 @@ def run_group(model, tok, head, methods: list[Method], batch: int, temperature: 
         if not isinstance(out, list) and m.k:
             row.accept_length = out.stats.accept_length
             row.metrics = out.stats.to_metrics()
-    _compare_with_none(rows, outputs, temperature, args.stat)
+    _compare_with_none(rows, outputs, temperature)
     return list(rows.values())
 
 
-def _compare_with_none(rows: dict[Method, Row], outputs: dict, temperature: float, stat: str) -> None:
-    """Speedups over ``none`` (paired per repeat, or best-of) and, at T=0, whether the tokens equal none's."""
+def _compare_with_none(rows: dict[Method, Row], outputs: dict, temperature: float) -> None:
+    """Speedups over ``none`` and, at T=0, whether the tokens equal none's."""
     base = rows[Method("none")]
     base_tokens = outputs[Method("none")].token_ids
     for m, row in rows.items():
-        if stat == "min":
-            row.speedup = (row.tokens / min(row.seconds)) / (base.tokens / min(base.seconds))
-        else:
-            ratios = [(row.tokens / s) / (base.tokens / b) for s, b in zip(row.seconds, base.seconds)]
-            row.speedup = statistics.median(ratios)
+        row.speedup = row.tok_per_s / base.tok_per_s
         if row.steps:
             row.step_gain = base.steps / row.steps
         if temperature == 0:
@@ -371,7 +371,12 @@ def _f(x: float, fmt: str = ".2f") -> str:
     return "" if x != x else format(x, fmt)  # NaN -> blank
 
 
-def format_tables(rows: list[Row], costs: dict[int, dict[int, dict]]) -> str:
+def _ms_per_step(row: Row) -> float:
+    """Milliseconds per forward of one call (decode steps + prefill), from the summarised tok/s."""
+    return row.tokens / row.tok_per_s * 1e3 / (row.steps + 1)
+
+
+def format_tables(rows: list[Row], costs: dict[int, dict[int, dict]], stat: str) -> str:
     lines = ["### Speculative decoding vs plain (`none`), same (B, T)", "",
              "| B | T | mode | K | tok/s | accept len | c | limit | speedup | achieved/limit | verify/plain "
              "| steps | step gain |",
@@ -387,13 +392,19 @@ def format_tables(rows: list[Row], costs: dict[int, dict[int, dict]]) -> str:
     hf = [r for r in rows if r.method in ("hf", "hf_mtp")]
     if hf:
         lines += ["", "### Plain decoding vs HF `generate` (target: none/HF >= 1)", "",
-                  "| B | T | method | tok/s | none tok/s | none/HF |", "|---:|---:|:---|---:|---:|---:|"]
+                  "At T > 0 the two draw different samples, so a batch's longest row (which sets its number of "
+                  "steps) differs; ms/step compares the loops themselves.", "",
+                  "| B | T | method | tok/s | none tok/s | none/HF | steps HF / none | ms/step HF / none | "
+                  "none/HF per step |", "|---:|---:|:---|---:|---:|---:|---:|---:|---:|"]
         none = {(r.batch_size, r.temperature): r for r in rows if r.method == "none"}
         for r in hf:
             base = none[(r.batch_size, r.temperature)]
+            ms_hf, ms_none = (_ms_per_step(x) for x in (r, base))
             lines.append(f"| {r.batch_size} | {r.temperature:g} | {r.method} | {r.tok_per_s:.0f} | "
-                         f"{base.tok_per_s:.0f} | {_f(1 / r.speedup)} |")
-    lines += ["", "### Forward costs behind c (medians, ms)", "",
+                         f"{base.tok_per_s:.0f} | {_f(1 / r.speedup)} | {r.steps} / {base.steps} | "
+                         f"{ms_hf:.2f} / {ms_none:.2f} | {ms_hf / ms_none:.2f} |")
+    lines += ["", f"### Forward costs behind c ({'minima' if stat == 'min' else 'medians'} of "
+              f"{COST_REPEATS}, ms)", "",
               "| B | KV len | draft step | plain (1 tok) | K | verify (K+1 tok) | c | verify/plain |",
               "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for batch, per_k in costs.items():
@@ -456,7 +467,7 @@ def main(argv: list[str] | None = None) -> None:
     start = time.perf_counter()
     for batch in args.batch_sizes:
         kv_len = max(len(tok.encode(p)) for p in make_prompts(batch)) + args.max_new_tokens // 2
-        costs[batch] = measure_costs(model, head, batch, args.ks, kv_len)
+        costs[batch] = measure_costs(model, head, batch, args.ks, kv_len, args.stat)
         methods = [Method("none")] + ([] if args.no_hf else [Method("hf")])
         skip = hf_mtp_skip_reason(model, batch)
         if skip is None and not args.no_hf:
@@ -469,7 +480,7 @@ def main(argv: list[str] | None = None) -> None:
             add_limits(group, costs[batch])
             rows += group
             print(f"[{time.perf_counter() - start:.0f}s] done B={batch} T={temperature:g}", file=sys.stderr, flush=True)
-    print(format_tables(rows, costs))
+    print(format_tables(rows, costs, args.stat))
     print("\n" + format_notes(rows, notes))
     print(f"\ntotal {time.perf_counter() - start:.0f}s, load {os.getloadavg()[0]:.1f} at the end")
     if args.json:

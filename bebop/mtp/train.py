@@ -38,6 +38,7 @@ class TrainMtpConfig:
     grad_clip: float = 1.0  # max gradient norm
     temperature: float = 1.0  # softmax temperature of p and q in the loss
     num_layers: int = 1  # physical MTP layers
+    init_from: str = ""  # head directory to start from ("" = a copy of the backbone's last layer)
     seed: int = 0  # head init order and batch sampling
     save_every: int = 100  # checkpoint interval in steps (0 = only at the end)
     log_every: int = 25  # one fixed-format line every this many steps
@@ -77,7 +78,10 @@ def train_mtp(
     for p in backbone.parameters():
         p.requires_grad_(False)
     torch.manual_seed(cfg.seed)
-    head = MtpHead(backbone, num_layers=cfg.num_layers).to(device)
+    if cfg.init_from:
+        head = MtpHead.from_pretrained(cfg.init_from, backbone)
+    else:
+        head = MtpHead(backbone, num_layers=cfg.num_layers).to(device)
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     start_step = _maybe_resume(out_dir, head, opt, cfg) if resume else 0
     logger = JsonlLogger(out_dir / "metrics.jsonl", truncate_after_step=start_step)
