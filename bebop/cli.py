@@ -84,9 +84,8 @@ def cmd_train_mtp(args) -> None:
 # ---------------------------------------------------------------------------------------------- eval-mtp
 def cmd_eval_mtp(args) -> None:
     from bebop import embedded
-    from bebop.io_tables import acceptance_table
     from bebop.mtp.data import load_sequences
-    from bebop.mtp.evaluate import evaluate_mtp
+    from bebop.mtp.evaluate import acceptance_table, evaluate_mtp
     from bebop.utils.io import write_json
 
     model, tok, head = _load(args, need_mtp=True, mtp_loss=args.loss)

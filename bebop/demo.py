@@ -19,7 +19,7 @@ from pathlib import Path
 
 from bebop import embedded
 from bebop.mtp.data import Sequences, self_generated
-from bebop.mtp.evaluate import evaluate_mtp
+from bebop.mtp.evaluate import acceptance_table, evaluate_mtp
 from bebop.mtp.head import MtpHead
 from bebop.utils.io import read_json, read_jsonl, write_json
 from bebop.utils.progress import say
@@ -168,7 +168,6 @@ def _rl_run(cfg: DemoConfig, out: Path, model_dir: Path, head_dirs: dict[str, Pa
 def _report(cfg: DemoConfig, out: Path, model_dir: Path, head_evals: dict, sweep: list, run_dirs: list[Path]) -> Path:
     from bebop.analysis.findings import compute_findings, findings_table
     from bebop.analysis.report import load_run, write_report
-    from bebop.io_tables import acceptance_table
 
     runs = [load_run(d) for d in run_dirs]
     findings = compute_findings(head_evals, sweep, runs)
