@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -300,8 +301,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         status = args.func(args)
-    except BebopError as e:
-        print(f"bebop: error: {e}", file=sys.stderr)
+    except (BebopError, ValueError, FileNotFoundError) as e:
+        # NOTE: library checks on user input (shapes, NaN logits, missing files) raise these; one line
+        # each, exit 2. BEBOP_DEBUG=1 shows the traceback instead.
+        if os.environ.get("BEBOP_DEBUG"):
+            raise
+        print(f"bebop: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("bebop: interrupted", file=sys.stderr)

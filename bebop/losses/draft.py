@@ -70,55 +70,32 @@ def _e2e_tv_from_alpha(
     return _masked_mean(per_chain, num_steps > 0)
 
 
-def ce_loss(
-    draft_logits: Tensor,  # (N, K, V)
-    target_logits: Tensor,  # (N, K, V)
-    mask: Tensor,  # (N, K) bool
-    temperature: float,
-    *,
-    row_chunk: int | None = None,
-    vocab_chunk: int = VOCAB_CHUNK,
-) -> Tensor:  # ()
-    """Soft cross-entropy -sum_v p log q, averaged over valid entries."""
-    value = entry_statistic(
-        "ce", draft_logits, target_logits, temperature,
-        row_chunk=row_chunk, vocab_chunk=vocab_chunk,
-    )
-    return _masked_mean(value, mask)
+def _entry_mean_loss(statistic: str, doc: str):
+    """A loss that averages one per-entry statistic (``ce``, ``fkl`` or ``rkl``) over valid entries."""
+
+    def loss(
+        draft_logits: Tensor,  # (N, K, V)
+        target_logits: Tensor,  # (N, K, V)
+        mask: Tensor,  # (N, K) bool
+        temperature: float,
+        *,
+        row_chunk: int | None = None,
+        vocab_chunk: int = VOCAB_CHUNK,
+    ) -> Tensor:  # ()
+        value = entry_statistic(
+            statistic, draft_logits, target_logits, temperature,
+            row_chunk=row_chunk, vocab_chunk=vocab_chunk,
+        )
+        return _masked_mean(value, mask)
+
+    loss.__name__ = f"{statistic}_loss"
+    loss.__doc__ = doc
+    return loss
 
 
-def fkl_loss(
-    draft_logits: Tensor,  # (N, K, V)
-    target_logits: Tensor,  # (N, K, V)
-    mask: Tensor,  # (N, K) bool
-    temperature: float,
-    *,
-    row_chunk: int | None = None,
-    vocab_chunk: int = VOCAB_CHUNK,
-) -> Tensor:  # ()
-    """Forward KL(p || q), averaged over valid entries."""
-    value = entry_statistic(
-        "fkl", draft_logits, target_logits, temperature,
-        row_chunk=row_chunk, vocab_chunk=vocab_chunk,
-    )
-    return _masked_mean(value, mask)
-
-
-def rkl_loss(
-    draft_logits: Tensor,  # (N, K, V)
-    target_logits: Tensor,  # (N, K, V)
-    mask: Tensor,  # (N, K) bool
-    temperature: float,
-    *,
-    row_chunk: int | None = None,
-    vocab_chunk: int = VOCAB_CHUNK,
-) -> Tensor:  # ()
-    """Reverse KL(q || p), averaged over valid entries."""
-    value = entry_statistic(
-        "rkl", draft_logits, target_logits, temperature,
-        row_chunk=row_chunk, vocab_chunk=vocab_chunk,
-    )
-    return _masked_mean(value, mask)
+ce_loss = _entry_mean_loss("ce", "Soft cross-entropy -sum_v p log q, averaged over valid entries.")
+fkl_loss = _entry_mean_loss("fkl", "Forward KL(p || q), averaged over valid entries.")
+rkl_loss = _entry_mean_loss("rkl", "Reverse KL(q || p), averaged over valid entries.")
 
 
 def tv_loss(

@@ -299,7 +299,7 @@ class _Runner:
         p_draft = p[:, : self.k]
         alpha_to = p_draft.gather(-1, q.argmax(-1, keepdim=True))[..., 0]
         self.stats.record_positions(entropy(p_draft), torch.minimum(p_draft, q).sum(-1), alpha_to)
-        num_accepted = accepted.tolist()  # NOTE: the one host sync of a verify step
+        num_accepted = accepted.tolist()  # NOTE: host sync 1 of 2 per step (counts drive the host-side bookkeeping)
         self.stats.record_verify(num_accepted)
         kept = [n + 1 for n in num_accepted]
         emitted_mask = torch.arange(self.k + 1, device=p.device)[None, :] <= accepted[:, None]
@@ -318,7 +318,7 @@ class _Runner:
         rows.last_token = out[arange, accepted]
         rows.counters = rows.counters + accepted + 1
         keep = []
-        for i, (row, new) in enumerate(zip(rows.index, out.tolist())):
+        for i, (row, new) in enumerate(zip(rows.index, out.tolist())):  # sync 2 of 2: tokens to host lists
             new = new[: num_accepted[i] + 1]
             reason = self._append(row, new)
             if reason:
