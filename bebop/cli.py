@@ -187,7 +187,8 @@ def _add_rl_flags(p: argparse.ArgumentParser) -> None:
     for name, (ftype, default, comment) in config_fields().items():
         flag = "--" + name.replace("_", "-")
         if ftype is bool:
-            p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None,
+            flags = [flag, "--async"] if name == "async_rollout" else [flag]
+            p.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction, default=None,
                            help=f"{comment} (default {default})")
         else:
             p.add_argument(flag, dest=name, type=ftype, default=None, help=f"{comment} (default {default!r})")

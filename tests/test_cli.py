@@ -116,3 +116,30 @@ def test_console_entry_point_help():
     out = subprocess.run([sys.executable, "-m", "bebop.cli", "--help"], capture_output=True, text=True, check=True)
     for command in ("pretrain", "train-mtp", "eval-mtp", "generate"):
         assert command in out.stdout
+
+
+def test_rl_resume_and_report(use_cache, tmp_path):
+    run = tmp_path / "run"
+    common = ["--mode", "rs", "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "8",
+              "--save-every", "1"]
+    assert main(["rl", "--out", str(run), "--steps", "1", *common]) == 0
+    assert main(["rl", "--resume", str(run), "--steps", "2"]) == 0
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert rows[0]["mode"] == "rs" and rows[0]["spec/accept_length"] >= 1.0
+    assert main(["report", str(run), "--out", str(tmp_path / "report")]) == 0
+    assert "rs" in (tmp_path / "report" / "report.md").read_text()
+
+
+def test_rl_config_file_and_unknown_key(use_cache, tmp_path, capsys):
+    cfg = tmp_path / "rl.yaml"
+    cfg.write_text("# bebop rl --config rl.yaml\nmode: none\nsteps: 1\nprompts_per_step: 2\ngroup_size: 2\n"
+                   "max_new_tokens: 4\nlearning_rate: 0.1\n")
+    assert main(["rl", "--config", str(cfg), "--out", str(tmp_path / "r")]) == 2
+    assert "learning_rate" in _error_line(capsys)
+
+
+def test_check_lossless_small(use_cache, capsys):
+    status = main(["check-lossless", "--samples", "300"])
+    out = capsys.readouterr().out
+    assert "False-alarm odds" in out and status in (0, 1)
