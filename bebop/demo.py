@@ -12,13 +12,12 @@ Stages (each reuses what an earlier, possibly interrupted, run finished):
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bebop import embedded
-from bebop.mtp.data import Sequences, self_generated
+from bebop.mtp.data import Sequences
 from bebop.mtp.evaluate import acceptance_table, evaluate_mtp
 from bebop.mtp.head import MtpHead
 from bebop.utils.io import read_json, read_jsonl, write_json
@@ -94,19 +93,8 @@ def _model_dir(cfg: DemoConfig, out: Path) -> Path:
 def _data(cfg: DemoConfig, out: Path, model, tok) -> tuple[Sequences, Sequences]:
     if not cfg.quick:
         return embedded.embedded_data("train", model, tok), embedded.embedded_data("eval", model, tok)
-    return (_cached_sequences(out / "data-train.jsonl", model, tok, QUICK_TRAIN_SEQUENCES, embedded.SELFGEN_SEEDS["train"]),
-            _cached_sequences(out / "data-eval.jsonl", model, tok, cfg.eval_sequences, embedded.SELFGEN_SEEDS["eval"]))
-
-
-def _cached_sequences(path: Path, model, tok, num: int, seed: int) -> Sequences:
-    from bebop.utils.io import atomic_write_text
-
-    if path.is_file():
-        rows = read_jsonl(path)
-        return Sequences([r["token_ids"] for r in rows], [r["start"] for r in rows])
-    data = self_generated(model, tok, num, seed=seed)
-    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in data.to_jsonl_rows()))
-    return data
+    return (embedded.embedded_data("train", model, tok, QUICK_TRAIN_SEQUENCES, out / "data-train.jsonl"),
+            embedded.embedded_data("eval", model, tok, cfg.eval_sequences, out / "data-eval.jsonl"))
 
 
 def _head(cfg: DemoConfig, out: Path, loss: str, model, tok, data: Sequences) -> Path:

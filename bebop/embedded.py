@@ -207,15 +207,16 @@ SELFGEN_EVAL = 256  # held-out self-generated sequences for eval-mtp
 SELFGEN_SEEDS = {"train": 1000, "eval": 2000}  # problem/sampling seeds of the two splits
 
 
-def embedded_data(split: str, model=None, tok=None, num: int | None = None):
+def embedded_data(split: str, model=None, tok=None, num: int | None = None, path: Path | None = None):
     """Self-generated (T=1) embedded-task sequences for ``split`` ("train" or "eval"), cached as JSONL.
 
-    ``num`` (default SELFGEN_TRAIN / SELFGEN_EVAL) applies only when the cache is being created.
+    ``num`` (default SELFGEN_TRAIN / SELFGEN_EVAL) applies only when the cache is being created;
+    ``path`` overrides the cache file (the quick demo keeps its own).
     """
     from bebop.mtp.data import Sequences, self_generated
     from bebop.utils.io import atomic_write_text, read_jsonl
 
-    path = cache_dir() / f"embedded-{EMBEDDED_VERSION}" / f"selfgen-{split}.jsonl"
+    path = path or cache_dir() / f"embedded-{EMBEDDED_VERSION}" / f"selfgen-{split}.jsonl"
     if path.is_file():
         rows = read_jsonl(path, what="cached data")
         return Sequences([r["token_ids"] for r in rows], [r["start"] for r in rows])
