@@ -32,11 +32,13 @@ import torch
 from bebop.spec import rng
 from bebop.spec.kv_cache import RaggedKVCache
 from bebop.spec.sampling import (
+    COIN_DTYPE,
+    STREAM_ACCEPT,
+    STREAM_DRAFT,
     STREAM_RESAMPLE,
-    draw_draft_noise,
     greedy_verify,
     logits_to_probs,
-    rejection_sample_seeded,
+    rejection_sample_from_noise,
     sample_from_probs,
 )
 from bebop.spec.stats import SpecStats, entropy
@@ -82,7 +84,7 @@ class _Rows:
     """Decode state of the active rows (R of them), all row-aligned."""
 
     index: list[int]  # original row of each active row
-    seeds: torch.Tensor  # (R,) int64
+    keys: torch.Tensor  # (R, 2 + K) int64 rng stream keys: accept, resample, draft step 0..K-1
     counters: torch.Tensor  # (R,) int64, tokens emitted so far (the rng counter)
     last_token: torch.Tensor  # (R,) newest emitted token, not yet fed to the target
     pend_hidden: torch.Tensor | None = None  # (R, C, D) target/MTP hidden states not yet fed to the head
@@ -90,9 +92,9 @@ class _Rows:
     pend_count: list[int] | None = None  # valid pending pairs per row
 
     def select(self, keep: list[int]) -> None:
-        idx = torch.tensor(keep, dtype=torch.long, device=self.seeds.device)
+        idx = torch.tensor(keep, dtype=torch.long, device=self.keys.device)
         self.index = [self.index[i] for i in keep]
-        self.seeds, self.counters, self.last_token = self.seeds[idx], self.counters[idx], self.last_token[idx]
+        self.keys, self.counters, self.last_token = self.keys[idx], self.counters[idx], self.last_token[idx]
         if self.pend_hidden is not None:
             self.pend_hidden, self.pend_tokens = self.pend_hidden[idx], self.pend_tokens[idx]
             self.pend_count = [self.pend_count[i] for i in keep]
@@ -165,7 +167,9 @@ def generate(
     ids = torch.tensor(row_ids if row_ids is not None else range(batch), dtype=torch.long, device=device)
     runner = _Runner(model, tokenizer, mtp, sampling, spec, batch, capacity, device)
     rows = _Rows(
-        index=list(range(batch)), seeds=rng.derive_seeds(seed, step, ids),
+        index=list(range(batch)),
+        keys=rng.stream_keys(rng.derive_seeds(seed, step, ids), [STREAM_ACCEPT, STREAM_RESAMPLE]
+                             + [STREAM_DRAFT + j for j in range(k)]),
         counters=torch.zeros(batch, dtype=torch.long, device=device), last_token=ids.new_zeros(batch),
     )
     with torch.no_grad():
@@ -225,14 +229,14 @@ class _Runner:
         self.stats.record_token_entropy(entropy(probs))
         if self.greedy:
             return logits.argmax(-1)
-        noise = rng.exponential(rows.seeds, STREAM_RESAMPLE, rows.counters, (logits.shape[-1],))
-        return sample_from_probs(probs, noise)
+        bits = rng.keyed_bits(rows.keys[:, 1:2], rows.counters, (logits.shape[-1],))[:, 0]  # resample stream
+        return sample_from_probs(probs, rng.exponential_from_bits(bits))
 
     # ------------------------------------------------------------------ steps
     def prefill(self, rows: _Rows, prompt_ids: list[list[int]]) -> None:
         lengths = [len(p) for p in prompt_ids]
         width = max(lengths)
-        device = rows.seeds.device
+        device = rows.keys.device
         ids = torch.tensor([p + [0] * (width - len(p)) for p in prompt_ids], dtype=torch.long, device=device)
         valid = torch.arange(width, device=device)[None, :] < torch.tensor(lengths, device=device)[:, None]
         logits, hidden = self.target.forward(ids, valid)
@@ -260,7 +264,7 @@ class _Runner:
         """K chained MTP steps -> drafts (R, K) and the draft distributions q (R, K, V)."""
         cache, head = self.mtp_cache, self.mtp
         num = len(rows.index)
-        count = torch.tensor(rows.pend_count, device=rows.seeds.device)
+        count = torch.tensor(rows.pend_count, device=rows.keys.device)
         width = rows.pend_tokens.shape[1]
         positions = cache.begin(width)
         valid = torch.arange(width, device=count.device)[None, :] < count[:, None]
@@ -269,6 +273,8 @@ class _Runner:
         g = g[torch.arange(num, device=count.device), count - 1]  # (R, D) output at the frontier pair
         cache.commit(rows.pend_count)
         tokens, probs = [], []
+        sampled = self.spec.mode == "rs" and not self.greedy
+        noise = None
         for j in range(self.k):
             if j > 0:
                 positions = cache.begin(1)
@@ -277,8 +283,10 @@ class _Runner:
                 cache.commit([1] * num)
             logits = head.logits(g)
             q = torch.softmax(logits.float() / self.draft_temperature, dim=-1)
-            if self.spec.mode == "rs" and not self.greedy:
-                token = sample_from_probs(q, draw_draft_noise(rows.seeds, rows.counters, j, q.shape[-1]))
+            if sampled:
+                if noise is None:  # every draft step's noise in one pass: streams STREAM_DRAFT + j, same counter
+                    noise = rng.exponential_from_bits(rng.keyed_bits(rows.keys[:, 2:], rows.counters, (q.shape[-1],)))
+                token = sample_from_probs(q, noise[:, j])
             else:
                 token = logits.argmax(-1)
             tokens.append(token)
@@ -295,7 +303,11 @@ class _Runner:
             out, accepted = greedy_verify(logits, drafts, validate=False)
         else:
             q_verify = q if self.spec.mode == "rs" else None
-            out, accepted = rejection_sample_seeded(p, drafts, q_verify, rows.seeds, rows.counters, validate=False)
+            # Accept coins are the first K elements of the accept stream, as in rejection_sample_seeded.
+            bits = rng.keyed_bits(rows.keys[:, :2], rows.counters, (p.shape[-1],))  # (R, 2, V)
+            coins = rng.uniform_from_bits(bits[:, 0, : self.k], COIN_DTYPE)
+            race = rng.exponential_from_bits(bits[:, 1])
+            out, accepted = rejection_sample_from_noise(p, drafts, q_verify, coins, race, validate=False)
         p_draft = p[:, : self.k]
         alpha_to = p_draft.gather(-1, q.argmax(-1, keepdim=True))[..., 0]
         self.stats.record_positions(entropy(p_draft), torch.minimum(p_draft, q).sum(-1), alpha_to)

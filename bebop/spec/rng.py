@@ -130,6 +130,36 @@ def random_bits(
     return bits.view(seeds.shape[0], *shape)
 
 
+def stream_keys(
+    seeds: torch.Tensor,  # (B,) int64
+    streams: list[int],
+) -> torch.Tensor:  # (B, S) int64
+    """The (seed, stream) part of `random_bits`' key, for S streams at once.
+
+    A decode loop derives it once per call and reuses it every step: `keyed_bits(stream_keys(seeds,
+    [s]), counters, shape)[:, 0]` equals `random_bits(seeds, s, counters, shape)` bit for bit.
+    """
+    _check_row_tensor(seeds, "seeds")
+    for stream in streams:
+        _word(stream, seeds[:0], "stream")  # type and int64-range check
+    words = torch.tensor(streams, dtype=torch.int64, device=seeds.device)  # (S,)
+    seed_key = _absorb(torch.zeros_like(seeds), seeds)  # (B,)
+    return _absorb(seed_key[:, None], words[None, :])
+
+
+def keyed_bits(
+    keys: torch.Tensor,  # (B, S) int64 from stream_keys
+    counters: torch.Tensor,  # (B,) int64
+    shape: tuple[int, ...],
+) -> torch.Tensor:  # (B, S, *shape) int64
+    """`random_bits` for S streams in one pass, from precomputed stream keys."""
+    key = _absorb(keys, counters[:, None])  # (B, S)
+    num_elements = math.prod(shape)
+    element = torch.arange(1, num_elements + 1, dtype=torch.int64, device=keys.device)
+    bits = mix64(key[..., None] + element.mul_(GOLDEN_GAMMA))  # (B, S, N)
+    return bits.view(*keys.shape, *shape)
+
+
 def uniform_from_bits(
     bits: torch.Tensor,  # (...) int64; only the low MANTISSA_BITS[dtype] bits are read
     dtype: torch.dtype = torch.float32,

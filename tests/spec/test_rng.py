@@ -184,3 +184,14 @@ def test_cuda_matches_cpu():
                        rng.random_bits(seeds, 7, counters, (9,)))
     assert torch.allclose(rng.exponential(seeds.cuda(), 3, counters.cuda(), (9,)).cpu(),
                           rng.exponential(seeds, 3, counters, (9,)), rtol=1e-6, atol=0)
+
+
+def test_keyed_bits_equal_random_bits():
+    """The engine's precomputed stream keys give exactly random_bits' numbers, every stream at once."""
+    seeds = rng.derive_seeds(3, 1, torch.arange(6))
+    counters = torch.tensor([0, 4, 9, 2, 7, 1])
+    streams = [0, 1, 2, 5]
+    bits = rng.keyed_bits(rng.stream_keys(seeds, streams), counters, (2, 7))
+    assert bits.shape == (6, 4, 2, 7)
+    for j, stream in enumerate(streams):
+        assert torch.equal(bits[:, j], rng.random_bits(seeds, stream, counters, (2, 7)))
