@@ -256,7 +256,7 @@ class _Runner:
             self._speculative_step(rows)
         else:
             logits, _ = self.target.forward(rows.last_token[:, None])
-            self.target.cache.commit([1] * len(rows.index))
+            self.target.cache.shift_all(1)
             token = self._sample(logits[:, 0], rows)
             self._emit(rows, token[:, None], [0] * len(rows.index))
 
@@ -280,7 +280,7 @@ class _Runner:
                 positions = cache.begin(1)
                 g = head.forward_step(g[:, None], tokens[-1][:, None], positions, step=j,
                                       attention_bias=cache.attention_bias(), cache=cache)[:, 0]
-                cache.commit([1] * num)
+                cache.shift_all(1)
             logits = head.logits(g)
             q = torch.softmax(logits.float() / self.draft_temperature, dim=-1)
             if sampled:

@@ -95,9 +95,15 @@ class RaggedKVCache:
         self.lengths = torch.tensor(self.host_lengths, dtype=torch.long, device=self.device)
         self._write_index = None
 
+    def shift_all(self, num: int) -> None:
+        """Adds ``num`` (may be negative: a rollback) to every row's length, without a host-to-device copy."""
+        self.host_lengths = [a + num for a in self.host_lengths]
+        self.lengths = self.lengths + num
+        self._write_index = None
+
     def rollback(self, num: int) -> None:
         """Forgets the last ``num`` committed positions of every row (speculative draft entries)."""
-        self.commit([-num] * self.batch_size)
+        self.shift_all(-num)
 
     def select_rows(self, rows: list[int]) -> None:
         """Keeps only ``rows`` of the batch (finished rows stop costing memory and compute)."""
