@@ -43,15 +43,23 @@ def load_config_file(path: str | os.PathLike) -> dict[str, Any]:
     return data
 
 
+def merge_sources(
+    file: str | os.PathLike | None, overrides: dict[str, Any] | None, valid_keys: list[str]
+) -> dict[str, Any]:
+    """The file's table updated by the non-None overrides; unknown keys in either are an error."""
+    values: dict[str, Any] = {}
+    for source, data in (("config file", load_config_file(file) if file else {}), ("flags", overrides or {})):
+        unknown = sorted(set(data) - set(valid_keys))
+        if unknown:
+            raise BebopError(f"unknown {source} keys {unknown}; valid keys: {', '.join(valid_keys)}")
+        values.update({k: v for k, v in data.items() if v is not None})
+    return values
+
+
 def resolve(cls: type[T], file: str | os.PathLike | None = None, overrides: dict[str, Any] | None = None) -> T:
     """Builds ``cls`` from its defaults, then ``file``, then ``overrides`` (None values are skipped)."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    values: dict[str, Any] = {}
-    for source, data in (("config file", load_config_file(file) if file else {}), ("flags", overrides or {})):
-        unknown = sorted(set(data) - set(fields))
-        if unknown:
-            raise BebopError(f"unknown {source} keys {unknown}; valid keys: {', '.join(fields)}")
-        values.update({k: v for k, v in data.items() if v is not None})
+    values = merge_sources(file, overrides, list(fields))
     for name, value in values.items():
         default = fields[name].default
         if isinstance(default, tuple) and isinstance(value, list):

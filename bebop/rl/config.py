@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from bebop.config import load_config_file, resolve
+from bebop.config import merge_sources, resolve
 from bebop.losses import DRAFT_LOSSES
 from bebop.spec.engine import MODES
 from bebop.utils.io import BebopError
@@ -169,12 +169,7 @@ def resolve_rl_config(file: str | os.PathLike | None = None, overrides: dict[str
         BebopError: unknown key (the message lists the valid ones), wrong type, or an invalid value.
     """
     owners = _leaf_owners()
-    values: dict[str, Any] = {}
-    for source, data in (("config file", load_config_file(file) if file else {}), ("flags", overrides or {})):
-        unknown = sorted(set(data) - set(owners))
-        if unknown:
-            raise BebopError(f"unknown {source} keys {unknown}; valid keys: {', '.join(owners)}")
-        values.update({k: v for k, v in data.items() if v is not None})
+    values = merge_sources(file, overrides, list(owners))
     groups = {
         name: resolve(cls, None, {k: v for k, v in values.items() if owners[k] is cls}) for name, cls in _GROUPS.items()
     }
