@@ -52,12 +52,11 @@ from torch import nn
 
 from bebop.rl.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from bebop.rl.config import RESUME_MAY_CHANGE, PolicyConfig, RLConfig, check_rl_config, flat_config
-from bebop.rl.data import load_prompts
 from bebop.rl.grpo import group_advantages, pad_sequences, policy_loss, token_logprobs
 from bebop.rl.online import make_head_optimizer, online_head_step, rollout_sequences
-from bebop.rl.rewards import RewardFn, load_reward, math_reward
+from bebop.rl.prompts import PromptBatch, load_task_rows, prompt_batch, task_reward
+from bebop.rl.rewards import RewardFn
 from bebop.spec.engine import GenerationResult, SamplingParams, SpecConfig, generate
-from bebop.task import arith
 from bebop.utils.io import BebopError, JsonlLogger, write_json
 from bebop.utils.progress import progress, say, step_line
 from bebop.utils.torch_utils import seed_everything
@@ -65,17 +64,6 @@ from bebop.utils.torch_utils import seed_everything
 CONFIG_FILE = "config.json"  # the resolved flat config (read by bebop.analysis.report)
 METRICS_FILE = "metrics.jsonl"  # one object per RL step
 TOKEN_STATS_FILE = "token_stats.jsonl"  # per verified draft position: depth, H(p), alpha_RS, alpha_TO
-TASK_REWARDS: dict[str, RewardFn] = {"embedded": arith.arith_reward, "math": math_reward}  # reward when reward=""
-STEP_SEED_STRIDE = 1_000_003  # prime spacing of (seed, step) -> problem seed, so nearby runs do not share problems
-
-
-@dataclass(frozen=True)
-class PromptBatch:
-    """The prompts of one RL step."""
-
-    step: int  # 0-based RL step; keys the rollout seeds (logged as step + 1 = steps completed)
-    prompts: list[str]  # (B,) prompt texts
-    fields: dict[str, list]  # extra per-prompt fields for the reward (e.g. answer), each (B,)
 
 
 @dataclass(frozen=True)
@@ -108,53 +96,7 @@ class RLState:
         return next(i for i in (tok.pad_token_id, tok.eos_token_id, 0) if i is not None)
 
 
-# ------------------------------------------------------------------------------ prompts, reward
-
-
-def step_seed(seed: int, step: int) -> int:
-    """Seed of the embedded task's problems at ``step``: a function of (seed, step) only."""
-    return seed * STEP_SEED_STRIDE + step
-
-
-def load_task_rows(cfg: RLConfig, tokenizer) -> list[dict] | None:
-    """The prompt rows of task math (chat prompts rendered with the chat template); None for embedded."""
-    if cfg.task == "embedded":
-        return None
-    try:
-        rows = load_prompts(cfg.data)
-    except (FileNotFoundError, ValueError, ImportError) as e:
-        raise BebopError(str(e)) from None
-    rendered = []
-    for row in rows:
-        prompt = row["prompt"]
-        if isinstance(prompt, list):
-            prompt = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
-        rendered.append({**row, "prompt": prompt})
-    return rendered
-
-
-def prompt_batch(cfg: RLConfig, step: int, rows: list[dict] | None) -> PromptBatch:
-    """The B prompts of ``step``: fresh embedded problems, or the data rows cycled in file order.
-
-    Example: with 5 rows and B = 2, steps 0, 1, 2 use rows (0, 1), (2, 3), (4, 0).
-    """
-    num = cfg.prompts_per_step
-    if rows is None:
-        problems = arith.make_problems(num, seed=step_seed(cfg.seed, step))
-        return PromptBatch(step, [p.prompt for p in problems], {"answer": [p.answer for p in problems]})
-    chosen = [rows[(step * num + b) % len(rows)] for b in range(num)]
-    keys = sorted(set().union(*chosen) - {"prompt"})
-    return PromptBatch(step, [r["prompt"] for r in chosen], {k: [r.get(k) for r in chosen] for k in keys})
-
-
-def task_reward(cfg: RLConfig) -> RewardFn:
-    """``cfg.reward`` when set, else the task's own reward."""
-    if not cfg.reward:
-        return TASK_REWARDS[cfg.task]
-    try:
-        return load_reward(cfg.reward)
-    except (ValueError, ImportError) as e:
-        raise BebopError(str(e)) from None
+# ------------------------------------------------------------------------------ reward
 
 
 def score_rollout(reward_fn: RewardFn, rollout: Rollout, group_size: int) -> torch.Tensor:  # (B*G,)

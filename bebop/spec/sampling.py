@@ -259,7 +259,7 @@ def verify_distributions(
     The samplers use the same `acceptance_probs` and `recovery_weights`.
     """
     _check_verify_shapes(target_probs, draft_tokens, draft_probs)
-    batch, num_draft, vocab = target_probs.shape[0], draft_tokens.shape[1], target_probs.shape[2]
+    batch, vocab = target_probs.shape[0], target_probs.shape[2]
     accept = acceptance_probs(target_probs, draft_tokens, draft_probs)
     pad = torch.full((batch, 1), PAD_TOKEN_ID, dtype=torch.int64, device=draft_tokens.device)
     tokens_with_bonus = torch.cat([draft_tokens, pad], dim=1)  # (B, K+1)
