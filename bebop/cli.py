@@ -43,6 +43,18 @@ def _load(args, need_mtp: bool, mtp_loss: str = "e2e_tv"):
     return model, tok, head
 
 
+def _sequences(args, model, tok, split: str):
+    """--data as MTP sequences, or the embedded model's self-generated ``split`` when no --model is given."""
+    from bebop import embedded
+    from bebop.mtp.data import load_sequences
+
+    if args.data:
+        return load_sequences(args.data, tok)
+    if args.model is None:
+        return embedded.embedded_data(split, model, tok, num=args.num_sequences)
+    raise BebopError("--data is required with --model (a JSONL of text or prompt/completion rows)")
+
+
 # ---------------------------------------------------------------------------------------------- pretrain
 def cmd_pretrain(args) -> None:
     from bebop import embedded
@@ -59,7 +71,6 @@ def cmd_pretrain(args) -> None:
 def cmd_train_mtp(args) -> None:
     from bebop import embedded
     from bebop.config import resolve
-    from bebop.mtp.data import load_sequences
     from bebop.mtp.train import TrainMtpConfig, train_mtp
 
     cfg = resolve(TrainMtpConfig, args.config, {
@@ -69,12 +80,7 @@ def cmd_train_mtp(args) -> None:
     })
     print("resolved config: " + json.dumps(dataclasses.asdict(cfg)), file=sys.stderr)
     model, tok, _ = _load(args, need_mtp=False)
-    if args.data:
-        data = load_sequences(args.data, tok)
-    elif args.model is None:
-        data = embedded.embedded_data("train", model, tok, num=args.num_sequences)
-    else:
-        raise BebopError("--data is required with --model (a JSONL of text or prompt/completion rows)")
+    data = _sequences(args, model, tok, "train")
     out = Path(args.out) if args.out else embedded.embedded_head_dir(cfg.loss) if args.model is None else None
     if out is None:
         raise BebopError("--out is required with --model")
@@ -84,18 +90,11 @@ def cmd_train_mtp(args) -> None:
 
 # ---------------------------------------------------------------------------------------------- eval-mtp
 def cmd_eval_mtp(args) -> None:
-    from bebop import embedded
-    from bebop.mtp.data import load_sequences
     from bebop.mtp.evaluate import acceptance_table, evaluate_mtp
     from bebop.utils.io import write_json
 
     model, tok, head = _load(args, need_mtp=True, mtp_loss=args.loss)
-    if args.data:
-        data = load_sequences(args.data, tok)
-    elif args.model is None:
-        data = embedded.embedded_data("eval", model, tok, num=args.num_sequences)
-    else:
-        raise BebopError("--data is required with --model")
+    data = _sequences(args, model, tok, "eval")
     result = evaluate_mtp(model, head, data, speculate_k=args.speculate_k, temperature=args.temperature,
                           pad_id=tok.pad_token_id)
     print(acceptance_table({args.mtp or args.loss: result}))
