@@ -76,7 +76,7 @@ def cmd_train_mtp(args) -> None:
     cfg = resolve(TrainMtpConfig, args.config, {
         "loss": args.loss, "speculate_k": args.speculate_k, "steps": args.steps, "batch_size": args.batch_size,
         "lr": args.lr, "temperature": args.temperature, "num_layers": args.num_layers, "seed": args.seed,
-        "init_from": args.init_from,
+        "init": args.init, "init_from": args.init_from,
     })
     print("resolved config: " + json.dumps(dataclasses.asdict(cfg)), file=sys.stderr)
     model, tok, _ = _load(args, need_mtp=False)
@@ -84,8 +84,38 @@ def cmd_train_mtp(args) -> None:
     out = Path(args.out) if args.out else embedded.embedded_head_dir(cfg.loss) if args.model is None else None
     if out is None:
         raise BebopError("--out is required with --model")
-    train_mtp(model, data, out, cfg, pad_id=tok.pad_token_id, resume=args.resume)
+    train_mtp(model, data, out, cfg, pad_id=tok.pad_token_id, resume=args.resume, model_dir=args.model)
     print(f"saved head to {out}")
+
+
+# ---------------------------------------------------------------------------------------------- import-mtp / export-mtp
+def cmd_import_mtp(args) -> None:
+    from bebop import embedded
+    from bebop.mtp.native import import_mtp, native_layout
+
+    native_layout(args.model)  # NOTE: checked before the (possibly large) model loads
+    model, _ = embedded.load_model(args.model, device=args.device)
+    head = import_mtp(args.model, model)
+    head.save_pretrained(args.out, extra={"imported_from": str(Path(args.model).resolve())})
+    print(f"imported the {head.config.family} MTP layer of {args.model} to {args.out}")
+
+
+def cmd_export_mtp(args) -> None:
+    from bebop import embedded
+    from bebop.mtp.native import export_mtp
+
+    out = Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise BebopError(f"--out {out} already exists; give a new directory")
+    if args.model is None:
+        model_dir = embedded.ensure_embedded_model()
+        head_dir = args.mtp or embedded.ensure_embedded_head("e2e_tv")
+    elif args.mtp is None:
+        raise BebopError("--mtp is required with --model (a head trained by `bebop train-mtp --model ...`)")
+    else:
+        model_dir, head_dir = args.model, args.mtp
+    export_mtp(model_dir, head_dir, out, fmt=args.format)
+    print(f"wrote {out}: serve it with vLLM (speculative method \"mtp\") or SGLang (NEXTN); see the README")
 
 
 # ---------------------------------------------------------------------------------------------- eval-mtp
@@ -233,13 +263,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, help="peak learning rate (default 1e-3)")
     p.add_argument("--temperature", type=float, help="softmax temperature of p and q in the loss (default 1)")
     p.add_argument("--num-layers", type=int, help="physical MTP layers (default 1)")
-    p.add_argument("--init-from", help="start from this head (e.g. a CE-trained or native MTP head) instead of "
-                                       "a copy of the backbone's last layer")
+    p.add_argument("--init", choices=["auto", "native", "backbone"],
+                   help="where a new head starts: the checkpoint's own MTP layer (native), a copy of the backbone's "
+                        "last decoder layer (backbone), or auto: native when the model ships one (default auto)")
+    p.add_argument("--init-from", help="start from this head directory instead (e.g. a CE-trained head)")
     p.add_argument("--seed", type=int, help="seed (default 0)")
     p.add_argument("--num-sequences", type=int,
                    help="self-generated embedded sequences when no --data (default 2048; used when first cached)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint")
     p.set_defaults(func=cmd_train_mtp)
+
+    p = sub.add_parser("import-mtp", help="save the MTP layer a checkpoint ships (Qwen3.5, Qwen3-Next, DeepSeek-V3, "
+                                          "GLM-4.5, MiMo) as a Bebop head")
+    p.add_argument("--model", required=True, help="HF model directory with a native MTP layer")
+    p.add_argument("--out", required=True, help="output head directory")
+    p.add_argument("--device", default="auto", help="cpu, cuda or auto (default: auto)")
+    p.set_defaults(func=cmd_import_mtp)
+
+    p = sub.add_parser("export-mtp", help="write a model directory with the head as its native MTP layer, "
+                                          "for vLLM and SGLang")
+    _add_model_args(p)
+    p.add_argument("--out", required=True, help="output model directory (must not exist)")
+    p.add_argument("--format", default="auto",
+                   help="MTP layout to write: auto (the backbone's family, default) or a family name; an unknown "
+                        "name is refused with the list")
+    p.set_defaults(func=cmd_export_mtp)
 
     p = sub.add_parser("eval-mtp", help="exact RS/TO acceptance of a head along teacher-forced chains")
     _add_model_args(p)

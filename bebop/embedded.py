@@ -1,6 +1,8 @@
-"""The embedded default: a tiny Qwen3 model trained by the package on the embedded task, cached.
+"""The embedded default: a tiny Qwen3.5 model trained by the package on the embedded task, cached.
 
-Every command uses it when no ``--model`` is given. It is built from a config (no download),
+Every command uses it when no ``--model`` is given. It is a text-only ``Qwen3_5ForCausalLM`` (the
+paper's model family) with full-attention layers, a dense MLP and head_dim 32, so vLLM's CPU build
+serves it with an exported MTP head. It is built from a config (no download),
 pretrained by ``bebop pretrain`` in a few CPU minutes, and cached under ``$BEBOP_CACHE_DIR``
 (default ``~/.cache/bebop``). Heads trained on it are cached beside it, one per loss.
 """
@@ -16,14 +18,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+from transformers import PreTrainedTokenizerFast, Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
 from bebop.task import arith
 from bebop.utils.io import BebopError, atomic_dir, write_json
 from bebop.utils.progress import progress, say, step_line
 from bebop.utils.torch_utils import resolve_device, seed_everything
 
-EMBEDDED_VERSION = "v1"  # bump when the task, tokenizer or model changes, so stale caches are not reused
+EMBEDDED_VERSION = "v2"  # bump when the task, tokenizer or model changes, so stale caches are not reused
 
 
 @dataclass(frozen=True)
@@ -38,8 +40,9 @@ class PretrainConfig:
     seed: int = 0  # weight init and data
     hidden_size: int = 64  # model width D
     num_layers: int = 8  # enough that one MTP layer costs about 1/8 of a backbone forward
-    num_heads: int = 4  # attention heads
-    num_kv_heads: int = 2  # grouped-query KV heads
+    num_heads: int = 2  # attention heads
+    num_kv_heads: int = 1  # grouped-query KV heads
+    head_dim: int = 32  # per-head width; vLLM's CPU attention needs >= 32
     intermediate_size: int = 192  # MLP width
     eval_problems: int = 256  # held-out problems for accuracy/entropy after training
     device: str = "auto"  # cpu, cuda or auto
@@ -65,22 +68,25 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-def build_model(cfg: PretrainConfig, vocab_size: int, pad_id: int, eos_id: int) -> Qwen3ForCausalLM:
-    config = Qwen3Config(
+def build_model(cfg: PretrainConfig, vocab_size: int, pad_id: int, eos_id: int) -> Qwen3_5ForCausalLM:
+    """A randomly initialised text-only Qwen3.5: every layer full attention (gated, q/k-normed,
+    partial rotary as in the family), dense MLP, tied embeddings."""
+    config = Qwen3_5TextConfig(
         vocab_size=vocab_size,
         hidden_size=cfg.hidden_size,
         intermediate_size=cfg.intermediate_size,
         num_hidden_layers=cfg.num_layers,
         num_attention_heads=cfg.num_heads,
         num_key_value_heads=cfg.num_kv_heads,
-        head_dim=cfg.hidden_size // cfg.num_heads,
+        head_dim=cfg.head_dim,
+        layer_types=["full_attention"] * cfg.num_layers,
         max_position_embeddings=256,
         tie_word_embeddings=True,
         pad_token_id=pad_id,
         eos_token_id=eos_id,
         bos_token_id=None,
     )
-    return Qwen3ForCausalLM(config)
+    return Qwen3_5ForCausalLM(config)
 
 
 def _lr_at(step: int, cfg: PretrainConfig) -> float:

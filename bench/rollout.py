@@ -283,7 +283,7 @@ def measure_costs(model, head, batch: int, ks: list[int], kv_len: int, stat: str
     def draft_step():
         positions = mtp_cache.begin(1)
         out = head.forward_step(g, last, positions, step=1, attention_bias=mtp_cache.attention_bias(), cache=mtp_cache)
-        head.logits(out)
+        head.logits(out, step=1)
 
     calls = {"draft": draft_step, "plain": lambda: target.forward(last)}
     calls.update({f"verify{k}": (lambda k=k: target.forward(verify_ids[k])) for k in ks})

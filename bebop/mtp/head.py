@@ -2,20 +2,24 @@
 
 One step of the head at position t::
 
-    g = layer(fc(cat[norm_e(emb(x_{t+1})), norm_h(h_t)]))      # h_t: the backbone's final hidden state
-    logits = lm_head(g)                                       # g is already normed by the layer's post-norm
+    x = block(fc(cat[norm_e(emb(x_{t+1})), norm_h(h_t)]))     # h_t: the backbone's final hidden state
+    logits = lm_head(norm_out(x))
 
-and step j+1 feeds step j's output g in place of h_t, with the next token's embedding. One physical
+and step j+1 feeds step j's output in place of h_t, with the next token's embedding. One physical
 layer (by default) is applied recurrently for K steps (step j uses layer j % num_layers). The
 embedding and lm_head are the backbone's own, shared and frozen; the block is the backbone's own
-decoder-layer class. Each layer is transformers' ``MtpLayer`` (enorm, hnorm, eh_proj, mtp_block,
-post_norm), so weights follow the DeepSeek naming.
+decoder-layer class. Each layer holds transformers' ``MtpLayer`` modules (enorm, hnorm, eh_proj,
+mtp_block, post_norm), so weights follow the DeepSeek naming; ``bebop.mtp.native`` maps them to
+and from each family's checkpoint names.
 
-Conventions match vLLM's ``qwen3_next_mtp`` so a head trained here behaves the same when exported:
+Conventions (vLLM's, so a head trained here behaves the same when exported):
 1) h_t is the backbone's *final normed* hidden state (the tensor its lm_head reads);
 2) the step that consumes (h_t, x_{t+1}) runs at rotary position t, and chained step j at t + j - 1;
-3) the recurrent hidden state is the layer's normed output, which is also what lm_head reads;
-4) unlike vLLM's ``deepseek_mtp``, the embedding at position 0 is not zeroed (the Qwen3-Next rule).
+3) per family (``MtpConventions``, chosen from the backbone's family when the head is built):
+   the order of the projection input (MiMo puts the hidden state first), whether the embedding at
+   position 0 is zeroed (DeepSeek-V3, GLM-4.5, MiMo), and whether the next step receives the normed
+   output or the block's pre-norm output. The default (Qwen3.5 / Qwen3-Next, and every backbone
+   without a native MTP family) is: embedding first, nothing zeroed, the normed output chained.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers.modeling_layers import MtpLayer
 
+from bebop.mtp.families import FAMILIES, MtpConventions, detect_family
 from bebop.utils.io import BebopError, atomic_dir
 
 CONFIG_NAME = "mtp_config.json"
@@ -44,8 +49,16 @@ class MtpConfig:
     num_layers: int = 1  # physical MTP layers; draft step j uses layer j % num_layers
     hidden_size: int = 0  # D of the backbone it was built for
     vocab_size: int = 0  # V of the backbone it was built for
-    backbone_type: str = ""  # e.g. "qwen3", informative
-    decoder_layer: str = ""  # class name of the block, e.g. "Qwen3DecoderLayer"
+    backbone_type: str = ""  # e.g. "qwen3_5_text", informative
+    decoder_layer: str = ""  # class name of the block, e.g. "Qwen3_5DecoderLayer"
+    family: str = ""  # native MTP family whose layout and conventions the head follows ("" = none)
+    hidden_first: bool = False  # see MtpConventions
+    zero_first_embedding: bool = False  # see MtpConventions
+    chain_prenorm: bool = False  # see MtpConventions
+
+    @property
+    def conventions(self) -> MtpConventions:
+        return MtpConventions(self.hidden_first, self.zero_first_embedding, self.chain_prenorm)
 
 
 def _decoder(backbone: nn.Module) -> nn.Module:
@@ -64,9 +77,13 @@ class MtpHead(nn.Module):
     Args:
         backbone: an HF causal LM (``get_decoder()`` with ``.layers``, ``.norm``, ``.rotary_emb``).
         num_layers: physical MTP layers (1 in DeepSeek-V3/Qwen3.5).
+        family: native MTP family whose conventions the head follows; None = the backbone's own
+            (``bebop.mtp.families.detect_family``), "" = none (the default conventions).
+        warm_start: start each block from the backbone's last decoder layer (False when weights are
+            loaded right after).
     """
 
-    def __init__(self, backbone: nn.Module, num_layers: int = 1):
+    def __init__(self, backbone: nn.Module, num_layers: int = 1, family: str | None = None, warm_start: bool = True):
         super().__init__()
         decoder = _decoder(backbone)
         layer_cls = type(decoder.layers[-1])
@@ -74,6 +91,10 @@ class MtpHead(nn.Module):
         config = copy.deepcopy(backbone.config.get_text_config())
         if getattr(config, "layer_types", None):
             config.layer_types = ["full_attention"] * max(len(config.layer_types), num_layers)
+        if hasattr(config, "first_k_dense_replace"):
+            config.first_k_dense_replace = 0  # NOTE: native MTP layers of DeepSeek-V3/GLM-4.5 are MoE layers
+        family = detect_family(backbone.config) if family is None else family
+        conventions = FAMILIES[family].conventions if family else MtpConventions()
         # NOTE: block i gets layer_idx i: its index in the head's own KV cache, not the backbone's.
         self.layers = nn.ModuleList(
             [MtpLayer(config, layer_cls, norm_cls, i, use_post_norm=True) for i in range(num_layers)]
@@ -84,8 +105,11 @@ class MtpHead(nn.Module):
             vocab_size=config.vocab_size,
             backbone_type=getattr(config, "model_type", ""),
             decoder_layer=layer_cls.__name__,
+            family=family,
+            **asdict(conventions),
         )
-        self._init_from_backbone(decoder)
+        if warm_start:
+            self._init_from_backbone(decoder)
         # Shared, frozen modules held outside the module tree so they are neither saved nor trained here.
         self._shared = {
             "embed": backbone.get_input_embeddings(),
@@ -96,8 +120,15 @@ class MtpHead(nn.Module):
     @torch.no_grad()
     def _init_from_backbone(self, decoder: nn.Module) -> None:
         """Starts each block from the backbone's last decoder layer (a common MTP warm start)."""
+        source = decoder.layers[-1].state_dict()
         for layer in self.layers:
-            layer.mtp_block.load_state_dict(decoder.layers[-1].state_dict())
+            try:
+                layer.mtp_block.load_state_dict(source)
+            except RuntimeError:
+                raise BebopError(
+                    f"cannot warm-start the MTP block from the backbone's last layer ({type(decoder.layers[-1]).__name__}):"
+                    " its weights do not fit an MTP layer of this family; use a native MTP head (--init native)"
+                ) from None
             eye = torch.eye(self.config.hidden_size)
             layer.eh_proj.weight.copy_(torch.cat([eye, eye], dim=1) * 0.5)
 
@@ -110,21 +141,27 @@ class MtpHead(nn.Module):
         attention_bias: torch.Tensor | None = None,  # (B, 1, S, L) additive; None = causal over S
         cache=None,  # a RaggedKVCache with num_layers entries, or None
     ) -> torch.Tensor:
-        """One draft step; returns the new hidden state (B, S, D) (normed: feed it to ``logits``)."""
+        """One draft step; returns the state (B, S, D) that the next step receives (give it to ``logits``)."""
         layer = self.layers[step % len(self.layers)]
         embeds = self._shared["embed"](input_ids)
+        if self.config.zero_first_embedding:
+            embeds = embeds.masked_fill((position_ids == 0)[..., None], 0.0)
         if attention_bias is None:
             attention_bias = causal_bias(input_ids.shape[1], embeds.dtype, embeds.device)
         rotary = self._shared["rotary"]
         pos_emb = rotary(embeds, position_ids) if rotary is not None else None
-        return layer(
-            embeds, hidden, position_embeddings=pos_emb, attention_mask=attention_bias,
-            position_ids=position_ids, cache=cache,
+        pair = [layer.enorm(embeds), layer.hnorm(hidden)]
+        x = layer.eh_proj(torch.cat(pair[::-1] if self.config.hidden_first else pair, dim=-1))
+        x = layer.mtp_block(
+            x, attention_mask=attention_bias, position_embeddings=pos_emb, position_ids=position_ids, cache=cache,
         )
+        return x if self.config.chain_prenorm else layer.post_norm(x)
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Draft logits (..., V) from a step's output hidden state (..., D)."""
-        return self._shared["lm_head"](hidden)
+    def logits(self, state: torch.Tensor, step: int = 0) -> torch.Tensor:
+        """Draft logits (..., V) from the state (..., D) that step ``step`` returned."""
+        if self.config.chain_prenorm:
+            state = self.layers[step % len(self.layers)].post_norm(state)
+        return self._shared["lm_head"](state)
 
     def unroll(self, hidden: torch.Tensor, input_ids: torch.Tensor, num_steps: int) -> list[torch.Tensor]:
         """Teacher-forced draft logits for every position and depth (training and exact evaluation).
@@ -147,7 +184,7 @@ class MtpHead(nn.Module):
         for j in range(1, num_steps + 1):
             tokens = torch.nn.functional.pad(input_ids[:, j:], (0, j), value=0)  # x_{t+j}
             g = self.forward_step(g, tokens, positions + (j - 1), step=j - 1)
-            out.append(self.logits(g))
+            out.append(self.logits(g, step=j - 1))
         return out
 
     def save_pretrained(self, directory: str | os.PathLike, extra: dict | None = None) -> None:
@@ -165,24 +202,22 @@ class MtpHead(nn.Module):
         not fit the backbone (the message names both shapes).
         """
         directory = Path(directory)
-        cfg_path, weights_path = directory / CONFIG_NAME, directory / WEIGHTS_NAME
-        for path in (cfg_path, weights_path):
-            if not path.is_file():
-                raise BebopError(f"MTP head file not found: {path}")
-        try:
-            raw = json.loads(cfg_path.read_text())
-            state = load_file(str(weights_path))
-        except Exception as e:  # noqa: BLE001 - any parse failure is a corrupt file
-            raise BebopError(f"corrupt MTP head in {directory}: {str(e).splitlines()[0]}") from None
-        fields = {k: raw[k] for k in MtpConfig.__dataclass_fields__ if k in raw}
-        cfg = MtpConfig(**fields)
+        cfg, state = read_head_files(directory)
         text_cfg = backbone.config.get_text_config()
         if (cfg.hidden_size, cfg.vocab_size) != (text_cfg.hidden_size, text_cfg.vocab_size):
             raise BebopError(
                 f"MTP head in {directory} has hidden_size={cfg.hidden_size}, vocab_size={cfg.vocab_size} but the "
                 f"backbone has hidden_size={text_cfg.hidden_size}, vocab_size={text_cfg.vocab_size}"
             )
-        head = cls(backbone, num_layers=cfg.num_layers)
+        if cfg.family and cfg.family not in FAMILIES:
+            raise BebopError(f"MTP head in {directory} names an unknown family {cfg.family!r}")
+        if cfg.decoder_layer and cfg.decoder_layer != type(_decoder(backbone).layers[-1]).__name__:
+            raise BebopError(
+                f"MTP head in {directory} was built for {cfg.decoder_layer} blocks but the backbone's layers are "
+                f"{type(_decoder(backbone).layers[-1]).__name__}"
+            )
+        head = cls(backbone, num_layers=cfg.num_layers, family=cfg.family, warm_start=False)
+        head.config = cfg
         expected = head.state_dict()
         for name, tensor in state.items():
             if name in expected and expected[name].shape != tensor.shape:
@@ -197,6 +232,20 @@ class MtpHead(nn.Module):
         head.load_state_dict(state)
         param = next(backbone.parameters())
         return head.to(device=param.device, dtype=param.dtype)
+
+
+def read_head_files(directory: Path) -> tuple[MtpConfig, dict[str, torch.Tensor]]:
+    """(config, state dict) of a saved head, read without a backbone; BebopError (one line) when missing or corrupt."""
+    cfg_path, weights_path = directory / CONFIG_NAME, directory / WEIGHTS_NAME
+    for path in (cfg_path, weights_path):
+        if not path.is_file():
+            raise BebopError(f"MTP head file not found: {path}")
+    try:
+        raw = json.loads(cfg_path.read_text())
+        state = load_file(str(weights_path))
+    except Exception as e:  # noqa: BLE001 - any parse failure is a corrupt file
+        raise BebopError(f"corrupt MTP head in {directory}: {str(e).splitlines()[0]}") from None
+    return MtpConfig(**{k: raw[k] for k in MtpConfig.__dataclass_fields__ if k in raw}), state
 
 
 def causal_bias(length: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -22,6 +22,7 @@ from bebop.utils.io import BebopError, JsonlLogger, atomic_dir, read_json, write
 from bebop.utils.progress import progress, say, step_line
 
 CHECKPOINT_DIR = "checkpoint"  # inside the output dir: head, optimizer, step, config
+INITS = ("auto", "native", "backbone")  # where a new head starts (TrainMtpConfig.init)
 
 
 @dataclass(frozen=True)
@@ -37,8 +38,10 @@ class TrainMtpConfig:
     weight_decay: float = 0.0  # AdamW weight decay
     grad_clip: float = 1.0  # max gradient norm
     temperature: float = 1.0  # softmax temperature of p and q in the loss
-    num_layers: int = 1  # physical MTP layers
-    init_from: str = ""  # head directory to start from ("" = a copy of the backbone's last layer)
+    num_layers: int = 1  # physical MTP layers (a new head; native and --init-from heads keep theirs)
+    init: str = "auto"  # where the head starts: native (the checkpoint's own MTP layer), backbone (a copy of
+    #   its last decoder layer), auto (native when the model ships one); init_from overrides it
+    init_from: str = ""  # head directory to start from (e.g. a CE-trained head)
     seed: int = 0  # head init order and batch sampling
     save_every: int = 100  # checkpoint interval in steps (0 = only at the end)
     log_every: int = 25  # one fixed-format line every this many steps
@@ -47,6 +50,8 @@ class TrainMtpConfig:
 def _check(cfg: TrainMtpConfig) -> None:
     if cfg.loss not in DRAFT_LOSSES:
         raise BebopError(f"unknown loss {cfg.loss!r}; choose one of {', '.join(DRAFT_LOSSES)}")
+    if cfg.init not in INITS:
+        raise BebopError(f"unknown init {cfg.init!r}; choose one of {', '.join(INITS)}")
     if cfg.speculate_k < 1 or cfg.steps < 1 or cfg.batch_size < 1:
         raise BebopError("speculate_k, steps and batch_size must be >= 1")
 
@@ -65,11 +70,13 @@ def train_mtp(
     pad_id: int = 0,
     resume: bool = False,
     show_progress: bool = True,
+    model_dir: str | os.PathLike | None = None,
 ) -> MtpHead:
     """Trains a head and saves it to ``out_dir`` (``mtp_config.json``, ``model.safetensors``).
 
     Writes ``metrics.jsonl`` (one row per step) and a checkpoint every ``cfg.save_every`` steps;
-    with ``resume`` it continues from ``out_dir/checkpoint``.
+    with ``resume`` it continues from ``out_dir/checkpoint``. ``model_dir`` is the backbone's
+    checkpoint directory, read for its native MTP layer (``cfg.init``).
     """
     _check(cfg)
     out_dir = Path(out_dir)
@@ -78,10 +85,7 @@ def train_mtp(
     for p in backbone.parameters():
         p.requires_grad_(False)
     torch.manual_seed(cfg.seed)
-    if cfg.init_from:
-        head = MtpHead.from_pretrained(cfg.init_from, backbone)
-    else:
-        head = MtpHead(backbone, num_layers=cfg.num_layers).to(device)
+    head = initial_head(backbone, cfg, model_dir)
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     start_step = _maybe_resume(out_dir, head, opt, cfg) if resume else 0
     logger = JsonlLogger(out_dir / "metrics.jsonl", truncate_after_step=start_step)
@@ -115,6 +119,21 @@ def train_mtp(
     _install_head(out_dir)
     _save_checkpoint(out_dir, head, opt, cfg.steps, cfg)
     return head
+
+
+def initial_head(backbone, cfg: TrainMtpConfig, model_dir: str | os.PathLike | None) -> MtpHead:
+    """The head training starts from: ``cfg.init_from``, the checkpoint's native MTP layer, or the backbone's last layer."""
+    from bebop.mtp.native import import_mtp, native_layer_count, read_config
+
+    if cfg.init_from:
+        return MtpHead.from_pretrained(cfg.init_from, backbone)
+    has_native = model_dir is not None and native_layer_count(read_config(model_dir)) > 0
+    if cfg.init == "native" or (cfg.init == "auto" and has_native):
+        if model_dir is None:
+            raise BebopError("init=native needs the model's checkpoint directory (--model DIR with its own MTP layer)")
+        say(f"train-mtp: starting from the native MTP layer of {model_dir}")
+        return import_mtp(model_dir, backbone)
+    return MtpHead(backbone, num_layers=cfg.num_layers).to(next(backbone.parameters()).device)
 
 
 def _install_head(out_dir: Path) -> None:

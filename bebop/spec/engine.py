@@ -281,7 +281,7 @@ class _Runner:
                 g = head.forward_step(g[:, None], tokens[-1][:, None], positions, step=j,
                                       attention_bias=cache.attention_bias(), cache=cache)[:, 0]
                 cache.shift_all(1)
-            logits = head.logits(g)
+            logits = head.logits(g, step=j)
             q = torch.softmax(logits.float() / self.draft_temperature, dim=-1)
             if sampled:
                 if noise is None:  # every draft step's noise in one pass: streams STREAM_DRAFT + j, same counter

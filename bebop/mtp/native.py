@@ -1,0 +1,247 @@
+"""Native MTP layers in and out of HF checkpoints.
+
+``import_mtp`` builds an ``MtpHead`` from the MTP layer a checkpoint ships (Qwen3.5, Qwen3-Next,
+DeepSeek-V3, GLM-4.5, MiMo), reading its tensors straight from the safetensors shards:
+transformers drops them when it loads the model. ``export_mtp`` writes a model directory that
+vLLM and SGLang serve as is: the backbone's config with the family's MTP field, its weight files
+(hard links), its tokenizer files, and the head's tensors under the family's names in a shard of
+their own, listed in the index. Export reads only config.json and the head: it never loads the
+backbone, so it works on checkpoints larger than memory.
+
+Deviations from a plain copy of the checkpoint:
+    1) a backbone shard that holds an old MTP layer is rewritten without it (a shard that holds
+       nothing else is dropped), so the engine never sees two versions of one tensor;
+    2) Qwen3.5 and Qwen3-Next keep one fc/norm set for the whole MTP stack, so only one-layer
+       heads map onto them (the layer is applied recurrently, as vLLM does).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from bebop.mtp.families import FAMILIES, Family, detect_family
+from bebop.mtp.head import MtpConfig, MtpHead, read_head_files
+from bebop.utils.io import BebopError, atomic_dir, write_json
+
+INDEX_NAME = "model.safetensors.index.json"  # HF's shard index
+SINGLE_NAME = "model.safetensors"  # HF's single-file checkpoint
+MTP_SHARD = "model-mtp.safetensors"  # the exported head's own shard
+FORMATS = ("auto", *FAMILIES)  # choices of `bebop export-mtp --format`
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")  # files never copied as "other files"
+
+
+def read_config(model_dir: str | os.PathLike) -> dict:
+    """config.json of a model directory as a dict (one clear error line when missing or corrupt)."""
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise BebopError(f"model directory {model_dir} has no config.json")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise BebopError(f"corrupt {path}: {e}") from None
+
+
+def _text_config(config: dict) -> dict:
+    return config.get("text_config") or config
+
+
+def native_layer_count(config: dict) -> int:
+    """Number of native MTP layers the config declares (0 when it declares none)."""
+    family = detect_family(config)
+    if not family:
+        return 0
+    field = FAMILIES[family].count_field
+    return int(_text_config(config).get(field) or config.get(field) or 0)
+
+
+def weight_map(model_dir: str | os.PathLike) -> dict[str, str]:
+    """Tensor name -> file name of a checkpoint (sharded with an index, or one model.safetensors)."""
+    model_dir = Path(model_dir)
+    index = model_dir / INDEX_NAME
+    if index.is_file():
+        try:
+            mapping = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise BebopError(f"corrupt checkpoint index {index}: {e}") from None
+        for file in sorted(set(mapping.values())):
+            if not (model_dir / file).is_file():
+                raise BebopError(f"checkpoint index {index} names {file}, which does not exist")
+        return dict(mapping)
+    single = model_dir / SINGLE_NAME
+    if not single.is_file():
+        raise BebopError(f"model directory {model_dir} has neither {SINGLE_NAME} nor {INDEX_NAME}")
+    with _open(single) as f:
+        return {name: SINGLE_NAME for name in f.keys()}
+
+
+def _open(path: Path):
+    try:
+        return safe_open(str(path), framework="pt")
+    except Exception as e:  # noqa: BLE001 - any header failure is a corrupt file
+        raise BebopError(f"corrupt safetensors file {path}: {str(e).splitlines()[0]}") from None
+
+
+def _native_names(family: Family, num_hidden_layers: int, head_names: list[str]) -> dict[str, str]:
+    """Family checkpoint name of every tensor of a head's state dict (``layers.{i}.…`` names)."""
+    out = {}
+    for name in head_names:
+        _, i, rest = name.split(".", 2)
+        out[name] = family.tensor_names(num_hidden_layers, int(i), [rest])[rest]
+    return out
+
+
+def _check_layer_count(family: Family, count: int, where: str) -> None:
+    if family.shared_projection and count != 1:
+        raise BebopError(
+            f"{where}: {family.name} keeps one fc/norm set for its MTP stack, so only one MTP layer maps onto it "
+            f"(got {count})"
+        )
+
+
+def native_layout(model_dir: str | os.PathLike) -> tuple[Family, int]:
+    """(family, number of MTP layers) of a checkpoint with a native MTP layer; one clear error line otherwise."""
+    config = read_config(model_dir)
+    family_name = detect_family(config)
+    count = native_layer_count(config)
+    if not family_name or count < 1:
+        field = FAMILIES[family_name].count_field if family_name else "mtp_num_hidden_layers/num_nextn_predict_layers"
+        raise BebopError(
+            f"model {model_dir} has no native MTP layer (its config sets no {field}); "
+            "start a head from the backbone instead: bebop train-mtp --init backbone"
+        )
+    family = FAMILIES[family_name]
+    _check_layer_count(family, count, f"model {model_dir}")
+    return family, count
+
+
+def import_mtp(model_dir: str | os.PathLike, backbone) -> MtpHead:
+    """The MTP head a checkpoint ships, on ``backbone`` (the same checkpoint, loaded).
+
+    Reads only the shards that hold MTP tensors. Raises BebopError (one line) when the model has
+    no native MTP layer, when a tensor is missing, or when a shape does not fit the backbone.
+    """
+    model_dir = Path(model_dir)
+    family, count = native_layout(model_dir)
+    config = read_config(model_dir)
+    head = MtpHead(backbone, num_layers=count, family=family.name, warm_start=False)
+    expected = head.state_dict()
+    names = _native_names(family, _text_config(config)["num_hidden_layers"], list(expected))
+    files = weight_map(model_dir)
+    missing = [native for native in names.values() if native not in files]
+    if missing:
+        raise BebopError(f"model {model_dir} declares {count} {family.name} MTP layer(s) but has no tensor {missing[0]}")
+    state = {}
+    for file in sorted({files[native] for native in names.values()}):  # only shards that hold MTP tensors
+        with _open(model_dir / file) as f:
+            for ours, native in names.items():
+                if files[native] == file:
+                    state[ours] = f.get_tensor(native)
+    for ours, tensor in state.items():
+        if tensor.shape != expected[ours].shape:
+            raise BebopError(
+                f"MTP tensor {names[ours]} in {model_dir} has shape {tuple(tensor.shape)} but the backbone needs "
+                f"{tuple(expected[ours].shape)}"
+            )
+    head.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()})
+    return head.to(next(backbone.parameters()).device)
+
+
+def _export_family(config: dict, head: MtpConfig, fmt: str, model_dir: Path) -> Family:
+    """The family to write, after checking that the backbone and the head both fit it."""
+    if fmt not in FORMATS:
+        raise BebopError(f"unknown --format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    detected = detect_family(config)
+    text = _text_config(config)
+    if not detected:
+        raise BebopError(
+            f"model {model_dir} (model_type {text.get('model_type')!r}) is not of an MTP-capable family "
+            f"({', '.join(FAMILIES)}): vLLM and SGLang have no MTP path for it"
+        )
+    if fmt != "auto" and fmt != detected:
+        raise BebopError(f"--format {fmt} does not fit model {model_dir}, which is a {detected} model")
+    family = FAMILIES[detected]
+    if (head.hidden_size, head.vocab_size) != (text.get("hidden_size"), text.get("vocab_size")):
+        raise BebopError(
+            f"the head was trained for hidden_size={head.hidden_size}, vocab_size={head.vocab_size} but model "
+            f"{model_dir} has hidden_size={text.get('hidden_size')}, vocab_size={text.get('vocab_size')}"
+        )
+    if head.backbone_type and head.backbone_type != text.get("model_type"):
+        raise BebopError(f"the head was trained on a {head.backbone_type} model, not on {text.get('model_type')}")
+    if head.conventions != family.conventions:
+        raise BebopError(
+            f"the head follows {head.conventions} but {family.name} serves {family.conventions}; "
+            f"train it on the {family.name} backbone (heads take the backbone family's conventions)"
+        )
+    _check_layer_count(family, head.num_layers, "the head")
+    return family
+
+
+def export_mtp(
+    model_dir: str | os.PathLike, head_dir: str | os.PathLike, out_dir: str | os.PathLike, fmt: str = "auto"
+) -> Path:
+    """Writes ``out_dir``: the model at ``model_dir`` with the head at ``head_dir`` as its native MTP layer.
+
+    Atomic: the directory appears complete or not at all. Returns ``out_dir``.
+    """
+    model_dir, head_dir, out_dir = Path(model_dir), Path(head_dir), Path(out_dir)
+    config = read_config(model_dir)
+    head, state = read_head_files(head_dir)
+    family = _export_family(config, head, fmt, model_dir)
+    files = weight_map(model_dir)
+    text = _text_config(config)
+    new_names = _native_names(family, text["num_hidden_layers"], list(state))
+    old_mtp = _old_mtp_names(family, text["num_hidden_layers"], files)
+    with atomic_dir(out_dir) as tmp:
+        mapping = _write_backbone_shards(model_dir, tmp, files, old_mtp)
+        save_file({new_names[k]: v.contiguous() for k, v in state.items()}, str(tmp / MTP_SHARD),
+                  metadata={"format": "pt"})
+        mapping.update({name: MTP_SHARD for name in new_names.values()})
+        write_json(tmp / INDEX_NAME, {"metadata": {}, "weight_map": dict(sorted(mapping.items()))})
+        _copy_other_files(model_dir, tmp)
+        target = config["text_config"] if "text_config" in config else config
+        target[family.count_field] = head.num_layers
+        write_json(tmp / "config.json", config)
+        write_json(tmp / "bebop_export.json", {"format": family.name, "head": str(head_dir.resolve()),
+                                               "model": str(model_dir.resolve())})
+    return out_dir
+
+
+def _old_mtp_names(family: Family, num_hidden_layers: int, files: dict[str, str]) -> set[str]:
+    """Names of the MTP tensors the backbone checkpoint already holds (any layer index)."""
+    prefixes = {family.prefix(num_hidden_layers, i) for i in range(16)}
+    return {name for name in files if any(name.startswith(p) for p in prefixes)}
+
+
+def _write_backbone_shards(model_dir: Path, tmp: Path, files: dict[str, str], old_mtp: set[str]) -> dict[str, str]:
+    """Hard-links every backbone shard into ``tmp``; rewrites only shards that hold old MTP tensors."""
+    mapping = {}
+    for file in sorted(set(files.values())):
+        names = [n for n, f in files.items() if f == file]
+        keep = [n for n in names if n not in old_mtp]
+        if len(keep) == len(names):
+            _link(model_dir / file, tmp / file)
+        elif keep:
+            with _open(model_dir / file) as f:
+                save_file({n: f.get_tensor(n) for n in keep}, str(tmp / file), metadata={"format": "pt"})
+        mapping.update({n: file for n in keep})
+    return mapping
+
+
+def _link(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # another file system, or links not allowed: copy
+        shutil.copy2(src, dst)
+
+
+def _copy_other_files(model_dir: Path, tmp: Path) -> None:
+    """Tokenizer, generation config, chat template…: every small file that is not a weight file."""
+    for path in sorted(model_dir.iterdir()):
+        if path.is_file() and path.name not in ("config.json", INDEX_NAME) and not path.name.endswith(WEIGHT_SUFFIXES):
+            shutil.copy2(path, tmp / path.name)
