@@ -336,8 +336,8 @@ def test_depth1_drafts_equal_teacher_forced_head(mode, monkeypatch):
         seen: list[torch.Tensor] = []
         real_logits = self.mtp.logits
 
-        def record(hidden):
-            logits = real_logits(hidden)
+        def record(hidden, step=0):
+            logits = real_logits(hidden, step=step)
             if not seen:  # the first call of a block is depth 1
                 seen.append(logits.clone())
             return logits
