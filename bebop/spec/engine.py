@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from bebop.mtp.head import decoder_states
 from bebop.spec import rng
 from bebop.spec.kv_cache import RaggedKVCache
 from bebop.spec.sampling import (
@@ -103,24 +104,25 @@ class _Rows:
 class _Target:
     """The target model's decoder, lm_head and a ragged cache; one forward per call."""
 
-    def __init__(self, model, batch_size: int, max_len: int):
-        self.decoder = model.get_decoder()
+    def __init__(self, model, batch_size: int, max_len: int, head_reads_prenorm: bool = False):
+        self.model = model
+        self.head_reads_prenorm = head_reads_prenorm  # the MTP head reads the state before the final norm (MiMo)
         self.lm_head = model.get_output_embeddings()
         cfg = model.config.get_text_config()
         param = next(model.parameters())
         self.cache = RaggedKVCache(cfg.num_hidden_layers, batch_size, max_len, param.device, param.dtype)
 
     def forward(self, input_ids: torch.Tensor, valid: torch.Tensor | None = None):
-        """input_ids (R, S) -> logits (R, S, V), hidden (R, S, D); the caller commits the cache."""
+        """input_ids (R, S) -> logits (R, S, V), the MTP head's input state (R, S, D); the caller commits the cache."""
         positions = self.cache.begin(input_ids.shape[1])
         bias = self.cache.attention_bias(valid)
         # NOTE: a 4-D mask, not a {layer_type: mask} dict: every HF decoder's mask builder returns a
         # 4-D mask unchanged (sliding layers included), but only some decoders accept the dict (Llama does not).
-        out = self.decoder(
+        out, state = decoder_states(
+            self.model, self.head_reads_prenorm,
             input_ids=input_ids, position_ids=positions, attention_mask=bias, cache=self.cache, use_cache=True,
         )
-        hidden = out.last_hidden_state
-        return self.lm_head(hidden), hidden
+        return self.lm_head(out.last_hidden_state), state
 
 
 def generate(
@@ -206,7 +208,7 @@ class _Runner:
         self.draft_temperature = spec.draft_temperature or sampling.temperature or 1.0
         self.eos = tokenizer.eos_token_id
         self.tokenizer = tokenizer
-        self.target = _Target(model, batch, capacity)
+        self.target = _Target(model, batch, capacity, head_reads_prenorm=bool(mtp and mtp.config.target_prenorm))
         self.mtp_cache = None
         if self.k:
             param = next(model.parameters())

@@ -24,6 +24,7 @@ from transformers import (
 )
 
 from bebop.mtp import MtpHead
+from bebop.mtp.head import decoder_states
 from bebop.mtp.native import INDEX_NAME, MTP_SHARD, export_mtp, import_mtp, weight_map
 from bebop.utils.io import BebopError
 from tests.conftest import tiny_model
@@ -69,7 +70,8 @@ FAMILIES = {
                                                    num_nextn_predict_layers=1)),
         e="model.mtp_layers.0.token_layernorm.weight", h="model.mtp_layers.0.hidden_layernorm.weight",
         fc="model.mtp_layers.0.input_proj.weight", out="model.mtp_layers.0.final_layernorm.weight",
-        block="model.mtp_layers.0.", zero_centered=False, hidden_first=True, zero0=True, prenorm=False),
+        block="model.mtp_layers.0.", zero_centered=False, hidden_first=True, zero0=True, prenorm=False,
+        target_prenorm=True),
 }
 FAMILIES_ARCH = {"qwen2": ["MiMoForCausalLM"]}  # the tiny qwen2 checkpoints here are MiMo checkpoints
 _OWN = ("enorm.", "hnorm.", "eh_proj.", "shared_head.", "embed_tokens.", "token_layernorm.", "hidden_layernorm.",
@@ -131,9 +133,15 @@ def _reference_logits(family: str, model, tensors, ids, num_steps):
     block.load_state_dict({k[len(spec["block"]):]: v for k, v in tensors.items()
                            if k.startswith(spec["block"]) and not k[len(spec["block"]):].startswith(_OWN)})
     decoder = model.get_decoder()
-    state = decoder(input_ids=ids).last_hidden_state
     b, t = ids.shape
     mask = torch.full((t, t), torch.finfo(torch.float32).min).triu(1)[None, None]
+    state = decoder(input_ids=ids).last_hidden_state
+    if spec.get("target_prenorm"):  # MiMo reads the backbone's state before its final norm: run the layers by hand
+        x, positions = model.get_input_embeddings()(ids), torch.arange(t)[None]
+        for layer in decoder.layers:
+            x = layer(x, attention_mask=mask, position_embeddings=decoder.rotary_emb(x, positions), position_ids=positions)
+        torch.testing.assert_close(decoder.norm(x), state)
+        state = x
     out = []
     for j in range(1, num_steps + 1):
         positions = torch.arange(t)[None] + (j - 1)
@@ -157,8 +165,8 @@ def test_import_matches_family_reference(family, tmp_path):
     assert head.config.family == family
     ids = torch.randint(1, V, (2, 10), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
-        hidden = model.get_decoder()(input_ids=ids).last_hidden_state
-        ours = head.unroll(hidden, ids, 3)
+        _, state = decoder_states(model, head.config.target_prenorm, input_ids=ids)
+        ours = head.unroll(state, ids, 3)
         reference = _reference_logits(family, model, tensors, ids, 3)
     for depth, (a, b) in enumerate(zip(ours, reference)):
         torch.testing.assert_close(a[:, : 10 - depth - 1], b[:, : 10 - depth - 1], atol=1e-5, rtol=1e-5)

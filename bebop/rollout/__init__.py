@@ -1,0 +1,1 @@
+"""Rollouts on engines other than Bebop's own: today, what serving a Bebop head on vLLM needs."""

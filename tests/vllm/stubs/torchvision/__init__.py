@@ -1,0 +1,42 @@
+"""Import-only stand-in for torchvision in the vLLM test venv.
+
+vLLM's Qwen3.5 module imports torchvision through transformers' image processors, and the
+registry's torchvision does not load beside the CPU torch build. Text-only models never call it:
+every name is a placeholder class (its attributes too, so enum members used as dict keys at import
+time exist) that raises when instantiated. Submodules that are imported are registered here too.
+"""
+
+import sys
+import types
+
+__version__ = "0.0.0+stub"
+SUBMODULES = ("io", "ops", "transforms", "transforms.functional", "transforms.v2", "transforms.v2.functional")
+
+
+class _Placeholder(type):
+    def __getattr__(cls, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _placeholder(f"{cls.__name__}.{name}")
+
+    def __call__(cls, *args, **kwargs):
+        raise RuntimeError(f"torchvision is a stub in this venv (text-only vLLM tests): {cls.__name__} is unavailable")
+
+
+def _placeholder(name: str) -> type:
+    return _Placeholder(name, (), {"__module__": __name__})
+
+
+def __getattr__(name):
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return _placeholder(name)
+
+
+for _name in SUBMODULES:
+    _module = types.ModuleType(f"{__name__}.{_name}")
+    _module.__path__ = []
+    _module.__getattr__ = __getattr__
+    sys.modules[_module.__name__] = _module
+    _parent, _, _leaf = _module.__name__.rpartition(".")
+    setattr(sys.modules[_parent], _leaf, _module)

@@ -1,0 +1,138 @@
+"""The exported embedded model + e2e-TV head served by vLLM's CPU build (``make test-vllm``).
+
+Skipped wherever vLLM is not installed (the main suite). Engines start once per test session (one
+with probabilistic drafts, one with greedy drafts); they run with the opt-in CPU fix of
+``bebop.rollout.vllm_cpu_fix`` on, since vllm-cpu 0.32.0 samples wrong tokens at T > 0 without it.
+The embedded model and its head come from the user's Bebop cache (trained on first use).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+
+vllm = pytest.importorskip("vllm")
+pytestmark = pytest.mark.vllm
+
+from bebop import embedded  # noqa: E402
+from bebop.mtp import MtpHead  # noqa: E402
+from bebop.mtp.native import export_mtp  # noqa: E402
+from bebop.rollout import vllm_cpu_fix  # noqa: E402
+from bebop.spec import SamplingParams, SpecConfig, generate  # noqa: E402
+from bebop.task import arith  # noqa: E402
+
+K = 3  # draft depth of every engine here
+ALPHA = 1e-3  # false-alarm probability of each acceptance comparison
+
+
+@pytest.fixture(scope="session")
+def served(tmp_path_factory):
+    """(model, tokenizer, head, exported directory) of the embedded default and its e2e-TV head."""
+    model_dir = embedded.ensure_embedded_model()
+    head_dir = embedded.ensure_embedded_head("e2e_tv")
+    model, tok = embedded.load_model(model_dir)
+    head = MtpHead.from_pretrained(head_dir, model).eval()
+    out = export_mtp(model_dir, head_dir, tmp_path_factory.mktemp("served") / "model")
+    return model, tok, head, out
+
+
+def _engine(model_dir, draft_sample_method: str | None):
+    os.environ[vllm_cpu_fix.ENV_FLAG] = "1"
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(vllm_cpu_fix.site_dir()),
+                                                             os.environ.get("PYTHONPATH")]))
+    vllm_cpu_fix.apply()
+    spec = {"method": "mtp", "num_speculative_tokens": K}
+    if draft_sample_method:
+        spec["draft_sample_method"] = draft_sample_method
+    return vllm.LLM(model=str(model_dir), dtype="float32", max_model_len=256, enforce_eager=True,
+                    gpu_memory_utilization=0.12, disable_log_stats=False, seed=0, speculative_config=spec)
+
+
+@pytest.fixture(scope="session")
+def rs_engine(served):
+    return _engine(served[3], "probabilistic")
+
+
+@pytest.fixture(scope="session")
+def to_engine(served):
+    return _engine(served[3], None)
+
+
+def _spec_counters(llm) -> dict:
+    """Cumulative spec-decode counters of an engine: drafts, draft tokens, accepted, accepted per position."""
+    out = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "per_pos": [0] * K}
+    for metric in llm.get_metrics():
+        name = metric.name.removeprefix("vllm:spec_decode_")
+        if name == "num_drafts":
+            out["drafts"] += metric.value
+        elif name == "num_draft_tokens":
+            out["draft_tokens"] += metric.value
+        elif name == "num_accepted_tokens":
+            out["accepted"] += metric.value
+        elif name == "num_accepted_tokens_per_pos":
+            out["per_pos"] = [a + b for a, b in zip(out["per_pos"], metric.values)]
+    return out
+
+
+def _vllm_generate(llm, prompt_ids, temperature, max_tokens, seed=0):
+    """(token ids per row, spec counters of this call) — counters by difference, they are cumulative."""
+    before = _spec_counters(llm)
+    params = vllm.SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompt_ids], params, use_tqdm=False)
+    after = _spec_counters(llm)
+    delta = {k: (after[k] - before[k]) if k != "per_pos" else [a - b for a, b in zip(after[k], before[k])]
+             for k in after}
+    return [list(o.outputs[0].token_ids) for o in outputs], delta
+
+
+def _prompts(tok, num, seed):
+    return [tok.encode(p.prompt) for p in arith.make_problems(num, seed=seed)]
+
+
+def test_greedy_tokens_equal_bebop_engine_and_plain_greedy(served, rs_engine):
+    model, tok, head, _ = served
+    prompts = _prompts(tok, 16, seed=7)
+    ours_plain = generate(model, tok, prompts, sampling=SamplingParams(temperature=0, max_new_tokens=48))
+    ours_rs = generate(model, tok, prompts, mtp=head, sampling=SamplingParams(temperature=0, max_new_tokens=48),
+                       spec=SpecConfig(mode="rs", speculate_k=K))
+    theirs, counters = _vllm_generate(rs_engine, prompts, temperature=0.0, max_tokens=48)
+    assert counters["drafts"] > 0 and counters["accepted"] > 0  # MTP drafting really ran
+    for row, (a, b, c) in enumerate(zip(theirs, ours_rs.token_ids, ours_plain.token_ids)):
+        assert a == b == c, f"row {row}: vLLM {a} / Bebop rs {b} / plain {c}"
+
+
+def _two_proportion_p(x1: int, n1: int, x2: int, n2: int) -> float:
+    """Two-sided p-value of a pooled two-proportion z-test."""
+    pooled = (x1 + x2) / (n1 + n2)
+    se = math.sqrt(pooled * (1 - pooled) * (1 / n1 + 1 / n2))
+    if se == 0:
+        return 1.0 if x1 / n1 == x2 / n2 else 0.0
+    z = (x1 / n1 - x2 / n2) / se
+    return math.erfc(abs(z) / math.sqrt(2))
+
+
+@pytest.mark.parametrize("mode", ["rs", "to"])
+def test_acceptance_per_position_agrees_with_bebop(served, rs_engine, to_engine, mode):
+    """vLLM's accepted-per-position rates equal Bebop's engine's within sampling error, at T = 1.
+
+    Per position j, the rate is (verify steps that accepted draft j) / (verify steps), counted as
+    vLLM counts it: every verify step, before the stop check. A two-sided two-proportion z-test
+    per position at ALPHA = 1e-3; 3 positions x 2 modes give a false-alarm probability of at most
+    0.6% for the module when both engines sample exactly.
+    """
+    model, tok, head, _ = served
+    engine = rs_engine if mode == "rs" else to_engine
+    prompts = _prompts(tok, 256, seed=11)
+    _, theirs = _vllm_generate(engine, prompts, temperature=1.0, max_tokens=48, seed=1)
+    ours = generate(model, tok, prompts, mtp=head, sampling=SamplingParams(temperature=1.0, max_new_tokens=48),
+                    spec=SpecConfig(mode=mode, speculate_k=K), seed=1).stats
+    n_ours, n_theirs = ours.num_drafts, theirs["drafts"]
+    assert n_ours > 1000 and n_theirs > 1000
+    for j in range(K):
+        p = _two_proportion_p(ours.accepted_per_pos[j], n_ours, theirs["per_pos"][j], n_theirs)
+        assert p > ALPHA, (
+            f"{mode} position {j + 1}: Bebop {ours.accepted_per_pos[j] / n_ours:.4f} over {n_ours} verify steps, "
+            f"vLLM {theirs['per_pos'][j] / n_theirs:.4f} over {n_theirs} (p = {p:.2e})"
+        )
