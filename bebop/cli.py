@@ -1,12 +1,15 @@
 """The ``bebop`` command: one thin subcommand per step of the recipe.
 
 Every subcommand runs with no model arguments on the embedded default model (trained and cached
-on first use). Errors caused by input print one line and exit with status 2.
+on first use). Errors caused by input print one line and exit with status 2. Every flag, file and
+output path is checked before any output is created or changed; a non-empty output directory is
+written into only with ``--resume`` or ``--overwrite`` (which moves it aside, never deletes it).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -58,11 +61,17 @@ def _sequences(args, model, tok, split: str):
 # ---------------------------------------------------------------------------------------------- pretrain
 def cmd_pretrain(args) -> None:
     from bebop import embedded
+    from bebop.utils.io import check_output_dir, entry_lock, prepare_output_dir
 
     overrides = {"steps": args.steps, "seed": args.seed, "device": args.device, "eval_problems": args.eval_problems}
     cfg = embedded.PretrainConfig(**{k: v for k, v in overrides.items() if v is not None})
+    embedded.check_pretrain_config(cfg)
     out = Path(args.out) if args.out else embedded.embedded_model_dir()
-    summary = embedded.pretrain(out, cfg)
+    check_output_dir(out, overwrite=args.overwrite, what="model directory")
+    # NOTE: the cache's lock, so a command building the cached model meanwhile waits instead of racing
+    with entry_lock(out) if out == embedded.embedded_model_dir() else contextlib.nullcontext():
+        prepare_output_dir(out, overwrite=args.overwrite)
+        summary = embedded.pretrain(out, cfg)
     print(json.dumps({k: v for k, v in summary.items() if k != "config"}, indent=2))
     print(f"saved to {out}")
 
@@ -71,20 +80,28 @@ def cmd_pretrain(args) -> None:
 def cmd_train_mtp(args) -> None:
     from bebop import embedded
     from bebop.config import resolve
-    from bebop.mtp.train import TrainMtpConfig, train_mtp
+    from bebop.mtp.train import TrainMtpConfig, saved_config, train_mtp
+    from bebop.utils.io import check_output_dir
 
-    cfg = resolve(TrainMtpConfig, args.config, {
+    flags = {
         "loss": args.loss, "speculate_k": args.speculate_k, "steps": args.steps, "batch_size": args.batch_size,
         "lr": args.lr, "temperature": args.temperature, "num_layers": args.num_layers, "seed": args.seed,
         "init": args.init, "init_from": args.init_from,
-    })
-    print("resolved config: " + json.dumps(dataclasses.asdict(cfg)), file=sys.stderr)
-    model, tok, _ = _load(args, need_mtp=False)
-    data = _sequences(args, model, tok, "train")
+    }
+    cfg = resolve(TrainMtpConfig, args.config, flags)
     out = Path(args.out) if args.out else embedded.embedded_head_dir(cfg.loss) if args.model is None else None
     if out is None:
         raise BebopError("--out is required with --model")
-    train_mtp(model, data, out, cfg, pad_id=tok.pad_token_id, resume=args.resume, model_dir=args.model)
+    if args.resume and not args.config:  # NOTE: a resume keeps the checkpoint's settings unless a flag changes them
+        cfg = resolve(TrainMtpConfig, None, {**saved_config(out), **{k: v for k, v in flags.items() if v is not None}})
+    check_output_dir(out, resume=args.resume, overwrite=args.overwrite, what="head directory")
+    if args.data:
+        _check_input_file(args.data, "data file")
+    print("resolved config: " + json.dumps(dataclasses.asdict(cfg)), file=sys.stderr)
+    model, tok, _ = _load(args, need_mtp=False)
+    data = _sequences(args, model, tok, "train")
+    train_mtp(model, data, out, cfg, pad_id=tok.pad_token_id, resume=args.resume, overwrite=args.overwrite,
+              model_dir=args.model)
     print(f"saved head to {out}")
 
 
@@ -121,8 +138,12 @@ def cmd_export_mtp(args) -> None:
 # ---------------------------------------------------------------------------------------------- eval-mtp
 def cmd_eval_mtp(args) -> None:
     from bebop.mtp.evaluate import acceptance_table, evaluate_mtp
-    from bebop.utils.io import write_json
+    from bebop.utils.io import check_output_file, write_json
 
+    if args.json:
+        check_output_file(args.json, "--json file")
+    if args.data:
+        _check_input_file(args.data, "data file")
     model, tok, head = _load(args, need_mtp=True, mtp_loss=args.loss)
     data = _sequences(args, model, tok, "eval")
     result = evaluate_mtp(model, head, data, speculate_k=args.speculate_k, temperature=args.temperature,
@@ -135,12 +156,19 @@ def cmd_eval_mtp(args) -> None:
 # ---------------------------------------------------------------------------------------------- generate
 def cmd_generate(args) -> None:
     from bebop.spec import SamplingParams, SpecConfig, generate
-    from bebop.utils.io import atomic_write_text, write_json
+    from bebop.spec.engine import check_sampling
+    from bebop.utils.io import atomic_write_text, check_output_file, write_json
 
-    model, tok, head = _load(args, need_mtp=args.mode != "none")
-    prompts = _read_prompts(args.prompts, args.num_prompts)
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                               max_new_tokens=args.max_new_tokens, stop=tuple(args.stop or ()))
+    check_sampling(sampling)
+    if args.mode != "none" and args.speculate_k < 1:
+        raise BebopError(f"speculate_k must be >= 1, got {args.speculate_k}")
+    check_output_file(args.out, "--out file")
+    if args.stats_json:
+        check_output_file(args.stats_json, "--stats-json file")
+    prompts = _read_prompts(args.prompts, args.num_prompts)
+    model, tok, head = _load(args, need_mtp=args.mode != "none")
     spec = SpecConfig(mode=args.mode, speculate_k=args.speculate_k)
     result = generate(model, tok, prompts, mtp=head, sampling=sampling, spec=spec, seed=args.seed)
     lines = [json.dumps({"prompt": p, "completion": c, "token_ids": t, "finish_reason": f})
@@ -151,6 +179,11 @@ def cmd_generate(args) -> None:
         write_json(args.stats_json, stats)
     print(f"wrote {len(lines)} completions to {args.out}; accept length {stats['spec/accept_length']:.3f}, "
           f"target entropy {stats['spec/target_entropy']:.3f} nats")
+
+
+def _check_input_file(path: str, what: str) -> None:
+    if not Path(path).expanduser().is_file():
+        raise BebopError(f"{what} not found: {path}")
 
 
 def _read_prompts(path: str | None, num: int) -> list[str]:
@@ -192,10 +225,13 @@ def cmd_check_lossless(args) -> int:
 def cmd_rl(args) -> None:
     from bebop.rl import resolve_rl_config, train_rl
     from bebop.rl.config import config_fields
+    from bebop.utils.io import check_output_dir
 
     run_dir = Path(args.resume or args.out or "")
     if not args.resume and not args.out:
         raise BebopError("give --out RUN_DIR (or --resume RUN_DIR)")
+    if args.resume and args.out and Path(args.out) != run_dir:
+        raise BebopError("--resume RUN_DIR names the run directory; give no other --out")
     overrides = {name: getattr(args, name, None) for name in config_fields()}
     file = args.config
     if args.resume and not file and (run_dir / "config.json").is_file():
@@ -203,9 +239,12 @@ def cmd_rl(args) -> None:
         overrides = {**{k: v for k, v in saved.items() if k in config_fields()},
                      **{k: v for k, v in overrides.items() if v is not None}}
     cfg = resolve_rl_config(file, overrides)
+    check_output_dir(run_dir, resume=bool(args.resume), overwrite=args.overwrite, what="run directory")
+    if cfg.task == "math":
+        _check_input_file(cfg.data, "prompt file")
     need_head = cfg.mode != "none" or cfg.mtp.mtp_update == "online"
     model, tok, head = _load(args, need_mtp=need_head, mtp_loss=cfg.mtp_loss)
-    train_rl(model, tok, head, cfg, run_dir, resume=bool(args.resume))
+    train_rl(model, tok, head, cfg, run_dir, resume=bool(args.resume), overwrite=args.overwrite)
     print(f"run written to {run_dir}")
 
 
@@ -226,15 +265,25 @@ def _add_rl_flags(p: argparse.ArgumentParser) -> None:
 # ---------------------------------------------------------------------------------------------- report / demo
 def cmd_report(args) -> None:
     from bebop.analysis.report import write_report
+    from bebop.utils.io import check_output_dir, prepare_output_dir
 
+    check_output_dir(args.out, overwrite=args.overwrite, what="report directory")
+    for run in args.runs:
+        if not Path(run).is_dir():
+            raise BebopError(f"run directory not found: {run}")
+    prepare_output_dir(args.out, overwrite=args.overwrite)
     path = write_report([Path(d) for d in args.runs], Path(args.out))
     print(f"report written to {path}")
 
 
 def cmd_demo(args) -> None:
     from bebop.demo import quick_or_default, run_demo
+    from bebop.utils.io import prepare_output_dir
 
-    report = run_demo(quick_or_default(args.quick, args.out))
+    cfg = quick_or_default(args.quick, args.out)
+    if args.overwrite:
+        prepare_output_dir(cfg.out, overwrite=True)
+    report = run_demo(cfg)
     print(f"demo report: {report}")
 
 
@@ -249,6 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="seed for init and data (default 0)")
     p.add_argument("--eval-problems", type=int, help="held-out problems sampled to measure accuracy (default 256)")
     p.add_argument("--device", default="auto", help="cpu, cuda or auto")
+    p.add_argument("--overwrite", action="store_true",
+                   help="if OUT exists and is not empty, move it aside to NAME.old-<timestamp> first")
     p.set_defaults(func=cmd_pretrain)
 
     p = sub.add_parser("train-mtp", help="train an MTP draft head on a frozen model")
@@ -270,7 +321,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="seed (default 0)")
     p.add_argument("--num-sequences", type=int,
                    help="self-generated embedded sequences when no --data (default 2048; used when first cached)")
-    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from OUT/checkpoint with its settings (flags may change only --steps)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="if OUT exists and is not empty, move it aside to NAME.old-<timestamp> first")
     p.set_defaults(func=cmd_train_mtp)
 
     p = sub.add_parser("import-mtp", help="save the MTP layer a checkpoint ships (Qwen3.5, Qwen3-Next, DeepSeek-V3, "
@@ -310,7 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=0, help="top-k on the target, 0 = off")
     p.add_argument("--top-p", type=float, default=1.0, help="top-p on the target, 1 = off")
     p.add_argument("--max-new-tokens", type=int, default=64, help="completion length limit (default 64)")
-    p.add_argument("--stop", action="append", help="stop string (repeatable)")
+    p.add_argument("--stop", action="append", help="stop string, non-empty (repeatable)")
     p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
     p.add_argument("--out", required=True, help="output JSONL, one line per completion")
     p.add_argument("--stats-json", help="write speculative-decoding statistics here")
@@ -330,17 +384,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="TOML/YAML file of RL settings (flags override it)")
     p.add_argument("--out", help="run directory (config.json, metrics.jsonl, checkpoint/)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+    p.add_argument("--overwrite", action="store_true",
+                   help="if OUT exists and is not empty, move it aside to NAME.old-<timestamp> first")
     _add_rl_flags(p)
     p.set_defaults(func=cmd_rl)
 
     p = sub.add_parser("report", help="markdown report with tables and plots from RL run directories")
     p.add_argument("runs", nargs="+", help="run directories written by `bebop rl`")
     p.add_argument("--out", required=True, help="output directory for report.md and the PNG plots")
+    p.add_argument("--overwrite", action="store_true",
+                   help="if OUT exists and is not empty, move it aside to NAME.old-<timestamp> first")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("demo", help="the whole recipe on the embedded model, with the paper's analyses")
     p.add_argument("--quick", action="store_true", help="smoke-test budgets (about 3 minutes)")
-    p.add_argument("--out", help="output directory (default demo_out)")
+    p.add_argument("--out", help="output directory (default demo_out); an existing one is continued")
+    p.add_argument("--overwrite", action="store_true",
+                   help="if OUT exists and is not empty, move it aside to NAME.old-<timestamp> and start afresh")
     p.set_defaults(func=cmd_demo)
     return parser
 

@@ -135,12 +135,11 @@ def _sweep(cfg: DemoConfig, out: Path, model, tok, head_dirs: dict[str, Path], d
 def _rl_run(cfg: DemoConfig, out: Path, model_dir: Path, head_dirs: dict[str, Path], spec: tuple) -> Path:
     """One RL run from the pretrained policy; skipped when complete, resumed when checkpointed."""
     from bebop.rl import resolve_rl_config, train_rl
-    from bebop.rl.checkpoint import has_checkpoint
 
     label, mode, loss, update, online_loss = spec
     run_dir = out / "runs" / label
     metrics = run_dir / "metrics.jsonl"
-    if metrics.is_file() and len(read_jsonl(metrics)) >= cfg.rl_steps:
+    if metrics.is_file() and len(read_jsonl(metrics, torn_tail_ok=True)) >= cfg.rl_steps:
         return run_dir
     rl_cfg = resolve_rl_config(None, {
         "mode": mode, "mtp_loss": loss, "mtp_update": update, "online_loss": online_loss, "label": label,
@@ -149,7 +148,7 @@ def _rl_run(cfg: DemoConfig, out: Path, model_dir: Path, head_dirs: dict[str, Pa
     })
     model, tok = embedded.load_model(model_dir)
     head = MtpHead.from_pretrained(head_dirs[loss], model) if (mode != "none" or update == "online") else None
-    train_rl(model, tok, head, rl_cfg, run_dir, resume=has_checkpoint(run_dir))
+    train_rl(model, tok, head, rl_cfg, run_dir, resume=True)  # from the checkpoint, or from step 0 without one
     return run_dir
 
 

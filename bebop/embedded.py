@@ -5,6 +5,10 @@ paper's model family) with full-attention layers, a dense MLP and head_dim 32, s
 serves it with an exported MTP head. It is built from a config (no download),
 pretrained by ``bebop pretrain`` in a few CPU minutes, and cached under ``$BEBOP_CACHE_DIR``
 (default ``~/.cache/bebop``). Heads trained on it are cached beside it, one per loss.
+
+Cache entries derived from the model (heads, self-generated data) record the SHA-256 of its
+weights and are rebuilt when the model changes. Each entry is built under a lock file
+(``.NAME.lock`` beside it), so processes sharing a cache build it once and never see half of it.
 """
 
 from __future__ import annotations
@@ -21,9 +25,9 @@ import torch
 from transformers import PreTrainedTokenizerFast, Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
 from bebop.task import arith
-from bebop.utils.io import BebopError, atomic_dir, write_json
+from bebop.utils.io import BebopError, atomic_dir, entry_lock, read_json, write_json
 from bebop.utils.progress import progress, say, step_line
-from bebop.utils.torch_utils import resolve_device, seed_everything
+from bebop.utils.torch_utils import resolve_device, seed_everything, state_sha256
 
 EMBEDDED_VERSION = "v2"  # bump when the task, tokenizer or model changes, so stale caches are not reused
 
@@ -122,6 +126,7 @@ def pretrain(out_dir: str | os.PathLike, cfg: PretrainConfig = PretrainConfig(),
     Returns the summary also written to ``pretrain.json``: loss, accuracy and mean completion
     entropy at T=1 on held-out problems, and wall time.
     """
+    check_pretrain_config(cfg)
     seed_everything(cfg.seed)
     device = resolve_device(cfg.device)
     tok = build_tokenizer()
@@ -176,12 +181,20 @@ def evaluate_task(model, tok, num_problems: int = 256, seed: int = 1, temperatur
     }
 
 
+def check_pretrain_config(cfg: PretrainConfig) -> None:
+    """Raises BebopError (one line) on settings that would give no trained or no measured model."""
+    if cfg.steps < 1 or cfg.eval_problems < 1:
+        raise BebopError(f"pretrain needs steps >= 1 and eval_problems >= 1, got steps={cfg.steps}, "
+                         f"eval_problems={cfg.eval_problems}")
+
+
 def ensure_embedded_model(show_progress: bool = True) -> Path:
-    """The cached embedded model's directory, pretraining it first when it is missing."""
+    """The cached embedded model's directory, pretraining it first when it is missing (once across processes)."""
     path = embedded_model_dir()
-    if not (path / "config.json").is_file():
-        say(f"bebop: no cached embedded model at {path}; pretraining it now (a few CPU minutes, once).")
-        pretrain(path, show_progress=show_progress)
+    with entry_lock(path):
+        if not (path / "config.json").is_file():
+            say(f"bebop: no cached embedded model at {path}; pretraining it now (a few CPU minutes, once).")
+            pretrain(path, show_progress=show_progress)
     return path
 
 
@@ -216,22 +229,26 @@ SELFGEN_SEEDS = {"train": 1000, "eval": 2000}  # problem/sampling seeds of the t
 def embedded_data(split: str, model=None, tok=None, num: int | None = None, path: Path | None = None):
     """Self-generated (T=1) embedded-task sequences for ``split`` ("train" or "eval"), cached as JSONL.
 
-    ``num`` (default SELFGEN_TRAIN / SELFGEN_EVAL) applies only when the cache is being created;
-    ``path`` overrides the cache file (the quick demo keeps its own).
+    The file is named after the model's weights (``selfgen-<split>-<sha256[:16]>.jsonl``), so a
+    changed model gets fresh data. ``num`` (default SELFGEN_TRAIN / SELFGEN_EVAL) applies only
+    when the file is being created; ``path`` replaces the cache location (the quick demo keeps its
+    own; its stem gets the same suffix).
     """
     from bebop.mtp.data import Sequences, self_generated
     from bebop.utils.io import atomic_write_text, read_jsonl
 
-    path = path or cache_dir() / f"embedded-{EMBEDDED_VERSION}" / f"selfgen-{split}.jsonl"
-    if path.is_file():
-        rows = read_jsonl(path, what="cached data")
-        return Sequences([r["token_ids"] for r in rows], [r["start"] for r in rows])
     if model is None:
         model, tok = load_model()
-    num = num or (SELFGEN_TRAIN if split == "train" else SELFGEN_EVAL)
-    say(f"bebop: sampling {num} embedded-task completions from the model at T=1 ({split} split, cached after)")
-    data = self_generated(model, tok, num, seed=SELFGEN_SEEDS[split])
-    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in data.to_jsonl_rows()))
+    path = path or cache_dir() / f"embedded-{EMBEDDED_VERSION}" / f"selfgen-{split}.jsonl"
+    path = path.with_name(f"{path.stem}-{state_sha256(model)[:16]}{path.suffix}")
+    with entry_lock(path):
+        if path.is_file():
+            rows = read_jsonl(path, what="cached data")
+            return Sequences([r["token_ids"] for r in rows], [r["start"] for r in rows])
+        num = num or (SELFGEN_TRAIN if split == "train" else SELFGEN_EVAL)
+        say(f"bebop: sampling {num} embedded-task completions from the model at T=1 ({split} split, cached after)")
+        data = self_generated(model, tok, num, seed=SELFGEN_SEEDS[split])
+        atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in data.to_jsonl_rows()))
     return data
 
 
@@ -246,24 +263,53 @@ def ensure_embedded_head(loss: str = "e2e_tv", model=None, tok=None, show_progre
     """The embedded head trained with ``loss``, training it first when missing (cached under ``root``).
 
     Protocol (the paper's: every loss fine-tunes the same CE-pretrained MTP head, §6.1): a shared
-    head trained with CE for ``warmup_steps``, then ``steps`` more with ``loss`` from it.
+    head trained with CE for ``warmup_steps``, then ``steps`` more with ``loss`` from it. A head (or
+    an unfinished one's checkpoint) trained on other weights than ``model``'s is replaced.
     """
     from bebop.mtp.head import CONFIG_NAME
     from bebop.mtp.train import TrainMtpConfig, train_mtp
 
     root = root or embedded_head_dir(loss).parent
     path = root / loss
-    if (path / CONFIG_NAME).is_file():
-        return path
     if model is None:
         model, tok = load_model(show_progress=show_progress)
-    data = data if data is not None else embedded_data("train", model, tok)
-    warm = root / WARMUP_HEAD
-    if not (warm / CONFIG_NAME).is_file():
-        say(f"bebop: training the shared CE warm-start head at {warm} (once).")
-        train_mtp(model, data, warm, TrainMtpConfig(loss="ce", steps=warmup_steps, save_every=max(warmup_steps // 3, 1)),
-                  pad_id=tok.pad_token_id, resume=True, show_progress=show_progress)
-    say(f"bebop: no cached {loss} head at {path}; training it now from the warm-start head (once).")
-    cfg = TrainMtpConfig(loss=loss, steps=steps, init_from=str(warm), save_every=max(steps // 3, 1))
-    train_mtp(model, data, path, cfg, pad_id=tok.pad_token_id, resume=True, show_progress=show_progress)
+    model_sha256 = state_sha256(model)
+    with entry_lock(path):
+        if (path / CONFIG_NAME).is_file() and _trained_on(path) == model_sha256:
+            return path
+        data = data if data is not None else embedded_data("train", model, tok)
+        warm = root / WARMUP_HEAD
+        with entry_lock(warm):
+            if not ((warm / CONFIG_NAME).is_file() and _trained_on(warm) == model_sha256):
+                _drop_stale(warm, model_sha256)
+                say(f"bebop: training the shared CE warm-start head at {warm} (once).")
+                train_mtp(model, data, warm, TrainMtpConfig(loss="ce", steps=warmup_steps,
+                                                            save_every=max(warmup_steps // 3, 1)),
+                          pad_id=tok.pad_token_id, resume=True, show_progress=show_progress)
+        _drop_stale(path, model_sha256)
+        say(f"bebop: no cached {loss} head at {path}; training it now from the warm-start head (once).")
+        cfg = TrainMtpConfig(loss=loss, steps=steps, init_from=str(warm), save_every=max(steps // 3, 1))
+        train_mtp(model, data, path, cfg, pad_id=tok.pad_token_id, resume=True, show_progress=show_progress)
     return path
+
+
+def _trained_on(head_dir: Path) -> str | None:
+    """The backbone SHA-256 a cached head (or its unfinished checkpoint) records; None if none does."""
+    from bebop.mtp.head import CONFIG_NAME
+
+    for file in (head_dir / CONFIG_NAME, head_dir / "checkpoint" / "config.json"):
+        if file.is_file():
+            try:
+                return read_json(file).get("model_sha256")
+            except BebopError:
+                return None
+    return None
+
+
+def _drop_stale(head_dir: Path, model_sha256: str) -> None:
+    """Removes a cached head directory trained on other weights (derived data: it is rebuilt, and said so)."""
+    import shutil
+
+    if head_dir.exists() and _trained_on(head_dir) != model_sha256:
+        say(f"bebop: the cached head at {head_dir} was not trained on this model's weights; rebuilding it.")
+        shutil.rmtree(head_dir)

@@ -4,6 +4,12 @@ The backbone never changes (its parameters have requires_grad=False and are only
 no_grad). Each step unrolls K_train head steps with teacher forcing on the data tokens; the
 target p at step j is the backbone's own distribution on the same sequence (paper §6.1: 5 steps,
 backbone frozen, e2e-TV). AdamW with linear warmup then a constant rate (the paper's schedule).
+
+Resuming (``resume=True``) continues from ``out_dir/checkpoint`` on the same backbone (its weights'
+SHA-256 is recorded). Of the settings, only ``RESUME_MAY_CHANGE`` may differ from the checkpoint's:
+more steps extend the run exactly as if it had been started with them; a changed learning rate,
+batch size, loss... would make the result a run nobody asked for, so it is refused. Each resume
+is recorded (``resumes`` in the checkpoint config and the saved head's ``mtp_config.json``).
 """
 
 from __future__ import annotations
@@ -18,11 +24,23 @@ import torch
 from bebop.losses import DRAFT_LOSSES, acceptance_stats, draft_loss
 from bebop.mtp.data import Sequences, chain_tensors
 from bebop.mtp.head import MtpHead
-from bebop.utils.io import BebopError, JsonlLogger, atomic_dir, read_json, write_json
+from bebop.utils.io import (
+    BebopError,
+    JsonlLogger,
+    atomic_dir,
+    check_output_dir,
+    log_rows_until,
+    prepare_output_dir,
+    read_json,
+    write_json,
+)
 from bebop.utils.progress import progress, say, step_line
+from bebop.utils.torch_utils import state_sha256
 
 CHECKPOINT_DIR = "checkpoint"  # inside the output dir: head, optimizer, step, config
 INITS = ("auto", "native", "backbone")  # where a new head starts (TrainMtpConfig.init)
+METRICS_FILE = "metrics.jsonl"  # one row per step
+RESUME_MAY_CHANGE = ("steps", "save_every", "log_every")  # settings a resumed run may change (and records)
 
 
 @dataclass(frozen=True)
@@ -70,25 +88,45 @@ def train_mtp(
     pad_id: int = 0,
     resume: bool = False,
     show_progress: bool = True,
+    overwrite: bool = False,
     model_dir: str | os.PathLike | None = None,
 ) -> MtpHead:
     """Trains a head and saves it to ``out_dir`` (``mtp_config.json``, ``model.safetensors``).
 
-    Writes ``metrics.jsonl`` (one row per step) and a checkpoint every ``cfg.save_every`` steps;
-    with ``resume`` it continues from ``out_dir/checkpoint``. ``model_dir`` is the backbone's
-    checkpoint directory, read for its native MTP layer (``cfg.init``).
+    Writes ``metrics.jsonl`` (one row per step) and a checkpoint every ``cfg.save_every`` steps.
+    Settings, the starting head and the checkpoint are all checked before ``out_dir`` changes.
+
+    Args:
+        backbone: the frozen HF causal LM.
+        data: training sequences.
+        out_dir: output directory; a non-empty one needs ``resume`` or ``overwrite``.
+        cfg: training settings.
+        pad_id: padding token id.
+        resume: continue from ``out_dir/checkpoint`` (see the module docstring for changed settings).
+        show_progress: show a progress bar.
+        overwrite: move a non-empty ``out_dir`` aside to ``NAME.old-<timestamp>`` first.
+        model_dir: the backbone's checkpoint directory, read for its native MTP layer (``cfg.init``).
+
+    Returns:
+        The trained head.
     """
     _check(cfg)
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    check_output_dir(out_dir, resume=resume, overwrite=overwrite, what="head directory")
+    if len(data) == 0:
+        raise BebopError("no training sequences")
     device = next(backbone.parameters()).device
     for p in backbone.parameters():
         p.requires_grad_(False)
+    model_sha256 = state_sha256(backbone)
     torch.manual_seed(cfg.seed)
     head = initial_head(backbone, cfg, model_dir)
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    start_step = _maybe_resume(out_dir, head, opt, cfg) if resume else 0
-    logger = JsonlLogger(out_dir / "metrics.jsonl", truncate_after_step=start_step)
+    start_step, resumes = _maybe_resume(out_dir, head, opt, cfg, model_sha256) if resume else (0, [])
+    kept = log_rows_until(out_dir / METRICS_FILE, start_step, what="metrics") if resume else []
+    prepare_output_dir(out_dir, overwrite=overwrite, announce=say)  # NOTE: the first write to out_dir
+    logger = JsonlLogger(out_dir / METRICS_FILE, kept)
+    meta = {"model_sha256": model_sha256, "resumes": resumes}
     say(f"train-mtp: loss={cfg.loss} K={cfg.speculate_k} steps={cfg.steps} sequences={len(data)} from step {start_step}")
     t0 = time.time()
     for step in progress(range(start_step, cfg.steps), total=cfg.steps - start_step, desc=f"train-mtp {cfg.loss}",
@@ -113,11 +151,11 @@ def train_mtp(
             say(step_line("train-mtp", step + 1, cfg.steps,
                           {"loss": row["loss"], "alpha1": per_step[0], "lr": lr}))
         if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < cfg.steps:
-            _save_checkpoint(out_dir, head, opt, step + 1, cfg)
+            _save_checkpoint(out_dir, head, opt, step + 1, cfg, meta)
     logger.close()
-    head.save_pretrained(out_dir / "head.tmp", extra={"train": asdict(cfg)})
+    head.save_pretrained(out_dir / "head.tmp", extra={"train": asdict(cfg), **meta})
     _install_head(out_dir)
-    _save_checkpoint(out_dir, head, opt, cfg.steps, cfg)
+    _save_checkpoint(out_dir, head, opt, cfg.steps, cfg, meta)
     return head
 
 
@@ -144,24 +182,51 @@ def _install_head(out_dir: Path) -> None:
     tmp.rmdir()
 
 
-def _save_checkpoint(out_dir: Path, head: MtpHead, opt, step: int, cfg: TrainMtpConfig) -> None:
+def _save_checkpoint(out_dir: Path, head: MtpHead, opt, step: int, cfg: TrainMtpConfig, meta: dict) -> None:
     with atomic_dir(out_dir / CHECKPOINT_DIR) as tmp:
         torch.save({"head": head.state_dict(), "optimizer": opt.state_dict(), "step": step}, tmp / "state.pt")
-        write_json(tmp / "config.json", asdict(cfg))
+        write_json(tmp / "config.json", {**asdict(cfg), **meta})
 
 
-def _maybe_resume(out_dir: Path, head: MtpHead, opt, cfg: TrainMtpConfig) -> int:
+def saved_config(out_dir: str | os.PathLike) -> dict:
+    """The ``TrainMtpConfig`` fields of ``out_dir``'s checkpoint ({} when it has none): a resume's defaults."""
+    path = Path(out_dir) / CHECKPOINT_DIR / "config.json"
+    if not path.is_file():
+        return {}
+    saved = read_json(path, what="checkpoint config")
+    return {k: v for k, v in saved.items() if k in TrainMtpConfig.__dataclass_fields__}
+
+
+def _maybe_resume(out_dir: Path, head: MtpHead, opt, cfg: TrainMtpConfig, model_sha256: str) -> tuple[int, list]:
+    """(step, resume history) after loading ``out_dir/checkpoint`` into ``head`` and ``opt``; (0, []) if none.
+
+    Raises BebopError when the checkpoint belongs to another backbone or a setting outside
+    ``RESUME_MAY_CHANGE`` changed (one line naming each, old -> new).
+    """
     ckpt = out_dir / CHECKPOINT_DIR
     if not (ckpt / "state.pt").is_file():
         say(f"train-mtp: no checkpoint in {ckpt}; starting from step 0")
-        return 0
+        return 0, []
     saved = read_json(ckpt / "config.json", what="checkpoint config")
-    if saved.get("loss") != cfg.loss or saved.get("speculate_k") != cfg.speculate_k:
-        raise BebopError(f"checkpoint in {ckpt} was trained with loss={saved.get('loss')} K={saved.get('speculate_k')}")
+    if saved.get("model_sha256", model_sha256) != model_sha256:
+        raise BebopError(f"cannot resume {out_dir}: its checkpoint was trained on another model "
+                         f"(weights sha256 {saved['model_sha256'][:12]}, this model {model_sha256[:12]})")
+    new = asdict(cfg)
+    changed = {k: [saved.get(k), v] for k, v in new.items() if saved.get(k, v) != v}
+    refused = {k: c for k, c in changed.items() if k not in RESUME_MAY_CHANGE}
+    if refused:
+        details = ", ".join(f"{k} {old!r} -> {v!r}" for k, (old, v) in refused.items())
+        raise BebopError(f"cannot resume {out_dir} with changed settings ({details}); only "
+                         f"{', '.join(RESUME_MAY_CHANGE)} may change (for a new head: --overwrite or another --out)")
     try:
         state = torch.load(ckpt / "state.pt", map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any load failure is a corrupt checkpoint
         raise BebopError(f"corrupt checkpoint {ckpt / 'state.pt'}: {str(e).splitlines()[0]}") from None
+    step = int(state["step"])
+    if cfg.steps < step:
+        raise BebopError(f"cannot resume {out_dir} with steps={cfg.steps}: its checkpoint is at step {step}")
     head.load_state_dict(state["head"])
     opt.load_state_dict(state["optimizer"])
-    return int(state["step"])
+    if changed:
+        say(f"train-mtp: resuming at step {step} with " + ", ".join(f"{k} {o} -> {v}" for k, (o, v) in changed.items()))
+    return step, [*saved.get("resumes", []), {"at_step": step, "changed": changed}]

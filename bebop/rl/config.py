@@ -27,7 +27,7 @@ from typing import Any
 
 from bebop.config import merge_sources, resolve
 from bebop.losses import DRAFT_LOSSES
-from bebop.spec.engine import MODES
+from bebop.spec.engine import MODES, SamplingParams, check_sampling
 from bebop.utils.io import BebopError
 
 TASKS = ("embedded", "math")  # prompt sources: the built-in arithmetic task, or a JSONL/parquet file
@@ -151,6 +151,10 @@ def check_rl_config(cfg: RLConfig) -> None:
         problems.append("update_epochs and mtp_speculate_k must be >= 1")
     if cfg.save_every < 0 or cfg.policy.kl_coef < 0:
         problems.append("save_every and kl_coef must be >= 0")
+    try:
+        check_sampling(SamplingParams(max(cfg.temperature, 0.0), cfg.top_k, cfg.top_p, max(cfg.max_new_tokens, 1)))
+    except BebopError as e:
+        problems.append(str(e))
     if problems:
         raise BebopError("invalid rl config: " + "; ".join(problems))
 

@@ -31,8 +31,8 @@ def _check_row(row: object, where: str) -> dict:
     return row
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    """Rows of a JSONL file; blank lines are skipped, errors name the 1-based line."""
+def _read_jsonl(path: Path) -> list[tuple[str, dict]]:
+    """(where, row) of a JSONL file; blank lines are skipped, ``where`` names the 1-based line."""
     rows = []
     with path.open(encoding="utf-8") as handle:
         for line_no, line in enumerate(handle, start=1):
@@ -42,18 +42,18 @@ def _read_jsonl(path: Path) -> list[dict]:
                 row = json.loads(line)
             except json.JSONDecodeError as err:
                 raise ValueError(f"{path}:{line_no}: invalid JSON ({err.msg})") from err
-            rows.append(_check_row(row, f"{path}:{line_no}"))
+            rows.append((f"{path}:{line_no}", _check_row(row, f"{path}:{line_no}")))
     return rows
 
 
-def _read_parquet(path: Path) -> list[dict]:
-    """Rows of a parquet file; pyarrow is imported here so it stays an optional dependency."""
+def _read_parquet(path: Path) -> list[tuple[str, dict]]:
+    """(where, row) of a parquet file; pyarrow is imported here so it stays an optional dependency."""
     try:
         import pyarrow.parquet as pq
     except ImportError as err:
         raise ImportError(f"reading {path} needs pyarrow: pip install pyarrow") from err
     rows = pq.read_table(path).to_pylist()
-    return [_check_row(row, f"{path}: row {index}") for index, row in enumerate(rows)]
+    return [(f"{path}: row {index}", _check_row(row, f"{path}: row {index}")) for index, row in enumerate(rows)]
 
 
 def load_prompts(path: str | Path) -> list[dict]:
@@ -75,6 +75,11 @@ def load_prompts(path: str | Path) -> list[dict]:
         ValueError: unknown suffix, bad JSON (with its line), a row without ``prompt``, or no rows.
         ImportError: a parquet file but pyarrow is not installed.
     """
+    return [row for _, row in load_prompt_rows(path)]
+
+
+def load_prompt_rows(path: str | Path) -> list[tuple[str, dict]]:
+    """``load_prompts`` with where each row came from (``"file:line"`` or ``"file: row i"``) for errors."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"prompt file not found: {path}")

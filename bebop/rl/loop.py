@@ -54,10 +54,10 @@ from bebop.rl.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from bebop.rl.config import RESUME_MAY_CHANGE, PolicyConfig, RLConfig, check_rl_config, flat_config
 from bebop.rl.grpo import group_advantages, pad_sequences, policy_loss, token_logprobs
 from bebop.rl.online import make_head_optimizer, online_head_step, rollout_sequences
-from bebop.rl.prompts import PromptBatch, load_task_rows, prompt_batch, task_reward
+from bebop.rl.prompts import PromptBatch, check_embedded_prompts, load_task_rows, prompt_batch, task_reward
 from bebop.rl.rewards import RewardFn
 from bebop.spec.engine import GenerationResult, SamplingParams, SpecConfig, generate
-from bebop.utils.io import BebopError, JsonlLogger, write_json
+from bebop.utils.io import BebopError, JsonlLogger, check_output_dir, log_rows_until, prepare_output_dir, write_json
 from bebop.utils.progress import progress, say, step_line
 from bebop.utils.torch_utils import seed_everything
 
@@ -405,42 +405,50 @@ def train_rl(
     run_dir: str | Path,
     resume: bool = False,
     show_progress: bool = True,
+    overwrite: bool = False,
 ) -> list[dict]:
     """Runs GRPO for ``cfg.steps`` steps and writes the run directory.
 
     Writes ``config.json`` (flat resolved config), ``metrics.jsonl`` (one row per step),
     ``token_stats.jsonl`` (modes to/rs) and ``checkpoint/`` every ``cfg.save_every`` steps and at
     the end. With ``resume`` it continues from ``checkpoint/`` (policy, optimizers, head, snapshot,
-    RNG) and drops log rows written after it, so the files match a run that never stopped.
+    RNG) and drops log rows written after it (and a torn last line), so the files match a run that
+    never stopped. Everything (config, prompt rows, checkpoint, logs) is checked before the run
+    directory is created or changed.
 
     Args:
         model: the policy, an HF causal LM; trained in place.
         tokenizer: its tokenizer.
         head: an ``MtpHead`` attached to ``model`` (modes to/rs, or mtp_update online), else None.
         cfg: the resolved config.
-        run_dir: the run directory (created).
+        run_dir: the run directory (created). A non-empty one needs ``resume`` or ``overwrite``.
         resume: continue from ``run_dir/checkpoint`` when it exists.
         show_progress: show a progress bar with ETA.
+        overwrite: move a non-empty ``run_dir`` aside to ``NAME.old-<timestamp>`` and start afresh.
 
     Returns:
         The metrics rows of the steps run by this call.
     """
     check_rl_config(cfg)
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    check_output_dir(run_dir, resume=resume, overwrite=overwrite, what="run directory")
     config = flat_config(cfg)
     seed_everything(cfg.seed)
     state = make_state(model, tokenizer, head, cfg)
     rows_out: list[dict] = []
     loggers: list[JsonlLogger | _NullLogger] = []
     try:
+        data_rows = _checked_prompts(cfg, tokenizer, model, state.reward_fn)
         start = _start_step(state, run_dir, config, resume)
+        kept = {name: log_rows_until(run_dir / name, start, what=name) if resume else []
+                for name in (METRICS_FILE, TOKEN_STATS_FILE)}
+        # NOTE: nothing above writes; from here on the run directory changes.
+        prepare_output_dir(run_dir, overwrite=overwrite, announce=say)
         write_json(run_dir / CONFIG_FILE, config)
         say(f"rl: resolved config {json.dumps(config)}")
         say(f"rl: mode={cfg.mode} steps={cfg.steps} B={cfg.prompts_per_step} G={cfg.group_size} from step {start}")
-        data_rows = load_task_rows(cfg, tokenizer)
-        metrics_log = JsonlLogger(run_dir / METRICS_FILE, truncate_after_step=start)
-        token_log = (JsonlLogger(run_dir / TOKEN_STATS_FILE, truncate_after_step=start) if cfg.mode != "none"
+        metrics_log = JsonlLogger(run_dir / METRICS_FILE, kept[METRICS_FILE])
+        token_log = (JsonlLogger(run_dir / TOKEN_STATS_FILE, kept[TOKEN_STATS_FILE]) if cfg.mode != "none"
                      else _NullLogger())
         loggers += [metrics_log, token_log]
         label = cfg.label or cfg.mode
@@ -460,3 +468,12 @@ def train_rl(
         for logger in loggers:
             logger.close()
     return rows_out
+
+
+def _checked_prompts(cfg: RLConfig, tokenizer, model: nn.Module, reward_fn: RewardFn) -> list[dict] | None:
+    """The data rows (None for the embedded task), every prompt of the run checked to fit the model."""
+    max_positions = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+    rows = load_task_rows(cfg, tokenizer, max_positions, reward_fn)
+    if rows is None:
+        check_embedded_prompts(cfg, tokenizer, max_positions)
+    return rows

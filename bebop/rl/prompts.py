@@ -5,10 +5,11 @@ Prompts are a function of (seed, step) only, so a resumed run sees the same batc
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 from bebop.rl.config import RLConfig
-from bebop.rl.data import load_prompts
+from bebop.rl.data import load_prompt_rows
 from bebop.rl.rewards import RewardFn, load_reward, math_reward
 from bebop.task import arith
 from bebop.utils.io import BebopError
@@ -31,21 +32,66 @@ def step_seed(seed: int, step: int) -> int:
     return seed * STEP_SEED_STRIDE + step
 
 
-def load_task_rows(cfg: RLConfig, tokenizer) -> list[dict] | None:
-    """The prompt rows of task math (chat prompts rendered with the chat template); None for embedded."""
+def load_task_rows(cfg: RLConfig, tokenizer, max_positions: int | None = None,
+                   reward_fn: RewardFn | None = None) -> list[dict] | None:
+    """The prompt rows of task math, rendered and checked in one pass before any step; None for embedded.
+
+    Chat prompts are rendered with the chat template. Every row must give a non-empty prompt that
+    fits ``max_positions`` with the completion and verify slots, and every field ``reward_fn``
+    requires (``reward_fields``); the error names the line of the first row that does not.
+    """
     if cfg.task == "embedded":
         return None
     try:
-        rows = load_prompts(cfg.data)
+        rows = load_prompt_rows(cfg.data)
     except (FileNotFoundError, ValueError, ImportError) as e:
         raise BebopError(str(e)) from None
+    required = reward_fields(reward_fn) if reward_fn is not None else []
     rendered = []
-    for row in rows:
+    for where, row in rows:
         prompt = row["prompt"]
         if isinstance(prompt, list):
-            prompt = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+            try:
+                prompt = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+            except Exception as e:  # noqa: BLE001 - any template failure is a bad row
+                raise BebopError(f"{where}: cannot apply the chat template: {str(e).splitlines()[0]}") from None
+        missing = [name for name in required if name not in row]
+        if missing:
+            raise BebopError(f"{where}: the reward needs field(s) {missing}; the row has {sorted(row)}")
+        check_prompt_fits(cfg, tokenizer, prompt, max_positions, where)
         rendered.append({**row, "prompt": prompt})
     return rendered
+
+
+def check_prompt_fits(cfg: RLConfig, tokenizer, prompt: str, max_positions: int | None, where: str) -> None:
+    """Raises BebopError (naming ``where``) when ``prompt`` is empty or too long for a rollout."""
+    num_tokens = len(tokenizer.encode(prompt))
+    if num_tokens == 0:
+        raise BebopError(f"{where}: empty prompt (no tokens)")
+    slots = cfg.max_new_tokens + (cfg.speculate_k if cfg.mode != "none" else 0) + 1  # as the engine counts
+    if max_positions is not None and num_tokens + slots > max_positions:
+        raise BebopError(f"{where}: prompt too long: {num_tokens} prompt tokens + {cfg.max_new_tokens} new tokens "
+                         f"+ verify slots exceed the model's max_position_embeddings={max_positions}")
+
+
+def check_embedded_prompts(cfg: RLConfig, tokenizer, max_positions: int | None) -> None:
+    """Checks the embedded task's prompts of every step (problems are a function of the seed and step)."""
+    for step in range(cfg.steps):
+        for prompt in prompt_batch(cfg, step, None).prompts:
+            check_prompt_fits(cfg, tokenizer, prompt, max_positions, f"embedded task, step {step + 1}")
+
+
+def reward_fields(reward_fn: RewardFn) -> list[str]:
+    """The data fields ``reward_fn`` cannot do without: its keyword parameters with no default.
+
+    Example: ``math_reward(prompts, completions, answer, **_)`` needs ``["answer"]``.
+    """
+    try:
+        params = list(inspect.signature(reward_fn).parameters.values())
+    except (TypeError, ValueError):  # builtins and some callables have no signature
+        return []
+    named = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    return [p.name for p in named[2:] if p.default is p.empty]
 
 
 def prompt_batch(cfg: RLConfig, step: int, rows: list[dict] | None) -> PromptBatch:

@@ -192,10 +192,25 @@ def _check_args(model, mtp, prompts, sampling: SamplingParams, spec: SpecConfig)
         raise BebopError(f"mode {spec.mode!r} needs an MTP head (--mtp)")
     if spec.mode != "none" and spec.speculate_k < 1:
         raise BebopError(f"speculate_k must be >= 1, got {spec.speculate_k}")
-    if sampling.temperature < 0 or sampling.max_new_tokens < 1:
-        raise BebopError("temperature must be >= 0 and max_new_tokens >= 1")
+    check_sampling(sampling)
     if not prompts:
         raise BebopError("no prompts given")
+
+
+def check_sampling(sampling: SamplingParams) -> None:
+    """Raises BebopError (one line) on sampling settings no generation could use."""
+    problems = []
+    if sampling.temperature < 0 or sampling.max_new_tokens < 1:
+        problems.append("temperature must be >= 0 and max_new_tokens >= 1")
+    if not isinstance(sampling.top_k, int) or sampling.top_k < 0:
+        problems.append(f"top_k must be an int >= 0 (0 = off), got {sampling.top_k}")
+    if not 0 < sampling.top_p <= 1:
+        problems.append(f"top_p must lie in (0, 1] (1 = off), got {sampling.top_p}")
+    # NOTE: "" occurs in every text, so it would end every completion after its first token.
+    if any(not isinstance(s, str) or not s for s in sampling.stop):
+        problems.append(f"stop strings must be non-empty, got {list(sampling.stop)}")
+    if problems:
+        raise BebopError("; ".join(problems))
 
 
 class _Runner:

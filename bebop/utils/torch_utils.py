@@ -1,7 +1,8 @@
-"""Device choice and seeding."""
+"""Device choice, seeding and content hashes of weights."""
 
 from __future__ import annotations
 
+import hashlib
 import random
 
 import numpy as np
@@ -20,3 +21,17 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+def state_sha256(module: torch.nn.Module) -> str:
+    """SHA-256 (hex) of a module's ``state_dict``: names, dtypes, shapes and values, in key order.
+
+    Two models with the same weights hash alike wherever they live (CPU or GPU, loaded or trained);
+    one changed value changes the hash. Cache entries derived from a model record it.
+    """
+    digest = hashlib.sha256()
+    for name, tensor in sorted(module.state_dict().items()):
+        t = tensor.detach().to("cpu").contiguous().reshape(-1)
+        digest.update(f"{name}|{t.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.hexdigest()

@@ -1,4 +1,4 @@
-"""bebop.rl.checkpoint: a run stopped after a checkpoint and resumed logs what an unbroken run logs."""
+"""bebop.rl.checkpoint: a run stopped after a checkpoint (or mid-append) and resumed logs what an unbroken run logs."""
 
 from __future__ import annotations
 
@@ -49,6 +49,31 @@ def test_resume_matches_unbroken_run(tmp_path, overrides):
         assert row_a == row_b, f"step {row_a['step']} differs"
     assert read_rows(tmp_path / "a" / "token_stats.jsonl") == read_rows(tmp_path / "b" / "token_stats.jsonl")
     assert all(torch.equal(v, resumed[k]) for k, v in unbroken.items())
+
+
+def test_resume_past_a_torn_last_line(tmp_path):
+    """A kill in the middle of appending a (long) log line leaves a partial last line: resume drops it."""
+    unbroken = _run(tmp_path / "a", steps=4, mode="rs")
+    _run(tmp_path / "b", steps=2, mode="rs")
+    for name in ("metrics.jsonl", "token_stats.jsonl"):
+        with (tmp_path / "b" / name).open("a") as f:
+            f.write(json.dumps({"step": 3, "position": list(range(100))})[:150])  # no newline: cut short
+    resumed = _run(tmp_path / "b", resume=True, steps=4, mode="rs")
+    rows_a, rows_b = (read_rows(tmp_path / d / "metrics.jsonl") for d in ("a", "b"))
+    assert _without_timing(rows_a) == _without_timing(rows_b)
+    assert read_rows(tmp_path / "a" / "token_stats.jsonl") == read_rows(tmp_path / "b" / "token_stats.jsonl")
+    assert all(torch.equal(v, resumed[k]) for k, v in unbroken.items())
+
+
+def test_torn_line_in_the_middle_is_an_error(tmp_path):
+    _run(tmp_path, steps=2, mode="rs")
+    path = tmp_path / "metrics.jsonl"
+    first, second = path.read_text().splitlines(keepends=True)
+    path.write_text(first[:40] + "\n" + second)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    with pytest.raises(BebopError, match="line 1 is not valid JSON"):
+        _run(tmp_path, resume=True, steps=4, mode="rs")
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before, "nothing may change"
 
 
 def test_resume_refuses_a_changed_config(tmp_path):
