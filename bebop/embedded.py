@@ -29,7 +29,8 @@ from bebop.utils.io import BebopError, atomic_dir, entry_lock, read_json, write_
 from bebop.utils.progress import progress, say, step_line
 from bebop.utils.torch_utils import resolve_device, seed_everything, state_sha256
 
-EMBEDDED_VERSION = "v2"  # bump when the task, tokenizer or model changes, so stale caches are not reused
+EMBEDDED_VERSION = "v2"
+PRETRAIN_THREADS = 1  # NOTE: CPU reductions depend on the thread count: one thread makes pretraining bit-reproducible  # bump when the task, tokenizer or model changes, so stale caches are not reused
 
 
 @dataclass(frozen=True)
@@ -124,9 +125,20 @@ def pretrain(out_dir: str | os.PathLike, cfg: PretrainConfig = PretrainConfig(),
     """Trains the embedded model on the embedded task and saves it (``save_pretrained``) atomically.
 
     Returns the summary also written to ``pretrain.json``: loss, accuracy and mean completion
-    entropy at T=1 on held-out problems, and wall time.
+    entropy at T=1 on held-out problems, and wall time. On a CPU it runs on PRETRAIN_THREADS
+    intra-op threads whatever the machine, so the weights are the same everywhere.
     """
     check_pretrain_config(cfg)
+    threads = torch.get_num_threads()
+    if resolve_device(cfg.device).type == "cpu":
+        torch.set_num_threads(PRETRAIN_THREADS)
+    try:
+        return _pretrain(out_dir, cfg, show_progress)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _pretrain(out_dir: str | os.PathLike, cfg: PretrainConfig, show_progress: bool) -> dict:
     seed_everything(cfg.seed)
     device = resolve_device(cfg.device)
     tok = build_tokenizer()

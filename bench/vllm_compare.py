@@ -55,12 +55,13 @@ def _counters(llm) -> tuple[int, int]:
 
 
 def _run_vllm(llm, prompts, temperature, max_tokens, seed):
+    """NOTE: ``seed`` is unused: vLLM runs requests with a per-request seed without drafts."""
     import vllm
 
     d0, a0 = _counters(llm)
     start = time.perf_counter()
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
-                        vllm.SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=seed), use_tqdm=False)
+                        vllm.SamplingParams(temperature=temperature, max_tokens=max_tokens), use_tqdm=False)
     seconds = time.perf_counter() - start
     d1, a1 = _counters(llm)
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)

@@ -38,6 +38,7 @@ from transformers.modeling_layers import MtpLayer
 
 from bebop.mtp.families import FAMILIES, MtpConventions, detect_family
 from bebop.utils.io import BebopError, atomic_dir
+from bebop.utils.torch_utils import cache_kwargs
 
 CONFIG_NAME = "mtp_config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -155,7 +156,8 @@ class MtpHead(nn.Module):
         pair = [layer.enorm(embeds), layer.hnorm(hidden)]
         x = layer.eh_proj(torch.cat(pair[::-1] if self.config.hidden_first else pair, dim=-1))
         x = layer.mtp_block(
-            x, attention_mask=attention_bias, position_embeddings=pos_emb, position_ids=position_ids, cache=cache,
+            x, attention_mask=attention_bias, position_embeddings=pos_emb, position_ids=position_ids,
+            **cache_kwargs(layer.mtp_block, cache),
         )
         return x if self.config.chain_prenorm else layer.post_norm(x)
 

@@ -44,6 +44,7 @@ from bebop.spec.sampling import (
 )
 from bebop.spec.stats import SpecStats, entropy
 from bebop.utils.io import BebopError
+from bebop.utils.torch_utils import cache_kwargs
 
 MODES = ("none", "to", "rs")
 
@@ -120,7 +121,8 @@ class _Target:
         # 4-D mask unchanged (sliding layers included), but only some decoders accept the dict (Llama does not).
         out, state = decoder_states(
             self.model, self.head_reads_prenorm,
-            input_ids=input_ids, position_ids=positions, attention_mask=bias, cache=self.cache, use_cache=True,
+            input_ids=input_ids, position_ids=positions, attention_mask=bias, use_cache=True,
+            **cache_kwargs(self.model.get_decoder(), self.cache),
         )
         return self.lm_head(out.last_hidden_state), state
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import inspect
 import random
 
 import numpy as np
@@ -35,3 +37,16 @@ def state_sha256(module: torch.nn.Module) -> str:
         digest.update(f"{name}|{t.dtype}|{tuple(tensor.shape)}|".encode())
         digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return digest.hexdigest()
+
+
+@functools.cache
+def _takes_cache(cls: type) -> bool:
+    return "cache" in inspect.signature(cls.forward).parameters
+
+
+def cache_kwargs(module: torch.nn.Module, cache) -> dict:
+    """``{name: cache}`` for ``module.forward``: ``cache`` since transformers renamed it, ``past_key_values`` before.
+
+    Example: ``decoder(input_ids=ids, **cache_kwargs(decoder, kv))`` works on transformers 5.19 and 5.24.
+    """
+    return {"cache" if _takes_cache(type(module)) else "past_key_values": cache}
