@@ -49,7 +49,7 @@ $(VLLM_STAMP): pyproject.toml
 	touch $(VLLM_STAMP)
 
 test-vllm: $(VLLM_STAMP)
-	PYTHONPATH=tests/vllm/stubs $(VLLM_PY) -m pytest tests/vllm -m vllm -p no:cacheprovider $(PYTEST_ARGS)
+	PYTHONPATH=tests/vllm/stubs $(VLLM_PY) -m pytest tests/vllm -m vllm -p no:cacheprovider -o addopts= -q $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info

@@ -8,6 +8,7 @@ The embedded model and its head come from the user's Bebop cache (trained on fir
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 
@@ -50,14 +51,34 @@ def _engine(model_dir, draft_sample_method: str | None):
                     gpu_memory_utilization=0.12, disable_log_stats=False, seed=0, speculative_config=spec)
 
 
-@pytest.fixture(scope="session")
-def rs_engine(served):
-    return _engine(served[3], "probabilistic")
+class _Engines:
+    """One vLLM engine alive at a time, started on demand (tests are ordered so each kind starts once).
+
+    NOTE: two LLM instances in one process share Prometheus' registry, and the newer one's counters
+    replace the older one's, so ``get_metrics`` would report the wrong engine.
+    """
+
+    def __init__(self, model_dir):
+        self.model_dir, self.kind, self.llm = model_dir, None, None
+
+    def get(self, draft_sample_method: str | None):
+        if self.llm is None or draft_sample_method != self.kind:
+            self.close()
+            self.llm, self.kind = _engine(self.model_dir, draft_sample_method), draft_sample_method
+        return self.llm
+
+    def close(self):
+        if self.llm is not None:
+            self.llm.llm_engine.engine_core.shutdown()
+            self.llm = None
+            gc.collect()
 
 
 @pytest.fixture(scope="session")
-def to_engine(served):
-    return _engine(served[3], None)
+def engines(served):
+    pool = _Engines(served[3])
+    yield pool
+    pool.close()
 
 
 def _spec_counters(llm) -> dict:
@@ -94,13 +115,13 @@ def _prompts(tok, num, seed):
     return [tok.encode(p.prompt) for p in arith.make_problems(num, seed=seed)]
 
 
-def test_greedy_tokens_equal_bebop_engine_and_plain_greedy(served, rs_engine):
+def test_greedy_tokens_equal_bebop_engine_and_plain_greedy(served, engines):
     model, tok, head, _ = served
     prompts = _prompts(tok, 16, seed=7)
     ours_plain = generate(model, tok, prompts, sampling=SamplingParams(temperature=0, max_new_tokens=48))
     ours_rs = generate(model, tok, prompts, mtp=head, sampling=SamplingParams(temperature=0, max_new_tokens=48),
                        spec=SpecConfig(mode="rs", speculate_k=K))
-    theirs, counters = _vllm_generate(rs_engine, prompts, temperature=0.0, max_tokens=48)
+    theirs, counters = _vllm_generate(engines.get("probabilistic"), prompts, temperature=0.0, max_tokens=48)
     assert counters["drafts"] > 0 and counters["accepted"] > 0  # MTP drafting really ran
     for row, (a, b, c) in enumerate(zip(theirs, ours_rs.token_ids, ours_plain.token_ids)):
         assert a == b == c, f"row {row}: vLLM {a} / Bebop rs {b} / plain {c}"
@@ -117,7 +138,7 @@ def _two_proportion_p(x1: int, n1: int, x2: int, n2: int) -> float:
 
 
 @pytest.mark.parametrize("mode", ["rs", "to"])
-def test_acceptance_per_position_agrees_with_bebop(served, rs_engine, to_engine, mode):
+def test_acceptance_per_position_agrees_with_bebop(served, engines, mode):
     """vLLM's accepted-per-position rates equal Bebop's engine's within sampling error, at T = 1.
 
     Per position j, the rate is (verify steps that accepted draft j) / (verify steps), counted as
@@ -126,7 +147,7 @@ def test_acceptance_per_position_agrees_with_bebop(served, rs_engine, to_engine,
     0.6% for the module when both engines sample exactly.
     """
     model, tok, head, _ = served
-    engine = rs_engine if mode == "rs" else to_engine
+    engine = engines.get("probabilistic" if mode == "rs" else None)
     prompts = _prompts(tok, 256, seed=11)
     _, theirs = _vllm_generate(engine, prompts, temperature=1.0, max_tokens=48)
     ours = generate(model, tok, prompts, mtp=head, sampling=SamplingParams(temperature=1.0, max_new_tokens=48),
