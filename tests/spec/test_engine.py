@@ -384,7 +384,12 @@ def test_stats_invariants(mode):
     assert 1 <= s.accept_length <= k + 1
     assert s.num_generated_tokens == sum(out.lengths)
     arrays = s.token_arrays()
-    assert arrays["alpha_rs"].numel() == k * s.num_drafts
+    # Position j is kept when the step kept its j-th token: every step keeps position 1, and
+    # position j > 1 exactly when draft j - 1 was accepted and kept.
+    counts = [int((arrays["position"] == j).sum()) for j in range(1, k + 1)]
+    assert counts == [s.num_drafts, *s.accepted_per_pos[: k - 1]]
+    assert arrays["alpha_rs"].numel() == arrays["row"].numel() == sum(counts)
+    assert torch.cat(s.token_entropy).numel() == s.num_generated_tokens
     for key in ("alpha_rs", "alpha_to"):
         assert ((arrays[key] >= 0) & (arrays[key] <= 1 + 1e-6)).all(), key
     assert ((arrays["position"] >= 1) & (arrays["position"] <= k)).all()
