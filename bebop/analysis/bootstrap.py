@@ -12,8 +12,10 @@ The units that are resampled are the ones that are (close to) independent:
 Every statistic here is a smooth function of per-unit sums (count, sum x, sum y, sum x^2, sum xy),
 so a resample is a weight matrix W (B, U) of how often each unit was drawn and its sums are
 W @ sums: B = ``NUM_RESAMPLES`` resamples cost a matrix product. Intervals are percentile
-intervals of the resampled statistic; resampling uses a fixed seed, so the same data always give
-the same interval and the same verdict.
+intervals of the resampled statistic. The resampling seed is derived from the data (``data_seed``),
+so the same data always give the same interval and the same verdict, wherever they are shown, and
+different runs are resampled independently (their draws can be combined into intervals of
+differences and ratios).
 
 Verdicts (``decide``): the paper claims a quantity lies on one side of a threshold. Our interval
 lying wholly on the claimed side is ``REPRODUCED``, wholly on the other side ``NOT_REPRODUCED``;
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import zlib
 from collections.abc import Callable, Sequence
 
 from statistics import NormalDist
@@ -38,7 +41,6 @@ from bebop.analysis.fit import student_t_quantile
 
 NUM_RESAMPLES = 2000  # percentile intervals at 95% move by ~0.01 standard errors between seeds
 CONFIDENCE = 0.95  # coverage of every interval
-SEED = 0  # fixed: the same data give the same interval, so reruns give the same verdicts
 CHUNK = 256  # resamples per matrix product: bounds memory at CHUNK x units
 MIN_FINITE_SHARE = 0.9  # below this share of defined resampled statistics, no interval is given
 NUM_SUMS = 5  # per-unit sufficient statistics: count, sum x, sum y, sum x^2, sum x*y
@@ -140,6 +142,11 @@ def percentile_interval(estimate: float, draws: np.ndarray, n: int, unit: str,
     return Interval(estimate, (float(lo), float(hi)), n, unit)
 
 
+def data_seed(values: np.ndarray) -> int:
+    """A resampling seed that is a function of the data: CRC-32 of its float64 bytes."""
+    return zlib.crc32(np.ascontiguousarray(values, dtype=np.float64).tobytes())
+
+
 def widen(estimate: float, draws: np.ndarray, num_units: int, num_params: int,
           confidence: float = CONFIDENCE) -> np.ndarray:
     """Draws spread about the estimate by the small-sample factor t_{u-p} / z * sqrt(u / (u - p)).
@@ -161,7 +168,7 @@ def widen(estimate: float, draws: np.ndarray, num_units: int, num_params: int,
 
 
 def resample(sums: np.ndarray, weights: Callable[[int, np.random.Generator], np.ndarray], statistic: Callable,
-             num_resamples: int = NUM_RESAMPLES, seed: int = SEED) -> tuple[float, np.ndarray]:
+             num_resamples: int = NUM_RESAMPLES, seed: int | None = None) -> tuple[float, np.ndarray]:
     """The statistic of the data and of ``num_resamples`` resamples of its units.
 
     Args:
@@ -169,13 +176,13 @@ def resample(sums: np.ndarray, weights: Callable[[int, np.random.Generator], np.
         weights: ``weights(num, rng) -> (num, U)`` resampling counts (``step_weights``, ``cluster_weights``).
         statistic: maps summed sums (b, *sums.shape[1:]) to (b,) values; also called on one (*sums.shape[1:]).
         num_resamples: B.
-        seed: of the resampling generator.
+        seed: of the resampling generator; None derives it from ``sums`` (``data_seed``).
 
     Returns:
         (estimate, draws (B,)), draws not yet widened. A statistic with trailing dims (G,) gives an
         estimate (G,) and draws (B, G).
     """
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(data_seed(sums) if seed is None else seed)
     flat = sums.reshape(sums.shape[0], int(np.prod(sums.shape[1:])))  # (U, F)
     estimate = np.asarray(statistic(flat.sum(0).reshape(sums.shape[1:])), dtype=float)
     estimate = float(estimate) if estimate.ndim == 0 else estimate
@@ -187,7 +194,7 @@ def resample(sums: np.ndarray, weights: Callable[[int, np.random.Generator], np.
 
 
 def over_steps(sums: np.ndarray, run_lengths: Sequence[int], statistic: Callable, num_params: int,
-               seed: int = SEED) -> tuple[Interval, np.ndarray]:
+               seed: int | None = None) -> tuple[Interval, np.ndarray]:
     """Block bootstrap over RL steps: ``sums`` (S_total, ...) one unit per step, runs concatenated.
 
     Returns:
@@ -198,7 +205,7 @@ def over_steps(sums: np.ndarray, run_lengths: Sequence[int], statistic: Callable
     return percentile_interval(estimate, draws, int(sum(run_lengths)), "RL steps"), draws
 
 
-def over_sequences(sums: np.ndarray, statistic: Callable, num_params: int, seed: int = SEED,
+def over_sequences(sums: np.ndarray, statistic: Callable, num_params: int, seed: int | None = None,
                    unit: str = "sequences") -> tuple[Interval, np.ndarray]:
     """Bootstrap over sequences: ``sums`` (C, ...) one unit per sequence. Returns (interval, widened draws)."""
     num = sums.shape[0]
@@ -207,12 +214,12 @@ def over_sequences(sums: np.ndarray, statistic: Callable, num_params: int, seed:
     return percentile_interval(estimate, draws, num, unit), draws
 
 
-def steps_slope(runs: Sequence[tuple[np.ndarray, np.ndarray]], seed: int = SEED) -> tuple[Interval, np.ndarray]:
+def steps_slope(runs: Sequence[tuple[np.ndarray, np.ndarray]], seed: int | None = None) -> tuple[Interval, np.ndarray]:
     """Slope of y on x pooled over runs, one point per RL step, with a block bootstrap over steps.
 
     Args:
         runs: per run, (x (S,), y (S,)); non-finite pairs are dropped.
-        seed: resampling seed.
+        seed: resampling seed; None derives it from the data.
 
     Returns:
         (the interval, the draws (B,)): the draws let callers combine slopes of independent runs.
@@ -225,7 +232,7 @@ def steps_slope(runs: Sequence[tuple[np.ndarray, np.ndarray]], seed: int = SEED)
 
 
 def steps_line(runs: Sequence[tuple[np.ndarray, np.ndarray]], grid: np.ndarray,
-               seed: int = SEED) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+               seed: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The pooled OLS line of ``steps_slope`` at ``grid`` (G,) and its pointwise CONFIDENCE band.
 
     Returns:
@@ -252,7 +259,7 @@ def steps_line(runs: Sequence[tuple[np.ndarray, np.ndarray]], grid: np.ndarray,
     return line, low, high
 
 
-def steps_mean(runs: Sequence[np.ndarray], seed: int = SEED) -> tuple[Interval, np.ndarray]:
+def steps_mean(runs: Sequence[np.ndarray], seed: int | None = None) -> tuple[Interval, np.ndarray]:
     """Mean of y over the steps of the runs, with a block bootstrap over steps; returns (interval, draws)."""
     ys = [y[np.isfinite(y)] for y in runs]
     y = np.concatenate(ys) if ys else np.zeros(0)
@@ -260,7 +267,7 @@ def steps_mean(runs: Sequence[np.ndarray], seed: int = SEED) -> tuple[Interval, 
     return over_steps(sums, [v.size for v in ys], mean_from_sums, num_params=1, seed=seed)
 
 
-def sequences_slope(x: np.ndarray, y: np.ndarray, sequence: np.ndarray, seed: int = SEED) -> Interval:
+def sequences_slope(x: np.ndarray, y: np.ndarray, sequence: np.ndarray, seed: int | None = None) -> Interval:
     """Slope of y on x over token-level points, with a bootstrap over sequences (``sequence`` (N,) ids)."""
     keep = np.isfinite(x) & np.isfinite(y)
     _, index = np.unique(sequence[keep], return_inverse=True)
@@ -268,7 +275,7 @@ def sequences_slope(x: np.ndarray, y: np.ndarray, sequence: np.ndarray, seed: in
     return over_sequences(sums, slope_from_sums, num_params=2, seed=seed)[0]
 
 
-def window_change(values: np.ndarray, frac: float, seed: int = SEED) -> tuple[float, float, Interval]:
+def window_change(values: np.ndarray, frac: float, seed: int | None = None) -> tuple[float, float, Interval]:
     """Mean of the first and last ``frac`` of the steps, and their difference with a block-bootstrap interval.
 
     Each window (at least one step) is resampled on its own, in circular blocks.
@@ -280,7 +287,7 @@ def window_change(values: np.ndarray, frac: float, seed: int = SEED) -> tuple[fl
     values = values[np.isfinite(values)]
     size = max(1, int(values.size * frac))
     start, start_draws = steps_mean([values[:size]], seed=seed)
-    end, end_draws = steps_mean([values[-size:]], seed=seed + 1)
+    end, end_draws = steps_mean([values[-size:]], seed=None if seed is None else seed + 1)
     change = percentile_interval(end.estimate - start.estimate, end_draws - start_draws, 2 * size, "RL steps")
     return start.estimate, end.estimate, change
 

@@ -34,8 +34,9 @@ inconclusive. Rules:
 
 Entropy slopes (findings 1 and 2) come from up to three sources (``bebop.analysis.slopes``), all
 reported, the first comparable one deciding: RL steps (Fig. 8), the temperature sweep (Fig. 12a),
-token level. Runs of one role (seeds) are pooled. Roles are resampled with different seeds, so
-their draws are independent and combine into intervals of differences and ratios.
+token level. Runs of one role (seeds) are pooled. Each role's data are resampled with a seed
+derived from them, so roles' draws are independent and combine into intervals of differences and
+ratios.
 """
 
 from __future__ import annotations
@@ -70,7 +71,6 @@ TO_SPREAD_POINTS = 0.3  # finding 5: the paper's bound on the alpha_TO spread ac
 PAPER_SPEEDUP = (1.5, 1.8)  # finding 7: per-step RL speed-up of MTP + RS over no MTP (Fig. 7)
 TABLE2_ORDER = ("e2e_tv", "tv", "rkl", "fkl", "ce")  # finding 3, best first; the last two tie
 LOSS_NAMES = {"ce": "CE", "fkl": "FKL", "rkl": "RKL", "tv": "TV", "e2e_tv": "e2e TV"}
-ROLE_SEEDS = {"to+ce": 1, "rs+ce": 2, "rs+e2e_tv": 3, "online": 4, "none": 5}  # independent resampling per role
 
 __all__ = ["VERDICTS", "Finding", "HeadEval", "SweepRow", "chain_weights", "compute_findings", "findings_table"]
 
@@ -126,9 +126,8 @@ def _band_verdict(gaps: Sequence[tuple[str, float]]) -> tuple[str, list[str]]:
 
 def _to_slope_finding(sweep: Sequence[Mapping], runs: Sequence[Run]) -> Finding:
     """Finding 1: TO accept length falls with entropy."""
-    seed = ROLE_SEEDS["to+ce"]
-    estimates = [steps_estimate(runs_with(runs, "to", CE_LOSS), "to+ce", seed), sweep_estimate(sweep, CE_LOSS, "to", seed),
-                 token_estimate(runs_with(runs, None, CE_LOSS), "to", seed)]
+    estimates = [steps_estimate(runs_with(runs, "to", CE_LOSS), "to+ce"), sweep_estimate(sweep, CE_LOSS, "to"),
+                 token_estimate(runs_with(runs, None, CE_LOSS), "to")]
     index = next((i for i, e in enumerate(estimates) if e.comparable), None)
     chosen = None if index is None else estimates[index]
     ours = "; ".join(e.describe() + (" ← decides" if e is chosen else "") for e in estimates)
@@ -155,13 +154,10 @@ def _flatness_interval(ce: SlopeEstimate, tv: SlopeEstimate) -> bootstrap.Interv
 
 def _rs_flatness_finding(sweep: Sequence[Mapping], runs: Sequence[Run]) -> Finding:
     """Finding 2: RS with an e2e-TV head is >95% flatter in entropy than with a CE head."""
-    ce_seed, tv_seed = ROLE_SEEDS["rs+ce"], ROLE_SEEDS["rs+e2e_tv"]
     pairs = [
-        (steps_estimate(runs_with(runs, "rs", CE_LOSS), "rs+ce", ce_seed),
-         steps_estimate(runs_with(runs, "rs", TV_LOSS), "rs+e2e_tv", tv_seed)),
-        (sweep_estimate(sweep, CE_LOSS, "rs", ce_seed), sweep_estimate(sweep, TV_LOSS, "rs", tv_seed)),
-        (token_estimate(runs_with(runs, None, CE_LOSS), "rs", ce_seed),
-         token_estimate(runs_with(runs, None, TV_LOSS), "rs", tv_seed)),
+        (steps_estimate(runs_with(runs, "rs", CE_LOSS), "rs+ce"), steps_estimate(runs_with(runs, "rs", TV_LOSS), "rs+e2e_tv")),
+        (sweep_estimate(sweep, CE_LOSS, "rs"), sweep_estimate(sweep, TV_LOSS, "rs")),
+        (token_estimate(runs_with(runs, None, CE_LOSS), "rs"), token_estimate(runs_with(runs, None, TV_LOSS), "rs")),
     ]
     index = next((i for i, (ce, tv) in enumerate(pairs) if ce.comparable and tv.comparable), None)
 
@@ -282,7 +278,7 @@ def _frozen_online_finding(runs: Sequence[Run]) -> Finding:
     values = (f["accept_length_start"], f["accept_length_end"], o["accept_length_start"], o["accept_length_end"])
     if not all(math.isfinite(v) for v in values):
         return Finding(*args, MISSING, NOT_COMPARABLE, "a run logged no spec/accept_length")
-    (tf, tf_draws), (to, to_draws) = trend_estimate(frozen, ROLE_SEEDS["rs+e2e_tv"]), trend_estimate(online, ROLE_SEEDS["online"])
+    (tf, tf_draws), (to, to_draws) = trend_estimate(frozen), trend_estimate(online)
     diff = bootstrap.percentile_interval(tf.estimate - to.estimate, tf_draws - to_draws, tf.n + to.n, "RL steps")
     ours = (f"accept-length trend frozen {tf.describe('+.4f')}, online-CE {to.describe('+.4f')} per step; "
             f"frozen − online {diff.describe('+.4f')}; accept length frozen {values[0]:.2f} → {values[1]:.2f}, "
@@ -302,8 +298,8 @@ def _speedup_finding(runs: Sequence[Run]) -> Finding:
     b, f = summarize_run(base[0]), summarize_run(frozen[0])
     if not (b["step_s"] > 0 and f["step_s"] > 0):
         return Finding(*args, MISSING, NOT_COMPARABLE, "a run logged no step_s")
-    (nb, nb_draws) = bootstrap.steps_mean([_column(r.metrics, "step_s") for r in base], ROLE_SEEDS["none"])
-    (tv, tv_draws) = bootstrap.steps_mean([_column(r.metrics, "step_s") for r in frozen], ROLE_SEEDS["rs+e2e_tv"])
+    nb, nb_draws = bootstrap.steps_mean([_column(r.metrics, "step_s") for r in base])
+    tv, tv_draws = bootstrap.steps_mean([_column(r.metrics, "step_s") for r in frozen])
     with np.errstate(invalid="ignore", divide="ignore"):
         ratio = bootstrap.percentile_interval(nb.estimate / tv.estimate, nb_draws / tv_draws, nb.n + tv.n, "RL steps")
     lo, hi = ratio.ci

@@ -45,7 +45,8 @@ def _as_float(value) -> float:
     return math.nan
 
 
-def _column(metrics: Sequence[Mapping], key: str) -> np.ndarray:  # (S,)
+def metric_column(metrics: Sequence[Mapping], key: str) -> np.ndarray:  # (S,)
+    """One scalar metric over RL steps, NaN where absent or null."""
     return np.array([_as_float(row.get(key)) for row in metrics], dtype=float)
 
 
@@ -96,23 +97,24 @@ def _check_spread(entropy: np.ndarray) -> str:
     return ""
 
 
-def steps_estimate(runs: Sequence, role: str, seed: int = bootstrap.SEED) -> SlopeEstimate:
+def steps_estimate(runs: Sequence, role: str) -> SlopeEstimate:
     """(a) Accept length against target entropy, one point per RL step, the runs pooled."""
     if not runs:
         return unavailable(STEPS_SOURCE, f"no {role} run")
-    pairs = [(_column(r.metrics, "target_entropy"), _column(r.metrics, "spec/accept_length")) for r in runs]
+    pairs = [(metric_column(r.metrics, "target_entropy"), metric_column(r.metrics, "spec/accept_length"))
+             for r in runs]
     h = np.concatenate([x for x, _ in pairs])  # (S,)
     a = np.concatenate([y for _, y in pairs])  # (S,)
     keep = np.isfinite(h) & np.isfinite(a)
     reason = _check_spread(h[keep])
     if reason:
         return unavailable(STEPS_SOURCE, reason)
-    interval, draws = bootstrap.steps_slope(pairs, seed=seed)
+    interval, draws = bootstrap.steps_slope(pairs)
     span = (float(h[keep].min()), float(h[keep].max()))
     return SlopeEstimate(STEPS_SOURCE, interval, linear_fit(h, a).r, span, draws=draws)
 
 
-def sweep_estimate(sweep: Sequence[Mapping], loss: str, method: str, seed: int = bootstrap.SEED) -> SlopeEstimate:
+def sweep_estimate(sweep: Sequence[Mapping], loss: str, method: str) -> SlopeEstimate:
     """(b) accept_length_{method} against target entropy across the temperatures of one head."""
     rows = [r for r in sweep if r.get("loss") == loss]
     if not rows:
@@ -124,7 +126,7 @@ def sweep_estimate(sweep: Sequence[Mapping], loss: str, method: str, seed: int =
     if reason:
         return unavailable(SWEEP_SOURCE, reason)
     fit = linear_fit(h, a, bootstrap.CONFIDENCE)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(bootstrap.data_seed(np.array([fit.slope, fit.slope_stderr])))
     draws = fit.slope + fit.slope_stderr * rng.standard_t(fit.n - 2, bootstrap.NUM_RESAMPLES)  # parametric
     interval = Interval(fit.slope, fit.slope_ci, fit.n, "temperatures")
     return SlopeEstimate(SWEEP_SOURCE, interval, fit.r, (float(h[keep].min()), float(h[keep].max())), draws=draws)
@@ -167,7 +169,7 @@ def _token_points(runs: Sequence, method: str) -> tuple[np.ndarray, ...]:
     return np.array(pos), np.array(h), np.array(a), cluster, by_row
 
 
-def token_estimate(runs: Sequence, method: str, seed: int = bootstrap.SEED) -> SlopeEstimate:
+def token_estimate(runs: Sequence, method: str) -> SlopeEstimate:
     """(c) Per-depth token-level fits of alpha_{method} on H, chained to accept length per nat."""
     pos, h, a, cluster, by_row = _token_points(runs, method)
     if pos.size == 0:
@@ -185,13 +187,13 @@ def token_estimate(runs: Sequence, method: str, seed: int = bootstrap.SEED) -> S
     pos, h, a = pos[keep].astype(int), h[keep], a[keep]
     sums = np.stack([bootstrap.unit_sums(h[pos == j], a[pos == j], ids[pos == j], num) for j in depths], 1)  # (C, K, 5)
     unit = "sequences" if by_row else "RL steps (no completion ids)"
-    interval, draws = bootstrap.over_sequences(sums, chain_slope, num_params=2 * len(depths), seed=seed, unit=unit)
+    interval, draws = bootstrap.over_sequences(sums, chain_slope, num_params=2 * len(depths), unit=unit)
     if not math.isfinite(interval.estimate):
         return unavailable(TOKEN_SOURCE, "a draft depth has too few points or no entropy spread")
     return SlopeEstimate(TOKEN_SOURCE, interval, linear_fit(h, a).r, (float(h.min()), float(h.max())), draws=draws)
 
 
-def trend_estimate(runs: Sequence, seed: int = bootstrap.SEED) -> tuple[Interval, np.ndarray]:
+def trend_estimate(runs: Sequence) -> tuple[Interval, np.ndarray]:
     """Accept length per RL step (its linear trend), the runs pooled, block bootstrap over steps."""
-    pairs = [(_column(r.metrics, "step"), _column(r.metrics, "spec/accept_length")) for r in runs]
-    return bootstrap.steps_slope(pairs, seed=seed)
+    pairs = [(metric_column(r.metrics, "step"), metric_column(r.metrics, "spec/accept_length")) for r in runs]
+    return bootstrap.steps_slope(pairs)
