@@ -88,7 +88,9 @@ def cluster_weights(num_clusters: int, num_resamples: int, rng: np.random.Genera
     """(B, C): how often each cluster (sequence) is drawn when C clusters are drawn with replacement."""
     if num_clusters == 0:
         return np.zeros((num_resamples, 0))
-    return rng.multinomial(num_clusters, np.full(num_clusters, 1.0 / num_clusters), size=num_resamples).astype(float)
+    index = rng.integers(0, num_clusters, size=(num_resamples, num_clusters))  # (B, C) clusters drawn
+    flat = (np.arange(num_resamples)[:, None] * num_clusters + index).ravel()
+    return np.bincount(flat, minlength=num_resamples * num_clusters).reshape(num_resamples, num_clusters).astype(float)
 
 
 def unit_sums(x: np.ndarray, y: np.ndarray, unit: np.ndarray, num_units: int) -> np.ndarray:  # (U, 5)

@@ -53,7 +53,6 @@ from bebop.analysis.bootstrap import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, d
 from bebop.analysis.report import MISSING, Run, _as_float, _column, _table, summarize_run
 from bebop.analysis.roles import CE_LOSS, TV_LOSS, none_runs, runs_with
 from bebop.analysis.slopes import (
-    TOKEN_SOURCE,
     SlopeEstimate,
     chain_weights,
     steps_estimate,
