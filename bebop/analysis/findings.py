@@ -154,7 +154,8 @@ def _flatness_interval(ce: SlopeEstimate, tv: SlopeEstimate) -> bootstrap.Interv
 def _rs_flatness_finding(sweep: Sequence[Mapping], runs: Sequence[Run]) -> Finding:
     """Finding 2: RS with an e2e-TV head is >95% flatter in entropy than with a CE head."""
     pairs = [
-        (steps_estimate(runs_with(runs, "rs", CE_LOSS), "rs+ce"), steps_estimate(runs_with(runs, "rs", TV_LOSS), "rs+e2e_tv")),
+        (steps_estimate(runs_with(runs, "rs", CE_LOSS), "rs+ce"),
+         steps_estimate(runs_with(runs, "rs", TV_LOSS), "rs+e2e_tv")),
         (sweep_estimate(sweep, CE_LOSS, "rs"), sweep_estimate(sweep, TV_LOSS, "rs")),
         (token_estimate(runs_with(runs, None, CE_LOSS), "rs"), token_estimate(runs_with(runs, None, TV_LOSS), "rs")),
     ]
@@ -302,7 +303,8 @@ def _speedup_finding(runs: Sequence[Run]) -> Finding:
     with np.errstate(invalid="ignore", divide="ignore"):
         ratio = bootstrap.percentile_interval(nb.estimate / tv.estimate, nb_draws / tv_draws, nb.n + tv.n, "RL steps")
     lo, hi = ratio.ci
-    ours = f"{ratio.estimate:.2f}× [{lo:.2f}, {hi:.2f}] (none {nb.estimate:.2f} s, rs+e2e_tv {tv.estimate:.2f} s per step)"
+    ours = (f"{ratio.estimate:.2f}× [{lo:.2f}, {hi:.2f}] (none {nb.estimate:.2f} s, rs+e2e_tv {tv.estimate:.2f} s "
+            "per step)")
     d = decide(ratio, low, "above", "the speed-up (×)")
     note = d.note
     if d.verdict != REPRODUCED and 0 < b["rollout_s"] < b["step_s"]:

@@ -4,8 +4,8 @@ Coverage tests draw 200 synthetic datasets with a known slope and count how ofte
 interval covers it; they pass for 180-198 covers (90-99%). False-alarm odds: the count is
 Binomial(200, c) for the interval's true coverage c. Measured on 1000 further datasets of each
 design (other seeds), c = 0.961 (RL steps) and c = 0.944 (sequences), giving P(count outside
-180-198) = 0.32% and 0.45% (0.16% if c were exactly 0.95). Seeds are fixed, so a given checkout passes or fails
-deterministically.
+180-198) = 0.32% and 0.45% (0.16% if c were exactly 0.95). Seeds are fixed, so a given
+checkout passes or fails deterministically.
 """
 
 from __future__ import annotations
