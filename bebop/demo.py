@@ -153,21 +153,20 @@ def _rl_run(cfg: DemoConfig, out: Path, model_dir: Path, head_dirs: dict[str, Pa
 
 
 def _report(cfg: DemoConfig, out: Path, model_dir: Path, head_evals: dict, sweep: list, run_dirs: list[Path]) -> Path:
-    from bebop.analysis.findings import compute_findings, findings_table
+    from bebop.analysis.findings import compute_findings
     from bebop.analysis.report import load_run, write_report
 
     runs = [load_run(d) for d in run_dirs]
     findings = compute_findings(head_evals, sweep, runs)
     pretrain = read_json(model_dir / "pretrain.json") if (model_dir / "pretrain.json").is_file() else {}
     sections = [
-        "## Paper findings at our scale\n\nVerdicts are computed from the data of this run.\n\n" + findings_table(findings),
         "## Exact acceptance per head (K=3, T=1, teacher-forced held-out data)\n\n" + acceptance_table(head_evals),
         "## The embedded model\n\n" + _model_summary(pretrain, model_dir),
     ]
     write_json(out / "findings.json", [f.__dict__ if hasattr(f, "__dict__") else f for f in findings])
     evals = list(head_evals.values()) + [r for r in sweep if r["temperature"] != 1.0]  # T=1 rows are head_evals
     return write_report(run_dirs, out, title="Bebop demo" + (" (--quick)" if cfg.quick else ""),
-                        extra_sections=sections, head_evals=evals)
+                        extra_sections=sections, head_evals=evals, findings=findings)
 
 
 def _model_summary(pretrain: dict, model_dir: Path) -> str:

@@ -2,8 +2,13 @@
 
 - ``fit``: least-squares fits with t intervals, entropy buckets, the Eq. 16 entropy/mismatch
   split, the RS-vs-TO decision rule (Eq. 48) and the expected accept length (Eq. 12).
-- ``plots``: one PNG per figure of the paper that the runs can reproduce.
-- ``report``: loads run directories and writes ``report.md`` with tables and plots.
+- ``bootstrap``: intervals that fit the data (block bootstrap over RL steps, bootstrap over
+  sequences) and the reproduced / not reproduced / inconclusive verdict.
+- ``slopes``: accept length against entropy from RL steps, a temperature sweep or token level.
+- ``runs`` / ``roles``: loading run directories; which run plays which part.
+- ``findings``: the paper's findings with verdicts computed from data.
+- ``headline`` / ``plots``: the report's first figure; one PNG per figure the runs can reproduce.
+- ``report``: writes ``report.md``, answer first, then tables and plots.
 """
 
 from bebop.analysis.fit import (
@@ -16,13 +21,16 @@ from bebop.analysis.fit import (
     rs_vs_to,
     student_t_quantile,
 )
+from bebop.analysis.bootstrap import Interval, decide
 from bebop.analysis.report import Run, load_run, summarize_run, write_report
 
 __all__ = [
     "BucketedFit",
+    "Interval",
     "LinearFit",
     "Run",
     "bucketed_fit",
+    "decide",
     "entropy_mismatch_split",
     "expected_accept_length",
     "linear_fit",

@@ -265,8 +265,9 @@ def bucketed_fit(
        fewer than ``num_buckets`` may come back.
     2. A bucket's center is the mean entropy of its points, not the midpoint of its edges.
     3. Buckets with fewer than ``min_count`` points are dropped from the returned arrays.
-    4. The fit uses every finite raw point, so each token weighs the same and the interval
-       reflects the real sample size; the bucket means are only for drawing.
+    4. The fit uses every finite raw point, so each token weighs the same; the bucket means are
+       only for drawing. Its t interval treats the points as independent, which tokens of one
+       sequence are not: for an interval use ``bootstrap.sequences_slope``.
 
     Args:
         entropy: Target entropy H(p) per token, nats.

@@ -7,6 +7,8 @@ Every figure carries a title, axis labels with units and a legend, so it reads o
 
 Figures (arXiv 2606.12370):
 
+- ``plot_headline``: accept length against entropy per role with fitted lines and 95% bands
+  (Figs. 1a, 8), the report's first screen.
 - ``plot_accept_vs_entropy``: accept length against target entropy with linear fits (Figs. 1a, 8).
 - ``plot_accept_per_position``: per-position acceptance over RL steps (Figs. 2, 6).
 - ``plot_step_latency``: RL step time split into rollout and update (Fig. 7).
@@ -21,6 +23,7 @@ import os
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -54,6 +57,55 @@ def _save(fig: Figure, path: str | os.PathLike) -> Path:
 def _check_nonempty(series: Mapping, what: str) -> None:
     if not series:
         raise ValueError(f"nothing to plot: {what} is empty")
+
+
+class FittedSeries(NamedTuple):
+    """Points of one role and a fitted line with its band, drawn by ``plot_headline``."""
+
+    entropy: Sequence[float]  # (S,) mean target entropy per RL step, nats
+    accept: Sequence[float]  # (S,) accept length per RL step
+    grid: Sequence[float]  # (G,) entropies the line is drawn at
+    line: Sequence[float]  # (G,) fitted accept length
+    band: tuple[Sequence[float], Sequence[float]]  # (G,) lower and upper edge of the 95% band (NaN: none)
+    legend: str  # e.g. "TO + CE head: slope -1.52 [-2.10, -0.90] /nat (60 steps, 2 runs)"
+
+
+def plot_headline(
+    series: Mapping[str, FittedSeries],
+    path: str | os.PathLike,
+    title: str = "Accept length vs policy entropy over RL (paper Figs. 1a, 8)",
+) -> Path:
+    """Scatters accept length against entropy per role, with its fitted line and 95% band.
+
+    Args:
+        series: Per role (e.g. "TO + CE head"), a ``FittedSeries``.
+        path: Where the PNG goes.
+        title: Figure title.
+
+    Returns:
+        ``path``.
+
+    Raises:
+        ValueError: If ``series`` is empty.
+    """
+    _check_nonempty(series, "series")
+    fig = Figure(figsize=(PANEL_INCHES[0] * 1.25, PANEL_INCHES[1] * 1.25))
+    ax = fig.add_subplot()
+    for i, s in enumerate(series.values()):
+        color = f"C{i % 10}"
+        ax.scatter(np.asarray(s.entropy, dtype=float), np.asarray(s.accept, dtype=float), s=10, alpha=0.45,
+                   color=color)
+        grid, line = np.asarray(s.grid, dtype=float), np.asarray(s.line, dtype=float)
+        ax.plot(grid, line, color=color, linewidth=2.0, label=s.legend)
+        low, high = (np.asarray(b, dtype=float) for b in s.band)
+        if np.isfinite(low).all() and np.isfinite(high).all():
+            ax.fill_between(grid, low, high, color=color, alpha=0.2, linewidth=0)
+    ax.set_title(f"{title}\n(one point per RL step; lines: least-squares fits; bands: 95% block bootstrap)")
+    ax.set_xlabel("mean target entropy H(p) (nats/token)")
+    ax.set_ylabel(ACCEPT_LENGTH_LABEL)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small", loc="best")
+    return _save(fig, path)
 
 
 def plot_accept_vs_entropy(

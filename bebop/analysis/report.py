@@ -1,22 +1,26 @@
-"""Loads RL run directories, summarises them and writes a markdown report with plots.
+"""Summarises RL runs and writes a markdown report with plots.
 
-A run directory (written by ``bebop rl``) holds ``config.json`` (the resolved config),
-``metrics.jsonl`` (one object per RL step) and optionally ``token_stats.jsonl`` (per verified
-draft position: depth j, H(p), alpha_RS, alpha_TO). ``write_report`` turns any number of them,
+Run directories (written by ``bebop rl``, loaded by ``bebop.analysis.runs``) hold ``config.json``,
+``metrics.jsonl`` and optionally ``token_stats.jsonl``. ``write_report`` turns any number of them,
 plus optional MTP-head evaluations (``bebop eval-mtp --json`` dicts with ``loss`` and
 ``temperature`` added), into ``report.md`` beside the PNGs it links.
+
+The report leads with the answer: the accept-length-vs-entropy figure of the TO, RS+CE and
+RS+e2e-TV runs (``headline``) and the findings table; details follow.
 
 Conventions:
 
 1. "start" and "end" values are means over the first and last ``WINDOW_FRAC`` of the steps
-   (at least one step each), so one noisy step does not decide them.
+   (at least one step each), so one noisy step does not decide them. The entropy change between
+   them has a 95% interval from a block bootstrap within each window.
 2. A metric that is absent or null on a step counts as NaN and is left out of means and fits.
 3. The speed-up of a run is (mean step time of the first ``none`` run) / (its mean step time).
+4. Slope intervals come from ``bootstrap``: a block bootstrap over RL steps, and at token level a
+   bootstrap over completions (token statistics' ``row``), never over single tokens.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import os
@@ -26,114 +30,32 @@ from typing import Any
 
 import numpy as np
 
-from bebop.analysis import plots
-from bebop.analysis.fit import LinearFit, bucketed_fit, entropy_mismatch_split, linear_fit, rs_vs_to
-from bebop.utils.io import BebopError, atomic_write_text, read_json, read_jsonl
+from bebop.analysis import bootstrap, plots
+from bebop.analysis.bootstrap import Interval
+from bebop.analysis.fit import entropy_mismatch_split, linear_fit, rs_vs_to
+from bebop.analysis.headline import headline_section
+from bebop.analysis.runs import (  # noqa: F401 (re-exported: the report's public API)
+    CONFIG_FILE,
+    METRICS_FILE,
+    TOKEN_ROW_KEY,
+    TOKEN_STATS_FILE,
+    TOKEN_STATS_KEYS,
+    Run,
+    _as_float,
+    _column,
+    load_run,
+    run_label,
+)
+from bebop.utils.io import BebopError, atomic_write_text
 
-CONFIG_FILE = "config.json"  # resolved config of the run
-METRICS_FILE = "metrics.jsonl"  # one JSON object per RL step
-TOKEN_STATS_FILE = "token_stats.jsonl"  # optional per-position entropy and counterfactual acceptance
 REPORT_FILE = "report.md"
 WINDOW_FRAC = 0.2  # share of the steps averaged for "start" and "end" values
-TOKEN_STATS_KEYS = ("position", "entropy", "alpha_rs", "alpha_to")  # flat lists, one entry per position
 MISSING = "–"  # shown in tables for values that do not apply or could not be computed
-
-
-@dataclasses.dataclass(frozen=True)
-class Run:
-    """One RL run as read from its directory."""
-
-    label: str  # short human label, e.g. "rs+e2e_tv"
-    config: dict  # resolved config (config.json)
-    metrics: list[dict]  # one dict per RL step, sorted by "step"
-    token_stats: list[dict] | None  # rows of token_stats.jsonl, or None when the file is absent
-    path: Path | None = None  # the run directory
-
-
-# --------------------------------------------------------------------------------------------
-# Loading
-# --------------------------------------------------------------------------------------------
-
-
-def run_label(config: Mapping[str, Any]) -> str:
-    """Returns ``config["label"]`` or builds one from mode, head loss and update.
-
-    Example:
-        >>> run_label({"mode": "to", "mtp_loss": "ce", "mtp_update": "online", "online_loss": "ce"})
-        'to+ce+online-ce'
-    """
-    if config.get("label"):
-        return str(config["label"])
-    mode = str(config.get("mode") or "none")
-    if mode == "none":
-        return "none"
-    parts = [mode, str(config.get("mtp_loss") or "head")]
-    if config.get("mtp_update") == "online":
-        parts.append(f"online-{config.get('online_loss') or 'ce'}")
-    return "+".join(parts)
-
-
-def _check_metrics(rows: list[dict], path: Path) -> list[dict]:
-    if not rows:
-        raise BebopError(f"metrics {path} has no steps")
-    for i, row in enumerate(rows, start=1):
-        if not isinstance(row.get("step"), int) or isinstance(row.get("step"), bool):
-            raise BebopError(f"metrics {path} row {i} has no integer 'step'")
-    return sorted(rows, key=lambda r: r["step"])
-
-
-def _check_token_stats(rows: list[dict], path: Path) -> list[dict]:
-    for i, row in enumerate(rows, start=1):
-        lists = [row.get(k) for k in TOKEN_STATS_KEYS]
-        if not all(isinstance(v, list) for v in lists):
-            raise BebopError(f"token stats {path} row {i} lacks one of the lists {', '.join(TOKEN_STATS_KEYS)}")
-        if len({len(v) for v in lists}) != 1:
-            raise BebopError(f"token stats {path} row {i} has lists of different lengths")
-    return rows
-
-
-def load_run(run_dir: str | os.PathLike) -> Run:
-    """Reads a run directory.
-
-    Args:
-        run_dir: Directory holding config.json, metrics.jsonl and optionally token_stats.jsonl.
-
-    Returns:
-        The run, metrics sorted by step.
-
-    Raises:
-        BebopError: With one line naming the file and the problem, when a file is missing,
-            is not valid JSON, or lacks what the analysis needs.
-    """
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise BebopError(f"run directory not found: {run_dir}")
-    config = read_json(run_dir / CONFIG_FILE, "run config")
-    if not isinstance(config, dict):
-        raise BebopError(f"run config {run_dir / CONFIG_FILE} is not a JSON object")
-    metrics = _check_metrics(read_jsonl(run_dir / METRICS_FILE, "metrics"), run_dir / METRICS_FILE)
-    stats_path = run_dir / TOKEN_STATS_FILE
-    token_stats = None
-    if stats_path.exists():
-        token_stats = _check_token_stats(read_jsonl(stats_path, "token stats"), stats_path)
-    return Run(run_label(config), config, metrics, token_stats, run_dir)
 
 
 # --------------------------------------------------------------------------------------------
 # Summaries
 # --------------------------------------------------------------------------------------------
-
-
-def _as_float(value: Any) -> float:
-    """Numbers as floats; None, booleans and anything else as NaN."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    return math.nan
-
-
-def _column(metrics: Sequence[Mapping], key: str) -> np.ndarray:
-    """One scalar metric over steps, shape (S,), NaN where absent or null."""
-    return np.array([_as_float(row.get(key)) for row in metrics], dtype=float)
 
 
 def _per_position(metrics: Sequence[Mapping], key: str) -> np.ndarray:
@@ -174,17 +96,25 @@ def _mismatch_summary(entropy: np.ndarray, accept: np.ndarray) -> dict:
     }
 
 
+def _sequence_ids(token_stats: Sequence[Mapping]) -> np.ndarray:  # (N,)
+    """One id per (RL step, completion) of the flattened positions; a whole step without ``row`` lists."""
+    pairs = [(i, _as_float(r)) for i, row in enumerate(token_stats)
+             for r in (row.get(TOKEN_ROW_KEY) or [0] * len(row["position"]))]
+    return np.unique(np.array(pairs, dtype=float).reshape(-1, 2), axis=0, return_inverse=True)[1].reshape(-1)
+
+
 def _token_summary(token_stats: Sequence[Mapping] | None) -> dict | None:
-    """Token-level fits of alpha against entropy and the RS-versus-TO shares (Eq. 48)."""
+    """Token-level slopes of alpha against entropy (bootstrap over completions) and the RS-vs-TO shares (Eq. 48)."""
     if not token_stats:
         return None
     flat = {k: np.array([_as_float(v) for row in token_stats for v in row[k]], dtype=float) for k in TOKEN_STATS_KEYS}
     if flat["entropy"].size == 0:
         return None
+    ids = _sequence_ids(token_stats)
     return {
         "num_positions": int(flat["entropy"].size),
-        "alpha_rs_fit": bucketed_fit(flat["entropy"], flat["alpha_rs"]).fit,
-        "alpha_to_fit": bucketed_fit(flat["entropy"], flat["alpha_to"]).fit,
+        "alpha_rs_slope": bootstrap.sequences_slope(flat["entropy"], flat["alpha_rs"], ids),
+        "alpha_to_slope": bootstrap.sequences_slope(flat["entropy"], flat["alpha_to"], ids),
         **rs_vs_to(flat["alpha_rs"], flat["alpha_to"]),
     }
 
@@ -198,17 +128,21 @@ def summarize_run(run: Run) -> dict:
     Returns:
         dict with ``label``, ``mode``, ``mtp_loss``, ``mtp_update``, ``online_loss``,
         ``num_steps``; mean seconds ``step_s``, ``rollout_s``, ``train_s``, ``mtp_s``;
-        ``accept_length_start``/``_end`` and ``final_accuracy`` (window means, see the module
-        docstring); ``mean_target_entropy`` (nats); ``entropy_fit`` (LinearFit of accept length
-        against entropy over steps); per-position lists ``alpha_rs_start``/``_end``,
-        ``alpha_to_start``/``_end``, ``accepted_per_pos_start``/``_end``; the Eq. 16 split
-        (``early_slope``, ``delta_accept_end``, ``entropy_part_end``, ``mismatch_part_end``);
-        and ``token`` (token-level fits and RS-vs-TO shares, or None without token stats).
-        Values that cannot be computed are NaN.
+        ``accept_length_start``/``_end``, ``accuracy_start``/``final_accuracy`` and
+        ``entropy_start``/``_end`` (window means, see the module docstring) with ``entropy_change``
+        (Interval of end - start); ``mean_target_entropy`` (nats); ``entropy_slope`` (Interval of the
+        accept-length slope against entropy over steps, block bootstrap) and ``entropy_r``;
+        per-position lists ``alpha_rs_start``/``_end``, ``alpha_to_start``/``_end``,
+        ``accepted_per_pos_start``/``_end``; the Eq. 16 split (``early_slope``,
+        ``delta_accept_end``, ``entropy_part_end``, ``mismatch_part_end``); and ``token``
+        (token-level slopes and RS-vs-TO shares, or None without token stats). Values that cannot
+        be computed are NaN.
     """
     m, cfg = run.metrics, run.config
     entropy = _column(m, "target_entropy")  # (S,)
     accept = _column(m, "spec/accept_length")  # (S,)
+    accuracy = _column(m, "accuracy")  # (S,)
+    entropy_start, entropy_end, entropy_change = bootstrap.window_change(entropy, WINDOW_FRAC)
     summary = {
         "label": run.label,
         "mode": str(cfg.get("mode") or (m[0].get("mode") if m else None) or "none"),
@@ -219,9 +153,14 @@ def summarize_run(run: Run) -> dict:
         **{key: float(_nanmean(_column(m, key))) for key in ("step_s", "rollout_s", "train_s", "mtp_s")},
         "accept_length_start": float(_nanmean(_window(accept, end=False))),
         "accept_length_end": float(_nanmean(_window(accept, end=True))),
-        "final_accuracy": float(_nanmean(_window(_column(m, "accuracy"), end=True))),
+        "accuracy_start": float(_nanmean(_window(accuracy, end=False))),
+        "final_accuracy": float(_nanmean(_window(accuracy, end=True))),
+        "entropy_start": entropy_start,
+        "entropy_end": entropy_end,
+        "entropy_change": entropy_change,
         "mean_target_entropy": float(_nanmean(entropy)),
-        "entropy_fit": linear_fit(entropy, accept),
+        "entropy_slope": bootstrap.steps_slope([(entropy, accept)])[0],
+        "entropy_r": linear_fit(entropy, accept).r,
     }
     for key in ("alpha_rs", "alpha_to", "accepted_per_pos"):
         values = _per_position(m, f"spec/{key}")  # (S, K)
@@ -248,12 +187,24 @@ def _fmt_list(values: Sequence[float], spec: str = ".3f") -> str:
     return " / ".join(_fmt(v, spec) for v in values) if len(values) else MISSING
 
 
-def _fmt_fit(fit: LinearFit) -> str:
-    if not math.isfinite(fit.slope):
+def _fmt_slope(slope: Interval, r: float | None = None) -> str:
+    """A slope with its interval (when there is one) and, optionally, r."""
+    if not math.isfinite(slope.estimate):
         return MISSING
-    low, high = fit.slope_ci
+    low, high = slope.ci
     ci = f" [{low:+.2f}, {high:+.2f}]" if math.isfinite(low) else ""
-    return f"{fit.slope:+.2f}{ci} (r = {_fmt(fit.r)})"
+    return f"{slope.estimate:+.2f}{ci}" + (f" (r = {_fmt(r)})" if r is not None else "")
+
+
+def _fmt_entropy(s: dict) -> str:
+    """Entropy start → end (change [95% interval], relative change)."""
+    start, end, change = s["entropy_start"], s["entropy_end"], s["entropy_change"]
+    if not (math.isfinite(start) and math.isfinite(end)):
+        return MISSING
+    low, high = change.ci
+    ci = f" [{low:+.3f}, {high:+.3f}]" if math.isfinite(low) else ""
+    relative = f", {change.estimate / start:+.0%}" if start > 0 else ""
+    return f"{start:.3f} → {end:.3f} ({change.estimate:+.3f}{ci}{relative})"
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -292,21 +243,24 @@ def _run_row(s: dict, base: dict | None) -> list[str]:
         _fmt(s["step_s"]),
         f"{speedup:.2f}×" if math.isfinite(speedup) else MISSING,
         _fmt(s["rollout_s"]),
+        _fmt_entropy(s),
+        f"{_fmt(s['accuracy_start'], '.3f')} → {_fmt(s['final_accuracy'], '.3f')}",
         f"{_fmt(s['accept_length_start'])} → {_fmt(s['accept_length_end'])}",
-        _fmt(s["final_accuracy"], ".3f"),
-        _fmt_fit(s["entropy_fit"]),
+        _fmt_slope(s["entropy_slope"], s["entropy_r"]),
     ]
 
 
 RUNS_HEADER = ("run", "mode", "head loss", "update", "step (s)", "speed-up vs none", "rollout (s)",
-               "accept length start → end", "final accuracy", "accept-length slope vs entropy (/nat) [95% CI]")
+               "entropy start → end, nats (Δ [95% CI], relative)", "accuracy start → end",
+               "accept length start → end", "accept-length slope vs entropy (/nat) [95% CI]")
 
 
 def _runs_section(summaries: Sequence[dict]) -> str:
     base = next((s for s in summaries if s["mode"] == "none"), None)
     notes = (
-        f"Start and end are means over the first and last {WINDOW_FRAC:.0%} of the steps. Accept length is tokens "
-        "per verify pass including the bonus token. Speed-up is the `none` run's mean step time over the run's."
+        f"Start and end are means over the first and last {WINDOW_FRAC:.0%} of the steps; intervals are 95%, "
+        "block bootstrap over RL steps. Entropy is the mean H(p) per completion token. Accept length is tokens per "
+        "verify pass including the bonus token. Speed-up is the `none` run's mean step time over the run's."
     )
     if base is None:
         notes += " No `none` run was given, so speed-ups are not computed."
@@ -333,7 +287,7 @@ def _mismatch_section(summaries: Sequence[dict]) -> str:
 
 def _token_row(label: str, t: dict) -> list[str]:
     shares = (t["share_rs_wins"], t["share_to_wins"], t["share_tie"])
-    return [label, str(t["num_positions"]), _fmt_fit(t["alpha_rs_fit"]), _fmt_fit(t["alpha_to_fit"]),
+    return [label, str(t["num_positions"]), _fmt_slope(t["alpha_rs_slope"]), _fmt_slope(t["alpha_to_slope"]),
             *(_fmt(v, ".1%") for v in shares)]
 
 
@@ -437,21 +391,36 @@ def _head_eval_section(out_dir: Path, head_evals: Sequence[Mapping]) -> list[str
     ]
 
 
+def _findings_markdown(runs: Sequence[Run], head_evals: Sequence[Mapping[str, Any]], findings) -> str:
+    """The findings table: ``findings`` as given, or computed from the runs and the head evaluations
+    (those at τ = 1 as the per-loss evaluations, all of them as the temperature sweep)."""
+    from bebop.analysis.findings import compute_findings, findings_table  # NOTE: findings imports this module
+
+    if findings is None:
+        at_one = {str(e.get("loss")): e for e in head_evals if _as_float(e.get("temperature")) == 1.0}
+        findings = compute_findings(at_one, list(head_evals), runs)
+    return "### Paper findings at our scale\n\nVerdicts are computed from the data of this report.\n\n" + (
+        findings_table(findings))
+
+
 def write_report(
     run_dirs: Sequence[str | os.PathLike],
     out_dir: str | os.PathLike,
     title: str = "Bebop report",
     extra_sections: Sequence[str] = (),
     head_evals: Sequence[Mapping[str, Any]] = (),
+    findings: Sequence | None = None,
 ) -> Path:
     """Writes ``report.md`` and its PNGs into ``out_dir`` from run directories and head evaluations.
 
-    Sections: the runs table (label, mode, head loss, update, mean step seconds, speed-up over
-    the ``none`` run, rollout seconds, accept length start → end, final accuracy, accept-length
-    slope against entropy), plots over the runs' metrics, the Eq. 16 entropy/mismatch split,
-    token-level RS-vs-TO shares, head evaluations with their plots, then ``extra_sections``
-    verbatim. A plot without data is skipped and the report says why. Files are written
-    atomically; plots are linked by relative path.
+    The first screen answers the paper's question: accept length against entropy for the TO,
+    RS+CE and RS+e2e-TV runs with fitted lines and 95% bands, and the findings table. Details
+    follow: the runs table (label, mode, head loss, update, mean step seconds, speed-up over the
+    ``none`` run, rollout seconds, entropy start → end with its interval, accuracy and accept
+    length start → end, accept-length slope against entropy), plots over the runs' metrics, the
+    Eq. 16 entropy/mismatch split, token-level RS-vs-TO shares, head evaluations with their plots,
+    then ``extra_sections`` verbatim. A plot without data is skipped and the report says why.
+    Files are written atomically; plots are linked by relative path.
 
     Args:
         run_dirs: Run directories (from ``bebop rl`` or the user's own runs in the same format).
@@ -459,6 +428,7 @@ def write_report(
         title: Level-1 heading of the report.
         extra_sections: Markdown blocks appended at the end, in order.
         head_evals: ``bebop eval-mtp --json`` dicts, each with ``loss`` and ``temperature`` added.
+        findings: ``findings.Finding``s to show; None computes them from the runs and ``head_evals``.
 
     Returns:
         Path of the written report.md.
@@ -476,7 +446,9 @@ def write_report(
     sources = "\n".join(f"- **{lab}**: `{os.path.relpath(r.path, out_dir)}`" for lab, r in zip(labels, runs))
     sections = [
         f"# {title}",
-        f"{len(runs)} run(s), method of arXiv 2606.12370 (MTP drafts verified by rejection sampling).\n\n{sources}",
+        f"{len(runs)} run(s), method of arXiv 2606.12370 (MTP drafts verified by rejection sampling).",
+        headline_section(out_dir, runs, _findings_markdown(runs, head_evals, findings)),
+        f"## Details\n\nRuns:\n\n{sources}",
         _runs_section(summaries),
         "## Plots",
         *_run_plots(out_dir, runs, labels, summaries),

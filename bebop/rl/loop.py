@@ -63,7 +63,7 @@ from bebop.utils.torch_utils import seed_everything
 
 CONFIG_FILE = "config.json"  # the resolved flat config (read by bebop.analysis.report)
 METRICS_FILE = "metrics.jsonl"  # one object per RL step
-TOKEN_STATS_FILE = "token_stats.jsonl"  # per verified draft position: depth, H(p), alpha_RS, alpha_TO
+TOKEN_STATS_FILE = "token_stats.jsonl"  # per kept draft position: depth, row, H(p), alpha_RS, alpha_TO
 
 
 @dataclass(frozen=True)
@@ -271,9 +271,11 @@ def step_metrics(cfg: RLConfig, rollout: Rollout, rewards: torch.Tensor, update:
 
 
 def token_stats_row(rollout: Rollout) -> dict:
-    """One token_stats.jsonl row: flat per-verified-position lists (depth j, H(p), alpha_RS, alpha_TO)."""
+    """One token_stats.jsonl row: flat per-kept-draft-position lists (depth j, completion row, H(p), alpha_RS,
+    alpha_TO); ``row`` lets the analysis resample whole completions rather than correlated tokens."""
     arrays = rollout.result.stats.token_arrays()
-    row = {"step": rollout.batch.step + 1, "position": [int(j) for j in arrays["position"].tolist()]}
+    row = {"step": rollout.batch.step + 1, "position": [int(j) for j in arrays["position"].tolist()],
+           "row": [int(r) for r in arrays["row"].tolist()]}
     row.update({k: arrays[k].tolist() for k in ("entropy", "alpha_rs", "alpha_to")})
     return _json_safe(row)
 

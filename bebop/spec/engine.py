@@ -12,6 +12,8 @@ Rows accept different numbers of tokens in the same step; a ``RaggedKVCache`` (o
 keeps a length per row, so a rollback costs nothing and nothing is recomputed. Finished rows are
 dropped from the batch. A row's randomness comes from ``bebop.spec.rng`` keyed by (its seed, its
 number of emitted tokens), so its output does not depend on which other rows share the batch.
+Statistics (``GenerationResult.stats``) count only the tokens the completions keep (see
+``bebop.spec.stats``): each step is logged first and trimmed once every row's end is known.
 
 Deviations from a textbook implementation:
     1) The MTP head's own KV cache holds one entry per committed position (step-1 inputs); the
@@ -42,7 +44,7 @@ from bebop.spec.sampling import (
     rejection_sample_from_noise,
     sample_from_probs,
 )
-from bebop.spec.stats import SpecStats, entropy
+from bebop.spec.stats import EmissionLog, SpecStats, entropy
 from bebop.utils.io import BebopError
 from bebop.utils.torch_utils import cache_kwargs
 
@@ -181,9 +183,10 @@ def generate(
         while rows.index:
             runner.decode_step(rows)
     texts = [tokenizer.decode(t, skip_special_tokens=True) for t in runner.outputs]
+    lengths = [len(t) for t in runner.outputs]
     return GenerationResult(
         prompt_ids=prompt_ids, token_ids=runner.outputs, texts=texts,
-        lengths=[len(t) for t in runner.outputs], finish_reasons=runner.finish, stats=runner.stats,
+        lengths=lengths, finish_reasons=runner.finish, stats=runner.log.to_stats(lengths),
     )
 
 
@@ -232,7 +235,7 @@ class _Runner:
             self.mtp_cache = RaggedKVCache(len(mtp.layers), batch, capacity, device, param.dtype)
         self.outputs: list[list[int]] = [[] for _ in range(batch)]
         self.finish = [""] * batch
-        self.stats = SpecStats(speculate_k=self.k)
+        self.log = EmissionLog(self.k)  # turned into SpecStats once the completions' ends are known
 
     # ------------------------------------------------------------------ target distribution
     def _probs(self, logits: torch.Tensor) -> torch.Tensor:
@@ -243,13 +246,18 @@ class _Runner:
         return logits_to_probs(logits, s.temperature, s.top_k, s.top_p)
 
     def _sample(self, logits: torch.Tensor, rows: _Rows) -> torch.Tensor:
-        """One token per row from (R, V) logits at the rows' current counters."""
+        """One token per row from (R, V) logits at the rows' current counters; logs the rows' block."""
         probs = self._probs(logits)
-        self.stats.record_token_entropy(entropy(probs))
+        self._log_block(rows, [1] * len(rows.index), entropy(probs)[:, None])
         if self.greedy:
             return logits.argmax(-1)
         bits = rng.keyed_bits(rows.keys[:, 1:2], rows.counters, (logits.shape[-1],))[:, 0]  # resample stream
         return sample_from_probs(probs, rng.exponential_from_bits(bits))
+
+    def _log_block(self, rows: _Rows, widths: list[int], token_entropy: torch.Tensor, drafts=None) -> None:
+        """Logs a step's tokens (emitted next, from each row's current completion length)."""
+        starts = [len(self.outputs[r]) for r in rows.index]
+        self.log.add_block(rows.index, starts, widths, token_entropy, drafts)
 
     # ------------------------------------------------------------------ steps
     def prefill(self, rows: _Rows, prompt_ids: list[list[int]]) -> None:
@@ -329,12 +337,11 @@ class _Runner:
             out, accepted = rejection_sample_from_noise(p, drafts, q_verify, coins, race, validate=False)
         p_draft = p[:, : self.k]
         alpha_to = p_draft.gather(-1, q.argmax(-1, keepdim=True))[..., 0]
-        self.stats.record_positions(entropy(p_draft), torch.minimum(p_draft, q).sum(-1), alpha_to)
         num_accepted = accepted.tolist()  # NOTE: host sync 1 of 2 per step (counts drive the host-side bookkeeping)
-        self.stats.record_verify(num_accepted)
         kept = [n + 1 for n in num_accepted]
-        emitted_mask = torch.arange(self.k + 1, device=p.device)[None, :] <= accepted[:, None]
-        self.stats.record_token_entropy(entropy(p)[emitted_mask])
+        token_entropy = entropy(p)  # (R, K+1)
+        self._log_block(rows, kept, token_entropy,
+                        (token_entropy[:, : self.k], torch.minimum(p_draft, q).sum(-1), alpha_to))
         self.target.cache.commit(kept)
         # The head's next inputs: (hidden at each fed position, the token emitted after it).
         rows.pend_hidden, rows.pend_tokens, rows.pend_count = hidden, out.clamp_min(0), kept
@@ -368,7 +375,6 @@ class _Runner:
         limit = self.sampling.max_new_tokens
         for token in new:
             out.append(token)
-            self.stats.num_generated_tokens += 1
             if token == self.eos:
                 return "eos"
             if len(out) >= limit:
@@ -386,7 +392,6 @@ class _Runner:
         for end in range(1, len(out) + 1):
             prefix = self.tokenizer.decode(out[:end], skip_special_tokens=True)
             if any(s in prefix for s in self.sampling.stop):
-                self.stats.num_generated_tokens -= len(out) - end
                 del out[end:]
                 return "stop"
         return ""

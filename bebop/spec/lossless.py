@@ -1,62 +1,79 @@
 """Lossless checks: does speculative sampling, with *your* model and head, sample exactly as plain sampling?
 
 Behind ``bebop check-lossless``. For one prompt (the first of ``prompts``), ``num_samples`` rows are
-generated with plain sampling and ``num_samples`` with speculative sampling, and the marginals of
-the first ``NUM_TOKENS`` generated tokens are compared with a two-sample chi-square test (Pearson's
-test of homogeneity on a 2 x C table of token counts). The speculative settings span both modes
-(``to``, ``rs``), K = 1 and 3, temperatures 1.0 and 0.7, one top-k/top-p setting, and batch mixes
-(the tested prompt's rows interleaved with rows of the other prompts, so padding, ragged caches
-and rows finishing at different steps are exercised).
+generated with plain sampling and ``num_samples`` with speculative sampling, and their token
+distributions are compared with two-sample chi-square tests (Pearson's test of homogeneity on a
+2 x C table of counts). The speculative settings span both modes (``to``, ``rs``), K = 1 and 3,
+temperatures 1.0 and 0.7, one top-k/top-p setting, and batch mixes (the tested prompt's rows
+interleaved with rows of the other prompts, so padding, ragged caches and rows finishing at
+different steps are exercised).
 
-False-alarm odds: each check fails by chance with probability ``alpha`` when the sampler is exact,
-so with m checks the chance of at least one false alarm is 1 - (1 - alpha)^m (at most m * alpha by
-the union bound, which holds although checks share samples). With the defaults, alpha = 1e-3 and
-m = 21 checks: about 2.1%. A failing check is evidence only if it fails again with another seed or
-if its p-value is far below alpha (a broken sampler typically gives p < 1e-10).
+What is compared (``CHECK_KINDS``; each kind maps one setting's samples to checks, so another
+comparison is one more entry):
 
-Runtime: 11 * num_samples rows of NUM_TOKENS tokens (3 plain references, 7 speculative settings,
-two of which add a half-size share of other prompts' rows). The embedded default (8 layers,
-hidden 64, V = 218, 8-token prompts) costs about 1 ms of CPU time per row, so the default
-num_samples = 10_000 takes about two minutes on 2 CPU cores (20_000: about four). Power: at the
-default a check has even odds of catching a total-variation shift of about 3% spread evenly over
-10 cells (sqrt(9 / num_samples)); shifts concentrated on rare tokens are caught sooner.
+- ``marginal``: the marginal of every generated token 1 .. 3K+3. Token 1 comes from the prefill,
+  the first verify step emits at most K+1 tokens and each later one at most K+1 more, so token
+  3K+3 is always drawn at the third verify step or later: a defect that only shows after a
+  rollback (a rejected draft's KV entry left behind, noise reused across steps) reaches it.
+- ``joint``: the joint of tokens K+2 and K+3, a pair that straddles the boundary between the first
+  and the second verify step whenever the first step accepted all K drafts (K+2 is then its
+  bonus token) and lies inside or across later steps otherwise.
+
+A check whose tokens all fall in one cell after pooling (dof 0) compared nothing: it is reported
+as "uninformative", not as a pass. The run fails when an informative check fails or when fewer
+than half the checks are informative (the prompts' continuations are too nearly deterministic
+to test anything). The default prompts are five-term problems of the embedded task, whose
+completions choose an opener, which term to add next, a connective and a verb, so most of the
+first 3K+3 tokens have several likely values.
+
+False-alarm odds: each informative check fails by chance with probability ``alpha`` when the
+sampler is exact, so with m informative checks the chance of at least one false alarm is
+1 - (1 - alpha)^m (at most m * alpha by the union bound, which holds although checks share
+samples). With the defaults, alpha = 3e-4 and at most m = 73 checks (12 marginals + 1 joint for
+each K = 3 setting, 6 + 1 for each K = 1 setting): at most 2.2%. A failing check is evidence only
+if it fails again with another seed or if its p-value is far below alpha (a broken sampler
+typically gives p < 1e-10).
+
+Runtime: 11 * num_samples rows (3 plain references, 7 speculative settings, two of which add a
+half-size share of other prompts' rows) of up to 3K+3 = 12 tokens; cost grows with rows x tokens.
+Power: at the default a check has even odds of catching a total-variation shift of about 3%
+spread evenly over 10 cells (sqrt(9 / num_samples)); shifts concentrated on rare tokens are
+caught sooner.
 
 Deviations from a textbook goodness-of-fit test:
-    1) Two samples, not one sample against exact probabilities: the plain distribution of token 2
-       is a mixture over token 1 that would need V forward passes to enumerate (V^2 for token 3).
-       The engine's own tests (tests/spec/test_engine.py) do enumerate it on a tiny vocabulary.
-    2) Rare tokens are pooled into one "other" cell so every cell expects >= MIN_EXPECTED counts in
-       both samples (the chi-square approximation needs it); a row that ended (EOS) before token i
-       counts as its own cell.
+    1) Two samples, not one sample against exact probabilities: the plain distribution of token i
+       is a mixture over tokens 1..i-1 that would need V^(i-1) forward passes to enumerate. The
+       engine's own tests (tests/spec/test_engine.py) do enumerate it on a tiny vocabulary.
+    2) Rare tokens (or token pairs) are pooled into one "other" cell so every cell expects
+       >= MIN_EXPECTED counts in both samples (the chi-square approximation needs it); a row that
+       ended (EOS) before token i counts as its own cell.
     3) Token 1 is drawn by the same prefill code in every mode, so its checks test the batch
-       plumbing (padding, mixes) rather than verification; token 2 is the first verified token and
-       token 3 the first drawn from a target row after an accepted draft.
-    4) The chi-square survival function is computed here (regularized upper incomplete gamma), so
-       scipy stays a development-only dependency.
+       plumbing (padding, mixes) rather than verification.
+    4) The chi-square survival function is computed in ``bebop.spec.chi2`` (regularized upper
+       incomplete gamma), so scipy stays a development-only dependency.
 """
 
 from __future__ import annotations
 
-import math
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
+from bebop.spec.chi2 import MIN_EXPECTED, chi2_sf, pool_rare_cells, two_sample_chi2  # noqa: F401 (re-exported)
 from bebop.spec.engine import SamplingParams, SpecConfig, generate
 from bebop.task import arith
 from bebop.utils.io import BebopError
 from bebop.utils.progress import progress
 
-NUM_TOKENS = 3  # generated tokens whose marginals are checked: 1 = prefill, 2 = verified, 3 = after an accept
-DEFAULT_NUM_SAMPLES = 10_000  # rows per sample: about two minutes for the embedded default on 2 cores
-DEFAULT_ALPHA = 1e-3  # false-alarm odds per check
-MIN_EXPECTED = 5.0  # expected count every chi-square cell needs in both samples
+VERIFY_STEPS_REACHED = 3  # the last checked token is always drawn at this verify step or later
+DEFAULT_NUM_SAMPLES = 10_000  # rows per sample (plain and speculative each)
+DEFAULT_ALPHA = 3e-4  # false-alarm odds per check: about 2% over the default <= 73 checks
 CHUNK_ROWS = 4096  # rows per generate call: bounds cache memory, keeps the working set small
 OTHER_ROW_EVERY = 3  # in a batch mix, every third row belongs to another prompt
 ENDED = -1  # the "token" of a row that emitted EOS before position i
 DEFAULT_NUM_PROMPTS = 4  # the tested prompt and three mix partners
-GAMMA_EPS = 1e-15  # relative accuracy of the incomplete-gamma series and continued fraction
-GAMMA_MAX_ITER = 10_000  # enough for dof up to ~1e6 (iterations grow like sqrt(dof))
-GAMMA_TINY = 1e-300  # Lentz's guard against division by zero
+DEFAULT_PROMPT_TERMS = 5  # five terms to add: many choices (opener, next term, connective, verb) early on
+MIN_INFORMATIVE_SHARE = 0.5  # fewer informative checks than this share fails the run: nothing was tested
 
 
 @dataclass(frozen=True)
@@ -74,6 +91,16 @@ class LosslessConfig:
     def sampling_key(self) -> tuple[float, int, float]:
         return (self.temperature, self.top_k, self.top_p)
 
+    @property
+    def num_tokens(self) -> int:
+        """Tokens generated and checked: 3K + 3, so the last is drawn at the third verify step or later."""
+        return VERIFY_STEPS_REACHED * (self.k + 1)
+
+    @property
+    def joint_pair(self) -> tuple[int, int]:
+        """Tokens (K+2, K+3): across the first verify boundary when step 1 accepted every draft."""
+        return (self.k + 2, self.k + 3)
+
 
 LOSSLESS_CONFIGS = (  # every mode meets both K, both temperatures, top-k/top-p and a batch mix
     LosslessConfig("rs", 3, 1.0),
@@ -88,7 +115,7 @@ LOSSLESS_CONFIGS = (  # every mode meets both K, both temperatures, top-k/top-p 
 
 @dataclass(frozen=True)
 class LosslessCheck:
-    """One two-sample chi-square test: speculative vs plain marginal of one generated token."""
+    """One two-sample chi-square test: speculative vs plain distribution of one token (or token pair)."""
 
     name: str  # e.g. "rs K=3 T=1 top-k=20 top-p=0.9 mixed, token 2"
     mode: str  # to | rs
@@ -99,129 +126,30 @@ class LosslessCheck:
     statistic: float  # Pearson's chi-square
     dof: int  # cells - 1 (0: both samples are one token, nothing to compare; p = 1)
     p_value: float  # P(chi2_dof >= statistic) under exactness
-    passed: bool  # p_value > alpha
-    token: int = 1  # which generated token, 1-based
+    passed: bool  # p_value > alpha (true for an uninformative check, which cannot fail)
+    token: int = 1  # which generated token, 1-based (the first of ``tokens``)
     batch_mix: bool = False  # the speculative rows were mixed with other prompts' rows
     alpha: float = DEFAULT_ALPHA  # the false-alarm odds this check was run at
+    kind: str = "marginal"  # which entry of CHECK_KINDS made it
+    tokens: tuple[int, ...] = ()  # the generated tokens compared (1-based): (i,) or a joint (i, j)
 
+    @property
+    def informative(self) -> bool:
+        """Compared something: at least two cells after pooling (dof >= 1)."""
+        return self.dof >= 1
 
-# ----------------------------------------------------------------------------- chi-square
-
-
-def _gamma_p_series(a: float, x: float) -> float:
-    """Regularized lower incomplete gamma P(a, x) by its power series (converges fast for x < a + 1)."""
-    term = total = 1.0 / a
-    denominator = a
-    for _ in range(GAMMA_MAX_ITER):
-        denominator += 1.0
-        term *= x / denominator
-        total += term
-        if abs(term) < abs(total) * GAMMA_EPS:
-            break
-    return total * math.exp(-x + a * math.log(x) - math.lgamma(a))
-
-
-def _gamma_q_continued_fraction(a: float, x: float) -> float:
-    """Regularized upper incomplete gamma Q(a, x) by its continued fraction (modified Lentz; x >= a + 1).
-
-    Q(a, x) = e^-x x^a / Gamma(a) * 1 / (x + 1 - a - 1 (1 - a) / (x + 3 - a - 2 (2 - a) / (x + 5 - a - ...))).
-    """
-    b = x + 1.0 - a
-    c = 1.0 / GAMMA_TINY
-    d = 1.0 / b
-    h = d
-    for i in range(1, GAMMA_MAX_ITER):
-        an = -i * (i - a)
-        b += 2.0
-        d = an * d + b
-        d = GAMMA_TINY if abs(d) < GAMMA_TINY else d
-        c = b + an / c
-        c = GAMMA_TINY if abs(c) < GAMMA_TINY else c
-        d = 1.0 / d
-        delta = d * c
-        h *= delta
-        if abs(delta - 1.0) < GAMMA_EPS:
-            break
-    return h * math.exp(-x + a * math.log(x) - math.lgamma(a))
-
-
-def chi2_sf(statistic: float, dof: int) -> float:
-    """P(X >= statistic) for X ~ chi-square with ``dof`` degrees of freedom: Q(dof / 2, statistic / 2).
-
-    Accurate to ~1e-13 relative (tested against scipy.stats.chi2.sf); underflows to 0 below ~1e-300.
-
-    Example: chi2_sf(3.841, 1) ~= 0.05; chi2_sf(0, 4) == 1.0.
-    """
-    if dof < 1:
-        raise ValueError(f"dof must be >= 1, got {dof}")
-    if statistic <= 0:
-        return 1.0
-    a, x = dof / 2.0, statistic / 2.0
-    if x < a + 1.0:
-        return max(0.0, 1.0 - _gamma_p_series(a, x))
-    return _gamma_q_continued_fraction(a, x)
-
-
-def pool_rare_cells(
-    first: Counter, second: Counter, min_expected: float = MIN_EXPECTED
-) -> tuple[list[int], list[int]]:
-    """Aligned cell counts of two samples, rare categories pooled so each cell expects >= min_expected.
-
-    A category's expected count in a sample is its pooled share times that sample's size; categories
-    below ``min_expected`` in either sample go to one OTHER cell, which is folded into the smallest
-    kept cell if it is itself too small.
-
-    Example: first = {a: 50, b: 50, c: 1}, second = {a: 48, b: 52, d: 2} -> ([50, 51], [52, 50])
-    (cells b, a; c and d expect 1.5 together, too few for a cell of their own, so they join a).
-    """
-    n1, n2 = sum(first.values()), sum(second.values())
-    total = n1 + n2
-    smaller = min(n1, n2)
-    categories = sorted(set(first) | set(second), key=lambda c: -(first[c] + second[c]))
-    kept = [c for c in categories if smaller * (first[c] + second[c]) / total >= min_expected]
-    kept_set = set(kept)
-    rare = [c for c in categories if c not in kept_set]
-    cells1, cells2 = [first[c] for c in kept], [second[c] for c in kept]
-    if rare:
-        other1, other2 = sum(first[c] for c in rare), sum(second[c] for c in rare)
-        if smaller * (other1 + other2) / total >= min_expected or not kept:
-            cells1.append(other1)
-            cells2.append(other2)
-        else:
-            cells1[-1] += other1  # kept is sorted by count, so the last kept cell is the smallest
-            cells2[-1] += other2
-    return cells1, cells2
-
-
-def two_sample_chi2(first: Counter, second: Counter) -> tuple[float, int, float]:
-    """Pearson's chi-square test that two samples of categories come from one distribution.
-
-    Returns (statistic, dof, p_value). With fewer than two cells after pooling there is nothing to
-    compare: (0.0, 0, 1.0).
-    """
-    cells1, cells2 = pool_rare_cells(first, second)
-    if len(cells1) < 2:
-        return 0.0, 0, 1.0
-    n1, n2 = sum(cells1), sum(cells2)
-    total = n1 + n2
-    statistic = 0.0
-    for o1, o2 in zip(cells1, cells2):
-        share = (o1 + o2) / total
-        e1, e2 = n1 * share, n2 * share
-        statistic += (o1 - e1) ** 2 / e1 + (o2 - e2) ** 2 / e2
-    dof = len(cells1) - 1
-    return statistic, dof, chi2_sf(statistic, dof)
+    @property
+    def result(self) -> str:
+        return "uninformative" if not self.informative else "pass" if self.passed else "FAIL"
 
 
 # ----------------------------------------------------------------------------- sampling
 
 
-def _first_tokens(completion: list[int]) -> tuple[int, ...]:
-    """The first NUM_TOKENS tokens, ENDED after an EOS (the engine stops a row there)."""
-    tokens = list(completion[:NUM_TOKENS])
-    if len(tokens) < NUM_TOKENS:
-        tokens += [ENDED] * (NUM_TOKENS - len(tokens))
-    return tuple(tokens)
+def _leading_tokens(completion: list[int], num: int) -> tuple[int, ...]:
+    """The first ``num`` tokens, ENDED after an EOS (the engine stops a row there)."""
+    tokens = list(completion[:num])
+    return tuple(tokens + [ENDED] * (num - len(tokens)))
 
 
 def _batch_rows(tested, others: list, num_samples: int, batch_mix: bool) -> tuple[list, list[bool]]:
@@ -240,9 +168,9 @@ def _batch_rows(tested, others: list, num_samples: int, batch_mix: bool) -> tupl
     return rows, is_tested
 
 
-def _sample_first_tokens(model, tokenizer, head, rows: list, is_tested: list[bool], sampling: SamplingParams,
-                         spec: SpecConfig, seed: int, step: int) -> list[tuple[int, ...]]:
-    """Generates every row (in chunks) and returns the first tokens of the tested rows.
+def _sample_leading_tokens(model, tokenizer, head, rows: list, is_tested: list[bool], sampling: SamplingParams,
+                           spec: SpecConfig, seed: int, step: int) -> list[tuple[int, ...]]:
+    """Generates every row (in chunks) and returns the leading ``max_new_tokens`` tokens of the tested rows.
 
     NOTE: row ids are positions in the whole run, so chunking does not change any row's randomness,
     and each run has its own ``step``, so no two runs share noise.
@@ -256,12 +184,56 @@ def _sample_first_tokens(model, tokenizer, head, rows: list, is_tested: list[boo
         )
         for tested, completion in zip(is_tested[start : start + CHUNK_ROWS], result.token_ids):
             if tested:
-                out.append(_first_tokens(completion))
+                out.append(_leading_tokens(completion, sampling.max_new_tokens))
     return out
 
 
-def _marginals(samples: list[tuple[int, ...]]) -> list[Counter]:
-    return [Counter(s[i] for s in samples) for i in range(NUM_TOKENS)]
+# ----------------------------------------------------------------------------- check kinds
+
+
+@dataclass(frozen=True)
+class CheckInputs:
+    """What a check kind compares: one speculative setting's samples and the plain samples at its sampling."""
+
+    config: LosslessConfig
+    spec: list[tuple[int, ...]]  # (num_samples,) leading tokens of the speculative rows, config.num_tokens each
+    plain: list[tuple[int, ...]]  # (num_samples,) leading tokens of plain rows, at least config.num_tokens each
+    alpha: float  # false-alarm odds per check
+    prompt: str | list[int]  # the tested prompt
+    model: object = field(default=None, compare=False, repr=False)  # the target, for kinds that need a forward pass
+    tokenizer: object = field(default=None, compare=False, repr=False)
+
+
+def _chi2_check(inputs: CheckInputs, kind: str, tokens: tuple[int, ...], spec: Counter, plain: Counter,
+                label: str) -> LosslessCheck:
+    c = inputs.config
+    statistic, dof, p_value = two_sample_chi2(spec, plain)
+    return LosslessCheck(
+        name=f"{_config_name(c)}, {label}", mode=c.mode, k=c.k, temperature=c.temperature, top_k=c.top_k,
+        top_p=c.top_p, statistic=statistic, dof=dof, p_value=p_value, passed=p_value > inputs.alpha,
+        token=tokens[0], batch_mix=c.batch_mix, alpha=inputs.alpha, kind=kind, tokens=tokens,
+    )
+
+
+def marginal_checks(inputs: CheckInputs) -> list[LosslessCheck]:
+    """The marginal of each generated token 1 .. 3K+3."""
+    return [_chi2_check(inputs, "marginal", (i,), Counter(s[i - 1] for s in inputs.spec),
+                        Counter(s[i - 1] for s in inputs.plain), f"token {i}")
+            for i in range(1, inputs.config.num_tokens + 1)]
+
+
+def joint_checks(inputs: CheckInputs) -> list[LosslessCheck]:
+    """The joint of tokens (K+2, K+3), which straddle the first verify boundary on fully accepted rows."""
+    i, j = inputs.config.joint_pair
+    spec = Counter((s[i - 1], s[j - 1]) for s in inputs.spec)
+    plain = Counter((s[i - 1], s[j - 1]) for s in inputs.plain)
+    return [_chi2_check(inputs, "joint", (i, j), spec, plain, f"tokens {i} & {j} (joint)")]
+
+
+CHECK_KINDS: dict[str, Callable[[CheckInputs], list[LosslessCheck]]] = {
+    "marginal": marginal_checks,
+    "joint": joint_checks,
+}
 
 
 def _config_name(config: LosslessConfig) -> str:
@@ -274,11 +246,15 @@ def _config_name(config: LosslessConfig) -> str:
 
 
 def default_prompts(num: int = DEFAULT_NUM_PROMPTS, seed: int = 0) -> list[str]:
-    """Embedded-task prompts with three terms (short, so the check is cheap); any tokenizer encodes them.
+    """Embedded-task prompts with five terms, whose completions branch early; any tokenizer encodes them.
 
-    Example: default_prompts(1) -> ["Q 13 + 2 + 7 = ?"] (numbers depend on the seed).
+    A completion picks an opener, which of the five terms to add first, a connective, the next
+    term and a verb before its first running sum, so most of the first 3K+3 tokens have several
+    likely values even under a well-trained policy.
+
+    Example: default_prompts(1) -> ["Q 14 + 2 + 9 + 17 + 16 = ?"] (numbers depend on the seed).
     """
-    cfg = arith.ArithConfig(min_terms=3, max_terms=3)
+    cfg = arith.ArithConfig(min_terms=DEFAULT_PROMPT_TERMS, max_terms=DEFAULT_PROMPT_TERMS)
     return [p.prompt for p in arith.make_problems(num, seed, cfg)]
 
 
@@ -308,9 +284,10 @@ def run_lossless_checks(
     alpha: float = DEFAULT_ALPHA,
     *,
     configs: tuple[LosslessConfig, ...] = LOSSLESS_CONFIGS,
+    kinds: tuple[str, ...] = tuple(CHECK_KINDS),
     show_progress: bool = False,
 ) -> list[LosslessCheck]:
-    """Compares speculative with plain sampling for every config and each of the first NUM_TOKENS tokens.
+    """Compares speculative with plain sampling for every config and every check kind.
 
     Args:
         model: an HF causal LM (eval mode), the target.
@@ -322,35 +299,37 @@ def run_lossless_checks(
             None = ``default_prompts()``.
         alpha: false-alarm odds per check.
         configs: the speculative settings (default ``LOSSLESS_CONFIGS``).
+        kinds: names in ``CHECK_KINDS`` to run, in this order for each config.
         show_progress: a progress bar over the runs.
 
     Returns:
-        One ``LosslessCheck`` per (config, token), in config order.
+        The checks of each config in config order: per kind, as that kind lists them (marginals
+        by token, then the joint).
     """
     prompts = list(prompts) if prompts is not None else default_prompts()
     _check_inputs(head, prompts, num_samples, alpha, configs)
+    if unknown := [k for k in kinds if k not in CHECK_KINDS]:
+        raise BebopError(f"unknown check kind(s) {', '.join(unknown)}; choose from {', '.join(CHECK_KINDS)}")
     tested, others = prompts[0], prompts[1:]
     plain_keys = list(dict.fromkeys(c.sampling_key for c in configs))
-    runs = [("none", key, None) for key in plain_keys] + [("spec", c.sampling_key, c) for c in configs]
-    plain: dict[tuple, list[Counter]] = {}
+    # A plain reference generates as many tokens as the deepest setting at its temperature/top-k/top-p needs.
+    runs = [(key, None, max(c.num_tokens for c in configs if c.sampling_key == key)) for key in plain_keys]
+    runs += [(c.sampling_key, c, c.num_tokens) for c in configs]
+    plain: dict[tuple, list[tuple[int, ...]]] = {}
     checks: list[LosslessCheck] = []
-    for step, (kind, key, config) in enumerate(progress(runs, total=len(runs), desc="check-lossless",
-                                                        enabled=show_progress)):
+    for step, (key, config, num_tokens) in enumerate(progress(runs, total=len(runs), desc="check-lossless",
+                                                               enabled=show_progress)):
         temperature, top_k, top_p = key
-        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=NUM_TOKENS)
+        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=num_tokens)
         spec = SpecConfig(mode="none") if config is None else SpecConfig(mode=config.mode, speculate_k=config.k)
         rows, is_tested = _batch_rows(tested, others, num_samples, config is not None and config.batch_mix)
-        samples = _sample_first_tokens(model, tokenizer, head, rows, is_tested, sampling, spec, seed, step)
+        samples = _sample_leading_tokens(model, tokenizer, head, rows, is_tested, sampling, spec, seed, step)
         if config is None:
-            plain[key] = _marginals(samples)
+            plain[key] = samples
             continue
-        for i, (spec_counts, plain_counts) in enumerate(zip(_marginals(samples), plain[key])):
-            statistic, dof, p_value = two_sample_chi2(spec_counts, plain_counts)
-            checks.append(LosslessCheck(
-                name=f"{_config_name(config)}, token {i + 1}", mode=config.mode, k=config.k,
-                temperature=temperature, top_k=top_k, top_p=top_p, statistic=statistic, dof=dof,
-                p_value=p_value, passed=p_value > alpha, token=i + 1, batch_mix=config.batch_mix, alpha=alpha,
-            ))
+        inputs = CheckInputs(config, samples, plain[key], alpha, tested, model, tokenizer)
+        for kind in kinds:
+            checks.extend(CHECK_KINDS[kind](inputs))
     return checks
 
 
@@ -365,11 +344,44 @@ def false_alarm_odds(alpha: float, num_checks: int) -> float:
     return 1.0 - (1.0 - alpha) ** num_checks
 
 
-def format_lossless_table(checks: list[LosslessCheck]) -> str:
-    """A markdown table of the checks, a summary line, and a last line stating the false-alarm odds."""
+@dataclass(frozen=True)
+class LosslessSummary:
+    """The verdict of a set of checks."""
+
+    num_checks: int
+    num_informative: int  # dof >= 1
+    num_failed: int  # informative checks with p <= alpha
+    alpha: float  # the largest per-check alpha
+
+    @property
+    def enough_informative(self) -> bool:
+        return self.num_informative >= MIN_INFORMATIVE_SHARE * self.num_checks
+
+    @property
+    def passed(self) -> bool:
+        """No informative check failed and at least half the checks were informative."""
+        return self.num_failed == 0 and self.enough_informative and self.num_checks > 0
+
+
+def summarize_checks(checks: list[LosslessCheck]) -> LosslessSummary:
+    informative = [c for c in checks if c.informative]
+    return LosslessSummary(len(checks), len(informative), sum(not c.passed for c in informative),
+                           max((c.alpha for c in checks), default=DEFAULT_ALPHA))
+
+
+def _describe_prompt(prompt) -> str:
+    return repr(prompt) if isinstance(prompt, str) else "token ids " + repr(list(prompt))
+
+
+def format_lossless_table(checks: list[LosslessCheck], prompts: list | None = None) -> str:
+    """The prompts used (if given), a markdown table of the checks, the summary, and the false-alarm odds."""
     if not checks:
         return "No lossless checks were run."
-    lines = [
+    lines = []
+    if prompts:
+        others = ", ".join(_describe_prompt(p) for p in prompts[1:]) or "none"
+        lines += [f"Tested prompt: {_describe_prompt(prompts[0])}; mixed into batches: {others}.", ""]
+    lines += [
         "| check | mode | K | T | top-k | top-p | chi2 | dof | p-value | result |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -378,16 +390,19 @@ def format_lossless_table(checks: list[LosslessCheck]) -> str:
         top_p = f"{c.top_p:g}" if c.top_p < 1 else "off"
         lines.append(
             f"| {c.name} | {c.mode} | {c.k} | {c.temperature:g} | {top_k} | {top_p} | {c.statistic:.2f} | "
-            f"{c.dof} | {c.p_value:.3g} | {'pass' if c.passed else 'FAIL'} |"
+            f"{c.dof} | {c.p_value:.3g} | {c.result} |"
         )
-    alpha = max(c.alpha for c in checks)
-    m = len(checks)
-    num_failed = sum(not c.passed for c in checks)
+    s = summarize_checks(checks)
+    m, alpha = s.num_informative, s.alpha
     lines.append("")
-    lines.append(f"{m - num_failed} of {m} checks passed.")
+    lines.append(f"{s.num_checks} checks: {m} informative, {s.num_checks - m} uninformative (dof 0: every sample in "
+                 f"one cell, nothing compared); {m - s.num_failed} of {m} informative checks passed.")
+    if not s.enough_informative:
+        lines.append(f"FAIL: fewer than {MIN_INFORMATIVE_SHARE:.0%} of the checks are informative, so this run "
+                     "tested little; use prompts whose continuations are less deterministic (--prompts).")
     lines.append(
-        f"False-alarm odds: each check fails by chance with probability alpha = {alpha:g} when the sampler is "
-        f"exact, so with m = {m} checks the chance of at least one false alarm is 1 - (1 - {alpha:g})^{m} = "
-        f"{false_alarm_odds(alpha, m):.2%}."
+        f"False-alarm odds: each informative check fails by chance with probability alpha = {alpha:g} when the "
+        f"sampler is exact, so with m = {m} informative checks the chance of at least one false alarm is "
+        f"1 - (1 - {alpha:g})^{m} = {false_alarm_odds(alpha, m):.2%}."
     )
     return "\n".join(lines)

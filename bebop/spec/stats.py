@@ -4,6 +4,28 @@ Per verify step: drafts proposed, accepted, and the accept-length histogram. Per
 of every verify step: the target entropy H(p_j) and the *counterfactual* acceptance of both
 rules on the same rollout, alpha_RS = sum_v min(p_j, q_j) and alpha_TO = p_j(argmax q_j),
 whichever mode actually ran, so any rollout can be plotted as acceptance against entropy.
+
+Only emitted tokens count. The engine logs each step's tokens in an ``EmissionLog`` before it
+knows where a completion ends (EOS, ``max_new_tokens`` or a stop string, which may cut tokens
+emitted one step earlier); ``EmissionLog.to_stats`` then keeps exactly the tokens the completions
+kept:
+
+1. A verify step whose block of e = 1 + n tokens (n drafts accepted, then the recovered or bonus
+   token) is cut to e' < e kept tokens counts as a step that accepted e' - 1 drafts, so accept
+   length stays "tokens emitted per verify step". A step none of whose tokens was kept does not
+   count at all.
+2. Draft position j of a step is recorded (entropy, alpha_RS, alpha_TO) only when the j-th token of
+   the step's block was kept: positions after a rejected draft were verified against a context
+   that no completion contains, and positions past the end of a completion belong to no
+   completion.
+3. ``token_entropy`` holds H(p) of the distribution every kept token was drawn from (the prefill
+   token included), in every mode, so modes ``none``, ``to`` and ``rs`` average over the same
+   positions: one per completion token.
+
+vLLM's counters (``num_accepted_tokens``, ``num_accepted_tokens_per_pos``) differ: they are
+updated from the verifier's output *before* the stop check, so drafts accepted after an EOS, past
+``max_tokens`` or after a stop string are counted although the request drops them. At short
+completions that bias accept length upward (0.1-0.16 tokens per step at typical lengths here).
 """
 
 from __future__ import annotations
@@ -15,21 +37,22 @@ import torch
 
 @dataclass
 class SpecStats:
-    """Accumulated over one ``generate`` call (or merged over several with ``merge``)."""
+    """Accumulated over one ``generate`` call (or merged over several with ``merge``); emitted tokens only."""
 
     speculate_k: int = 0  # K; 0 for plain decoding
-    num_drafts: int = 0  # verify steps that carried drafts
-    num_draft_tokens: int = 0  # drafts proposed (num_drafts * K)
-    num_accepted_tokens: int = 0  # drafts accepted
-    accepted_per_pos: list[int] = field(default_factory=list)  # (K,) drafts accepted at position j
-    accept_length_hist: list[int] = field(default_factory=list)  # (K+1,) verify steps emitting 1..K+1 tokens
-    num_generated_tokens: int = 0  # tokens emitted to completions (after EOS/length truncation)
-    # Per draft position of every verify step, flattened; kept on the CPU.
+    num_drafts: int = 0  # verify steps that emitted at least one kept token
+    num_draft_tokens: int = 0  # drafts proposed in those steps (num_drafts * K)
+    num_accepted_tokens: int = 0  # kept tokens per step minus one, summed (see the module docstring)
+    accepted_per_pos: list[int] = field(default_factory=list)  # (K,) steps that kept their draft at position j
+    accept_length_hist: list[int] = field(default_factory=list)  # (K+1,) verify steps keeping 1..K+1 tokens
+    num_generated_tokens: int = 0  # tokens emitted to completions (after EOS/length/stop truncation)
+    # Per kept draft position of every verify step, flattened; kept on the CPU.
     draft_position: list[torch.Tensor] = field(default_factory=list)  # (M,) j = 1..K
+    draft_row: list[torch.Tensor] = field(default_factory=list)  # (M,) the completion (row of generate) it belongs to
     draft_entropy: list[torch.Tensor] = field(default_factory=list)  # (M,) H(p_j) in nats
     alpha_rs: list[torch.Tensor] = field(default_factory=list)  # (M,) sum min(p_j, q_j)
     alpha_to: list[torch.Tensor] = field(default_factory=list)  # (M,) p_j(argmax q_j)
-    # Per generated token (every mode): entropy of the target distribution it was drawn from.
+    # Per kept token (every mode): entropy of the target distribution it was drawn from.
     token_entropy: list[torch.Tensor] = field(default_factory=list)  # (N,)
 
     def __post_init__(self) -> None:
@@ -39,7 +62,7 @@ class SpecStats:
             self.accept_length_hist = [0] * (self.speculate_k + 1)
 
     def record_verify(self, num_accepted: list[int]) -> None:
-        """Counts one verify step for each row (``num_accepted`` already on the host)."""
+        """Counts one verify step for each row; ``num_accepted[b]`` = kept tokens of the step - 1."""
         k = self.speculate_k
         self.num_drafts += len(num_accepted)
         self.num_draft_tokens += k * len(num_accepted)
@@ -49,10 +72,11 @@ class SpecStats:
             for j in range(n):
                 self.accepted_per_pos[j] += 1
 
-    def record_positions(self, entropy: torch.Tensor, alpha_rs: torch.Tensor, alpha_to: torch.Tensor) -> None:
-        """Adds per-position values, each (B, K)."""
-        k = entropy.shape[1]
-        self.draft_position.append(torch.arange(1, k + 1).repeat(entropy.shape[0]))
+    def record_positions(self, position: torch.Tensor, row: torch.Tensor, entropy: torch.Tensor,
+                         alpha_rs: torch.Tensor, alpha_to: torch.Tensor) -> None:
+        """Adds kept draft positions, each argument (M,)."""
+        self.draft_position.append(position.reshape(-1).long().cpu())
+        self.draft_row.append(row.reshape(-1).long().cpu())
         self.draft_entropy.append(entropy.reshape(-1).float().cpu())
         self.alpha_rs.append(alpha_rs.reshape(-1).float().cpu())
         self.alpha_to.append(alpha_to.reshape(-1).float().cpu())
@@ -62,7 +86,7 @@ class SpecStats:
 
     @property
     def accept_length(self) -> float:
-        """1 + accepted / drafts (vLLM's convention): tokens emitted per verify step."""
+        """1 + accepted / drafts (vLLM's convention): kept tokens per verify step."""
         return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else float("nan")
 
     @property
@@ -81,9 +105,10 @@ class SpecStats:
         return out
 
     def token_arrays(self) -> dict[str, torch.Tensor]:
-        """Flattened per-position arrays: position, entropy, alpha_rs, alpha_to (for fits and plots)."""
+        """Flattened per-position arrays: position, row, entropy, alpha_rs, alpha_to (for fits and plots)."""
         return {
             "position": _cat(self.draft_position),
+            "row": _cat(self.draft_row),
             "entropy": _cat(self.draft_entropy),
             "alpha_rs": _cat(self.alpha_rs),
             "alpha_to": _cat(self.alpha_to),
@@ -116,9 +141,58 @@ class SpecStats:
         self.num_generated_tokens += other.num_generated_tokens
         self.accepted_per_pos = [a + b for a, b in zip(self.accepted_per_pos, other.accepted_per_pos)]
         self.accept_length_hist = [a + b for a, b in zip(self.accept_length_hist, other.accept_length_hist)]
-        for name in ("draft_position", "draft_entropy", "alpha_rs", "alpha_to", "token_entropy"):
+        for name in ("draft_position", "draft_row", "draft_entropy", "alpha_rs", "alpha_to", "token_entropy"):
             getattr(self, name).extend(getattr(other, name))
         return self
+
+
+@dataclass
+class _Block:
+    """One prefill, plain or verify step of the active rows, before the completions' ends are known."""
+
+    rows: list[int]  # (R,) original row of each active row
+    starts: list[int]  # (R,) completion index of the row's first token in this block
+    widths: list[int]  # (R,) tokens the step emitted per row, before truncation
+    token_entropy: torch.Tensor  # (R, W) H(p) of the distribution of each block token
+    drafts: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # verify steps: (R, K) H(p_j), alpha_RS, alpha_TO
+
+
+class EmissionLog:
+    """Per-step records of a ``generate`` call; ``to_stats`` keeps the tokens the completions kept.
+
+    Example: a row whose verify step emitted [d1, d2, bonus] with d1 = EOS keeps one token: the step
+    counts as accept length 1 and only draft position 1 is recorded.
+    """
+
+    def __init__(self, speculate_k: int):
+        self.k = speculate_k
+        self.blocks: list[_Block] = []
+
+    def add_block(self, rows: list[int], starts: list[int], widths: list[int], token_entropy: torch.Tensor,
+                  drafts: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> None:
+        """Logs one step. ``token_entropy`` (R, W) and ``drafts`` (R, K) each stay on their device."""
+        self.blocks.append(_Block(list(rows), list(starts), list(widths), token_entropy.detach(),
+                                  None if drafts is None else tuple(d.detach() for d in drafts)))
+
+    def to_stats(self, lengths: list[int]) -> SpecStats:
+        """The statistics of the kept tokens, given each completion's final length (host ints)."""
+        stats = SpecStats(speculate_k=self.k)
+        stats.num_generated_tokens = sum(lengths)
+        for block in self.blocks:
+            kept = [max(0, min(w, lengths[r] - s)) for r, s, w in zip(block.rows, block.starts, block.widths)]
+            entropy = block.token_entropy.cpu()  # (R, W)
+            kept_t = torch.tensor(kept, dtype=torch.long)
+            mask = torch.arange(entropy.shape[1])[None, :] < kept_t[:, None]  # (R, W)
+            stats.record_token_entropy(entropy[mask])
+            if block.drafts is None:
+                continue
+            stats.record_verify([n - 1 for n in kept if n > 0])
+            positions = torch.arange(1, self.k + 1)[None, :].expand(len(kept), -1)  # (R, K)
+            rows = torch.tensor(block.rows, dtype=torch.long)[:, None].expand(-1, self.k)  # (R, K)
+            draft_mask = mask[:, : self.k]
+            stats.record_positions(positions[draft_mask], rows[draft_mask],
+                                   *(d.cpu()[draft_mask] for d in block.drafts))
+        return stats
 
 
 def _cat(parts: list[torch.Tensor]) -> torch.Tensor:

@@ -1,7 +1,8 @@
-"""Tests for bebop.analysis.findings: each finding reproduced, not reproduced and not comparable.
+"""Tests for bebop.analysis.findings: each finding reproduced, not reproduced, inconclusive, not comparable.
 
-Synthetic inputs are built so the verdict is unambiguous (slopes far from the thresholds,
-noise tiny), so no test depends on a lucky draw.
+Synthetic inputs are built so the verdict is unambiguous (slopes far from the thresholds and
+noise tiny, or, for inconclusive, a slope near the threshold buried in noise); the bootstrap's
+seed is fixed, so no test depends on a lucky draw.
 """
 
 import json
@@ -11,18 +12,19 @@ import numpy as np
 import pytest
 
 from bebop.analysis.findings import (
+    INCONCLUSIVE,
     NOT_COMPARABLE,
     NOT_REPRODUCED,
     REPRODUCED,
     VERDICTS,
     Finding,
-    _token_estimate,
     chain_weights,
     compute_findings,
     findings_table,
 )
 from bebop.analysis.fit import expected_accept_length
 from bebop.analysis.report import Run, load_run
+from bebop.analysis.slopes import token_estimate
 
 K = 3
 NUM_STEPS = 30
@@ -65,11 +67,12 @@ def _sweep(slopes=None):
     return rows
 
 
-def _metrics(slope, intercept=3.6, entropy=(0.2, 0.5), step_s=1.0, rollout_s=0.6, drift=0.0, spec=True):
-    """One row per RL step: accept length = intercept + slope * H + drift * step/S, tiny noise."""
-    rng = np.random.default_rng(0)
+def _metrics(slope, intercept=3.6, entropy=(0.2, 0.5), step_s=1.0, rollout_s=0.6, drift=0.0, spec=True,
+             noise=0.005, seed=0):
+    """One row per RL step: accept length = intercept + slope * H + drift * step/S + noise."""
+    rng = np.random.default_rng(seed)
     h = np.linspace(*entropy, NUM_STEPS)  # (S,)
-    accept = intercept + slope * h + drift * np.arange(NUM_STEPS) / NUM_STEPS + rng.normal(0, 0.005, NUM_STEPS)
+    accept = intercept + slope * h + drift * np.arange(NUM_STEPS) / NUM_STEPS + rng.normal(0, noise, NUM_STEPS)
     rows = []
     for s in range(NUM_STEPS):
         row = {"step": s + 1, "target_entropy": float(h[s]), "step_s": step_s, "rollout_s": rollout_s,
@@ -81,14 +84,15 @@ def _metrics(slope, intercept=3.6, entropy=(0.2, 0.5), step_s=1.0, rollout_s=0.6
 
 
 def _token_stats(alpha_to_slope=-0.5, alpha_rs_slope=-0.3, num_steps=3, per_step=300):
-    """token_stats rows: alpha_j = a_j + slope * H at depths j = 1..K, tiny noise."""
+    """token_stats rows: alpha_j = a_j + slope * H at depths j = 1..K, tiny noise; 20 completions per step."""
     rng = np.random.default_rng(1)
     rows = []
     for s in range(num_steps):
         pos = np.tile(np.arange(1, K + 1), per_step // K)  # (N,)
         h = rng.uniform(0.0, 1.0, pos.size)
         base = 0.95 - 0.05 * pos
-        rows.append({"step": s + 1, "position": pos.tolist(), "entropy": h.tolist(),
+        rows.append({"step": s + 1, "position": pos.tolist(), "row": (np.arange(pos.size) // K % 20).tolist(),
+                     "entropy": h.tolist(),
                      "alpha_rs": (base + alpha_rs_slope * h + rng.normal(0, 0.002, pos.size)).tolist(),
                      "alpha_to": (base - 0.1 + alpha_to_slope * h + rng.normal(0, 0.002, pos.size)).tolist()})
     return rows
@@ -100,16 +104,16 @@ def _run(mode, loss, metrics, update="frozen", online_loss="e2e_tv", token_stats
 
 
 def _runs(to_slope=-1.7, ce_slope=-1.6, tv_slope=-0.02, entropy=(0.2, 0.5), online_drift=-0.4,
-          none_step_s=1.8, token_stats=False):
-    """The demo's five runs; each role can be made to pass or fail its finding."""
+          none_step_s=1.8, token_stats=False, noise=0.005):
+    """The demo's five runs; each role can be made to pass or fail its finding (own noise seed per run)."""
     stats = _token_stats() if token_stats else None
     return [
         _run("none", "e2e_tv", _metrics(0.0, step_s=none_step_s, rollout_s=0.8 * none_step_s, spec=False)),
-        _run("to", "ce", _metrics(to_slope, entropy=entropy), token_stats=stats),
-        _run("rs", "ce", _metrics(ce_slope, entropy=entropy), token_stats=stats),
-        _run("rs", "e2e_tv", _metrics(tv_slope, intercept=3.8, entropy=entropy)),
-        _run("rs", "e2e_tv", _metrics(tv_slope, intercept=3.8, entropy=entropy, drift=online_drift),
-             update="online", online_loss="ce"),
+        _run("to", "ce", _metrics(to_slope, entropy=entropy, noise=noise, seed=1), token_stats=stats),
+        _run("rs", "ce", _metrics(ce_slope, entropy=entropy, noise=noise, seed=2), token_stats=stats),
+        _run("rs", "e2e_tv", _metrics(tv_slope, intercept=3.8, entropy=entropy, noise=noise, seed=3)),
+        _run("rs", "e2e_tv", _metrics(tv_slope, intercept=3.8, entropy=entropy, drift=online_drift, noise=noise,
+                                      seed=4), update="online", online_loss="ce"),
     ]
 
 
@@ -167,7 +171,7 @@ def test_finding1_falls_back_to_token_level_in_accept_length_units():
 
 
 def test_token_level_slope_is_the_chain_rule_of_expected_accept_length():
-    est = _token_estimate([_run("to", "ce", _metrics(-1.0), token_stats=_token_stats())], "to")
+    est = token_estimate([_run("to", "ce", _metrics(-1.0), token_stats=_token_stats())], "to")
     # alpha_j(H) = 0.85 - 0.05 j - 0.5 H: the finite difference of 1 + sum_j prod alpha at mean H
     alpha = lambda h: [0.85 - 0.05 * j - 0.5 * h for j in range(1, K + 1)]  # noqa: E731
     h_mean, eps = 0.5, 1e-6
@@ -186,7 +190,14 @@ def test_chain_weights_match_the_derivative_of_the_accept_length():
 def test_finding1_not_reproduced_when_to_does_not_fall_with_entropy():
     f = _by_number(compute_findings(_head_evals(), _sweep(), _runs(to_slope=0.8)))
     assert f[1].verdict == NOT_REPRODUCED
-    assert "does not lie below 0" in f[1].note and "r = +" in f[1].note
+    assert "does not lie below 0" in f[1].note and "r = +" in f[1].ours
+
+
+def test_finding1_inconclusive_when_the_interval_contains_zero():
+    f = _by_number(compute_findings(_head_evals(), _sweep(), _runs(to_slope=-0.1, noise=0.1)))
+    assert f[1].verdict == INCONCLUSIVE
+    assert "contains 0" in f[1].note and "would decide it toward the claim" in f[1].note
+    assert "30 RL steps" in f[1].note and "n ∝ (half-width / distance)²" in f[1].note
 
 
 def test_findings_1_and_2_not_comparable_without_any_source():
@@ -199,13 +210,16 @@ def test_findings_1_and_2_not_comparable_without_any_source():
 def test_finding2_not_reproduced_gives_the_flattening_percentage():
     f = _by_number(compute_findings(_head_evals(), _sweep(), _runs(ce_slope=-1.6, tv_slope=-0.5)))
     assert f[2].verdict == NOT_REPRODUCED
-    assert "69% flatter" in f[2].ours  # 1 - 0.5 / 1.6
-    assert "needs ≤ 5%" in f[2].note
+    assert "70% flatter" in f[2].ours  # 1 - 0.49 / 1.61
+    assert "|TV slope| − 5% |CE slope| +0.41" in f[2].note and "does not lie below 0" in f[2].note
 
 
-def test_finding2_not_reproduced_when_ce_has_no_slope_to_flatten():
-    f = _by_number(compute_findings(_head_evals(), _sweep(), _runs(ce_slope=0.0, tv_slope=0.0)))
-    assert f[2].verdict == NOT_REPRODUCED and "nothing to flatten" in f[2].note
+def test_finding2_without_a_ce_decline_is_inconclusive_or_not_reproduced():
+    flat = _by_number(compute_findings(_head_evals(), _sweep(), _runs(ce_slope=0.0, tv_slope=0.0, noise=0.05)))
+    assert flat[2].verdict == INCONCLUSIVE and "something to flatten" in flat[2].note
+    assert "would decide it" in flat[2].note
+    rising = _by_number(compute_findings(_head_evals(), _sweep(), _runs(ce_slope=0.8, tv_slope=0.0)))
+    assert rising[2].verdict == NOT_REPRODUCED and "RS+CE slope" in rising[2].note
 
 
 def test_finding2_uses_the_sweep_when_rl_entropy_is_flat():
@@ -226,13 +240,15 @@ def test_finding3_order_broken_and_ties_respected():
     assert "order e2e_tv > rkl > tv > fkl ≈ ce" in f[3].ours and "tv − rkl = -1.10" in f[3].note
     close = {"ce": (0,) * K, "fkl": (0.1,) * K, "rkl": (1.3,) * K, "tv": (1.6,) * K, "e2e_tv": (3.5,) * K}
     g = _by_number(compute_findings(_head_evals(rs_offsets=close), [], []))
-    assert g[3].verdict == NOT_REPRODUCED and "tv ≈ rkl" in g[3].ours  # a 0.3-point gap is a tie
+    assert g[3].verdict == INCONCLUSIVE and "tv ≈ rkl" in g[3].ours  # a 0.3-point gap cannot be told apart
+    assert "tv − rkl = +0.30 points (within ±0.5" in g[3].note
 
 
-def test_finding3_fkl_far_from_ce_is_not_a_tie():
+def test_finding3_fkl_versus_ce_holds_by_construction_and_is_not_counted():
     offsets = {"ce": (0,) * K, "fkl": (-1.0,) * K, "rkl": (1.3,) * K, "tv": (2.4,) * K, "e2e_tv": (3.5,) * K}
     f = _by_number(compute_findings(_head_evals(rs_offsets=offsets), [], []))
-    assert f[3].verdict == NOT_REPRODUCED and "|fkl − ce|" in f[3].note
+    assert f[3].verdict == REPRODUCED
+    assert "|fkl − ce| = 1.00 points holds by construction" in f[3].note and "not counted" in f[3].note
 
 
 def test_findings_3_to_5_not_comparable_with_missing_losses():
@@ -246,10 +262,13 @@ def test_findings_3_to_5_not_comparable_with_missing_losses():
 def test_finding4_gain_that_shrinks_with_depth_is_not_reproduced():
     offsets = {"ce": (0,) * K, "fkl": (0.1,) * K, "rkl": (1.3,) * K, "tv": (2.4,) * K, "e2e_tv": (5.0, 3.5, 2.0)}
     f = _by_number(compute_findings(_head_evals(rs_offsets=offsets), [], []))
-    assert f[4].verdict == NOT_REPRODUCED and "does not grow from step 1" in f[4].note
+    assert f[4].verdict == NOT_REPRODUCED and "growth from step 1 to 2 = -1.50 points" in f[4].note
     negative = dict(offsets, e2e_tv=(-3.0, -2.0, -1.0))
     g = _by_number(compute_findings(_head_evals(rs_offsets=negative), [], []))
-    assert g[4].verdict == NOT_REPRODUCED and "not > 0" in g[4].note
+    assert g[4].verdict == NOT_REPRODUCED and "step-3 gain = -1.00 points" in g[4].note
+    flat = dict(offsets, e2e_tv=(2.0, 2.2, 2.4))
+    h = _by_number(compute_findings(_head_evals(rs_offsets=flat), [], []))
+    assert h[4].verdict == INCONCLUSIVE and "growth from step 1 to 2 = +0.20 points (within" in h[4].note
 
 
 def test_finding5_spread_over_the_bound_is_not_reproduced():
@@ -273,13 +292,21 @@ def test_finding6_not_comparable_without_an_online_run():
 def test_finding6_online_run_that_rises_is_not_reproduced():
     f = _by_number(compute_findings({}, [], _runs(online_drift=+0.4)))
     assert f[6].verdict == NOT_REPRODUCED
-    assert "did not decline" in f[6].note and "frozen ends" in f[6].note
+    assert "frozen − online-CE accept-length trend" in f[6].note and "does not lie above 0" in f[6].note
+
+
+def test_finding6_small_decline_in_noise_is_inconclusive():
+    """The old rule passed on any decline of the online run; a decline the noise could make is not evidence."""
+    f = _by_number(compute_findings({}, [], _runs(online_drift=-0.02, noise=0.05)))
+    assert f[6].verdict == INCONCLUSIVE
+    assert "contains 0" in f[6].note and "would decide it" in f[6].note
+    assert "accept-length trend frozen" in f[6].ours and "frozen − online" in f[6].ours
 
 
 def test_finding7_slow_rl_step_reports_the_number_and_the_rollout_bound():
     f = _by_number(compute_findings({}, [], _runs(none_step_s=1.2)))
-    assert f[7].verdict == NOT_REPRODUCED and "1.20×" in f[7].ours
-    assert "1.20× < 1.5×" in f[7].note and "at most 5.00×" in f[7].note  # rollout is 80% of the step
+    assert f[7].verdict == NOT_REPRODUCED and "1.20× [1.20, 1.20]" in f[7].ours
+    assert "does not lie above 1.5" in f[7].note and "at most 5.00×" in f[7].note  # rollout is 80% of the step
     g = _by_number(compute_findings({}, [], [r for r in _runs() if r.config["mode"] != "none"]))
     assert g[7].verdict == NOT_COMPARABLE and "no none run" in g[7].note
 

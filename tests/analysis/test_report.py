@@ -55,7 +55,8 @@ def _token_stats(seed):
         entropy = rng.exponential(0.4, 90)
         alpha_rs = np.clip(0.95 - 0.05 * entropy + rng.normal(0, 0.02, 90), 0, 1)
         alpha_to = np.clip(0.95 - 0.4 * entropy, 0, 1)
-        rows.append({"step": s, "position": [1, 2, 3] * 30, "entropy": entropy.tolist(),
+        rows.append({"step": s, "position": [1, 2, 3] * 30, "row": [i // 3 for i in range(90)],
+                     "entropy": entropy.tolist(),
                      "alpha_rs": alpha_rs.tolist(), "alpha_to": alpha_to.tolist()})
     return rows
 
@@ -93,20 +94,27 @@ def test_load_run_builds_label_and_sorts_steps(tmp_path, runs):
 def test_summary_recovers_entropy_slope_within_ci(runs):
     for run_dir, slope in [(runs[1], -1.5), (runs[2], -0.06)]:
         s = summarize_run(load_run(run_dir))
-        lo, hi = s["entropy_fit"].slope_ci
-        assert lo <= slope <= hi, (s["label"], s["entropy_fit"])
-        assert s["entropy_fit"].n == NUM_STEPS
+        lo, hi = s["entropy_slope"].ci
+        assert lo <= slope <= hi, (s["label"], s["entropy_slope"])
+        assert s["entropy_slope"].n == NUM_STEPS and s["entropy_slope"].unit == "RL steps"
     s = summarize_run(load_run(runs[1]))
     assert s["step_s"] == pytest.approx(1.4) and s["rollout_s"] == pytest.approx(0.98)
     assert s["accept_length_start"] > s["accept_length_end"]  # entropy rises, TO-CE acceptance falls
     assert s["final_accuracy"] == pytest.approx(0.3 + 0.01 * np.mean(range(32, 40)))
+    assert s["accuracy_start"] == pytest.approx(0.3 + 0.01 * np.mean(range(0, 8)))
+    # Entropy rises from about 0.25 to 0.55 over the run: start/end are window means, the change has an interval.
+    assert s["entropy_start"] == pytest.approx(0.25 + 0.3 * 3.5 / 39, abs=0.01)
+    assert s["entropy_end"] - s["entropy_start"] == pytest.approx(s["entropy_change"].estimate)
+    lo, hi = s["entropy_change"].ci
+    assert 0.2 < lo <= s["entropy_change"].estimate <= hi < 0.3
     assert len(s["alpha_rs_start"]) == K and len(s["accepted_per_pos_end"]) == K
     assert abs(s["mismatch_part_end"]) < 0.1  # the synthetic drop is all entropy
 
 
 def test_summary_of_none_run_has_nan_spec_values(runs):
     s = summarize_run(load_run(runs[0]))
-    assert math.isnan(s["accept_length_start"]) and math.isnan(s["entropy_fit"].slope)
+    assert math.isnan(s["accept_length_start"]) and math.isnan(s["entropy_slope"].estimate)
+    assert math.isfinite(s["entropy_change"].estimate)  # every run reports its entropy change
     assert s["alpha_rs_end"] == [] and s["token"] is None
 
 
@@ -115,7 +123,8 @@ def test_token_summary(runs):
     assert t["num_positions"] == 450
     assert t["share_rs_wins"] + t["share_to_wins"] + t["share_tie"] == pytest.approx(1.0)
     assert t["share_rs_wins"] > 0.5
-    assert t["alpha_to_fit"].slope == pytest.approx(-0.4, abs=0.05)
+    assert t["alpha_to_slope"].estimate == pytest.approx(-0.4, abs=0.05)
+    assert t["alpha_rs_slope"].unit == "sequences" and t["alpha_rs_slope"].n == 5 * 30  # 30 completions per step
 
 
 def test_write_report_mentions_every_run_and_writes_plots(tmp_path, runs):
@@ -134,7 +143,7 @@ def test_write_report_mentions_every_run_and_writes_plots(tmp_path, runs):
     assert "hand-written" in text and "Skipped" not in text
     assert "1.00×" in text and f"{2.0 / 1.2:.2f}×" in text  # speed-up over the none run
     links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
-    assert len(links) == 5
+    assert len(links) == 6 and links[0] == "headline.png"
     for link in links:
         png = out / link
         assert png.read_bytes().startswith(PNG_MAGIC) and png.stat().st_size > 1000
@@ -210,3 +219,26 @@ def test_each_plot_writes_a_png(tmp_path):
         assert path.read_bytes().startswith(PNG_MAGIC) and path.stat().st_size > 1000
     with pytest.raises(ValueError, match="nothing to plot"):
         plots.plot_rs_acceptance_by_loss({}, tmp_path / "f.png")
+
+
+def test_report_leads_with_the_answer(tmp_path, runs):
+    """First screen: the accept-length-vs-entropy figure of the TO / RS runs and the findings table; then details."""
+    text = write_report(runs, tmp_path / "out").read_text()
+    answer, runs_table = text.index("## The answer"), text.index("## Runs")
+    assert answer < text.index("![Accept length vs entropy](headline.png)") < text.index("| # | finding |") < runs_table
+    assert text.index("## Details") > answer
+    assert (tmp_path / "out" / "headline.png").read_bytes().startswith(PNG_MAGIC)
+    for verdict in ("reproduced", "not comparable"):
+        assert verdict in text[answer:runs_table]
+    assert "entropy start → end" in text and "accuracy start → end" in text
+
+
+def test_headline_series_pools_roles_with_bands(runs):
+    from bebop.analysis.headline import headline_series
+
+    series = headline_series([load_run(r) for r in runs])
+    assert list(series) == ["TO + CE head", "RS + e2e-TV head"]  # no rs+ce run here
+    to = series["TO + CE head"]
+    assert len(to.entropy) == NUM_STEPS and "slope -1.49 [" in to.legend and "(40 steps, 1 run)" in to.legend
+    low, high = to.band
+    assert (np.asarray(low) < np.asarray(to.line)).all() and (np.asarray(to.line) < np.asarray(high)).all()

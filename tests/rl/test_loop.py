@@ -137,7 +137,7 @@ def test_run_trains_policy_keeps_frozen_head_and_logs(tmp_path, mode):
         assert rows[0]["spec/accept_length"] >= 1 and len(rows[0]["spec/alpha_rs"]) == 3
         stats = read_rows(tmp_path / "token_stats.jsonl")
         assert [s["step"] for s in stats] == [1, 2]
-        assert len(stats[0]["position"]) == len(stats[0]["entropy"]) == len(stats[0]["alpha_rs"]) > 0
+        assert len(stats[0]["position"]) == len(stats[0]["row"]) == len(stats[0]["entropy"]) == len(stats[0]["alpha_rs"]) > 0
     config = json.loads((tmp_path / "config.json").read_text())
     assert {"mode", "mtp_loss", "mtp_update", "online_loss", "speculate_k", "label"} <= set(config)
     summary = summarize_run(load_run(tmp_path))

@@ -170,16 +170,19 @@ STAT_CONFIGS = {  # mode, K, sampling: both modes, K = 2 and 3, T = 1 and T = 0.
 
 @pytest.mark.slow
 @pytest.mark.parametrize("config", list(STAT_CONFIGS))
-def test_speculative_sampling_matches_exact_distribution(config):
+def test_speculative_sampling_matches_exact_distribution(config, monkeypatch):
     """Marginals of tokens 1, 2, 3 and the joint of (1, 2) against the enumerated plain distribution."""
     mode, k, sampling = STAT_CONFIGS[config]
     model, head = _stat_model()
+    blocks = _record_blocks(monkeypatch)
     out = generate(model, ToyTokenizer(), [STAT_PROMPT] * NUM_ROWS, mtp=head, sampling=sampling,
                    spec=SpecConfig(mode, k), seed=1)
     tokens = np.array(out.token_ids)  # (N, 3): no EOS in this vocabulary, so every row has 3 tokens
     assert tokens.shape == (NUM_ROWS, 3)
-    # Every path must have run: rejections, partial blocks and full blocks with a bonus token.
-    assert all(n > 0 for n in out.stats.accept_length_hist), out.stats.accept_length_hist
+    # Every path of the verifier must have run: rejections, partial blocks and full blocks with a bonus
+    # token (blocks as emitted, before the completions' ends cut them; the prefill's are length 1 too).
+    emitted = np.bincount([len(b) for _, b in blocks], minlength=k + 2)[1:]  # (K+1,) blocks of 1..K+1 tokens
+    assert (emitted > 0).all(), emitted
     joint = exact_joint(model, STAT_PROMPT, sampling)
     v = STAT_VOCAB
     for t, marginal in enumerate((joint.sum((1, 2)), joint.sum((0, 2)), joint.sum((0, 1)))):
@@ -384,7 +387,12 @@ def test_stats_invariants(mode):
     assert 1 <= s.accept_length <= k + 1
     assert s.num_generated_tokens == sum(out.lengths)
     arrays = s.token_arrays()
-    assert arrays["alpha_rs"].numel() == k * s.num_drafts
+    # Position j is kept when the step kept its j-th token: every step keeps position 1, and
+    # position j > 1 exactly when draft j - 1 was accepted and kept.
+    counts = [int((arrays["position"] == j).sum()) for j in range(1, k + 1)]
+    assert counts == [s.num_drafts, *s.accepted_per_pos[: k - 1]]
+    assert arrays["alpha_rs"].numel() == arrays["row"].numel() == sum(counts)
+    assert torch.cat(s.token_entropy).numel() == s.num_generated_tokens
     for key in ("alpha_rs", "alpha_to"):
         assert ((arrays[key] >= 0) & (arrays[key] <= 1 + 1e-6)).all(), key
     assert ((arrays["position"] >= 1) & (arrays["position"] <= k)).all()

@@ -1,23 +1,26 @@
-"""Tests for bebop.spec.lossless: the harness passes an exact engine and catches a broken one.
+"""Tests for bebop.spec.lossless: the harness passes an exact engine and catches broken ones.
 
 The harness's own statistics: ``chi2_sf`` and ``two_sample_chi2`` against scipy, the pooling of
-rare cells by hand. End to end on a tiny model (V = 8): with alpha = 1e-3 and the 21 default checks,
-an exact engine fails ``test_exact_engine_passes`` with odds 1 - (1 - 1e-3)^21 ~= 2.1% for a seed
+rare cells by hand. End to end on a tiny model (V = 8): with alpha = 3e-4 and the 73 default checks,
+an exact engine fails ``test_exact_engine_passes`` with odds 1 - (1 - 3e-4)^73 ~= 2.2% for a seed
 picked at random; the seed is fixed, so a given checkout passes or fails deterministically. The
-broken sampler (recovered tokens drawn from p instead of max(0, p - q)) must give p-values below
+broken sampler (recovered tokens drawn from p instead of max(0, p - q)) and the broken rollback (a
+rejected draft's KV entry kept from the second verify step on) must give p-values below
 BROKEN_P_VALUE, which an exact sampler reaches with odds 1e-12 per check.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 
 import numpy as np
 import pytest
 import scipy.stats
+import torch
 
-from bebop.spec import lossless, sampling
+from bebop.spec import engine, lossless, sampling
 from bebop.spec.lossless import (
     ENDED,
     LOSSLESS_CONFIGS,
@@ -28,15 +31,17 @@ from bebop.spec.lossless import (
     format_lossless_table,
     pool_rare_cells,
     run_lossless_checks,
+    summarize_checks,
     two_sample_chi2,
 )
 from bebop.utils.io import BebopError
 from tests.spec.test_engine import ToyTokenizer, peaked_model, perturbed_head
 
-NUM_SAMPLES = 3000  # rows per sample on the tiny model: ~33k rows for the 7 default configs, a few seconds
+NUM_SAMPLES = 3000  # rows per sample on the tiny model: ~33k rows of up to 12 tokens for the 7 default configs
 NUM_SAMPLES_BROKEN = 10_000  # one config: 2 runs; enough that a broken sampler gives p < 1e-12
 PROMPTS = [[3], [5, 1], [2, 2, 7, 4]]  # the first is tested; the others have other lengths (padding)
 BROKEN_P_VALUE = 1e-12  # a broken sampler must be this clear, far below any alpha
+LEAK_ROOM = 64  # extra cache positions for the leaked entries of the broken-rollback engine
 
 
 def _tiny():
@@ -98,9 +103,17 @@ def test_batch_rows_interleave_other_prompts():
     assert lossless._batch_rows("t", ["a"], 3, batch_mix=False) == (["t"] * 3, [True] * 3)
 
 
-def test_first_tokens_mark_ended_rows():
-    assert lossless._first_tokens([4, 1]) == (4, 1, ENDED)
-    assert lossless._first_tokens([4, 1, 5, 6]) == (4, 1, 5)
+def test_leading_tokens_mark_ended_rows():
+    assert lossless._leading_tokens([4, 1], 3) == (4, 1, ENDED)
+    assert lossless._leading_tokens([4, 1, 5, 6], 3) == (4, 1, 5)
+
+
+def test_configs_reach_the_third_verify_step():
+    """Prefill gives 1 token and each verify step at most K + 1, so token 3K + 3 needs >= 3 verify steps."""
+    for k in (1, 2, 3, 5):
+        config = LosslessConfig("rs", k, 1.0)
+        assert config.num_tokens == 3 * k + 3 > 1 + 2 * (k + 1)
+        assert config.joint_pair == (k + 2, k + 3) and config.joint_pair[1] <= config.num_tokens
 
 
 # ----------------------------------------------------------------------------- end to end
@@ -109,9 +122,11 @@ def test_first_tokens_mark_ended_rows():
 def test_exact_engine_passes():
     model, head = _tiny()
     checks = run_lossless_checks(model, ToyTokenizer(), head, num_samples=NUM_SAMPLES, seed=0, prompts=PROMPTS)
-    assert len(checks) == len(LOSSLESS_CONFIGS) * lossless.NUM_TOKENS
+    assert len(checks) == sum(c.num_tokens + 1 for c in LOSSLESS_CONFIGS) == 73
     assert all(c.passed for c in checks), format_lossless_table(checks)
-    assert all(c.dof >= 1 for c in checks)  # every check compared something
+    assert all(c.informative for c in checks)  # every check compared something
+    assert summarize_checks(checks).passed
+    assert max(c.tokens[-1] for c in checks) == 12 and sum(c.kind == "joint" for c in checks) == 7
     assert {(c.mode, c.k, c.temperature, c.top_k, c.top_p) for c in checks} >= {
         ("rs", 1, 0.7, 0, 1.0), ("to", 3, 1.0, 0, 1.0), ("rs", 3, 1.0, 20, 0.9)}
     assert any(c.batch_mix for c in checks)
@@ -129,10 +144,62 @@ def test_broken_sampler_fails(config, monkeypatch):
     checks = run_lossless_checks(model, ToyTokenizer(), head, num_samples=NUM_SAMPLES_BROKEN, seed=0,
                                  prompts=PROMPTS, configs=(config,))
     table = format_lossless_table(checks)
-    assert [c.token for c in checks] == [1, 2, 3]
+    assert [c.tokens for c in checks] == [(i,) for i in range(1, config.num_tokens + 1)] + [config.joint_pair]
     assert checks[0].passed, table  # token 1 never goes through verification
     assert min(c.p_value for c in checks[1:]) < BROKEN_P_VALUE, table
-    assert "FAIL" in table
+    assert "FAIL" in table and not summarize_checks(checks).passed
+
+
+def _context_model():
+    """The tiny model with attention weights drawn at std 0.6, so p depends on the whole context: at the
+    default init (std 0.02) the model is nearly a Markov chain and a stale KV entry changes nothing."""
+    model, head = _tiny()
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            if "self_attn" in name and weight.dim() == 2:
+                weight.copy_(0.6 * torch.randn(weight.shape, generator=g))
+    return model, head
+
+
+def _break_rollback(monkeypatch):
+    """From the second verify step on, a row that rejected a draft keeps that draft's KV entry in the
+    target's cache (one more committed position than it emitted), as a faulty rollback would."""
+    init = engine._Target.__init__
+
+    def patched(self, model, batch_size, max_len, **kwargs):
+        init(self, model, batch_size, max_len + LEAK_ROOM, **kwargs)
+        cache, commit, calls = self.cache, self.cache.commit, []
+
+        def leaky_commit(num_kept):
+            calls.append(num_kept)
+            if len(calls) >= 3:  # 1 = prefill, 2 = the first verify step (left intact)
+                num_kept = [min(n + 1, cache._write_index.shape[1]) for n in num_kept]
+            commit(num_kept)
+
+        cache.commit = leaky_commit
+
+    monkeypatch.setattr(engine._Target, "__init__", patched)
+
+
+@pytest.mark.parametrize("broken", [False, True])
+@pytest.mark.parametrize("config", [LosslessConfig("to", 1, 0.7), LosslessConfig("rs", 1, 0.7)])
+def test_rollback_defect_shows_only_past_the_first_three_tokens(config, broken, monkeypatch):
+    """The broken engine passes every check on tokens 1-3 (all the old harness compared) and fails the
+    deeper ones; the real engine passes them all (false-alarm odds 1 - (1 - 3e-4)^7 = 0.2% per config)."""
+    if broken:
+        _break_rollback(monkeypatch)
+    model, head = _context_model()
+    checks = run_lossless_checks(model, ToyTokenizer(), head, num_samples=NUM_SAMPLES_BROKEN, seed=0,
+                                 prompts=PROMPTS, configs=(config,))
+    table = format_lossless_table(checks)
+    assert all(c.passed for c in checks if c.tokens[-1] <= 3), table
+    if not broken:
+        assert summarize_checks(checks).passed, table
+        return
+    deep = [c for c in checks if c.tokens[-1] > 3]
+    assert min(c.p_value for c in deep) < BROKEN_P_VALUE, table
+    assert not summarize_checks(checks).passed and "FAIL" in table
 
 
 # ----------------------------------------------------------------------------- report and errors
@@ -149,15 +216,29 @@ def test_format_table_ends_with_false_alarm_odds():
     assert lines[0].startswith("| check |") and len([x for x in lines if x.startswith("| ")]) == 3
     assert "| a | rs | 3 | 1 | off | off | 1.50 | 4 | 0.5 | pass |" in lines
     assert "FAIL" in lines[3]
-    assert "1 of 2 checks passed." in table
+    assert "2 checks: 2 informative, 0 uninformative" in table and "1 of 2 informative checks passed." in table
     assert lines[-1].startswith("False-alarm odds:") and "1 - (1 - 0.001)^2 = 0.20%" in lines[-1]
     assert format_lossless_table([]) == "No lossless checks were run."
+
+
+def test_uninformative_checks_are_not_passes():
+    flat = dataclasses.replace(_check("flat", 1.0), statistic=0.0, dof=0)
+    assert flat.passed and not flat.informative and flat.result == "uninformative"
+    few = [flat, flat, _check("a", 0.5)]  # 1 of 3 informative: fewer than half
+    summary = summarize_checks(few)
+    assert (summary.num_checks, summary.num_informative, summary.num_failed) == (3, 1, 0) and not summary.passed
+    table = format_lossless_table(few, prompts=["Q 1 + 2 = ?", [5, 6]])
+    assert "| flat | rs | 3 | 1 | off | off | 0.00 | 0 | 1 | uninformative |" in table
+    assert "FAIL: fewer than 50% of the checks are informative" in table
+    assert table.startswith("Tested prompt: 'Q 1 + 2 = ?'; mixed into batches: token ids [5, 6].")
+    assert "with m = 1 informative checks" in table  # odds count informative checks only
+    assert summarize_checks([flat, _check("a", 0.5)]).passed  # half informative is enough
 
 
 def test_default_prompts_are_short_task_prompts():
     prompts = lossless.default_prompts()
     assert len(prompts) == lossless.DEFAULT_NUM_PROMPTS and len(set(prompts)) == len(prompts)
-    assert all(p.startswith("Q ") and p.count("+") == 2 for p in prompts)
+    assert all(p.startswith("Q ") and p.count("+") == lossless.DEFAULT_PROMPT_TERMS - 1 for p in prompts)
 
 
 def test_input_errors():
@@ -179,4 +260,6 @@ def test_input_errors():
     # One prompt is fine when no config mixes batches.
     unmixed = LOSSLESS_CONFIGS[:1]
     assert not unmixed[0].batch_mix
-    assert len(run_lossless_checks(model, tok, head, num_samples=200, prompts=[[3]], configs=unmixed)) == 3
+    assert len(run_lossless_checks(model, tok, head, num_samples=200, prompts=[[3]], configs=unmixed)) == 13
+    with pytest.raises(BebopError, match="unknown check kind"):
+        run_lossless_checks(model, tok, head, num_samples=200, prompts=[[3]], configs=unmixed, kinds=("hf",))

@@ -1,0 +1,111 @@
+"""Tests for bebop.spec.stats: the statistics count exactly the tokens the completions keep.
+
+Each test recounts from the output: the engine's blocks (the tokens one prefill or verify step
+emitted, before truncation) are spied on, cut to the completion lengths, and turned into verify
+counts by hand; the entropies are recomputed with a plain HF forward pass over prompt + completion.
+Before the fix, tokens after EOS, past ``max_new_tokens`` or after a stop string were counted, and
+positions after a rejected draft were recorded, so these recounts differed.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bebop.spec.engine import SamplingParams, SpecConfig, generate
+from bebop.spec.sampling import logits_to_probs
+from bebop.spec.stats import EmissionLog, entropy
+from tests.spec.test_engine import ToyTokenizer, _prompts, _record_blocks, peaked_model, perturbed_head
+
+K = 3
+ENTROPY_ATOL = 1e-4  # engine (batched, cached) vs one full forward: same float32 math, other batching
+PROMPT_LENGTHS = (2, 5, 9, 3, 4, 6, 1, 7)
+
+
+def _common_token(model, head, prompts) -> int:
+    """A token the model emits often mid-completion: as EOS or stop word it cuts blocks short."""
+    free = generate(model, ToyTokenizer(), prompts, mtp=head, sampling=SamplingParams(max_new_tokens=16),
+                    spec=SpecConfig("rs", K), seed=3)
+    counts = torch.bincount(torch.tensor([t for c in free.token_ids for t in c[2:]]))
+    return int(counts.argmax())
+
+
+def _recount(blocks, prompts, lengths, mode):
+    """Verify counts and kept (row, completion index, draft position) from the blocks and the lengths."""
+    offsets, seen = [0] * len(prompts), [False] * len(prompts)
+    hist, per_pos, kept_positions, num_cut = [0] * (K + 1), [0] * K, [], 0
+    for row, block in blocks:
+        kept = max(0, min(len(block), lengths[row] - offsets[row]))
+        num_cut += len(block) - kept
+        if mode != "none" and seen[row] and kept > 0:  # a row's first block is the prefill token
+            hist[kept - 1] += 1
+            for j in range(kept - 1):
+                per_pos[j] += 1
+            kept_positions += [(row, offsets[row] + j, j + 1) for j in range(min(kept, K))]
+        offsets[row] += len(block)
+        seen[row] = True
+    return hist, per_pos, kept_positions, num_cut
+
+
+def _hf_entropies(model, prompt, completion, temperature) -> torch.Tensor:  # (L,)
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1]  # (L, V)
+    return entropy(logits_to_probs(logits, temperature, 0, 1.0))
+
+
+@pytest.mark.parametrize("ending", ["eos", "length", "stop"])
+@pytest.mark.parametrize("mode", ["none", "to", "rs"])
+def test_stats_equal_a_recount_from_the_output(mode, ending, monkeypatch):
+    model = peaked_model()
+    head = perturbed_head(model, 0.1)
+    prompts = _prompts(PROMPT_LENGTHS)
+    common = _common_token(model, head, prompts)
+    eos = common if ending == "eos" else None
+    stop = (ToyTokenizer().WORDS[common],) if ending == "stop" else ()
+    sampling = SamplingParams(temperature=0.8, max_new_tokens=7 if ending == "length" else 24, stop=stop)
+    blocks = _record_blocks(monkeypatch)
+    out = generate(model, ToyTokenizer(eos), prompts, mtp=head, sampling=sampling, spec=SpecConfig(mode, K), seed=1)
+    assert set(out.finish_reasons) >= {ending}
+    s = out.stats
+    hist, per_pos, kept_positions, num_cut = _recount(blocks, prompts, out.lengths, mode)
+    if mode != "none":
+        assert num_cut > 0  # some block was cut short: the case the old accounting got wrong
+    assert s.accept_length_hist == (hist if mode != "none" else [0])
+    assert s.accepted_per_pos == per_pos[: s.speculate_k]
+    assert s.num_drafts == sum(hist) and s.num_accepted_tokens == sum(i * n for i, n in enumerate(hist))
+    assert s.num_generated_tokens == sum(out.lengths)
+    if s.num_drafts:
+        emitted_by_verify = sum(out.lengths) - len(prompts)  # every kept token but the prefill token
+        assert s.accept_length == pytest.approx(emitted_by_verify / s.num_drafts)
+    # Entropies: one per kept token in every mode, equal to a plain forward pass's.
+    reference = [_hf_entropies(model, p, c, sampling.temperature) for p, c in zip(prompts, out.token_ids)]
+    got = torch.cat(s.token_entropy)
+    assert got.numel() == sum(out.lengths)
+    torch.testing.assert_close(got.sort().values, torch.cat(reference).sort().values, atol=ENTROPY_ATOL, rtol=0)
+    # Draft positions: exactly the kept ones, per row, with the entropy of their kept token.
+    arrays = s.token_arrays()
+    assert arrays["position"].numel() == len(kept_positions)
+    for row in range(len(prompts)):
+        mine = [(i, j) for r, i, j in kept_positions if r == row]
+        sel = arrays["row"] == row
+        assert sorted(arrays["position"][sel].tolist()) == sorted(j for _, j in mine)
+        expected = torch.tensor([float(reference[row][i]) for i, _ in mine])
+        torch.testing.assert_close(arrays["entropy"][sel].sort().values, expected.sort().values,
+                                   atol=ENTROPY_ATOL, rtol=0)
+
+
+def test_emission_log_by_hand():
+    """Row 0 ends (EOS) on the first draft of a 3-token block; row 1 keeps its whole block."""
+    log = EmissionLog(speculate_k=2)
+    log.add_block([0, 1], [0, 0], [1, 1], torch.tensor([[0.1], [0.2]]))  # prefill
+    drafts = tuple(torch.tensor([[1.0, 2.0], [3.0, 4.0]]) * scale for scale in (1.0, 0.1, 0.01))
+    log.add_block([0, 1], [1, 1], [3, 2], torch.tensor([[0.3, 0.4, 0.5], [0.6, 0.7, 0.8]]), drafts)
+    s = log.to_stats([2, 3])
+    assert s.num_drafts == 2 and s.accept_length_hist == [1, 1, 0] and s.accepted_per_pos == [1, 0]
+    assert s.accept_length == 1.5  # (1 + 2 kept tokens) / 2 verify steps
+    assert torch.cat(s.token_entropy).tolist() == pytest.approx([0.1, 0.2, 0.3, 0.6, 0.7])
+    arrays = s.token_arrays()
+    assert arrays["position"].tolist() == [1, 1, 2] and arrays["row"].tolist() == [0, 1, 1]
+    assert arrays["entropy"].tolist() == [1.0, 3.0, 4.0]
+    assert s.num_generated_tokens == 5
