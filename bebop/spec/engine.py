@@ -49,6 +49,7 @@ from bebop.utils.io import BebopError
 from bebop.utils.torch_utils import cache_kwargs
 
 MODES = ("none", "to", "rs")
+UNCUT = 2**62  # a completion length past every step: nothing is cut
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,14 @@ class GenerationResult:
     texts: list[str]  # decoded completions, special tokens skipped
     lengths: list[int]
     finish_reasons: list[str]  # "eos" | "length" | "stop"
-    stats: SpecStats = field(default_factory=SpecStats)
+    stats: SpecStats = field(default_factory=SpecStats)  # kept tokens only (see bebop.spec.stats)
+    log: EmissionLog | None = field(default=None, repr=False)  # every verify step as the verifier emitted it
+
+    def verifier_stats(self) -> SpecStats:
+        """Statistics of every verify step as emitted, before the stop check: vLLM's way of counting."""
+        if self.log is None:
+            return self.stats
+        return self.log.to_stats([UNCUT] * len(self.lengths))
 
 
 @dataclass
@@ -186,7 +194,7 @@ def generate(
     lengths = [len(t) for t in runner.outputs]
     return GenerationResult(
         prompt_ids=prompt_ids, token_ids=runner.outputs, texts=texts,
-        lengths=lengths, finish_reasons=runner.finish, stats=runner.log.to_stats(lengths),
+        lengths=lengths, finish_reasons=runner.finish, stats=runner.log.to_stats(lengths), log=runner.log,
     )
 
 

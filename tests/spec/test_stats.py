@@ -109,3 +109,17 @@ def test_emission_log_by_hand():
     assert arrays["position"].tolist() == [1, 1, 2] and arrays["row"].tolist() == [0, 1, 1]
     assert arrays["entropy"].tolist() == [1.0, 3.0, 4.0]
     assert s.num_generated_tokens == 5
+
+
+def test_verifier_stats_count_every_step_before_the_stop_check():
+    """vLLM's convention: every verify step counts in full; emitted-token stats cut the last ones."""
+    model = peaked_model()
+    head = perturbed_head(model, 0.1)
+    out = generate(model, ToyTokenizer(), _prompts(PROMPT_LENGTHS), mtp=head, sampling=SamplingParams(max_new_tokens=7),
+                   spec=SpecConfig(mode="rs", speculate_k=K), seed=3)
+    raw = out.verifier_stats()
+    steps = [b for b in out.log.blocks if b.drafts is not None]
+    assert raw.num_drafts == sum(len(b.rows) for b in steps)
+    assert raw.num_accepted_tokens == sum(w - 1 for b in steps for w in b.widths)
+    assert raw.num_accepted_tokens >= out.stats.num_accepted_tokens
+    assert raw.num_accepted_tokens > out.stats.num_accepted_tokens  # the last steps were cut at max_new_tokens

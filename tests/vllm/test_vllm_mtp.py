@@ -142,7 +142,7 @@ def test_acceptance_per_position_agrees_with_bebop(served, engines, mode):
     """vLLM's accepted-per-position rates equal Bebop's engine's within sampling error, at T = 1.
 
     Per position j, the rate is (verify steps that accepted draft j) / (verify steps), counted as
-    vLLM counts it: every verify step, before the stop check. A two-sided two-proportion z-test
+    vLLM counts it: every verify step, before the stop check (``GenerationResult.verifier_stats``). A two-sided two-proportion z-test
     per position at ALPHA = 1e-3; 3 positions x 2 modes give a false-alarm probability of at most
     0.6% for the module when both engines sample exactly.
     """
@@ -151,7 +151,7 @@ def test_acceptance_per_position_agrees_with_bebop(served, engines, mode):
     prompts = _prompts(tok, 256, seed=11)
     _, theirs = _vllm_generate(engine, prompts, temperature=1.0, max_tokens=48)
     ours = generate(model, tok, prompts, mtp=head, sampling=SamplingParams(temperature=1.0, max_new_tokens=48),
-                    spec=SpecConfig(mode=mode, speculate_k=K), seed=1).stats
+                    spec=SpecConfig(mode=mode, speculate_k=K), seed=1).verifier_stats()
     n_ours, n_theirs = ours.num_drafts, theirs["drafts"]
     assert n_ours > 1000 and n_theirs > 1000
     for j in range(K):
