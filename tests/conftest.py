@@ -1,29 +1,56 @@
-"""Shared fixtures: tiny offline models of three transformers architectures, and an isolated cache."""
+"""Shared fixtures: tiny offline models of several transformers architectures, and an isolated cache."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+import transformers
 
-ARCHITECTURES = {
-    "qwen3": (Qwen3Config, Qwen3ForCausalLM),
-    "qwen2": (Qwen2Config, Qwen2ForCausalLM),
-    "llama": (LlamaConfig, LlamaForCausalLM),
+ARCHITECTURES = {  # name -> (config class, model class), all built offline from a config
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "mistral": ("MistralConfig", "MistralForCausalLM"),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM"),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
+    "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM"),
+}
+SLIDING_WINDOW_KWARGS = {  # arch -> config fields that give a 2-layer model a sliding window w
+    "mistral": lambda w: {"sliding_window": w},  # every layer sliding
+    "phi3": lambda w: {"sliding_window": w},  # every layer sliding
+    "qwen2": lambda w: {"use_sliding_window": True, "sliding_window": w, "max_window_layers": 1},  # layer 1
+    "qwen3": lambda w: {"use_sliding_window": True, "sliding_window": w, "max_window_layers": 1},  # layer 1
+    "gemma2": lambda w: {"sliding_window": w},  # layer 0 sliding, layer 1 full
+    "gemma3": lambda w: {"sliding_window": w, "sliding_window_pattern": 2},  # layer 0 sliding, layer 1 full
+}
+NO_WINDOW_KWARGS = {  # arch -> config fields that turn a default sliding window off
+    "mistral": {"sliding_window": None},
+    "qwen3_5": {"layer_types": ["full_attention"] * 2},  # the text model's default mixes in linear attention
 }
 
 
 def tiny_model(arch: str = "qwen3", vocab_size: int = 64, seed: int = 0, hidden_size: int = 32, num_layers: int = 2,
-               eos_token_id: int | None = None, max_position_embeddings: int = 256):
-    """A randomly initialised tiny causal LM built from a config (no download), frozen, eval mode."""
-    config_cls, model_cls = ARCHITECTURES[arch]
+               eos_token_id: int | None = None, max_position_embeddings: int = 256, sliding_window: int | None = None):
+    """A randomly initialised tiny causal LM built from a config (no download), frozen, eval mode.
+
+    ``sliding_window`` w gives the model's sliding layers (see SLIDING_WINDOW_KWARGS) a window of w.
+    """
+    config_name, model_name = ARCHITECTURES[arch]
     torch.manual_seed(seed)
-    config = config_cls(
+    kwargs = dict(
         vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
         num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2, head_dim=hidden_size // 4,
         max_position_embeddings=max_position_embeddings, eos_token_id=eos_token_id, pad_token_id=0,
     )
-    model = model_cls(config).eval()
+    if arch == "phi3":
+        del kwargs["head_dim"]  # derived from hidden_size / heads
+    if sliding_window is not None:
+        kwargs.update(SLIDING_WINDOW_KWARGS[arch](sliding_window))
+    else:
+        kwargs.update(NO_WINDOW_KWARGS.get(arch, {}))
+    config = getattr(transformers, config_name)(**kwargs)
+    model = getattr(transformers, model_name)(config).eval()
     for p in model.parameters():
         p.requires_grad_(False)
     return model

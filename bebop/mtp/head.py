@@ -21,6 +21,7 @@ Conventions match vLLM's ``qwen3_next_mtp`` so a head trained here behaves the s
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -72,8 +73,12 @@ class MtpHead(nn.Module):
         layer_cls = type(decoder.layers[-1])
         norm_cls = type(decoder.norm)
         config = copy.deepcopy(backbone.config.get_text_config())
+        # NOTE: the head's layers are full-attention layers (no sliding window), in training and in the
+        # engine alike; flash-attention kernels read the window from the config, so it is cleared too.
         if getattr(config, "layer_types", None):
             config.layer_types = ["full_attention"] * max(len(config.layer_types), num_layers)
+        if getattr(config, "sliding_window", None) is not None:
+            config.sliding_window = None
         # NOTE: block i gets layer_idx i: its index in the head's own KV cache, not the backbone's.
         self.layers = nn.ModuleList(
             [MtpLayer(config, layer_cls, norm_cls, i, use_post_norm=True) for i in range(num_layers)]
@@ -115,12 +120,21 @@ class MtpHead(nn.Module):
         embeds = self._shared["embed"](input_ids)
         if attention_bias is None:
             attention_bias = causal_bias(input_ids.shape[1], embeds.dtype, embeds.device)
-        rotary = self._shared["rotary"]
-        pos_emb = rotary(embeds, position_ids) if rotary is not None else None
+        pos_emb = self._rotary(embeds, position_ids)
         return layer(
             embeds, hidden, position_embeddings=pos_emb, attention_mask=attention_bias,
             position_ids=position_ids, cache=cache,
         )
+
+    def _rotary(self, embeds: torch.Tensor, position_ids: torch.Tensor):
+        """The backbone's rotary (cos, sin) at ``position_ids``, for a full-attention layer (Gemma 3's
+        rotary takes the layer type: its sliding and full layers use different bases)."""
+        rotary = self._shared["rotary"]
+        if rotary is None:
+            return None
+        if "layer_type" in inspect.signature(rotary.forward).parameters:
+            return rotary(embeds, position_ids, layer_type="full_attention")
+        return rotary(embeds, position_ids)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft logits (..., V) from a step's output hidden state (..., D)."""

@@ -19,8 +19,10 @@ Deviations from a textbook implementation:
        as vLLM and SGLang do.
     2) Top-k/top-p apply to the target only; the draft is sampled from its own temperature-scaled
        distribution q and verified against exactly that q (exactness holds for any q).
-    3) Sliding-window layers are given the same full causal mask (the models Bebop targets here
-       have none; the check happens at load time).
+    3) The engine builds its own attention masks (per-row lengths), one per attention pattern the
+       target uses: full causal, or the sliding window of each ``sliding_attention`` layer (see
+       ``bebop.spec.attention``, which refuses, in one line, any pattern it cannot reproduce exactly).
+       The MTP head's layers are full-attention layers, in training and here.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from bebop.spec import rng
+from bebop.spec import attention, rng
 from bebop.spec.kv_cache import RaggedKVCache
 from bebop.spec.sampling import (
     COIN_DTYPE,
@@ -106,21 +108,28 @@ class _Target:
     def __init__(self, model, batch_size: int, max_len: int):
         self.decoder = model.get_decoder()
         self.lm_head = model.get_output_embeddings()
-        cfg = model.config.get_text_config()
+        self.config = model.config.get_text_config()
+        self.windows = attention.layer_windows(self.config)  # raises on patterns it cannot reproduce
+        self.type_windows = attention.layer_type_windows(self.config)
+        attention.check_logits(self.config)
         param = next(model.parameters())
-        self.cache = RaggedKVCache(cfg.num_hidden_layers, batch_size, max_len, param.device, param.dtype)
+        self.cache = RaggedKVCache(self.config.num_hidden_layers, batch_size, max_len, param.device, param.dtype)
 
     def forward(self, input_ids: torch.Tensor, valid: torch.Tensor | None = None):
         """input_ids (R, S) -> logits (R, S, V), hidden (R, S, D); the caller commits the cache."""
         positions = self.cache.begin(input_ids.shape[1])
-        bias = self.cache.attention_bias(valid)
-        # NOTE: a 4-D mask, not a {layer_type: mask} dict: every HF decoder's mask builder returns a
-        # 4-D mask unchanged (sliding layers included), but only some decoders accept the dict (Llama does not).
+        # NOTE: every HF decoder's mask builder returns a 4-D mask unchanged, to every layer (sliding
+        # ones included); so one pattern -> one 4-D mask (Llama, Mistral, Phi-3 accept nothing else),
+        # mixed patterns -> the {layer_type: mask} dict that exactly those decoders (layer_types) accept.
+        if len(set(self.windows)) == 1:
+            mask = self.cache.attention_bias(valid, window=self.windows[0])
+        else:
+            mask = {kind: self.cache.attention_bias(valid, window=w) for kind, w in self.type_windows.items()}
         out = self.decoder(
-            input_ids=input_ids, position_ids=positions, attention_mask=bias, cache=self.cache, use_cache=True,
+            input_ids=input_ids, position_ids=positions, attention_mask=mask, cache=self.cache, use_cache=True,
         )
         hidden = out.last_hidden_state
-        return self.lm_head(hidden), hidden
+        return attention.final_logits(self.config, self.lm_head(hidden)), hidden
 
 
 def generate(

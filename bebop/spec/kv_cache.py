@@ -12,7 +12,6 @@ from __future__ import annotations
 import torch
 
 
-
 class RaggedKVCache:
     """Per-layer KV buffers with per-row lengths.
 
@@ -56,16 +55,21 @@ class RaggedKVCache:
         self._read_len = max_length + num_new
         return self._write_index
 
-    def attention_bias(self, valid_new: torch.Tensor | None = None) -> torch.Tensor:
+    def attention_bias(self, valid_new: torch.Tensor | None = None, window: int | None = None) -> torch.Tensor:
         """Additive attention mask (B, 1, S, L) for the pending forward (0 = attend, large negative = not).
 
         Query s of row b sees cached keys < lengths[b] and new keys at offsets <= s. ``valid_new``
         (B, S) bool marks real (non-padded) new positions; padded keys are hidden from everyone.
+        ``window`` w (a sliding-window layer) further limits a query at position t to keys > t - w,
+        as HF's ``create_sliding_window_causal_mask`` does; None = full causal attention.
         """
         assert self._write_index is not None, "call begin() first"
         key_pos = torch.arange(self._read_len, device=self.device)  # (L,)
         query_pos = self._write_index  # (B, S)
         visible = key_pos[None, None, :] <= query_pos[:, :, None]  # (B, S, L) causal within the row
+        if window is not None:
+            # NOTE: a row's key slot is its absolute position (no left padding), so the window is positional.
+            visible &= key_pos[None, None, :] > query_pos[:, :, None] - window
         if valid_new is not None:
             # Hide padded new keys: a key at position p >= lengths[b] is new; it is valid iff its slot is.
             new_slot = key_pos[None, :] - self.lengths[:, None]  # (B, L)
