@@ -148,12 +148,16 @@ def _read_prompts(path: str | None, num: int) -> list[str]:
 
 # ---------------------------------------------------------------------------------------------- check-lossless
 def cmd_check_lossless(args) -> int:
-    from bebop.spec.lossless import format_lossless_table, run_lossless_checks
+    from bebop.spec.lossless import LOSSLESS_CONFIGS, default_prompts, format_lossless_table, run_lossless_checks
+    from bebop.spec.reference import run_reference_checks
 
     model, tok, head = _load(args, need_mtp=True)
     prompts = _read_prompts(args.prompts, 4) if args.prompts else None
     checks = run_lossless_checks(model, tok, head, num_samples=args.samples, seed=args.seed, prompts=prompts,
                                  alpha=args.alpha, show_progress=True)
+    # Plain sampling against the model's own forward pass: catches defects plain and speculative share.
+    checks += run_reference_checks(model, tok, prompts or default_prompts(), args.samples, args.seed, args.alpha,
+                                   LOSSLESS_CONFIGS)
     print(format_lossless_table(checks))
     return 0 if all(c.passed for c in checks) else 1
 
@@ -268,7 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stats-json", help="write speculative-decoding statistics here")
     p.set_defaults(func=cmd_generate)
 
-    p = sub.add_parser("check-lossless", help="chi-square checks that speculative sampling equals plain sampling")
+    p = sub.add_parser("check-lossless", help="chi-square checks that speculative sampling equals plain sampling, "
+                                              "and plain sampling the model's own forward pass")
     _add_model_args(p)
     p.add_argument("--samples", type=int, default=10_000,
                    help="completions per configuration (default 10000, about 2 CPU minutes on the embedded model)")

@@ -65,3 +65,28 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
 @pytest.fixture(autouse=True)
 def _one_thread():
     torch.set_num_threads(1)
+
+
+WORDS = tuple("abcdefghijkl")  # the tiny tokenizer's ordinary words, ids 4..15
+SPECIAL = ("<pad>", "<s>", "</s>", "<unk>")  # ids 0..3: pad, BOS, EOS, unknown
+
+
+def tiny_tokenizer(add_bos: bool = True):
+    """A word-level fast tokenizer (16 ids) that, like Llama's, prepends BOS when ``add_bos``; built offline."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(SPECIAL + WORDS)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    if add_bos:
+        tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
+                                                           special_tokens=[("<s>", 1)])
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                                unk_token="<unk>", pad_token="<pad>")
+
+
+def save_model_dir(path, model, add_bos: bool = True):
+    """Saves ``model`` with ``tiny_tokenizer(add_bos)`` as an HF directory the CLI's --model loads."""
+    model.config.eos_token_id, model.config.bos_token_id = 2, 1
+    model.save_pretrained(path)
+    tiny_tokenizer(add_bos).save_pretrained(path)
+    return path
