@@ -13,11 +13,13 @@ import os
 import sys
 from pathlib import Path
 
+from bebop.architectures import supported_families
 from bebop.utils.io import BebopError
 
 
 def _add_model_args(p: argparse.ArgumentParser, mtp: bool = True) -> None:
-    p.add_argument("--model", help="HF causal LM directory (default: the embedded model, trained on first use)")
+    p.add_argument("--model", help="HF causal LM directory (default: the embedded model, trained on first use); "
+                                   f"supported: {supported_families()}")
     if mtp:
         p.add_argument("--mtp", help="MTP head directory (default: the embedded model's cached e2e_tv head)")
     p.add_argument("--device", default="auto", help="cpu, cuda or auto (default: auto)")

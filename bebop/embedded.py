@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
+from bebop.architectures import check_architecture
 from bebop.task import arith
 from bebop.utils.io import BebopError, atomic_dir, write_json
 from bebop.utils.progress import progress, say, step_line
@@ -194,6 +195,7 @@ def load_model(model_dir: str | os.PathLike | None = None, device: str = "auto",
         tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError, json.JSONDecodeError) as e:
         raise BebopError(f"cannot load model from {path}: {str(e).splitlines()[0]}") from None
+    check_architecture(model)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     model.to(resolve_device(device)).eval()

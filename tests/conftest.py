@@ -15,9 +15,23 @@ ARCHITECTURES = {  # name -> (config class, model class), all built offline from
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
     "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM"),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM"),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM"),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM"),
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM"),
+}
+EXTRA_KWARGS = {  # arch -> config fields a tiny model of it needs
+    "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
+    "qwen2_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+                  "shared_expert_intermediate_size": 16},
+    "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16},
+    "smollm3": {"bos_token_id": None},
 }
 SLIDING_WINDOW_KWARGS = {  # arch -> config fields that give a 2-layer model a sliding window w
     "mistral": lambda w: {"sliding_window": w},  # every layer sliding
+    "mixtral": lambda w: {"sliding_window": w},  # every layer sliding
     "phi3": lambda w: {"sliding_window": w},  # every layer sliding
     "qwen2": lambda w: {"use_sliding_window": True, "sliding_window": w, "max_window_layers": 1},  # layer 1
     "qwen3": lambda w: {"use_sliding_window": True, "sliding_window": w, "max_window_layers": 1},  # layer 1
@@ -26,6 +40,7 @@ SLIDING_WINDOW_KWARGS = {  # arch -> config fields that give a 2-layer model a s
 }
 NO_WINDOW_KWARGS = {  # arch -> config fields that turn a default sliding window off
     "mistral": {"sliding_window": None},
+    "mixtral": {"sliding_window": None},
     "qwen3_5": {"layer_types": ["full_attention"] * 2},  # the text model's default mixes in linear attention
 }
 
@@ -43,6 +58,7 @@ def tiny_model(arch: str = "qwen3", vocab_size: int = 64, seed: int = 0, hidden_
         num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2, head_dim=hidden_size // 4,
         max_position_embeddings=max_position_embeddings, eos_token_id=eos_token_id, pad_token_id=0,
     )
+    kwargs.update(EXTRA_KWARGS.get(arch, {}))
     if arch == "phi3":
         del kwargs["head_dim"]  # derived from hidden_size / heads
     if sliding_window is not None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from bebop.spec.attention import final_logits
 from bebop.utils.io import BebopError, read_jsonl
 
 
@@ -101,7 +102,8 @@ def chain_tensors(backbone, head, ids: torch.Tensor, lengths: torch.Tensor, star
     """
     with torch.no_grad():
         hidden = backbone.get_decoder()(input_ids=ids).last_hidden_state  # (B, T, D)
-        target_all = backbone.get_output_embeddings()(hidden)  # (B, T, V)
+        # NOTE: the target's logits as the engine computes them (Gemma's soft-capping included).
+        target_all = final_logits(backbone.config.get_text_config(), backbone.get_output_embeddings()(hidden))  # (B, T, V)
     drafts = head.unroll(hidden, ids, num_steps)  # K x (B, T, V)
     t = torch.arange(ids.shape[1], device=ids.device)
     is_start = (t[None, :] >= (starts[:, None] - 1).clamp_min(0)) & (t[None, :] + 2 < lengths[:, None])

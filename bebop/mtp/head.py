@@ -32,6 +32,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers.modeling_layers import MtpLayer
 
+from bebop.architectures import check_architecture
 from bebop.utils.io import BebopError, atomic_dir
 
 CONFIG_NAME = "mtp_config.json"
@@ -69,6 +70,7 @@ class MtpHead(nn.Module):
 
     def __init__(self, backbone: nn.Module, num_layers: int = 1):
         super().__init__()
+        check_architecture(backbone)
         decoder = _decoder(backbone)
         layer_cls = type(decoder.layers[-1])
         norm_cls = type(decoder.norm)

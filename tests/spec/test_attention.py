@@ -20,14 +20,15 @@ from bebop.mtp import MtpHead
 from bebop.spec import attention, engine
 from bebop.spec.engine import SamplingParams, SpecConfig, generate
 from bebop.utils.io import BebopError
-from tests.conftest import SLIDING_WINDOW_KWARGS, tiny_model
+from bebop.architectures import SUPPORTED_MODEL_TYPES
+from tests.conftest import ARCHITECTURES, SLIDING_WINDOW_KWARGS, tiny_model
 from tests.spec.test_engine import ToyTokenizer
 
 WINDOW = 8  # sliding window of the test models; sequences run to about 4 windows
 VOCAB = 32
 NEW_TOKENS = 24
 LOGITS_ATOL = 1e-5  # engine vs HF forward: same float32 ops, different batching and masks
-SLIDING = list(SLIDING_WINDOW_KWARGS)  # mistral, phi3, qwen2, qwen3, gemma2, gemma3
+SLIDING = list(SLIDING_WINDOW_KWARGS)  # mistral, mixtral, phi3, qwen2, qwen3, gemma2, gemma3
 
 
 def _ids(lengths: tuple[int, ...], seed: int = 0) -> list[list[int]]:
@@ -67,7 +68,7 @@ def _target_logits_match(model) -> bool:
     return ok
 
 
-@pytest.mark.parametrize("arch", SLIDING + ["llama", "qwen3_5"])
+@pytest.mark.parametrize("arch", list(ARCHITECTURES))  # every supported family, with a window where it has one
 def test_target_logits_equal_model_forward(arch):
     model = tiny_model(arch, vocab_size=VOCAB, sliding_window=WINDOW if arch in SLIDING else None)
     assert _target_logits_match(model)
@@ -161,3 +162,9 @@ def test_mtp_head_is_full_attention_in_training_and_engine(arch):
     with torch.no_grad():
         again = head.logits(head.forward_step(hidden, tokens, positions, attention_bias=full.attention_bias()))
     torch.testing.assert_close(logits, again, atol=LOGITS_ATOL, rtol=0)
+
+
+def test_supported_architectures_are_the_tested_ones():
+    """bebop.architectures lists exactly the families these tests (and tests/mtp/test_train.py) run."""
+    tested = {tiny_model(arch, vocab_size=VOCAB).config.model_type for arch in ARCHITECTURES}
+    assert tested == set(SUPPORTED_MODEL_TYPES)
