@@ -109,14 +109,19 @@ def cmd_generate(args) -> None:
     from bebop.spec import SamplingParams, SpecConfig, generate
     from bebop.utils.io import atomic_write_text, write_json
 
+    from bebop.utils.tokens import encode_prompt
+
     model, tok, head = _load(args, need_mtp=args.mode != "none")
     prompts = _read_prompts(args.prompts, args.num_prompts)
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                               max_new_tokens=args.max_new_tokens, stop=tuple(args.stop or ()))
     spec = SpecConfig(mode=args.mode, speculate_k=args.speculate_k)
-    result = generate(model, tok, prompts, mtp=head, sampling=sampling, spec=spec, seed=args.seed)
-    lines = [json.dumps({"prompt": p, "completion": c, "token_ids": t, "finish_reason": f})
-             for p, c, t, f in zip(prompts, result.texts, result.token_ids, result.finish_reasons)]
+    prompt_ids = [encode_prompt(tok, p) for p in prompts]
+    result = generate(model, tok, prompt_ids, mtp=head, sampling=sampling, spec=spec, seed=args.seed)
+    # NOTE: token_ids is the whole sequence and start its first completion index, so this file is
+    # train-mtp/eval-mtp --data as is (the policy's own samples, the recommended training data).
+    lines = [json.dumps({"prompt": p, "completion": c, "token_ids": i + t, "start": len(i), "finish_reason": f})
+             for p, c, i, t, f in zip(prompts, result.texts, prompt_ids, result.token_ids, result.finish_reasons)]
     atomic_write_text(args.out, "\n".join(lines) + "\n")
     stats = result.stats.to_metrics()
     if args.stats_json:
@@ -125,22 +130,20 @@ def cmd_generate(args) -> None:
           f"target entropy {stats['spec/target_entropy']:.3f} nats")
 
 
-def _read_prompts(path: str | None, num: int) -> list[str]:
-    """Prompts from a JSONL (``{"prompt"}``) or text file (one per line), or ``num`` embedded-task prompts."""
+def _read_prompts(path: str | None, num: int) -> list:
+    """Prompts from a JSONL/parquet file (``{"prompt"}``: a string or chat messages, as ``rl --data``
+    reads them) or a text file (one per line), or ``num`` embedded-task prompts."""
     if path is None:
         from bebop.task import arith
 
         return [p.prompt for p in arith.make_problems(num, seed=12345)]
-    from bebop.utils.io import read_jsonl
+    from bebop.rl.data import JSONL_SUFFIXES, PARQUET_SUFFIXES, load_prompts
 
     file = Path(path)
     if not file.is_file():
         raise BebopError(f"prompts file not found: {file}")
-    if file.suffix == ".jsonl":
-        rows = read_jsonl(file, what="prompts file")
-        if any("prompt" not in r for r in rows):
-            raise BebopError(f"prompts file {file}: every line needs a 'prompt' field")
-        prompts = [r["prompt"] for r in rows]
+    if file.suffix.lower() in JSONL_SUFFIXES + PARQUET_SUFFIXES:
+        prompts = [r["prompt"] for r in load_prompts(file)]
     else:
         prompts = [line for line in file.read_text().splitlines() if line.strip()]
     if not prompts:
@@ -153,8 +156,10 @@ def cmd_check_lossless(args) -> int:
     from bebop.spec.lossless import LOSSLESS_CONFIGS, default_prompts, format_lossless_table, run_lossless_checks
     from bebop.spec.reference import run_reference_checks
 
+    from bebop.utils.tokens import encode_prompt
+
     model, tok, head = _load(args, need_mtp=True)
-    prompts = _read_prompts(args.prompts, 4) if args.prompts else None
+    prompts = [encode_prompt(tok, p) for p in _read_prompts(args.prompts, 4)] if args.prompts else None
     checks = run_lossless_checks(model, tok, head, num_samples=args.samples, seed=args.seed, prompts=prompts,
                                  alpha=args.alpha, show_progress=True)
     # Plain sampling against the model's own forward pass: catches defects plain and speculative share.
@@ -260,7 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("generate", help="generate completions (plain, target-only or rejection sampling)")
     _add_model_args(p)
-    p.add_argument("--prompts", help="JSONL with a 'prompt' field, or a text file with one prompt per line")
+    p.add_argument("--prompts", help="JSONL/parquet with a 'prompt' field (text or chat messages, as rl --data "
+                                     "reads it), or a text file with one prompt per line")
     p.add_argument("--num-prompts", type=int, default=16, help="embedded-task prompts when --prompts is not given")
     p.add_argument("--mode", choices=["none", "to", "rs"], default="rs", help="verification mode (default rs)")
     p.add_argument("--speculate-k", type=int, default=3, help="drafts per verify step (default 3)")
@@ -270,7 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=64, help="completion length limit (default 64)")
     p.add_argument("--stop", action="append", help="stop string (repeatable)")
     p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
-    p.add_argument("--out", required=True, help="output JSONL, one line per completion")
+    p.add_argument("--out", required=True, help="output JSONL, one line per completion (prompt, completion, "
+                                                "token_ids = prompt + completion ids, start): train-mtp --data as is")
     p.add_argument("--stats-json", help="write speculative-decoding statistics here")
     p.set_defaults(func=cmd_generate)
 

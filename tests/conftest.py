@@ -87,6 +87,11 @@ WORDS = tuple("abcdefghijkl")  # the tiny tokenizer's ordinary words, ids 4..15
 SPECIAL = ("<pad>", "<s>", "</s>", "<unk>")  # ids 0..3: pad, BOS, EOS, unknown
 
 
+CHAT_TEMPLATE = (  # BOS, each message's content, then "l" as the generation prompt
+    "{{ bos_token }}{% for m in messages %}{{ m['content'] }} {% endfor %}{% if add_generation_prompt %}l{% endif %}"
+)
+
+
 def tiny_tokenizer(add_bos: bool = True):
     """A word-level fast tokenizer (16 ids) that, like Llama's, prepends BOS when ``add_bos``; built offline."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
@@ -96,8 +101,10 @@ def tiny_tokenizer(add_bos: bool = True):
     if add_bos:
         tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
                                                            special_tokens=[("<s>", 1)])
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
                                                 unk_token="<unk>", pad_token="<pad>")
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
 
 
 def save_model_dir(path, model, add_bos: bool = True):

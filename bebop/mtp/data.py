@@ -14,6 +14,7 @@ import torch
 
 from bebop.spec.attention import final_logits
 from bebop.utils.io import BebopError, read_jsonl
+from bebop.utils.tokens import encode_completion, encode_prompt
 
 
 @dataclass
@@ -42,7 +43,12 @@ class Sequences:
 
 
 def load_sequences(path: str | os.PathLike, tokenizer, max_len: int | None = None) -> Sequences:
-    """Reads a JSONL file of ``{"text"}``, ``{"prompt", "completion"}`` or ``{"token_ids", "start"}`` rows."""
+    """Reads a JSONL file of ``{"text"}``, ``{"prompt", "completion"}`` or ``{"token_ids", "start"}`` rows.
+
+    ``token_ids`` is the whole sequence and ``start`` its first completion index (``bebop generate``
+    writes such rows); a prompt (text or chat messages) and its completion are tokenized as generation
+    sees them (``bebop.utils.tokens``: one BOS, EOS at the end of the completion); a text is encoded as is.
+    """
     rows = read_jsonl(path, what="data file")
     if not rows:
         raise BebopError(f"data file {path} is empty")
@@ -51,8 +57,11 @@ def load_sequences(path: str | os.PathLike, tokenizer, max_len: int | None = Non
         if "token_ids" in row:
             ids, start = [int(t) for t in row["token_ids"]], int(row.get("start", 1))
         elif "prompt" in row and "completion" in row:
-            prompt = tokenizer.encode(row["prompt"])
-            ids, start = prompt + tokenizer.encode(row["completion"]), max(1, len(prompt))
+            try:
+                prompt = encode_prompt(tokenizer, row["prompt"])
+                ids, start = prompt + encode_completion(tokenizer, row["completion"]), max(1, len(prompt))
+            except BebopError as e:
+                raise BebopError(f"data file {path} line {i}: {e}") from None
         elif "text" in row:
             ids, start = tokenizer.encode(row["text"]), 1
         else:
