@@ -100,8 +100,9 @@ def cmd_eval_mtp(args) -> None:
     result = evaluate_mtp(model, head, data, speculate_k=args.speculate_k, temperature=args.temperature,
                           pad_id=tok.pad_token_id)
     print(acceptance_table({args.mtp or args.loss: result}))
-    if args.json:
-        write_json(args.json, result)
+    if args.json:  # with the head's own training loss, so `bebop report --eval` can label it
+        loss = _head_loss(Path(args.mtp)) if args.mtp else args.loss
+        write_json(args.json, {**result, "loss": loss or Path(args.mtp).name, "mtp": _abs(args.mtp)})
 
 
 # ---------------------------------------------------------------------------------------------- generate
@@ -126,8 +127,8 @@ def cmd_generate(args) -> None:
     stats = result.stats.to_metrics()
     if args.stats_json:
         write_json(args.stats_json, stats)
-    print(f"wrote {len(lines)} completions to {args.out}; accept length {stats['spec/accept_length']:.3f}, "
-          f"target entropy {stats['spec/target_entropy']:.3f} nats")
+    accept = f"accept length {stats['spec/accept_length']:.3f}, " if args.mode != "none" else ""  # none drafts nothing
+    print(f"wrote {len(lines)} completions to {args.out}; {accept}target entropy {stats['spec/target_entropy']:.3f} nats")
 
 
 def _read_prompts(path: str | None, num: int) -> list:
@@ -173,21 +174,60 @@ def cmd_check_lossless(args) -> int:
 def cmd_rl(args) -> None:
     from bebop.rl import resolve_rl_config, train_rl
     from bebop.rl.config import config_fields
+    from bebop.rl.prompts import task_reward
 
     run_dir = Path(args.resume or args.out or "")
     if not args.resume and not args.out:
         raise BebopError("give --out RUN_DIR (or --resume RUN_DIR)")
     overrides = {name: getattr(args, name, None) for name in config_fields()}
     file = args.config
-    if args.resume and not file and (run_dir / "config.json").is_file():
-        saved = json.loads((run_dir / "config.json").read_text())
-        overrides = {**{k: v for k, v in saved.items() if k in config_fields()},
-                     **{k: v for k, v in overrides.items() if v is not None}}
+    if args.resume:
+        saved = _saved_run(run_dir, args)
+        if not file:
+            overrides = {**{k: v for k, v in saved.items() if k in config_fields()},
+                         **{k: v for k, v in overrides.items() if v is not None}}
+    elif args.mtp and overrides.get("mtp_loss") is None:
+        overrides["mtp_loss"] = _head_loss(Path(args.mtp))  # label runs by the head's own training loss
     cfg = resolve_rl_config(file, overrides)
+    task_reward(cfg)  # a bad reward spec fails here, before any model loads
     need_head = cfg.mode != "none" or cfg.mtp.mtp_update == "online"
     model, tok, head = _load(args, need_mtp=need_head, mtp_loss=cfg.mtp_loss)
-    train_rl(model, tok, head, cfg, run_dir, resume=bool(args.resume))
+    run_info = {key: _abs(getattr(args, key, None)) for key in RUN_PATHS}
+    train_rl(model, tok, head, cfg, run_dir, resume=bool(args.resume), run_info=run_info)
     print(f"run written to {run_dir}")
+
+
+RUN_PATHS = ("model", "mtp")  # what a run directory records besides its config, so --resume needs nothing else
+
+
+def _abs(path: str | None) -> str | None:
+    return str(Path(path).resolve()) if path else None
+
+
+def _saved_run(run_dir: Path, args) -> dict:
+    """The saved config of the run to resume; fills --model/--mtp from it, refuses different ones."""
+    from bebop.utils.io import read_json
+
+    if not (run_dir / "config.json").is_file():
+        raise BebopError(f"nothing to resume: {run_dir} holds no run (no config.json); start one with --out")
+    saved = read_json(run_dir / "config.json", what="run config")
+    for key in RUN_PATHS:
+        given, recorded = _abs(getattr(args, key, None)), saved.get(key)
+        if given is None:
+            setattr(args, key, recorded)
+        elif given != recorded:
+            was = recorded or "the embedded default"
+            raise BebopError(f"cannot resume {run_dir} with --{key} {given}: the run used {was} (start a new run "
+                             "with --out to change it)")
+    return saved
+
+
+def _head_loss(path: Path) -> str | None:
+    """The loss a head was trained with, from its mtp_config.json (None when it does not say)."""
+    try:
+        return json.loads((path / "mtp_config.json").read_text()).get("train", {}).get("loss")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _add_rl_flags(p: argparse.ArgumentParser) -> None:
@@ -208,7 +248,15 @@ def _add_rl_flags(p: argparse.ArgumentParser) -> None:
 def cmd_report(args) -> None:
     from bebop.analysis.report import write_report
 
-    path = write_report([Path(d) for d in args.runs], Path(args.out))
+    from bebop.utils.io import read_json
+
+    head_evals = []
+    for file in args.eval or []:
+        result = read_json(file, what="eval-mtp JSON")
+        if not isinstance(result, dict) or "alpha_rs" not in result:
+            raise BebopError(f"{file} is not a `bebop eval-mtp --json` result (no alpha_rs)")
+        head_evals.append(result)
+    path = write_report([Path(d) for d in args.runs], Path(args.out), head_evals=head_evals)
     print(f"report written to {path}")
 
 
@@ -302,18 +350,38 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="markdown report with tables and plots from RL run directories")
     p.add_argument("runs", nargs="+", help="run directories written by `bebop rl`")
     p.add_argument("--out", required=True, help="output directory for report.md and the PNG plots")
+    p.add_argument("--eval", action="append", metavar="JSON",
+                   help="`bebop eval-mtp --json` result for the head-evaluation section (repeatable)")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("demo", help="the whole recipe on the embedded model, with the paper's analyses")
     p.add_argument("--quick", action="store_true", help="smoke-test budgets (about 3 minutes)")
     p.add_argument("--out", help="output directory (default demo_out)")
     p.set_defaults(func=cmd_demo)
+    for command in sub.choices.values():
+        command.add_argument("--threads", type=int, help=THREADS_HELP)
     return parser
+
+
+THREADS_HELP = ("CPU threads for torch's intra-op parallelism (default: torch's choice); on a busy machine one "
+                "thread can be several times faster than two; results such as pretrained weights repeat bit "
+                "for bit only at the same thread count")
+
+
+def _set_threads(threads: int | None) -> None:
+    if threads is None:
+        return
+    if threads < 1:
+        raise BebopError(f"--threads must be >= 1, got {threads}")
+    import torch
+
+    torch.set_num_threads(threads)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        _set_threads(args.threads)
         status = args.func(args)
     except (BebopError, ValueError, FileNotFoundError) as e:
         # NOTE: library checks on user input (shapes, NaN logits, missing files) raise these; one line

@@ -187,6 +187,7 @@ def load_model(model_dir: str | os.PathLike | None = None, device: str = "auto",
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    target = resolve_device(device)  # a bad --device fails before any loading or pretraining
     path = Path(model_dir) if model_dir is not None else ensure_embedded_model(show_progress)
     if not (path / "config.json").is_file():
         raise BebopError(f"model directory {path} has no config.json (expected a save_pretrained directory)")
@@ -198,7 +199,7 @@ def load_model(model_dir: str | os.PathLike | None = None, device: str = "auto",
     check_architecture(model)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
-    model.to(resolve_device(device)).eval()
+    model.to(target).eval()
     for p in model.parameters():
         p.requires_grad_(False)
     return model, tok

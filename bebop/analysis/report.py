@@ -12,6 +12,8 @@ Conventions:
    (at least one step each), so one noisy step does not decide them.
 2. A metric that is absent or null on a step counts as NaN and is left out of means and fits.
 3. The speed-up of a run is (mean step time of the first ``none`` run) / (its mean step time).
+4. Step times (step, rollout, train, MTP) leave out a run's first ``WARMUP_STEPS`` steps when it has
+   more: the first step carries one-time costs (allocations, lazy initialisation) that are not speed.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from bebop.analysis.fit import LinearFit, bucketed_fit, entropy_mismatch_split, 
 from bebop.utils.io import BebopError, atomic_write_text, read_json, read_jsonl
 
 CONFIG_FILE = "config.json"  # resolved config of the run
+WARMUP_STEPS = 1  # first steps of a run left out of its mean step times (one-time costs)
 METRICS_FILE = "metrics.jsonl"  # one JSON object per RL step
 TOKEN_STATS_FILE = "token_stats.jsonl"  # optional per-position entropy and counterfactual acceptance
 REPORT_FILE = "report.md"
@@ -207,6 +210,7 @@ def summarize_run(run: Run) -> dict:
         Values that cannot be computed are NaN.
     """
     m, cfg = run.metrics, run.config
+    timed = m[WARMUP_STEPS:] if len(m) > WARMUP_STEPS else m  # step times without the warm-up step
     entropy = _column(m, "target_entropy")  # (S,)
     accept = _column(m, "spec/accept_length")  # (S,)
     summary = {
@@ -216,7 +220,7 @@ def summarize_run(run: Run) -> dict:
         "mtp_update": cfg.get("mtp_update"),
         "online_loss": cfg.get("online_loss"),
         "num_steps": len(m),
-        **{key: float(_nanmean(_column(m, key))) for key in ("step_s", "rollout_s", "train_s", "mtp_s")},
+        **{key: float(_nanmean(_column(timed, key))) for key in ("step_s", "rollout_s", "train_s", "mtp_s")},
         "accept_length_start": float(_nanmean(_window(accept, end=False))),
         "accept_length_end": float(_nanmean(_window(accept, end=True))),
         "final_accuracy": float(_nanmean(_window(_column(m, "accuracy"), end=True))),

@@ -210,3 +210,26 @@ def test_each_plot_writes_a_png(tmp_path):
         assert path.read_bytes().startswith(PNG_MAGIC) and path.stat().st_size > 1000
     with pytest.raises(ValueError, match="nothing to plot"):
         plots.plot_rs_acceptance_by_loss({}, tmp_path / "f.png")
+
+
+def test_step_times_leave_out_the_warm_up_step(tmp_path):
+    metrics = _fake_metrics("none", 0.0, 1.0, 1.0, seed=0)
+    metrics[0].update(step_s=30.0, rollout_s=29.0)  # the first step's one-time costs
+    s = summarize_run(load_run(_write_run(tmp_path / "run", {"mode": "none"}, metrics)))
+    assert s["step_s"] == pytest.approx(1.0) and s["rollout_s"] == pytest.approx(0.7)
+
+
+def test_report_command_takes_eval_mtp_json(tmp_path, runs):
+    from bebop.cli import main
+
+    evals = []
+    for loss, alpha in (("ce", 0.6), ("e2e_tv", 0.7)):
+        path = tmp_path / f"{loss}.json"
+        path.write_text(json.dumps({"loss": loss, "temperature": 1.0, "alpha_rs": [alpha] * K, "alpha_to": [alpha] * K,
+                                    "accept_length_rs": 2.0, "accept_length_to": 1.9, "target_entropy": 0.5,
+                                    "num_positions": 100}))
+        evals += ["--eval", str(path)]
+    assert main(["report", *map(str, runs), "--out", str(tmp_path / "report"), *evals]) == 0
+    text = (tmp_path / "report" / "report.md").read_text()
+    section = text.split("## MTP head evaluations")[1]
+    assert "Skipped: no head evaluations" not in section and "| e2e_tv |" in section and "| ce |" in section
