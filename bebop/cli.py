@@ -51,7 +51,7 @@ def _sequences(args, model, tok, split: str):
     from bebop.mtp.data import load_sequences
 
     if args.data:
-        return load_sequences(args.data, tok)
+        return load_sequences(args.data, tok, vocab_size=model.get_input_embeddings().num_embeddings)
     if args.model is None:
         return embedded.embedded_data(split, model, tok, num=args.num_sequences)
     raise BebopError("--data is required with --model (a JSONL of text or prompt/completion rows)")
@@ -128,7 +128,8 @@ def cmd_generate(args) -> None:
     if args.stats_json:
         write_json(args.stats_json, stats)
     accept = f"accept length {stats['spec/accept_length']:.3f}, " if args.mode != "none" else ""  # none drafts nothing
-    print(f"wrote {len(lines)} completions to {args.out}; {accept}target entropy {stats['spec/target_entropy']:.3f} nats")
+    entropy = stats["spec/target_entropy"]
+    print(f"wrote {len(lines)} completions to {args.out}; {accept}target entropy {entropy:.3f} nats")
 
 
 def _read_prompts(path: str | None, num: int) -> list:
@@ -283,7 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train-mtp", help="train an MTP draft head on a frozen model")
     _add_model_args(p, mtp=False)
     p.add_argument("--config", help="TOML/YAML file of TrainMtpConfig fields (flags override it)")
-    p.add_argument("--data", help="JSONL of {text} or {prompt, completion} rows (default: self-generated embedded data)")
+    p.add_argument("--data", help="JSONL of {token_ids, start} (generate's output), {text} or {prompt, completion} "
+                                  "rows (default: self-generated embedded data)")
     p.add_argument("--out", help="output directory for the head (default: the embedded head cache)")
     p.add_argument("--loss", help="ce | fkl | rkl | tv | e2e_tv (default e2e_tv)")
     p.add_argument("--speculate-k", type=int, help="head steps unrolled in training (default 5)")

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from bebop.architectures import check_architecture
@@ -194,8 +195,11 @@ def load_model(model_dir: str | os.PathLike | None = None, device: str = "auto",
     try:
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
         tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError, json.JSONDecodeError) as e:
-        raise BebopError(f"cannot load model from {path}: {str(e).splitlines()[0]}") from None
+    except (OSError, ValueError, json.JSONDecodeError, SafetensorError) as e:
+        weights = ", ".join(sorted(p.name for p in path.glob("*.safetensors"))) or "no *.safetensors"
+        fix = f"; it is the cached embedded model: delete {path} and it is pretrained again on next use" \
+            if model_dir is None else ""
+        raise BebopError(f"cannot load model from {path} ({weights}): {str(e).splitlines()[0]}{fix}") from None
     check_architecture(model)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token

@@ -70,9 +70,9 @@ def test_reward_spec_is_checked_before_the_model_loads(workdir, capsys):
 
 
 def test_reward_that_raises_is_named(workdir, capsys):
-    (workdir / "bad_rewards.py").write_text("def broken(prompts, completions, **_):\n    return 1 / 0\n")
+    (workdir / "broken_rewards.py").write_text("def broken(prompts, completions, **_):\n    return 1 / 0\n")
     args = ["rl", "--model", "model", "--data", "prompts.jsonl", "--steps", "1", "--out", "run", *RL_ARGS[:-4],
-            "--reward", "bad_rewards:broken"]
+            "--reward", "broken_rewards:broken"]
     assert main(args) == 2
     assert "step 1: reward function broken raised ZeroDivisionError: division by zero" in _error_line(capsys)
 
@@ -80,7 +80,7 @@ def test_reward_that_raises_is_named(workdir, capsys):
 def test_run_label_comes_from_the_heads_own_loss(workdir):
     model = tiny_model("llama", vocab_size=16)
     seqs = Sequences([[1, 4, 5, 6, 7, 8, 9]] * 4, [2] * 4)
-    train_mtp(model, seqs, workdir / "head", TrainMtpConfig(loss="ce", steps=1, batch_size=2, save_every=0),
+    train_mtp(model, seqs, workdir / "head", TrainMtpConfig(loss="ce", steps=1, batch_size=2, speculate_k=2, save_every=0),
               show_progress=False)
     assert main(["rl", "--model", "model", "--mtp", "head", "--data", "prompts.jsonl", "--steps", "1", "--out", "run",
                  *RL_ARGS]) == 0

@@ -161,7 +161,7 @@ class MtpHead(nn.Module):
         positions = torch.arange(t, device=input_ids.device).expand(b, t)
         out, g = [], hidden
         for j in range(1, num_steps + 1):
-            tokens = torch.nn.functional.pad(input_ids[:, j:], (0, j), value=0)  # x_{t+j}
+            tokens = torch.nn.functional.pad(input_ids[:, j:], (0, min(j, t)), value=0)  # x_{t+j}
             g = self.forward_step(g, tokens, positions + (j - 1), step=j - 1)
             out.append(self.logits(g))
         return out

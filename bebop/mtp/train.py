@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from bebop.losses import DRAFT_LOSSES, acceptance_stats, draft_loss
-from bebop.mtp.data import Sequences, chain_tensors
+from bebop.mtp.data import Sequences, chain_tensors, check_chain_args
 from bebop.mtp.head import MtpHead
 from bebop.utils.io import BebopError, JsonlLogger, atomic_dir, read_json, write_json
 from bebop.utils.progress import progress, say, step_line
@@ -72,6 +72,7 @@ def train_mtp(
     with ``resume`` it continues from ``out_dir/checkpoint``.
     """
     _check(cfg)
+    check_chain_args(data, cfg.speculate_k, cfg.temperature)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     device = next(backbone.parameters()).device

@@ -27,6 +27,7 @@ Deviations from a textbook implementation:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -199,8 +200,9 @@ def _check_args(model, mtp, prompts, sampling: SamplingParams, spec: SpecConfig)
         raise BebopError(f"mode {spec.mode!r} needs an MTP head (--mtp)")
     if spec.mode != "none" and spec.speculate_k < 1:
         raise BebopError(f"speculate_k must be >= 1, got {spec.speculate_k}")
-    if sampling.temperature < 0 or sampling.max_new_tokens < 1:
-        raise BebopError("temperature must be >= 0 and max_new_tokens >= 1")
+    if not 0 <= sampling.temperature < math.inf or sampling.max_new_tokens < 1:
+        raise BebopError(f"temperature must be finite and >= 0 (got {sampling.temperature}) and max_new_tokens >= 1 "
+                         f"(got {sampling.max_new_tokens})")
     if not prompts:
         raise BebopError("no prompts given")
 
@@ -252,6 +254,8 @@ class _Runner:
         self.target.cache.commit(lengths)
         last = torch.tensor(lengths, device=device) - 1
         arange = torch.arange(len(lengths), device=device)
+        if not bool(torch.isfinite(logits[arange, last]).all()):  # NOTE: one host sync per generate call
+            raise BebopError("the model produces NaN or infinite logits; check its weights and dtype")
         first = self._sample(logits[arange, last], rows)
         if self.k:
             # The head's first input pairs: (h_t, x_{t+1}) for every prompt position t.

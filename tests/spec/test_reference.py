@@ -48,7 +48,8 @@ def sensitive_model(arch: str, sliding_window: int | None = WINDOW, vocab_size: 
 def _ignore_window(monkeypatch):
     """The engine before the sliding-window fix: every layer gets a full causal mask."""
     full = RaggedKVCache.attention_bias
-    monkeypatch.setattr(RaggedKVCache, "attention_bias", lambda self, valid_new=None, window=None: full(self, valid_new))
+    monkeypatch.setattr(RaggedKVCache, "attention_bias",
+                        lambda self, valid_new=None, window=None: full(self, valid_new))
 
 
 def test_equal_rows_give_pearson():
