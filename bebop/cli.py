@@ -16,11 +16,13 @@ import os
 import sys
 from pathlib import Path
 
+from bebop.architectures import supported_families
 from bebop.utils.io import BebopError
 
 
 def _add_model_args(p: argparse.ArgumentParser, mtp: bool = True) -> None:
-    p.add_argument("--model", help="HF causal LM directory (default: the embedded model, trained on first use)")
+    p.add_argument("--model", help="HF causal LM directory (default: the embedded model, trained on first use); "
+                                   f"supported: {supported_families()}")
     if mtp:
         p.add_argument("--mtp", help="MTP head directory (default: the embedded model's cached e2e_tv head)")
     p.add_argument("--device", default="auto", help="cpu, cuda or auto (default: auto)")
@@ -52,7 +54,7 @@ def _sequences(args, model, tok, split: str):
     from bebop.mtp.data import load_sequences
 
     if args.data:
-        return load_sequences(args.data, tok)
+        return load_sequences(args.data, tok, vocab_size=model.get_input_embeddings().num_embeddings)
     if args.model is None:
         return embedded.embedded_data(split, model, tok, num=args.num_sequences)
     raise BebopError("--data is required with --model (a JSONL of text or prompt/completion rows)")
@@ -149,8 +151,9 @@ def cmd_eval_mtp(args) -> None:
     result = evaluate_mtp(model, head, data, speculate_k=args.speculate_k, temperature=args.temperature,
                           pad_id=tok.pad_token_id)
     print(acceptance_table({args.mtp or args.loss: result}))
-    if args.json:
-        write_json(args.json, result)
+    if args.json:  # with the head's own training loss, so `bebop report --eval` can label it
+        loss = _head_loss(Path(args.mtp)) if args.mtp else args.loss
+        write_json(args.json, {**result, "loss": loss or Path(args.mtp).name, "mtp": _abs(args.mtp)})
 
 
 # ---------------------------------------------------------------------------------------------- generate
@@ -158,6 +161,8 @@ def cmd_generate(args) -> None:
     from bebop.spec import SamplingParams, SpecConfig, generate
     from bebop.spec.engine import check_sampling
     from bebop.utils.io import atomic_write_text, check_output_file, write_json
+
+    from bebop.utils.tokens import encode_prompt
 
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                               max_new_tokens=args.max_new_tokens, stop=tuple(args.stop or ()))
@@ -170,15 +175,19 @@ def cmd_generate(args) -> None:
     prompts = _read_prompts(args.prompts, args.num_prompts)
     model, tok, head = _load(args, need_mtp=args.mode != "none")
     spec = SpecConfig(mode=args.mode, speculate_k=args.speculate_k)
-    result = generate(model, tok, prompts, mtp=head, sampling=sampling, spec=spec, seed=args.seed)
-    lines = [json.dumps({"prompt": p, "completion": c, "token_ids": t, "finish_reason": f})
-             for p, c, t, f in zip(prompts, result.texts, result.token_ids, result.finish_reasons)]
+    prompt_ids = [encode_prompt(tok, p) for p in prompts]
+    result = generate(model, tok, prompt_ids, mtp=head, sampling=sampling, spec=spec, seed=args.seed)
+    # NOTE: token_ids is the whole sequence and start its first completion index, so this file is
+    # train-mtp/eval-mtp --data as is (the policy's own samples, the recommended training data).
+    lines = [json.dumps({"prompt": p, "completion": c, "token_ids": i + t, "start": len(i), "finish_reason": f})
+             for p, c, i, t, f in zip(prompts, result.texts, prompt_ids, result.token_ids, result.finish_reasons)]
     atomic_write_text(args.out, "\n".join(lines) + "\n")
     stats = result.stats.to_metrics()
     if args.stats_json:
         write_json(args.stats_json, stats)
-    print(f"wrote {len(lines)} completions to {args.out}; accept length {stats['spec/accept_length']:.3f}, "
-          f"target entropy {stats['spec/target_entropy']:.3f} nats")
+    accept = f"accept length {stats['spec/accept_length']:.3f}, " if args.mode != "none" else ""  # none drafts nothing
+    entropy = stats["spec/target_entropy"]
+    print(f"wrote {len(lines)} completions to {args.out}; {accept}target entropy {entropy:.3f} nats")
 
 
 def _check_input_file(path: str, what: str) -> None:
@@ -186,22 +195,20 @@ def _check_input_file(path: str, what: str) -> None:
         raise BebopError(f"{what} not found: {path}")
 
 
-def _read_prompts(path: str | None, num: int) -> list[str]:
-    """Prompts from a JSONL (``{"prompt"}``) or text file (one per line), or ``num`` embedded-task prompts."""
+def _read_prompts(path: str | None, num: int) -> list:
+    """Prompts from a JSONL/parquet file (``{"prompt"}``: a string or chat messages, as ``rl --data``
+    reads them) or a text file (one per line), or ``num`` embedded-task prompts."""
     if path is None:
         from bebop.task import arith
 
         return [p.prompt for p in arith.make_problems(num, seed=12345)]
-    from bebop.utils.io import read_jsonl
+    from bebop.rl.data import JSONL_SUFFIXES, PARQUET_SUFFIXES, load_prompts
 
     file = Path(path)
     if not file.is_file():
         raise BebopError(f"prompts file not found: {file}")
-    if file.suffix == ".jsonl":
-        rows = read_jsonl(file, what="prompts file")
-        if any("prompt" not in r for r in rows):
-            raise BebopError(f"prompts file {file}: every line needs a 'prompt' field")
-        prompts = [r["prompt"] for r in rows]
+    if file.suffix.lower() in JSONL_SUFFIXES + PARQUET_SUFFIXES:
+        prompts = [r["prompt"] for r in load_prompts(file)]
     else:
         prompts = [line for line in file.read_text().splitlines() if line.strip()]
     if not prompts:
@@ -211,12 +218,18 @@ def _read_prompts(path: str | None, num: int) -> list[str]:
 
 # ---------------------------------------------------------------------------------------------- check-lossless
 def cmd_check_lossless(args) -> int:
-    from bebop.spec.lossless import default_prompts, format_lossless_table, run_lossless_checks, summarize_checks
+    from bebop.spec.lossless import (
+        LOSSLESS_CONFIGS, default_prompts, format_lossless_table, run_lossless_checks, summarize_checks,
+    )
+    from bebop.spec.reference import run_reference_checks
+    from bebop.utils.tokens import encode_prompt
 
     model, tok, head = _load(args, need_mtp=True)
-    prompts = _read_prompts(args.prompts, 4) if args.prompts else default_prompts()
+    prompts = [encode_prompt(tok, p) for p in _read_prompts(args.prompts, 4)] if args.prompts else default_prompts()
     checks = run_lossless_checks(model, tok, head, num_samples=args.samples, seed=args.seed, prompts=prompts,
                                  alpha=args.alpha, show_progress=True)
+    # Plain sampling against the model's own forward pass: catches defects plain and speculative share.
+    checks += run_reference_checks(model, tok, prompts, args.samples, args.seed, args.alpha, LOSSLESS_CONFIGS)
     print(format_lossless_table(checks, prompts))
     return 0 if summarize_checks(checks).passed else 1
 
@@ -225,6 +238,7 @@ def cmd_check_lossless(args) -> int:
 def cmd_rl(args) -> None:
     from bebop.rl import resolve_rl_config, train_rl
     from bebop.rl.config import config_fields
+    from bebop.rl.prompts import task_reward
     from bebop.utils.io import check_output_dir
 
     run_dir = Path(args.resume or args.out or "")
@@ -234,18 +248,56 @@ def cmd_rl(args) -> None:
         raise BebopError("--resume RUN_DIR names the run directory; give no other --out")
     overrides = {name: getattr(args, name, None) for name in config_fields()}
     file = args.config
-    if args.resume and not file and (run_dir / "config.json").is_file():
-        saved = json.loads((run_dir / "config.json").read_text())
-        overrides = {**{k: v for k, v in saved.items() if k in config_fields()},
-                     **{k: v for k, v in overrides.items() if v is not None}}
+    if args.resume:
+        saved = _saved_run(run_dir, args)
+        if not file:
+            overrides = {**{k: v for k, v in saved.items() if k in config_fields()},
+                         **{k: v for k, v in overrides.items() if v is not None}}
+    elif args.mtp and overrides.get("mtp_loss") is None:
+        overrides["mtp_loss"] = _head_loss(Path(args.mtp))  # label runs by the head's own training loss
     cfg = resolve_rl_config(file, overrides)
+    task_reward(cfg)  # a bad reward spec fails here, before any model loads
     check_output_dir(run_dir, resume=bool(args.resume), overwrite=args.overwrite, what="run directory")
     if cfg.task == "math":
         _check_input_file(cfg.data, "prompt file")
     need_head = cfg.mode != "none" or cfg.mtp.mtp_update == "online"
     model, tok, head = _load(args, need_mtp=need_head, mtp_loss=cfg.mtp_loss)
-    train_rl(model, tok, head, cfg, run_dir, resume=bool(args.resume), overwrite=args.overwrite)
+    run_info = {key: _abs(getattr(args, key, None)) for key in RUN_PATHS}
+    train_rl(model, tok, head, cfg, run_dir, resume=bool(args.resume), overwrite=args.overwrite, run_info=run_info)
     print(f"run written to {run_dir}")
+
+
+RUN_PATHS = ("model", "mtp")  # what a run directory records besides its config, so --resume needs nothing else
+
+
+def _abs(path: str | None) -> str | None:
+    return str(Path(path).resolve()) if path else None
+
+
+def _saved_run(run_dir: Path, args) -> dict:
+    """The saved config of the run to resume; fills --model/--mtp from it, refuses different ones."""
+    from bebop.utils.io import read_json
+
+    if not (run_dir / "config.json").is_file():
+        raise BebopError(f"nothing to resume: {run_dir} holds no run (no config.json); start one with --out")
+    saved = read_json(run_dir / "config.json", what="run config")
+    for key in RUN_PATHS:
+        given, recorded = _abs(getattr(args, key, None)), saved.get(key)
+        if given is None:
+            setattr(args, key, recorded)
+        elif given != recorded:
+            was = recorded or "the embedded default"
+            raise BebopError(f"cannot resume {run_dir} with --{key} {given}: the run used {was} (start a new run "
+                             "with --out to change it)")
+    return saved
+
+
+def _head_loss(path: Path) -> str | None:
+    """The loss a head was trained with, from its mtp_config.json (None when it does not say)."""
+    try:
+        return json.loads((path / "mtp_config.json").read_text()).get("train", {}).get("loss")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _add_rl_flags(p: argparse.ArgumentParser) -> None:
@@ -267,12 +319,20 @@ def cmd_report(args) -> None:
     from bebop.analysis.report import write_report
     from bebop.utils.io import check_output_dir, prepare_output_dir
 
+    from bebop.utils.io import read_json
+
     check_output_dir(args.out, overwrite=args.overwrite, what="report directory")
     for run in args.runs:
         if not Path(run).is_dir():
             raise BebopError(f"run directory not found: {run}")
+    head_evals = []
+    for file in args.eval or []:
+        result = read_json(file, what="eval-mtp JSON")
+        if not isinstance(result, dict) or "alpha_rs" not in result:
+            raise BebopError(f"{file} is not a `bebop eval-mtp --json` result (no alpha_rs)")
+        head_evals.append(result)
     prepare_output_dir(args.out, overwrite=args.overwrite)
-    path = write_report([Path(d) for d in args.runs], Path(args.out))
+    path = write_report([Path(d) for d in args.runs], Path(args.out), head_evals=head_evals)
     print(f"report written to {path}")
 
 
@@ -305,7 +365,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train-mtp", help="train an MTP draft head on a frozen model")
     _add_model_args(p, mtp=False)
     p.add_argument("--config", help="TOML/YAML file of TrainMtpConfig fields (flags override it)")
-    p.add_argument("--data", help="JSONL of {text} or {prompt, completion} rows (default: self-generated embedded data)")
+    p.add_argument("--data", help="JSONL of {token_ids, start} (generate's output), {text} or {prompt, completion} "
+                                  "rows (default: self-generated embedded data)")
     p.add_argument("--out", help="output directory for the head (default: the embedded head cache)")
     p.add_argument("--loss", help="ce | fkl | rkl | tv | e2e_tv (default e2e_tv)")
     p.add_argument("--speculate-k", type=int, help="head steps unrolled in training (default 5)")
@@ -356,7 +417,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("generate", help="generate completions (plain, target-only or rejection sampling)")
     _add_model_args(p)
-    p.add_argument("--prompts", help="JSONL with a 'prompt' field, or a text file with one prompt per line")
+    p.add_argument("--prompts", help="JSONL/parquet with a 'prompt' field (text or chat messages, as rl --data "
+                                     "reads it), or a text file with one prompt per line")
     p.add_argument("--num-prompts", type=int, default=16, help="embedded-task prompts when --prompts is not given")
     p.add_argument("--mode", choices=["none", "to", "rs"], default="rs", help="verification mode (default rs)")
     p.add_argument("--speculate-k", type=int, default=3, help="drafts per verify step (default 3)")
@@ -366,11 +428,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=64, help="completion length limit (default 64)")
     p.add_argument("--stop", action="append", help="stop string, non-empty (repeatable)")
     p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
-    p.add_argument("--out", required=True, help="output JSONL, one line per completion")
+    p.add_argument("--out", required=True, help="output JSONL, one line per completion (prompt, completion, "
+                                                "token_ids = prompt + completion ids, start): train-mtp --data as is")
     p.add_argument("--stats-json", help="write speculative-decoding statistics here")
     p.set_defaults(func=cmd_generate)
 
-    p = sub.add_parser("check-lossless", help="chi-square checks that speculative sampling equals plain sampling")
+    p = sub.add_parser("check-lossless", help="chi-square checks that speculative sampling equals plain sampling, "
+                                              "and plain sampling the model's own forward pass")
     _add_model_args(p)
     p.add_argument("--samples", type=int, default=10_000,
                    help="completions per configuration, each of up to 3K+3 tokens (default 10000)")
@@ -395,6 +459,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output directory for report.md and the PNG plots")
     p.add_argument("--overwrite", action="store_true",
                    help="if OUT exists and is not empty, move it aside to NAME.old-<timestamp> first")
+    p.add_argument("--eval", action="append", metavar="JSON",
+                   help="`bebop eval-mtp --json` result for the head-evaluation section (repeatable)")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("demo", help="the whole recipe on the embedded model, with the paper's analyses")
@@ -403,12 +469,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true",
                    help="if OUT exists and is not empty, move it aside to NAME.old-<timestamp> and start afresh")
     p.set_defaults(func=cmd_demo)
+    for command in sub.choices.values():
+        command.add_argument("--threads", type=int, help=THREADS_HELP)
     return parser
+
+
+THREADS_HELP = ("CPU threads for torch's intra-op parallelism (default: torch's choice); on a busy machine one "
+                "thread can be several times faster than two; results such as pretrained weights repeat bit "
+                "for bit only at the same thread count")
+
+
+def _set_threads(threads: int | None) -> None:
+    if threads is None:
+        return
+    if threads < 1:
+        raise BebopError(f"--threads must be >= 1, got {threads}")
+    import torch
+
+    torch.set_num_threads(threads)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        _set_threads(args.threads)
         status = args.func(args)
     except (BebopError, ValueError, FileNotFoundError) as e:
         # NOTE: library checks on user input (shapes, NaN logits, missing files) raise these; one line

@@ -66,6 +66,8 @@ def resolve(cls: type[T], file: str | os.PathLike | None = None, overrides: dict
             values[name] = tuple(value)
         elif isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
             values[name] = float(value)
+        elif isinstance(value, bool) and not isinstance(default, bool):  # True is an int to Python, not to a user
+            raise BebopError(f"config key {name!r} should be {type(default).__name__}, got {value!r}")
         elif default is not None and default is not dataclasses.MISSING and not isinstance(value, type(default)):
             raise BebopError(f"config key {name!r} should be {type(default).__name__}, got {value!r}")
     return cls(**values)

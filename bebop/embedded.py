@@ -22,15 +22,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from transformers import PreTrainedTokenizerFast, Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
+from bebop.architectures import check_architecture
 from bebop.task import arith
 from bebop.utils.io import BebopError, atomic_dir, entry_lock, read_json, write_json
 from bebop.utils.progress import progress, say, step_line
 from bebop.utils.torch_utils import resolve_device, seed_everything, state_sha256
 
-EMBEDDED_VERSION = "v2"
-PRETRAIN_THREADS = 1  # NOTE: CPU reductions depend on the thread count: one thread makes pretraining bit-reproducible  # bump when the task, tokenizer or model changes, so stale caches are not reused
+EMBEDDED_VERSION = "v2"  # bump when the task, tokenizer or model changes, so stale caches are not reused
+PRETRAIN_THREADS = 1  # NOTE: CPU reductions depend on the thread count: one thread makes pretraining bit-reproducible
 
 
 @dataclass(frozen=True)
@@ -217,17 +219,22 @@ def load_model(model_dir: str | os.PathLike | None = None, device: str = "auto",
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    target = resolve_device(device)  # a bad --device fails before any loading or pretraining
     path = Path(model_dir) if model_dir is not None else ensure_embedded_model(show_progress)
     if not (path / "config.json").is_file():
         raise BebopError(f"model directory {path} has no config.json (expected a save_pretrained directory)")
     try:
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
         tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError, json.JSONDecodeError) as e:
-        raise BebopError(f"cannot load model from {path}: {str(e).splitlines()[0]}") from None
+    except (OSError, ValueError, json.JSONDecodeError, SafetensorError) as e:
+        weights = ", ".join(sorted(p.name for p in path.glob("*.safetensors"))) or "no *.safetensors"
+        fix = f"; it is the cached embedded model: delete {path} and it is pretrained again on next use" \
+            if model_dir is None else ""
+        raise BebopError(f"cannot load model from {path} ({weights}): {str(e).splitlines()[0]}{fix}") from None
+    check_architecture(model)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
-    model.to(resolve_device(device)).eval()
+    model.to(target).eval()
     for p in model.parameters():
         p.requires_grad_(False)
     return model, tok

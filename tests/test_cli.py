@@ -55,7 +55,7 @@ def test_generate(use_cache, tmp_path, mode):
     assert main(argv) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 3 and all({"prompt", "completion", "token_ids"} <= set(r) for r in rows)
-    assert all(1 <= len(r["token_ids"]) <= 6 for r in rows)
+    assert all(1 <= len(r["token_ids"]) - r["start"] <= 6 for r in rows)  # token_ids: prompt + completion
     metrics = json.loads(stats.read_text())
     assert "spec/accept_length" in metrics
 
@@ -145,3 +145,31 @@ def test_check_lossless_small(use_cache, capsys):
     assert "False-alarm odds" in out and status in (0, 1)
     assert "Tested prompt: 'Q " in out and " informative" in out  # which prompts, and how many checks compared something
     assert "tokens 5 & 6 (joint)" in out and ", token 12 |" in out  # K = 3 settings reach token 3K + 3
+
+
+def test_generate_output_is_train_and_eval_data(tmp_path, capsys):
+    """`generate`'s JSONL is `train-mtp`/`eval-mtp` --data as is: whole sequences (prompt included), one BOS
+    (a BOS-adding Llama-style tokenizer), text and chat prompts encoded as generation saw them."""
+    from bebop.mtp.data import load_sequences
+    from bebop.utils.tokens import encode_prompt
+    from tests.conftest import save_model_dir, tiny_model, tiny_tokenizer
+
+    model = save_model_dir(tmp_path / "model", tiny_model("llama", vocab_size=16))
+    prompts = [{"prompt": "a b c"}, {"prompt": [{"role": "user", "content": "d e"}]}, {"prompt": "f"}] * 2
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    gen = tmp_path / "gen.jsonl"
+    assert main(["generate", "--model", str(model), "--mode", "none", "--prompts", str(tmp_path / "prompts.jsonl"),
+                 "--max-new-tokens", "8", "--out", str(gen)]) == 0
+    rows = [json.loads(line) for line in gen.read_text().splitlines()]
+    tok = tiny_tokenizer()
+    for row, p in zip(rows, prompts):
+        assert row["token_ids"][: row["start"]] == encode_prompt(tok, p["prompt"])
+        prompt_ids = row["token_ids"][: row["start"]]  # (a random model may sample BOS in its completion)
+        assert prompt_ids.count(tok.bos_token_id) == 1 and prompt_ids[0] == tok.bos_token_id
+    assert load_sequences(gen, tok).token_ids == [r["token_ids"] for r in rows if len(r["token_ids"]) >= r["start"] + 2]
+    head = tmp_path / "head"
+    assert main(["train-mtp", "--model", str(model), "--data", str(gen), "--out", str(head), "--steps", "2",
+                 "--batch-size", "2", "--speculate-k", "2"]) == 0
+    assert main(["eval-mtp", "--model", str(model), "--mtp", str(head), "--data", str(gen), "--speculate-k", "2",
+                 "--json", str(tmp_path / "eval.json")]) == 0
+    assert json.loads((tmp_path / "eval.json").read_text())["num_positions"] > 0

@@ -17,6 +17,8 @@ Conventions:
 3. The speed-up of a run is (mean step time of the first ``none`` run) / (its mean step time).
 4. Slope intervals come from ``bootstrap``: a block bootstrap over RL steps, and at token level a
    bootstrap over completions (token statistics' ``row``), never over single tokens.
+5. Step times (step, rollout, train, MTP) leave out a run's first ``WARMUP_STEPS`` steps when it has
+   more: the first step carries one-time costs (allocations, lazy initialisation) that are not speed.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from bebop.analysis.runs import (  # noqa: F401 (re-exported: the report's publi
 )
 from bebop.utils.io import BebopError, atomic_write_text
 
+WARMUP_STEPS = 1  # first steps of a run left out of its mean step times (one-time costs)
 REPORT_FILE = "report.md"
 WINDOW_FRAC = 0.2  # share of the steps averaged for "start" and "end" values
 MISSING = "–"  # shown in tables for values that do not apply or could not be computed
@@ -139,6 +142,7 @@ def summarize_run(run: Run) -> dict:
         be computed are NaN.
     """
     m, cfg = run.metrics, run.config
+    timed = m[WARMUP_STEPS:] if len(m) > WARMUP_STEPS else m  # step times without the warm-up step
     entropy = _column(m, "target_entropy")  # (S,)
     accept = _column(m, "spec/accept_length")  # (S,)
     accuracy = _column(m, "accuracy")  # (S,)
@@ -150,7 +154,7 @@ def summarize_run(run: Run) -> dict:
         "mtp_update": cfg.get("mtp_update"),
         "online_loss": cfg.get("online_loss"),
         "num_steps": len(m),
-        **{key: float(_nanmean(_column(m, key))) for key in ("step_s", "rollout_s", "train_s", "mtp_s")},
+        **{key: float(_nanmean(_column(timed, key))) for key in ("step_s", "rollout_s", "train_s", "mtp_s")},
         "accept_length_start": float(_nanmean(_window(accept, end=False))),
         "accept_length_end": float(_nanmean(_window(accept, end=True))),
         "accuracy_start": float(_nanmean(_window(accuracy, end=False))),

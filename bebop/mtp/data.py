@@ -7,13 +7,16 @@ state at the prompt's last position). Plain texts have start = 1.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
 import torch
 
 from bebop.mtp.head import decoder_states
+from bebop.spec.attention import final_logits
 from bebop.utils.io import BebopError, read_jsonl
+from bebop.utils.tokens import encode_completion, encode_prompt
 
 
 @dataclass
@@ -41,8 +44,15 @@ class Sequences:
         return [{"token_ids": t, "start": s} for t, s in zip(self.token_ids, self.starts)]
 
 
-def load_sequences(path: str | os.PathLike, tokenizer, max_len: int | None = None) -> Sequences:
-    """Reads a JSONL file of ``{"text"}``, ``{"prompt", "completion"}`` or ``{"token_ids", "start"}`` rows."""
+def load_sequences(path: str | os.PathLike, tokenizer, max_len: int | None = None,
+                   vocab_size: int | None = None) -> Sequences:
+    """Reads a JSONL file of ``{"text"}``, ``{"prompt", "completion"}`` or ``{"token_ids", "start"}`` rows.
+
+    ``token_ids`` is the whole sequence and ``start`` its first completion index (``bebop generate``
+    writes such rows); a prompt (text or chat messages) and its completion are tokenized as generation
+    sees them (``bebop.utils.tokens``: one BOS, EOS at the end of the completion); a text is encoded as is.
+    With ``vocab_size``, a token id outside [0, vocab_size) is an error naming the file and line.
+    """
     rows = read_jsonl(path, what="data file")
     if not rows:
         raise BebopError(f"data file {path} is empty")
@@ -51,12 +61,19 @@ def load_sequences(path: str | os.PathLike, tokenizer, max_len: int | None = Non
         if "token_ids" in row:
             ids, start = [int(t) for t in row["token_ids"]], int(row.get("start", 1))
         elif "prompt" in row and "completion" in row:
-            prompt = tokenizer.encode(row["prompt"])
-            ids, start = prompt + tokenizer.encode(row["completion"]), max(1, len(prompt))
+            try:
+                prompt = encode_prompt(tokenizer, row["prompt"])
+                ids, start = prompt + encode_completion(tokenizer, row["completion"]), max(1, len(prompt))
+            except BebopError as e:
+                raise BebopError(f"data file {path} line {i}: {e}") from None
         elif "text" in row:
             ids, start = tokenizer.encode(row["text"]), 1
         else:
             raise BebopError(f"data file {path} line {i}: needs 'text', 'prompt'+'completion' or 'token_ids'")
+        if vocab_size is not None and any(not 0 <= t < vocab_size for t in ids):
+            bad = next(t for t in ids if not 0 <= t < vocab_size)
+            raise BebopError(f"data file {path} line {i}: token id {bad} is outside the model's vocabulary "
+                             f"[0, {vocab_size})")
         if max_len is not None:
             ids = ids[:max_len]
         if len(ids) >= start + 2:  # at least one chain with one verified step
@@ -65,6 +82,24 @@ def load_sequences(path: str | os.PathLike, tokenizer, max_len: int | None = Non
     if not token_ids:
         raise BebopError(f"data file {path} has no sequence long enough to train or evaluate a draft on")
     return Sequences(token_ids, starts)
+
+
+def check_chain_args(data: Sequences, speculate_k: int, temperature: float) -> None:
+    """Raises BebopError (one line) unless 1 <= K <= the deepest chain the data holds and 0 < temperature < inf.
+
+    A chain starting at t >= max(start, 1) - 1 has all K steps when t + K + 1 < len, so the data allows
+    K <= max over sequences of len - 1 - max(start, 1).
+
+    Example: one sequence of 8 tokens with start 2 allows K <= 5.
+    """
+    if isinstance(speculate_k, bool) or not isinstance(speculate_k, int) or speculate_k < 1:
+        raise BebopError(f"speculate_k must be an integer >= 1, got {speculate_k!r}")
+    if not (math.isfinite(temperature) and temperature > 0):
+        raise BebopError(f"temperature must be a finite number > 0, got {temperature}")
+    deepest = max(len(t) - 1 - max(s, 1) for t, s in zip(data.token_ids, data.starts))
+    if speculate_k > deepest:
+        raise BebopError(f"speculate_k={speculate_k} is deeper than the data allows: its longest chain has "
+                         f"{deepest} steps")
 
 
 def self_generated(model, tokenizer, num: int, seed: int, temperature: float = 1.0, batch_size: int = 64) -> Sequences:
@@ -102,7 +137,9 @@ def chain_tensors(backbone, head, ids: torch.Tensor, lengths: torch.Tensor, star
     """
     with torch.no_grad():
         out, state = decoder_states(backbone, head.config.target_prenorm, input_ids=ids)  # (B, T, D) each
-        target_all = backbone.get_output_embeddings()(out.last_hidden_state)  # (B, T, V)
+        # NOTE: the target's logits as the engine computes them (Gemma's soft-capping included).
+        logits = backbone.get_output_embeddings()(out.last_hidden_state)
+        target_all = final_logits(backbone.config.get_text_config(), logits)  # (B, T, V)
     drafts = head.unroll(state, ids, num_steps)  # K x (B, T, V)
     t = torch.arange(ids.shape[1], device=ids.device)
     is_start = (t[None, :] >= (starts[:, None] - 1).clamp_min(0)) & (t[None, :] + 2 < lengths[:, None])

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from bebop.losses import acceptance_stats
-from bebop.mtp.data import Sequences, chain_tensors
+from bebop.mtp.data import Sequences, chain_tensors, check_chain_args
 
 
 @torch.no_grad()
@@ -22,6 +22,7 @@ def evaluate_mtp(
 ) -> dict:
     """Returns ``alpha_rs``/``alpha_to`` (lists of K), ``accept_length_rs``/``accept_length_to``,
     ``target_entropy`` (mean nats over chain steps), ``num_positions`` (chains) and ``num_full_chains``."""
+    check_chain_args(data, speculate_k, temperature)
     device = next(backbone.parameters()).device
     sums = {"rs": torch.zeros(speculate_k), "to": torch.zeros(speculate_k), "count": torch.zeros(speculate_k)}
     el = {"rs": 0.0, "to": 0.0}

@@ -26,6 +26,7 @@ Conventions (vLLM's, so a head trained here behaves the same when exported):
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -36,6 +37,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers.modeling_layers import MtpLayer
 
+from bebop.architectures import check_architecture
 from bebop.mtp.families import FAMILIES, MtpConventions, detect_family
 from bebop.utils.io import BebopError, atomic_dir
 from bebop.utils.torch_utils import cache_kwargs
@@ -88,16 +90,21 @@ class MtpHead(nn.Module):
 
     def __init__(self, backbone: nn.Module, num_layers: int = 1, family: str | None = None, warm_start: bool = True):
         super().__init__()
+        check_architecture(backbone)
         decoder = _decoder(backbone)
         layer_cls = type(decoder.layers[-1])
         norm_cls = type(decoder.norm)
         config = copy.deepcopy(backbone.config.get_text_config())
+        # NOTE: the head's layers are full-attention layers (no sliding window), in training and in the
+        # engine alike; flash-attention kernels read the window from the config, so it is cleared too.
         if getattr(config, "layer_types", None):
             config.layer_types = ["full_attention"] * max(len(config.layer_types), num_layers)
         if hasattr(config, "first_k_dense_replace"):
             config.first_k_dense_replace = 0  # NOTE: native MTP layers of DeepSeek-V3/GLM-4.5 are MoE layers
         family = detect_family(backbone.config) if family is None else family
         conventions = FAMILIES[family].conventions if family else MtpConventions()
+        if getattr(config, "sliding_window", None) is not None:
+            config.sliding_window = None
         # NOTE: block i gets layer_idx i: its index in the head's own KV cache, not the backbone's.
         self.layers = nn.ModuleList(
             [MtpLayer(config, layer_cls, norm_cls, i, use_post_norm=True) for i in range(num_layers)]
@@ -151,8 +158,7 @@ class MtpHead(nn.Module):
             embeds = embeds.masked_fill((position_ids == 0)[..., None], 0.0)
         if attention_bias is None:
             attention_bias = causal_bias(input_ids.shape[1], embeds.dtype, embeds.device)
-        rotary = self._shared["rotary"]
-        pos_emb = rotary(embeds, position_ids) if rotary is not None else None
+        pos_emb = self._rotary(embeds, position_ids)
         pair = [layer.enorm(embeds), layer.hnorm(hidden)]
         x = layer.eh_proj(torch.cat(pair[::-1] if self.config.hidden_first else pair, dim=-1))
         x = layer.mtp_block(
@@ -160,6 +166,16 @@ class MtpHead(nn.Module):
             **cache_kwargs(layer.mtp_block, cache),
         )
         return x if self.config.chain_prenorm else layer.post_norm(x)
+
+    def _rotary(self, embeds: torch.Tensor, position_ids: torch.Tensor):
+        """The backbone's rotary (cos, sin) at ``position_ids``, for a full-attention layer (Gemma 3's
+        rotary takes the layer type: its sliding and full layers use different bases)."""
+        rotary = self._shared["rotary"]
+        if rotary is None:
+            return None
+        if "layer_type" in inspect.signature(rotary.forward).parameters:
+            return rotary(embeds, position_ids, layer_type="full_attention")
+        return rotary(embeds, position_ids)
 
     def logits(self, state: torch.Tensor, step: int = 0) -> torch.Tensor:
         """Draft logits (..., V) from the state (..., D) that step ``step`` returned."""
@@ -186,7 +202,7 @@ class MtpHead(nn.Module):
         positions = torch.arange(t, device=input_ids.device).expand(b, t)
         out, g = [], hidden
         for j in range(1, num_steps + 1):
-            tokens = torch.nn.functional.pad(input_ids[:, j:], (0, j), value=0)  # x_{t+j}
+            tokens = torch.nn.functional.pad(input_ids[:, j:], (0, min(j, t)), value=0)  # x_{t+j}
             g = self.forward_step(g, tokens, positions + (j - 1), step=j - 1)
             out.append(self.logits(g, step=j - 1))
         return out

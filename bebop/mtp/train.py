@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from bebop.losses import DRAFT_LOSSES, acceptance_stats, draft_loss
-from bebop.mtp.data import Sequences, chain_tensors
+from bebop.mtp.data import Sequences, chain_tensors, check_chain_args
 from bebop.mtp.head import MtpHead
 from bebop.utils.io import (
     BebopError,
@@ -111,6 +111,7 @@ def train_mtp(
         The trained head.
     """
     _check(cfg)
+    check_chain_args(data, cfg.speculate_k, cfg.temperature)
     out_dir = Path(out_dir)
     check_output_dir(out_dir, resume=resume, overwrite=overwrite, what="head directory")
     if len(data) == 0:

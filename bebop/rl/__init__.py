@@ -15,7 +15,16 @@ Modules:
 """
 
 from bebop.rl.config import MtpUpdateConfig, PolicyConfig, RLConfig, config_fields, flat_config, resolve_rl_config
-from bebop.rl.loop import rl_step, train_rl
+
+
+def __getattr__(name: str):
+    """``rl_step`` and ``train_rl`` load torch: imported on first use, so ``bebop --help`` stays fast."""
+    if name in ("rl_step", "train_rl"):
+        from bebop.rl import loop
+
+        return getattr(loop, name)
+    raise AttributeError(f"module 'bebop.rl' has no attribute {name!r}")
+
 
 __all__ = [
     "MtpUpdateConfig",

@@ -139,6 +139,10 @@ def load_checkpoint(
             state = torch.load(where / f"{name}.pt", map_location="cpu", weights_only=True)
         except Exception as e:  # noqa: BLE001 - any load failure is a corrupt checkpoint
             raise BebopError(f"corrupt checkpoint file {where / f'{name}.pt'}: {str(e).splitlines()[0]}") from None
-        component.load_state_dict(state)
+        try:
+            component.load_state_dict(state)
+        except (RuntimeError, ValueError, KeyError) as e:  # shapes or names of another model
+            raise BebopError(f"checkpoint file {where / f'{name}.pt'} does not fit this run's {name}: "
+                             f"{' '.join(str(e).split())[:300]}") from None
     set_rng_state(torch.load(where / RNG_FILE, weights_only=True))
     return int(trainer["step"])

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from bebop.config import merge_sources, resolve
-from bebop.losses import DRAFT_LOSSES
-from bebop.spec.engine import MODES, SamplingParams, check_sampling
 from bebop.utils.io import BebopError
 
+# NOTE: nothing here imports torch (the CLI builds its --help from this module); the checks import
+# the loss and mode tables lazily.
 TASKS = ("embedded", "math")  # prompt sources: the built-in arithmetic task, or a JSONL/parquet file
 MTP_UPDATES = ("frozen", "online")  # what happens to the head during RL (paper §5)
 RESUME_MAY_CHANGE = ("steps", "save_every", "label")  # keys a resumed run may set differently
@@ -66,7 +66,7 @@ class RLConfig:
     mode: str = "rs"  # rollout decoding: none (plain) | to (target-only) | rs (rejection sampling)
     speculate_k: int = 3  # K, drafts verified per target forward in the rollout
     mtp_loss: str = "e2e_tv"  # loss the head was trained with (picks the embedded head; logged)
-    task: str = "embedded"  # prompt source: embedded (built-in arithmetic) | math (--data file)
+    task: str = "embedded"  # prompt source: embedded (built-in arithmetic) | math (--data file; implied by data)
     data: str = ""  # JSONL/parquet prompt file with a "prompt" field (task math)
     reward: str = ""  # reward spec: name, module:function or file.py:function; "" = the task's own
     steps: int = 100  # RL steps (one rollout batch and its updates each)
@@ -129,6 +129,9 @@ def config_fields() -> dict[str, tuple[type, Any, str]]:
 
 def check_rl_config(cfg: RLConfig) -> None:
     """Raises BebopError (one line) on a value no run could use."""
+    from bebop.losses import DRAFT_LOSSES
+    from bebop.spec.engine import MODES, SamplingParams, check_sampling
+
     problems = []
     if cfg.mode not in MODES:
         problems.append(f"mode {cfg.mode!r} is not one of {', '.join(MODES)}")
@@ -136,6 +139,9 @@ def check_rl_config(cfg: RLConfig) -> None:
         problems.append(f"task {cfg.task!r} is not one of {', '.join(TASKS)}")
     if cfg.task == "math" and not cfg.data:
         problems.append("task math needs data (a JSONL/parquet prompt file)")
+    if cfg.task == "embedded" and cfg.data:
+        problems.append(f"task embedded uses its own prompts, so data {cfg.data!r} would be ignored; "
+                        "use task math (implied by data when task is not set) or drop data")
     if cfg.mtp.mtp_update not in MTP_UPDATES:
         problems.append(f"mtp_update {cfg.mtp.mtp_update!r} is not one of {', '.join(MTP_UPDATES)}")
     if cfg.mtp.online_loss not in DRAFT_LOSSES:
@@ -174,6 +180,8 @@ def resolve_rl_config(file: str | os.PathLike | None = None, overrides: dict[str
     """
     owners = _leaf_owners()
     values = merge_sources(file, overrides, list(owners))
+    if values.get("data") and "task" not in values:
+        values["task"] = "math"  # a data file implies the file task
     groups = {
         name: resolve(cls, None, {k: v for k, v in values.items() if owners[k] is cls}) for name, cls in _GROUPS.items()
     }

@@ -55,7 +55,7 @@ from bebop.rl.config import RESUME_MAY_CHANGE, PolicyConfig, RLConfig, check_rl_
 from bebop.rl.grpo import group_advantages, pad_sequences, policy_loss, token_logprobs
 from bebop.rl.online import make_head_optimizer, online_head_step, rollout_sequences
 from bebop.rl.prompts import PromptBatch, check_embedded_prompts, load_task_rows, prompt_batch, task_reward
-from bebop.rl.rewards import RewardFn
+from bebop.rl.rewards import RewardFn, call_reward
 from bebop.spec.engine import GenerationResult, SamplingParams, SpecConfig, generate
 from bebop.utils.io import BebopError, JsonlLogger, check_output_dir, log_rows_until, prepare_output_dir, write_json
 from bebop.utils.progress import progress, say, step_line
@@ -104,10 +104,11 @@ def score_rollout(reward_fn: RewardFn, rollout: Rollout, group_size: int) -> tor
     batch = rollout.batch
     prompts = [p for p in batch.prompts for _ in range(group_size)]
     fields = {k: [v for v in values for _ in range(group_size)] for k, values in batch.fields.items()}
-    rewards = reward_fn(prompts, rollout.result.texts, **fields)
-    if len(rewards) != len(prompts):
-        raise BebopError(f"the reward function returned {len(rewards)} rewards for {len(prompts)} completions")
-    return torch.tensor([float(r) for r in rewards], dtype=torch.float32)
+    try:
+        rewards = call_reward(reward_fn, prompts, rollout.result.texts, **fields)
+    except ValueError as e:
+        raise BebopError(f"step {batch.step + 1}: {e}") from None
+    return torch.tensor(rewards, dtype=torch.float32)
 
 
 # ------------------------------------------------------------------------------ rollout
@@ -115,7 +116,7 @@ def score_rollout(reward_fn: RewardFn, rollout: Rollout, group_size: int) -> tor
 
 def generate_rollout(model: nn.Module, head: nn.Module | None, tokenizer, batch: PromptBatch, cfg: RLConfig) -> Rollout:
     """G completions of each prompt with the engine; a pure function of the weights and the seeds."""
-    prompts = [p for p in batch.prompts for _ in range(cfg.group_size)]
+    prompts = [p for p in (batch.prompt_ids or batch.prompts) for _ in range(cfg.group_size)]
     sampling = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p, cfg.max_new_tokens)
     start = time.perf_counter()
     result = generate(
@@ -408,6 +409,7 @@ def train_rl(
     resume: bool = False,
     show_progress: bool = True,
     overwrite: bool = False,
+    run_info: dict[str, Any] | None = None,
 ) -> list[dict]:
     """Runs GRPO for ``cfg.steps`` steps and writes the run directory.
 
@@ -427,6 +429,8 @@ def train_rl(
         resume: continue from ``run_dir/checkpoint`` when it exists.
         show_progress: show a progress bar with ETA.
         overwrite: move a non-empty ``run_dir`` aside to ``NAME.old-<timestamp>`` and start afresh.
+        run_info: what else the run needs to be resumed (the CLI's model and head paths), saved in
+            ``config.json`` with the config; a resumed run must give the same values.
 
     Returns:
         The metrics rows of the steps run by this call.
@@ -434,7 +438,7 @@ def train_rl(
     check_rl_config(cfg)
     run_dir = Path(run_dir)
     check_output_dir(run_dir, resume=resume, overwrite=overwrite, what="run directory")
-    config = flat_config(cfg)
+    config = {**flat_config(cfg), **(run_info or {})}
     seed_everything(cfg.seed)
     state = make_state(model, tokenizer, head, cfg)
     rows_out: list[dict] = []

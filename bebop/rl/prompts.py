@@ -13,8 +13,10 @@ from bebop.rl.data import load_prompt_rows
 from bebop.rl.rewards import RewardFn, load_reward, math_reward
 from bebop.task import arith
 from bebop.utils.io import BebopError
+from bebop.utils.tokens import encode_prompt
 
 TASK_REWARDS: dict[str, RewardFn] = {"embedded": arith.arith_reward, "math": math_reward}  # reward when reward=""
+PROMPT_IDS = "__prompt_ids"  # the row key holding the prompt's token ids (not a reward field)
 STEP_SEED_STRIDE = 1_000_003  # prime spacing of (seed, step) -> problem seed, so nearby runs do not share problems
 
 
@@ -23,8 +25,9 @@ class PromptBatch:
     """The prompts of one RL step."""
 
     step: int  # 0-based RL step; keys the rollout seeds (logged as step + 1 = steps completed)
-    prompts: list[str]  # (B,) prompt texts
+    prompts: list[str]  # (B,) prompt texts (chat prompts rendered by the template), what rewards see
     fields: dict[str, list]  # extra per-prompt fields for the reward (e.g. answer), each (B,)
+    prompt_ids: list[list[int]] | None = None  # (B,) what the model sees (bebop.utils.tokens); None: encode prompts
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -50,6 +53,10 @@ def load_task_rows(cfg: RLConfig, tokenizer, max_positions: int | None = None,
     rendered = []
     for where, row in rows:
         prompt = row["prompt"]
+        try:
+            ids = encode_prompt(tokenizer, prompt)  # NOTE: the model sees these ids, not a re-encoded text (one BOS)
+        except BebopError as e:
+            raise BebopError(f"{where}: {e}") from None
         if isinstance(prompt, list):
             try:
                 prompt = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
@@ -58,14 +65,14 @@ def load_task_rows(cfg: RLConfig, tokenizer, max_positions: int | None = None,
         missing = [name for name in required if name not in row]
         if missing:
             raise BebopError(f"{where}: the reward needs field(s) {missing}; the row has {sorted(row)}")
-        check_prompt_fits(cfg, tokenizer, prompt, max_positions, where)
-        rendered.append({**row, "prompt": prompt})
+        check_prompt_fits(cfg, ids, max_positions, where)
+        rendered.append({**row, "prompt": prompt, PROMPT_IDS: ids})
     return rendered
 
 
-def check_prompt_fits(cfg: RLConfig, tokenizer, prompt: str, max_positions: int | None, where: str) -> None:
-    """Raises BebopError (naming ``where``) when ``prompt`` is empty or too long for a rollout."""
-    num_tokens = len(tokenizer.encode(prompt))
+def check_prompt_fits(cfg: RLConfig, prompt_ids: list[int], max_positions: int | None, where: str) -> None:
+    """Raises BebopError (naming ``where``) when a prompt is empty or too long for a rollout."""
+    num_tokens = len(prompt_ids)
     if num_tokens == 0:
         raise BebopError(f"{where}: empty prompt (no tokens)")
     slots = cfg.max_new_tokens + (cfg.speculate_k if cfg.mode != "none" else 0) + 1  # as the engine counts
@@ -78,7 +85,7 @@ def check_embedded_prompts(cfg: RLConfig, tokenizer, max_positions: int | None) 
     """Checks the embedded task's prompts of every step (problems are a function of the seed and step)."""
     for step in range(cfg.steps):
         for prompt in prompt_batch(cfg, step, None).prompts:
-            check_prompt_fits(cfg, tokenizer, prompt, max_positions, f"embedded task, step {step + 1}")
+            check_prompt_fits(cfg, encode_prompt(tokenizer, prompt), max_positions, f"embedded task, step {step + 1}")
 
 
 def reward_fields(reward_fn: RewardFn) -> list[str]:
@@ -104,8 +111,9 @@ def prompt_batch(cfg: RLConfig, step: int, rows: list[dict] | None) -> PromptBat
         problems = arith.make_problems(num, seed=step_seed(cfg.seed, step))
         return PromptBatch(step, [p.prompt for p in problems], {"answer": [p.answer for p in problems]})
     chosen = [rows[(step * num + b) % len(rows)] for b in range(num)]
-    keys = sorted(set().union(*chosen) - {"prompt"})
-    return PromptBatch(step, [r["prompt"] for r in chosen], {k: [r.get(k) for r in chosen] for k in keys})
+    keys = sorted(set().union(*chosen) - {"prompt", PROMPT_IDS})
+    ids = [r[PROMPT_IDS] for r in chosen] if all(PROMPT_IDS in r for r in chosen) else None
+    return PromptBatch(step, [r["prompt"] for r in chosen], {k: [r.get(k) for r in chosen] for k in keys}, ids)
 
 
 def task_reward(cfg: RLConfig) -> RewardFn:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import math
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -198,6 +199,36 @@ def math_reward(
 REWARDS: dict[str, RewardFn] = {"math": math_reward}  # built-in rewards by short name
 
 
+def call_reward(reward_fn: RewardFn, prompts: list[str], completions: list[str], **fields: list) -> list[float]:
+    """Calls a reward function and checks what it returns: one finite number per completion.
+
+    Raises:
+        ValueError: one line naming the function, for an exception inside it (a missing field such as
+            ``answer`` included), a result that is not a list of numbers of the right length, or a
+            NaN/infinite reward.
+
+    Example: call_reward(lambda prompts, completions, **_: [1.0] * len(completions), ["p"], ["c"]) -> [1.0].
+    """
+    name = getattr(reward_fn, "__name__", type(reward_fn).__name__)
+    try:
+        rewards = reward_fn(prompts, completions, **fields)
+    except Exception as err:  # noqa: BLE001 - any error of user code is reported as such, in one line
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise ValueError(f"reward function {name} raised {type(err).__name__}: {first}") from err
+    try:
+        values = [float(r) for r in rewards]
+    except (TypeError, ValueError):
+        raise ValueError(f"reward function {name} must return a list of numbers, got "
+                         f"{type(rewards).__name__}: {str(rewards)[:80]}") from None
+    if len(values) != len(completions):
+        raise ValueError(f"reward function {name} returned {len(values)} rewards for {len(completions)} completions")
+    bad = [i for i, v in enumerate(values) if not math.isfinite(v)]
+    if bad:
+        raise ValueError(f"reward function {name} returned {values[bad[0]]} for completion {bad[0]} "
+                         f"({len(bad)} non-finite rewards); rewards must be finite numbers")
+    return values
+
+
 def _import_module(module_spec: str):
     """Imports a dotted module name or a ``.py`` file path; raises ImportError with a message."""
     if module_spec.endswith(".py") or "/" in module_spec or "\\" in module_spec:
@@ -216,10 +247,19 @@ def _import_module(module_spec: str):
             del sys.modules[name]
             raise ImportError(f"error importing reward file {path}: {err}") from err
         return module
+    # NOTE: the current directory is importable, as with `python -m` ("my_rewards:score" from its folder).
+    added = os.getcwd() not in sys.path and "" not in sys.path
+    if added:
+        sys.path.insert(0, os.getcwd())
     try:
         return importlib.import_module(module_spec)
     except ImportError as err:
         raise ImportError(f"cannot import reward module {module_spec!r}: {err}") from err
+    except Exception as err:  # noqa: BLE001 - the user's module raised while importing
+        raise ImportError(f"error importing reward module {module_spec!r}: {type(err).__name__}: {err}") from err
+    finally:
+        if added:
+            sys.path.remove(os.getcwd())
 
 
 def load_reward(spec: str) -> RewardFn:

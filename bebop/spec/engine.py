@@ -21,18 +21,21 @@ Deviations from a textbook implementation:
        as vLLM and SGLang do.
     2) Top-k/top-p apply to the target only; the draft is sampled from its own temperature-scaled
        distribution q and verified against exactly that q (exactness holds for any q).
-    3) Sliding-window layers are given the same full causal mask (the models Bebop targets here
-       have none; the check happens at load time).
+    3) The engine builds its own attention masks (per-row lengths), one per attention pattern the
+       target uses: full causal, or the sliding window of each ``sliding_attention`` layer (see
+       ``bebop.spec.attention``, which refuses, in one line, any pattern it cannot reproduce exactly).
+       The MTP head's layers are full-attention layers, in training and here.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
 
 from bebop.mtp.head import decoder_states
-from bebop.spec import rng
+from bebop.spec import attention, rng
 from bebop.spec.kv_cache import RaggedKVCache
 from bebop.spec.sampling import (
     COIN_DTYPE,
@@ -119,22 +122,29 @@ class _Target:
         self.model = model
         self.head_reads_prenorm = head_reads_prenorm  # the MTP head reads the state before the final norm (MiMo)
         self.lm_head = model.get_output_embeddings()
-        cfg = model.config.get_text_config()
+        self.config = model.config.get_text_config()
+        self.windows = attention.layer_windows(self.config)  # raises on patterns it cannot reproduce
+        self.type_windows = attention.layer_type_windows(self.config)
+        attention.check_logits(self.config)
         param = next(model.parameters())
-        self.cache = RaggedKVCache(cfg.num_hidden_layers, batch_size, max_len, param.device, param.dtype)
+        self.cache = RaggedKVCache(self.config.num_hidden_layers, batch_size, max_len, param.device, param.dtype)
 
     def forward(self, input_ids: torch.Tensor, valid: torch.Tensor | None = None):
         """input_ids (R, S) -> logits (R, S, V), the MTP head's input state (R, S, D); the caller commits the cache."""
         positions = self.cache.begin(input_ids.shape[1])
-        bias = self.cache.attention_bias(valid)
-        # NOTE: a 4-D mask, not a {layer_type: mask} dict: every HF decoder's mask builder returns a
-        # 4-D mask unchanged (sliding layers included), but only some decoders accept the dict (Llama does not).
+        # NOTE: every HF decoder's mask builder returns a 4-D mask unchanged, to every layer (sliding
+        # ones included); so one pattern -> one 4-D mask (Llama, Mistral, Phi-3 accept nothing else),
+        # mixed patterns -> the {layer_type: mask} dict that exactly those decoders (layer_types) accept.
+        if len(set(self.windows)) == 1:
+            mask = self.cache.attention_bias(valid, window=self.windows[0])
+        else:
+            mask = {kind: self.cache.attention_bias(valid, window=w) for kind, w in self.type_windows.items()}
         out, state = decoder_states(
             self.model, self.head_reads_prenorm,
-            input_ids=input_ids, position_ids=positions, attention_mask=bias, use_cache=True,
+            input_ids=input_ids, position_ids=positions, attention_mask=mask, use_cache=True,
             **cache_kwargs(self.model.get_decoder(), self.cache),
         )
-        return self.lm_head(out.last_hidden_state), state
+        return attention.final_logits(self.config, self.lm_head(out.last_hidden_state)), state
 
 
 def generate(
@@ -213,8 +223,9 @@ def _check_args(model, mtp, prompts, sampling: SamplingParams, spec: SpecConfig)
 def check_sampling(sampling: SamplingParams) -> None:
     """Raises BebopError (one line) on sampling settings no generation could use."""
     problems = []
-    if sampling.temperature < 0 or sampling.max_new_tokens < 1:
-        problems.append("temperature must be >= 0 and max_new_tokens >= 1")
+    if not 0 <= sampling.temperature < math.inf or sampling.max_new_tokens < 1:
+        problems.append(f"temperature must be finite and >= 0 (got {sampling.temperature}) and max_new_tokens >= 1 "
+                        f"(got {sampling.max_new_tokens})")
     if not isinstance(sampling.top_k, int) or sampling.top_k < 0:
         problems.append(f"top_k must be an int >= 0 (0 = off), got {sampling.top_k}")
     if not 0 < sampling.top_p <= 1:
@@ -278,6 +289,8 @@ class _Runner:
         self.target.cache.commit(lengths)
         last = torch.tensor(lengths, device=device) - 1
         arange = torch.arange(len(lengths), device=device)
+        if not bool(torch.isfinite(logits[arange, last]).all()):  # NOTE: one host sync per generate call
+            raise BebopError("the model produces NaN or infinite logits; check its weights and dtype")
         first = self._sample(logits[arange, last], rows)
         if self.k:
             # The head's first input pairs: (h_t, x_{t+1}) for every prompt position t.

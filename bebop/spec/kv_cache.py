@@ -12,7 +12,6 @@ from __future__ import annotations
 import torch
 
 
-
 class RaggedKVCache:
     """Per-layer KV buffers with per-row lengths.
 
@@ -56,16 +55,21 @@ class RaggedKVCache:
         self._read_len = max_length + num_new
         return self._write_index
 
-    def attention_bias(self, valid_new: torch.Tensor | None = None) -> torch.Tensor:
+    def attention_bias(self, valid_new: torch.Tensor | None = None, window: int | None = None) -> torch.Tensor:
         """Additive attention mask (B, 1, S, L) for the pending forward (0 = attend, large negative = not).
 
         Query s of row b sees cached keys < lengths[b] and new keys at offsets <= s. ``valid_new``
         (B, S) bool marks real (non-padded) new positions; padded keys are hidden from everyone.
+        ``window`` w (a sliding-window layer) further limits a query at position t to keys > t - w,
+        as HF's ``create_sliding_window_causal_mask`` does; None = full causal attention.
         """
         assert self._write_index is not None, "call begin() first"
         key_pos = torch.arange(self._read_len, device=self.device)  # (L,)
         query_pos = self._write_index  # (B, S)
         visible = key_pos[None, None, :] <= query_pos[:, :, None]  # (B, S, L) causal within the row
+        if window is not None:
+            # NOTE: a row's key slot is its absolute position (no left padding), so the window is positional.
+            visible &= key_pos[None, None, :] > query_pos[:, :, None] - window
         if valid_new is not None:
             # Hide padded new keys: a key at position p >= lengths[b] is new; it is valid iff its slot is.
             new_slot = key_pos[None, :] - self.lengths[:, None]  # (B, L)
@@ -78,16 +82,21 @@ class RaggedKVCache:
         return bias[:, None]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
-        """Writes the new keys/values (B, H, S, d) at each row's positions; returns (B, H, L, d) for attention."""
+        """Writes the new keys/values (B, H, S, d) at each row's positions; returns (B, H, L, d) for attention.
+
+        Keys and values may differ in heads and width (MLA: DeepSeek-V3), so each gets its own buffer.
+        """
         if self.keys[layer_idx] is None:
-            b, h, _, d = key_states.shape
-            self.keys[layer_idx] = torch.zeros(b, h, self.max_len, d, device=self.device, dtype=key_states.dtype)
-            self.values[layer_idx] = torch.zeros_like(self.keys[layer_idx])
+            self.keys[layer_idx] = self._buffer(key_states)
+            self.values[layer_idx] = self._buffer(value_states)
+        for buf, new in ((self.keys[layer_idx], key_states), (self.values[layer_idx], value_states)):
+            buf.scatter_(2, self._write_index[:, None, :, None].expand(-1, new.shape[1], -1, new.shape[3]), new)
         k_buf, v_buf = self.keys[layer_idx], self.values[layer_idx]
-        index = self._write_index[:, None, :, None].expand(-1, key_states.shape[1], -1, key_states.shape[3])
-        k_buf.scatter_(2, index, key_states)
-        v_buf.scatter_(2, index, value_states)
         return k_buf[:, :, : self._read_len], v_buf[:, :, : self._read_len]
+
+    def _buffer(self, states: torch.Tensor) -> torch.Tensor:  # (B, H, max_len, d) zeros like ``states``' rows
+        b, h, _, d = states.shape
+        return torch.zeros(b, h, self.max_len, d, device=self.device, dtype=states.dtype)
 
     def commit(self, num_kept: list[int]) -> None:
         """Keeps the first ``num_kept[b]`` of the positions just written in each row (host ints)."""

@@ -242,3 +242,26 @@ def test_headline_series_pools_roles_with_bands(runs):
     assert len(to.entropy) == NUM_STEPS and "slope -1.49 [" in to.legend and "(40 steps, 1 run)" in to.legend
     low, high = to.band
     assert (np.asarray(low) < np.asarray(to.line)).all() and (np.asarray(to.line) < np.asarray(high)).all()
+
+
+def test_step_times_leave_out_the_warm_up_step(tmp_path):
+    metrics = _fake_metrics("none", 0.0, 1.0, 1.0, seed=0)
+    metrics[0].update(step_s=30.0, rollout_s=29.0)  # the first step's one-time costs
+    s = summarize_run(load_run(_write_run(tmp_path / "run", {"mode": "none"}, metrics)))
+    assert s["step_s"] == pytest.approx(1.0) and s["rollout_s"] == pytest.approx(0.7)
+
+
+def test_report_command_takes_eval_mtp_json(tmp_path, runs):
+    from bebop.cli import main
+
+    evals = []
+    for loss, alpha in (("ce", 0.6), ("e2e_tv", 0.7)):
+        path = tmp_path / f"{loss}.json"
+        path.write_text(json.dumps({"loss": loss, "temperature": 1.0, "alpha_rs": [alpha] * K, "alpha_to": [alpha] * K,
+                                    "accept_length_rs": 2.0, "accept_length_to": 1.9, "target_entropy": 0.5,
+                                    "num_positions": 100}))
+        evals += ["--eval", str(path)]
+    assert main(["report", *map(str, runs), "--out", str(tmp_path / "report"), *evals]) == 0
+    text = (tmp_path / "report" / "report.md").read_text()
+    section = text.split("## MTP head evaluations")[1]
+    assert "Skipped: no head evaluations" not in section and "| e2e_tv |" in section and "| ce |" in section

@@ -12,7 +12,7 @@ from bebop.mtp.data import Sequences, chain_tensors
 from bebop.mtp.evaluate import evaluate_mtp
 from bebop.mtp.train import TrainMtpConfig, train_mtp
 from bebop.utils.io import BebopError
-from tests.conftest import tiny_model
+from tests.conftest import ARCHITECTURES, SLIDING_WINDOW_KWARGS, save_model_dir, tiny_model
 
 
 def _data(num=32, vocab=64, seed=0) -> Sequences:
@@ -35,6 +35,56 @@ def test_backbone_frozen_head_trained(tmp_path, loss):
     assert all(changed), "every head parameter should move"
     rows = [json.loads(line) for line in (tmp_path / loss / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 6 and all(torch.isfinite(torch.tensor(r["loss"])) for r in rows)
+
+
+@pytest.mark.parametrize("arch", list(ARCHITECTURES))
+def test_every_supported_architecture_trains(tmp_path, arch):
+    """Each family's head builds, trains (every parameter moves, finite loss) and reloads; Gemma 3 used to
+    crash here (its rotary embedding takes the layer type)."""
+    model = tiny_model(arch, sliding_window=4 if arch in SLIDING_WINDOW_KWARGS else None)
+    head0 = MtpHead(model)
+    cfg = TrainMtpConfig(loss="ce", steps=2, batch_size=4, speculate_k=2, save_every=0, lr=1e-2)
+    head = train_mtp(model, _data(), tmp_path, cfg, show_progress=False)
+    before = dict(head0.named_parameters())  # parameters only: DeepSeek's routing bias is a buffer, not trained
+    assert all(not torch.equal(before[name], p) for name, p in head.named_parameters())
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert all(torch.isfinite(torch.tensor(r["loss"])) for r in rows)
+    MtpHead.from_pretrained(tmp_path, model)
+
+
+UNSUPPORTED = {  # class names of architectures Bebop refuses, and a tiny config of each
+    "GPT2LMHeadModel": ("GPT2Config", {"n_embd": 32, "n_layer": 1, "n_head": 4, "vocab_size": 64}),
+    "GPTNeoXForCausalLM": ("GPTNeoXConfig", {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 4,
+                                             "intermediate_size": 64, "vocab_size": 64}),
+    "OPTForCausalLM": ("OPTConfig", {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 4,
+                                     "ffn_dim": 64, "vocab_size": 64}),
+}
+
+
+@pytest.mark.parametrize("name", list(UNSUPPORTED))
+def test_unsupported_architectures_are_refused_in_one_line(tmp_path, name):
+    import transformers
+
+    from bebop import embedded
+
+    config_name, kwargs = UNSUPPORTED[name]
+    model = getattr(transformers, name)(getattr(transformers, config_name)(**kwargs))
+    with pytest.raises(BebopError, match="is not supported; Bebop runs Llama, Mistral"):
+        MtpHead(model)
+    save_model_dir(tmp_path, model)
+    with pytest.raises(BebopError, match=f"^{name} .* is not supported"):
+        embedded.load_model(tmp_path, device="cpu")
+
+
+def test_chain_targets_are_the_models_logits():
+    """The training target p is the model's own distribution (Gemma 2's final soft-capping included)."""
+    model = tiny_model("gemma2", sliding_window=4)
+    model.config.final_logit_softcapping = 0.05  # far below the logits' scale: capping changes p
+    ids = torch.tensor(_data(num=2).token_ids[0])[None]
+    _, target, mask = chain_tensors(model, MtpHead(model), ids, torch.tensor([ids.shape[1]]), torch.tensor([1]), 1)
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0]  # (T, V)
+    torch.testing.assert_close(target[:, 0][mask[:, 0]], logits[1 : mask.shape[0] + 1][mask[:, 0]])
 
 
 def test_e2e_tv_training_raises_acceptance(tmp_path):

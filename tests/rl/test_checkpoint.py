@@ -111,3 +111,10 @@ def test_rng_state_survives_torch_save(tmp_path):
     first = (random.random(), np.random.rand(), torch.rand(1).item())
     set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True))
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == first
+
+
+def test_checkpoint_of_another_model_is_one_line(tmp_path):
+    save_checkpoint(tmp_path, {"policy": torch.nn.Linear(2, 2)}, 1, {"a": 1})
+    with pytest.raises(BebopError, match=r"policy.pt does not fit this run's policy: .*size mismatch") as info:
+        load_checkpoint(tmp_path, {"policy": torch.nn.Linear(3, 3)}, {"a": 1})
+    assert "\n" not in str(info.value)

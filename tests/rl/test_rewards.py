@@ -1,5 +1,6 @@
 """Tests for bebop.rl.rewards: answer extraction, matching, math_reward, load_reward."""
 
+import sys
 import textwrap
 
 import pytest
@@ -7,6 +8,7 @@ import pytest
 from bebop.rl.rewards import (
     REWARDS,
     answers_match,
+    call_reward,
     extract_final_answer,
     load_reward,
     math_reward,
@@ -127,6 +129,55 @@ def test_load_reward_from_module_on_sys_path(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     fn = load_reward("bebop_test_reward_mod:length_reward")
     assert fn([], ["abc"]) == [3.0]
+
+
+def test_load_reward_from_the_current_directory(tmp_path, monkeypatch):
+    """`--reward my_rewards:score` works from the folder holding my_rewards.py, as `python -m` would."""
+    _write_module(tmp_path, "bebop_cwd_reward_mod.py")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    path_before = list(sys.path)
+    assert load_reward("bebop_cwd_reward_mod:length_reward")([], ["ab"]) == [2.0]
+    assert sys.path == path_before  # the directory was added for the import only
+
+
+def _raises(prompts, completions, **_):
+    return [1 / 0 for _ in completions]
+
+
+def _returns_none(prompts, completions, **_):
+    return None
+
+
+def _returns_nan(prompts, completions, **_):
+    return [float("nan")] + [1.0] * (len(completions) - 1)
+
+
+def _returns_inf(prompts, completions, **_):
+    return [1.0, float("inf")]
+
+
+def _returns_one(prompts, completions, **_):
+    return [1.0]
+
+
+def _no_fields(prompts, completions):
+    return [1.0] * len(completions)
+
+
+@pytest.mark.parametrize("fn, fields, message", [
+    (_raises, {}, "reward function _raises raised ZeroDivisionError: division by zero"),
+    (_returns_none, {}, "reward function _returns_none must return a list of numbers, got NoneType"),
+    (_returns_nan, {}, "reward function _returns_nan returned nan for completion 0"),
+    (_returns_inf, {}, "reward function _returns_inf returned inf for completion 1"),
+    (_returns_one, {}, "reward function _returns_one returned 1 rewards for 2 completions"),
+    (_no_fields, {"answer": ["1", "2"]}, "reward function _no_fields raised TypeError: .*unexpected keyword"),
+    (math_reward, {}, "reward function math_reward raised TypeError: .*answer"),  # a data file with no answer column
+])
+def test_call_reward_errors_name_the_function(fn, fields, message):
+    with pytest.raises(ValueError, match=message):
+        call_reward(fn, ["p", "q"], ["a", "b"], **fields)
+    assert call_reward(math_reward, ["p"], ["#### 3"], answer=["3"]) == [1.0]
 
 
 @pytest.mark.parametrize(

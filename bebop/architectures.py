@@ -1,0 +1,50 @@
+"""Which Hugging Face architectures Bebop runs, exactly.
+
+A supported architecture is one whose every part Bebop touches is tested here: the engine's
+target logits equal the model's own forward pass (sliding windows and soft-capping included), and
+an MTP head built from its decoder layer, norm and rotary embedding trains and drafts. Each entry
+is tested in tests/spec/test_attention.py and tests/mtp/test_train.py on a tiny model of its class.
+
+GPT-2, GPT-NeoX, OPT and Phi-1/2 are refused: an MTP layer is built from the backbone's
+decoder-layer class, RMS norm and rotary embedding, and their blocks use LayerNorm and, for GPT-2
+and OPT, learned absolute position embeddings added outside the blocks. This module imports
+nothing heavy, so the CLI's --help can list the families.
+"""
+
+from __future__ import annotations
+
+from bebop.utils.io import BebopError
+
+SUPPORTED_MODEL_TYPES = {  # HF config.model_type -> the family's name in messages and --help
+    "llama": "Llama",
+    "mistral": "Mistral",
+    "mixtral": "Mixtral",
+    "qwen2": "Qwen2",
+    "qwen2_moe": "Qwen2-MoE",
+    "qwen3": "Qwen3",
+    "qwen3_moe": "Qwen3-MoE",
+    "qwen3_5_text": "Qwen3.5 text (full-attention layers)",
+    "phi3": "Phi-3",
+    "gemma": "Gemma",
+    "gemma2": "Gemma 2",
+    "gemma3_text": "Gemma 3 text",
+    "olmo2": "OLMo 2",
+    "smollm3": "SmolLM3",
+    "qwen3_next": "Qwen3-Next (full-attention layers)",
+    "deepseek_v3": "DeepSeek-V3",
+    "glm4_moe": "GLM-4.5",
+}
+
+
+def supported_families() -> str:
+    """The supported families as one comma-separated phrase (for --help and errors)."""
+    return ", ".join(SUPPORTED_MODEL_TYPES.values())
+
+
+def check_architecture(model) -> None:
+    """Raises BebopError (one line) unless ``model``'s text config is of a supported model_type."""
+    model_type = getattr(model.config.get_text_config(), "model_type", "")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise BebopError(
+            f"{type(model).__name__} (model_type {model_type!r}) is not supported; Bebop runs {supported_families()}"
+        )
