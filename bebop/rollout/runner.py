@@ -1,0 +1,146 @@
+"""``RolloutRunner``: the RL loop's rollouts, from the backend call to the async snapshot and weight sync.
+
+``bebop.rl.loop`` asks it for a step's rollout (``collect``), for the model whose logprobs are the
+old ones (``sampling_model``), tells it when this step's update is about to start (``launch``) and
+when it has finished (``updated``), and saves what it lists in ``checkpoint_parts``.
+
+Synchronous: the backend samples with the policy itself; after each update the backend is synced
+(``RolloutBackend.sync``: the engine rebinds, vLLM copies the weights in place). With
+``async_rollout``, step s+1 is sampled in one background thread by a *snapshot* of (policy, head),
+refreshed in place before the update of step s, while step s updates; the backend samples with the
+snapshot. The first step (and a resumed run's first) also runs in that thread, so thread-dependent
+numerics cannot break exact resumption. The head is synced only when it is trained online: a
+frozen head never changes (it reads the current policy's states in every backend).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from bebop.rollout.base import Completions, RolloutBackend
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """G completions of every prompt of a batch, prompt-major (row b*G+g)."""
+
+    batch: object  # the PromptBatch answered (prompts, prompt_ids, fields, step)
+    result: Completions  # (B*G,) rows, with the backend's SpecStats
+    seconds: float  # wall time of the backend call (measured in the background thread when async)
+
+
+def frozen_copy(obj):
+    """A deep copy whose parameters do not require grad (modules shared inside ``obj`` stay shared)."""
+    out = copy.deepcopy(obj)
+    for module in out if isinstance(out, tuple) else (out,):
+        for p in module.parameters() if module is not None else ():
+            p.requires_grad_(False)
+    return out
+
+
+class RolloutRunner:
+    """Rollouts of one RL run on one backend.
+
+    Args:
+        backend: the ``RolloutBackend`` (made on the policy and head).
+        policy, head: the trained modules (head None in mode none without an online head).
+        cfg: the run's ``RLConfig`` (mode, K, G, sampling, seed, async_rollout, mtp_update).
+    """
+
+    def __init__(self, backend: RolloutBackend, policy: nn.Module, head: nn.Module | None, cfg):
+        self.backend, self.policy, self.head, self.cfg = backend, policy, head, cfg
+        self.online_head = cfg.mtp.mtp_update == "online"
+        self.sampler: tuple[nn.Module, nn.Module | None] | None = None
+        self.executor: ThreadPoolExecutor | None = None
+        self.pending: tuple[int, Future] | None = None
+        if cfg.async_rollout:
+            self.sampler = frozen_copy((policy, head))
+            self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bebop-rollout")
+            backend.sync(*self.sampler)
+        else:
+            backend.sync(policy, head)
+
+    # ------------------------------------------------------------------ sampling
+    def _generate(self, batch) -> Rollout:
+        from bebop.spec.engine import SamplingParams, SpecConfig
+
+        cfg = self.cfg
+        sampling = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p, cfg.max_new_tokens)
+        start = time.perf_counter()
+        result = self.backend.rollout(batch.prompt_ids or batch.prompts, sampling, SpecConfig(cfg.mode, cfg.speculate_k),
+                                      group_size=cfg.group_size, seed=cfg.seed, step=batch.step)
+        return Rollout(batch, result, time.perf_counter() - start)
+
+    def collect(self, batch) -> tuple[Rollout, float]:
+        """The step's rollout (the one in flight when async) and the seconds spent waiting for it."""
+        start = time.perf_counter()
+        if self.pending is not None:
+            step, future = self.pending
+            self.pending = None
+            if step != batch.step:
+                raise RuntimeError(f"the rollout in flight is for step {step}, not {batch.step}")
+            rollout = future.result()
+        elif self.executor is not None:
+            rollout = self.executor.submit(self._generate, batch).result()
+        else:
+            rollout = self._generate(batch)
+        return rollout, time.perf_counter() - start
+
+    @property
+    def sampling_model(self) -> nn.Module:
+        """The policy that sampled the rollouts being trained on: the snapshot when async."""
+        return self.sampler[0] if self.sampler is not None else self.policy
+
+    # ------------------------------------------------------------------ around the update
+    def launch(self, next_batch) -> None:
+        """Before this step's update. Async: refresh the snapshot and sample ``next_batch`` in the background."""
+        if self.sampler is None:
+            return
+        # NOTE: refreshed even without a next batch, so a checkpoint's snapshot is always the weights
+        # that sample the step after it.
+        self._refresh_snapshot()
+        self.backend.sync(self.sampler[0], self.sampler[1] if self.online_head else None)
+        if next_batch is not None:
+            self.pending = (next_batch.step, self.executor.submit(self._generate, next_batch))
+
+    def updated(self) -> None:
+        """After this step's policy (and head) update: synchronous runs sample the next step with the new weights."""
+        if self.sampler is None:
+            self.backend.sync(self.policy, self.head if self.online_head else None)
+
+    @torch.no_grad()
+    def _refresh_snapshot(self) -> None:
+        model, head = self.sampler
+        model.load_state_dict(self.policy.state_dict())
+        if head is not None:
+            head.load_state_dict(self.head.state_dict())
+
+    def resumed(self) -> None:
+        """After a checkpoint was loaded into the modules: the backend samples with the loaded weights."""
+        if self.sampler is not None:
+            self.backend.sync(*self.sampler)
+        else:
+            self.backend.sync(self.policy, self.head)
+
+    # ------------------------------------------------------------------ lifecycle
+    def checkpoint_parts(self) -> dict[str, nn.Module]:
+        """The async snapshot's modules by checkpoint file name (empty when synchronous)."""
+        if self.sampler is None:
+            return {}
+        parts = {"sampler_policy": self.sampler[0]}
+        if self.sampler[1] is not None:
+            parts["sampler_head"] = self.sampler[1]
+        return parts
+
+    def close(self) -> None:
+        """Waits for a rollout in flight, stops the background thread and closes the backend."""
+        if self.executor is not None:
+            self.executor.shutdown(wait=True, cancel_futures=True)
+        self.pending = None
+        self.backend.close()
