@@ -344,7 +344,14 @@ def run_lossless_checks(
         spec = SpecConfig(mode="none") if config is None else SpecConfig(mode=config.mode, speculate_k=config.k)
         rows, is_tested = _batch_rows(tested, others, num_samples, config is not None and config.batch_mix)
         sampler = references[label] if config is None else backend
-        samples = _sample_leading_tokens(sampler, rows, is_tested, sampling, spec, seed, step)
+        try:
+            samples = _sample_leading_tokens(sampler, rows, is_tested, sampling, spec, seed, step)
+        except (RuntimeError, ValueError) as e:  # NOTE: another engine crashing on a setting fails that setting
+            if config is None or sampler.name == "engine" or isinstance(e, BebopError):
+                raise
+            checks.append(_crash_check(config, e, alpha))
+            sampler.close()  # the next setting starts a fresh engine
+            continue
         if config is None:
             plain[label, key] = samples
             continue
@@ -353,6 +360,17 @@ def run_lossless_checks(
             for kind in kinds:
                 checks.extend(CHECK_KINDS[kind](inputs))
     return checks
+
+
+def _crash_check(config: LosslessConfig, error: Exception, alpha: float) -> LosslessCheck:
+    """A failed check standing for a setting whose sampling raised (e.g. an index out of bounds in the engine)."""
+    message = (str(error).strip().splitlines() or [type(error).__name__])[-1][:160]
+    return LosslessCheck(
+        name=f"{_config_name(config)}, sampling raised {type(error).__name__}: {message}", mode=config.mode,
+        k=config.k, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p,
+        statistic=float("nan"), dof=1, p_value=0.0, passed=False, batch_mix=config.batch_mix, alpha=alpha,
+        kind="crash",
+    )
 
 
 # ----------------------------------------------------------------------------- report
