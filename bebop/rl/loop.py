@@ -246,10 +246,11 @@ def rl_step(
                            cfg.temperature)
     mtp_start = time.perf_counter()
     update.update(update_head(state, rollout, cfg))
-    state.rollouts.updated()
+    sync_start = time.perf_counter()
+    state.rollouts.updated()  # the backend samples the next step with the new weights (vLLM: copied in place)
     end = time.perf_counter()
     seconds = {"rollout_s": rollout.seconds, "rollout_wait_s": wait_s, "train_s": mtp_start - train_start,
-               "mtp_s": end - mtp_start, "step_s": end - start}
+               "mtp_s": sync_start - mtp_start, "sync_s": end - sync_start, "step_s": end - start}
     return step_metrics(cfg, rollout, rewards, update, seconds), rollout
 
 

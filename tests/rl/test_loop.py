@@ -24,7 +24,7 @@ from bebop.utils.io import BebopError
 
 TINY = PretrainConfig(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64)
 REWARD = "tests.rl.test_loop:char_length_reward"
-TIMING_KEYS = ("rollout_s", "rollout_wait_s", "train_s", "mtp_s", "step_s", "tokens_per_s")
+TIMING_KEYS = ("rollout_s", "rollout_wait_s", "train_s", "mtp_s", "sync_s", "step_s", "tokens_per_s")
 
 
 def char_length_reward(prompts: list[str], completions: list[str], **_: list) -> list[float]:
