@@ -326,7 +326,7 @@ def _start_step(state: RLState, run_dir: Path, config: dict, resume: bool) -> in
 def _line(row: dict) -> dict:
     """The values of the fixed-format step line."""
     return {"reward": row["reward_mean"], "acc": row["accuracy"], "accept": row["spec/accept_length"] or "-",
-            "H": row["target_entropy"], "loss": row["rl/loss"], "step_s": row["step_s"]}
+            "H": row["target_entropy"] if row["target_entropy"] is not None else "-", "loss": row["rl/loss"], "step_s": row["step_s"]}
 
 
 def train_rl(
