@@ -45,6 +45,8 @@ _LIVE: dict = {"llm": None}  # the one engine alive in this process
 
 def import_vllm():
     """The vllm module; BebopError naming the extra when it is not installed."""
+    # NOTE: vLLM logs to stdout by default; the CLI's stdout is its result (a table, a summary line).
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     try:
         import vllm
     except ImportError:
