@@ -88,7 +88,7 @@ def cmd_train_mtp(args) -> None:
     flags = {
         "loss": args.loss, "speculate_k": args.speculate_k, "steps": args.steps, "batch_size": args.batch_size,
         "lr": args.lr, "temperature": args.temperature, "num_layers": args.num_layers, "seed": args.seed,
-        "init": args.init, "init_from": args.init_from,
+        "init": args.init, "init_from": args.init_from, "ce_warmup": args.ce_warmup,
     }
     cfg = resolve(TrainMtpConfig, args.config, flags)
     out = Path(args.out) if args.out else embedded.embedded_head_dir(cfg.loss) if args.model is None else None
@@ -379,6 +379,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where a new head starts: the checkpoint's own MTP layer (native), a copy of the backbone's "
                         "last decoder layer (backbone), or auto: native when the model ships one (default auto)")
     p.add_argument("--init-from", help="start from this head directory instead (e.g. a CE-trained head)")
+    p.add_argument("--ce-warmup", type=int,
+                   help="CE steps before --loss, within --steps (default -1 = auto: half the steps when a tv/e2e_tv "
+                        "head starts from the backbone's layer, as TV losses fine-tune a CE-trained head; else 0)")
     p.add_argument("--seed", type=int, help="seed (default 0)")
     p.add_argument("--num-sequences", type=int,
                    help="self-generated embedded sequences when no --data (default 2048; used when first cached)")
