@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from bebop.losses import DRAFT_LOSSES, acceptance_stats, draft_loss
+from bebop.mtp.chains import check_chain_context
 from bebop.mtp.data import Sequences, chain_tensors, check_chain_args
 from bebop.mtp.head import MtpHead
 from bebop.utils.io import (
@@ -63,6 +64,8 @@ class TrainMtpConfig:
     init_from: str = ""  # head directory to start from (e.g. a CE-trained head)
     ce_warmup: int = -1  # CE steps before ``loss`` (within ``steps``); -1 = auto: half the steps when a tv/e2e_tv
     #   head starts from the backbone's layer (no CE training yet), else 0
+    chain_context: str = "unrolled"  # attention context of depths >= 2: unrolled, or served (the engine's; see
+    #   bebop.mtp.chains)
     seed: int = 0  # head init order and batch sampling
     save_every: int = 100  # checkpoint interval in steps (0 = only at the end)
     log_every: int = 25  # one fixed-format line every this many steps
@@ -77,6 +80,7 @@ def _check(cfg: TrainMtpConfig) -> None:
         raise BebopError("speculate_k, steps and batch_size must be >= 1")
     if cfg.ce_warmup < -1 or cfg.ce_warmup > cfg.steps:
         raise BebopError(f"ce_warmup must be -1 (auto) or 0..steps={cfg.steps}, got {cfg.ce_warmup}")
+    check_chain_context(cfg.chain_context)
 
 
 def ce_warmup_steps(cfg: TrainMtpConfig, origin: str) -> int:
@@ -158,7 +162,7 @@ def train_mtp(
         for group in opt.param_groups:
             group["lr"] = lr
         ids, lengths, starts = data.batch(_batch_index(len(data), cfg.batch_size, cfg.seed, step), pad_id, device)
-        draft, target, mask = chain_tensors(backbone, head, ids, lengths, starts, cfg.speculate_k)
+        draft, target, mask = chain_tensors(backbone, head, ids, lengths, starts, cfg.speculate_k, cfg.chain_context)
         loss_name = "ce" if step < ce_steps else cfg.loss
         loss = draft_loss(loss_name, draft, target, mask=mask, temperature=cfg.temperature)
         opt.zero_grad(set_to_none=True)
