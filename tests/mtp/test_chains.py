@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -12,10 +13,12 @@ from bebop.mtp.chains import served_bias, unroll_served
 from bebop.mtp.data import Sequences, chain_tensors
 from bebop.mtp.evaluate import evaluate_mtp
 from bebop.mtp.head import MtpHead
+from bebop.mtp.train import TrainMtpConfig, train_mtp
 from bebop.spec import engine
 from bebop.spec.engine import SamplingParams, SpecConfig, generate
 from bebop.utils.io import BebopError
-from tests.spec.test_engine import MTP_ATOL, ToyTokenizer, _prompts, peaked_model, perturbed_head
+from tests.conftest import SLIDING_WINDOW_KWARGS, tiny_model
+from tests.spec.test_engine import MTP_ATOL, VOCAB, ToyTokenizer, _prompts, peaked_model, perturbed_head
 
 K = 3
 Z_MAX = 4.42  # two-sided normal tail 1e-5 per depth: false-alarm odds <= 3e-5 for the K = 3 depths together
@@ -54,11 +57,24 @@ def _spy_drafts(monkeypatch, prompts) -> list[tuple[int, list[int], torch.Tensor
     return records
 
 
-@pytest.mark.parametrize("mode", ["to", "rs"])
-def test_served_logits_equal_engine_drafts(mode, monkeypatch):
+def _peaked(arch: str):
+    """``peaked_model`` of another architecture (std-1 embeddings, std-0.3 lm_head: rejections happen)."""
+    if arch == "qwen3":
+        return peaked_model()
+    model = tiny_model(arch, vocab_size=VOCAB, sliding_window=4 if arch in SLIDING_WINDOW_KWARGS else None)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for module, std in ((model.get_input_embeddings(), 1.0), (model.get_output_embeddings(), 0.3)):
+            module.weight.copy_(std * torch.randn(module.weight.shape, generator=g))
+    return model
+
+
+@pytest.mark.parametrize(("arch", "mode"), [("qwen3", "to"), ("qwen3", "rs"), ("qwen3_5", "rs"),
+                                            ("deepseek_v3", "rs"), ("gemma3", "to")])
+def test_served_logits_equal_engine_drafts(arch, mode, monkeypatch):
     """Every depth's draft logits of every verify step equal ``unroll_served`` on the committed sequence
     followed by the chain's drafts; ``head.unroll`` (the unrolled context) does not at depth >= 2."""
-    model = peaked_model()
+    model = _peaked(arch)
     head = perturbed_head(model, 0.1)
     prompts = _prompts((2, 5, 9))
     records = _spy_drafts(monkeypatch, prompts)
@@ -135,3 +151,24 @@ def test_served_depth1_equals_unrolled_and_needs_one_layer():
         torch.testing.assert_close(unroll_served(head, hidden, ids, 2)[0], head.unroll(hidden, ids, 1)[0])
         with pytest.raises(BebopError, match="one MTP layer"):
             unroll_served(MtpHead(model, num_layers=2), hidden, ids, 2)
+
+
+def test_train_and_eval_take_the_chain_context(tmp_path):
+    """train-mtp with ``served`` optimises the served chains (its logged alpha is theirs) and records the
+    context; an unknown context is one BebopError line before anything is written."""
+    model = peaked_model()
+    seqs = _prompts(tuple([12] * 8), seed=4)
+    data = Sequences(seqs, [3] * len(seqs))
+    cfg = TrainMtpConfig(loss="e2e_tv", steps=2, batch_size=8, speculate_k=3, save_every=0, lr=1e-2,
+                         chain_context="served")
+    head = train_mtp(model, data, tmp_path / "served", cfg, show_progress=False)
+    saved = json.loads((tmp_path / "served" / "mtp_config.json").read_text())
+    assert saved["train"]["chain_context"] == "served"
+    results = {c: evaluate_mtp(model, head, data, speculate_k=3, chain_context=c) for c in ("unrolled", "served")}
+    assert results["served"]["alpha_rs"][0] == pytest.approx(results["unrolled"]["alpha_rs"][0], abs=1e-6)
+    assert results["served"]["alpha_rs"][1:] != pytest.approx(results["unrolled"]["alpha_rs"][1:], abs=1e-6)
+    with pytest.raises(BebopError, match="unknown chain context 'engine'"):
+        train_mtp(model, data, tmp_path / "bad", TrainMtpConfig(chain_context="engine"), show_progress=False)
+    assert not (tmp_path / "bad").exists()
+    with pytest.raises(BebopError, match="unknown chain context"):
+        evaluate_mtp(model, head, data, speculate_k=3, chain_context="engine")
