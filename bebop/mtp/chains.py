@@ -71,9 +71,7 @@ def unroll_served(head, hidden: torch.Tensor, input_ids: torch.Tensor, num_steps
         K tensors (B, T, V): draft logits of depth 1..K at each chain start t (inputs past the end
         are padding; their outputs must be masked by the caller).
     """
-    if len(head.layers) != 1:
-        # NOTE: the engine's layer i > 0 has no committed entries of its own, so there is no served context to copy.
-        raise BebopError(f"chain context 'served' needs a head with one MTP layer, this one has {len(head.layers)}")
+    check_head_context(head, "served")
     b, t = input_ids.shape
     positions = torch.arange(t, device=input_ids.device).expand(b, t)
     cache, out, g = _ServedCache(), [], hidden
@@ -90,6 +88,14 @@ CHAIN_UNROLLS = {  # chain context -> (head, hidden, input_ids, K) -> K draft lo
     "served": unroll_served,
 }
 CHAIN_CONTEXTS = tuple(CHAIN_UNROLLS)
+
+
+def check_head_context(head, chain_context: str) -> None:
+    """Raises BebopError (one line) when ``head`` cannot run chains in ``chain_context``."""
+    if chain_context == "served" and len(head.layers) != 1:
+        # NOTE: the engine's layers i > 0 hold no committed entries of their own, so there is no served context to copy.
+        raise BebopError(f"chain context 'served' needs a head with one MTP layer, this one has {len(head.layers)}; "
+                         "use chain context unrolled (--chain-context unrolled)")
 
 
 def check_chain_context(chain_context: str) -> None:

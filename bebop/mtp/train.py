@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from bebop.losses import DRAFT_LOSSES, acceptance_stats, draft_loss
-from bebop.mtp.chains import check_chain_context
+from bebop.mtp.chains import check_chain_context, check_head_context
 from bebop.mtp.data import Sequences, chain_tensors, check_chain_args
 from bebop.mtp.head import MtpHead
 from bebop.utils.io import (
@@ -64,8 +64,8 @@ class TrainMtpConfig:
     init_from: str = ""  # head directory to start from (e.g. a CE-trained head)
     ce_warmup: int = -1  # CE steps before ``loss`` (within ``steps``); -1 = auto: half the steps when a tv/e2e_tv
     #   head starts from the backbone's layer (no CE training yet), else 0
-    chain_context: str = "unrolled"  # attention context of depths >= 2: unrolled, or served (the engine's; see
-    #   bebop.mtp.chains)
+    chain_context: str = "served"  # attention context of depths >= 2: served (the engine's, one-layer heads) or
+    #   unrolled (each depth over the whole sequence); see bebop.mtp.chains
     seed: int = 0  # head init order and batch sampling
     save_every: int = 100  # checkpoint interval in steps (0 = only at the end)
     log_every: int = 25  # one fixed-format line every this many steps
@@ -143,6 +143,7 @@ def train_mtp(
     model_sha256 = state_sha256(backbone)
     torch.manual_seed(cfg.seed)
     head, origin = initial_head(backbone, cfg, model_dir)
+    check_head_context(head, cfg.chain_context)
     ce_steps = ce_warmup_steps(cfg, origin)
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     start_step, resumes = _maybe_resume(out_dir, head, opt, cfg, model_sha256) if resume else (0, [])

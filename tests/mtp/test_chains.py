@@ -159,8 +159,7 @@ def test_train_and_eval_take_the_chain_context(tmp_path):
     model = peaked_model()
     seqs = _prompts(tuple([12] * 8), seed=4)
     data = Sequences(seqs, [3] * len(seqs))
-    cfg = TrainMtpConfig(loss="e2e_tv", steps=2, batch_size=8, speculate_k=3, save_every=0, lr=1e-2,
-                         chain_context="served")
+    cfg = TrainMtpConfig(loss="e2e_tv", steps=2, batch_size=8, speculate_k=3, save_every=0, lr=1e-2)  # served
     head = train_mtp(model, data, tmp_path / "served", cfg, show_progress=False)
     saved = json.loads((tmp_path / "served" / "mtp_config.json").read_text())
     assert saved["train"]["chain_context"] == "served"
@@ -172,3 +171,10 @@ def test_train_and_eval_take_the_chain_context(tmp_path):
     assert not (tmp_path / "bad").exists()
     with pytest.raises(BebopError, match="unknown chain context"):
         evaluate_mtp(model, head, data, speculate_k=3, chain_context="engine")
+    # The default (served) refuses a two-layer head in one line, before the output directory is made.
+    with pytest.raises(BebopError, match="one MTP layer.*--chain-context unrolled"):
+        train_mtp(model, data, tmp_path / "two", TrainMtpConfig(num_layers=2, steps=1), show_progress=False)
+    assert not (tmp_path / "two").exists()
+    two = train_mtp(model, data, tmp_path / "two", TrainMtpConfig(num_layers=2, steps=1, batch_size=2, save_every=0,
+                                                                   chain_context="unrolled"), show_progress=False)
+    assert len(two.layers) == 2
