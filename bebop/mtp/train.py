@@ -42,6 +42,7 @@ CHECKPOINT_DIR = "checkpoint"  # inside the output dir: head, optimizer, step, c
 INITS = ("auto", "native", "backbone")  # where a new head starts (TrainMtpConfig.init)
 METRICS_FILE = "metrics.jsonl"  # one row per step
 RESUME_MAY_CHANGE = ("steps", "save_every", "log_every")  # settings a resumed run may change (and records)
+OLD_CHECKPOINT_SETTINGS = {"chain_context": "unrolled"}  # what checkpoints written before a field existed ran with
 NEEDS_CE_START = ("tv", "e2e_tv")  # losses whose q-weighted gradient is slow far from p: they fine-tune a CE-trained head
 
 
@@ -223,7 +224,7 @@ def saved_config(out_dir: str | os.PathLike) -> dict:
     path = Path(out_dir) / CHECKPOINT_DIR / "config.json"
     if not path.is_file():
         return {}
-    saved = read_json(path, what="checkpoint config")
+    saved = {**OLD_CHECKPOINT_SETTINGS, **read_json(path, what="checkpoint config")}
     return {k: v for k, v in saved.items() if k in TrainMtpConfig.__dataclass_fields__}
 
 
@@ -237,7 +238,7 @@ def _maybe_resume(out_dir: Path, head: MtpHead, opt, cfg: TrainMtpConfig, model_
     if not (ckpt / "state.pt").is_file():
         say(f"train-mtp: no checkpoint in {ckpt}; starting from step 0")
         return 0, []
-    saved = read_json(ckpt / "config.json", what="checkpoint config")
+    saved = {**OLD_CHECKPOINT_SETTINGS, **read_json(ckpt / "config.json", what="checkpoint config")}
     if saved.get("model_sha256", model_sha256) != model_sha256:
         raise BebopError(f"cannot resume {out_dir}: its checkpoint was trained on another model "
                          f"(weights sha256 {saved['model_sha256'][:12]}, this model {model_sha256[:12]})")

@@ -13,7 +13,7 @@ from bebop.mtp.chains import served_bias, unroll_served
 from bebop.mtp.data import Sequences, chain_tensors
 from bebop.mtp.evaluate import evaluate_mtp
 from bebop.mtp.head import MtpHead
-from bebop.mtp.train import TrainMtpConfig, train_mtp
+from bebop.mtp.train import TrainMtpConfig, saved_config, train_mtp
 from bebop.spec import engine
 from bebop.spec.engine import SamplingParams, SpecConfig, generate
 from bebop.utils.io import BebopError
@@ -178,3 +178,22 @@ def test_train_and_eval_take_the_chain_context(tmp_path):
     two = train_mtp(model, data, tmp_path / "two", TrainMtpConfig(num_layers=2, steps=1, batch_size=2, save_every=0,
                                                                    chain_context="unrolled"), show_progress=False)
     assert len(two.layers) == 2
+
+
+def test_checkpoint_without_chain_context_resumes_unrolled(tmp_path):
+    """A checkpoint written before ``chain_context`` existed was trained unrolled: the CLI's resume keeps
+    that (``saved_config``), and resuming it with the new default (served) is refused in one line."""
+    model = peaked_model()
+    data = Sequences(_prompts(tuple([12] * 4), seed=4), [3] * 4)
+    cfg = TrainMtpConfig(steps=1, batch_size=2, save_every=0, chain_context="unrolled")
+    train_mtp(model, data, tmp_path, cfg, show_progress=False)
+    config_file = tmp_path / "checkpoint" / "config.json"
+    old = json.loads(config_file.read_text())
+    del old["chain_context"]
+    config_file.write_text(json.dumps(old))
+    assert saved_config(tmp_path)["chain_context"] == "unrolled"
+    with pytest.raises(BebopError, match="chain_context 'unrolled' -> 'served'"):
+        train_mtp(model, data, tmp_path, TrainMtpConfig(steps=2, batch_size=2, save_every=0), resume=True,
+                  show_progress=False)
+    train_mtp(model, data, tmp_path, TrainMtpConfig(**{**saved_config(tmp_path), "steps": 2}), resume=True,
+              show_progress=False)
