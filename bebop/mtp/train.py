@@ -1,7 +1,8 @@
 """``train_mtp``: train an MTP head on a frozen backbone with a chosen draft objective.
 
 The backbone never changes (its parameters have requires_grad=False and are only read under
-no_grad). Each step unrolls K_train head steps with teacher forcing on the data tokens; the
+no_grad). Each step unrolls K_train head steps with teacher forcing on the data tokens, in the
+engine's attention context by default (``chain_context``, see ``bebop.mtp.chains``); the
 target p at step j is the backbone's own distribution on the same sequence (paper §6.1: 5 steps,
 backbone frozen, e2e-TV). AdamW with linear warmup then a constant rate (the paper's schedule).
 
