@@ -1,7 +1,8 @@
 """``train_mtp``: train an MTP head on a frozen backbone with a chosen draft objective.
 
 The backbone never changes (its parameters have requires_grad=False and are only read under
-no_grad). Each step unrolls K_train head steps with teacher forcing on the data tokens; the
+no_grad). Each step unrolls K_train head steps with teacher forcing on the data tokens, in the
+engine's attention context by default (``chain_context``, see ``bebop.mtp.chains``); the
 target p at step j is the backbone's own distribution on the same sequence (paper §6.1: 5 steps,
 backbone frozen, e2e-TV). AdamW with linear warmup then a constant rate (the paper's schedule).
 
@@ -22,6 +23,7 @@ from pathlib import Path
 import torch
 
 from bebop.losses import DRAFT_LOSSES, acceptance_stats, draft_loss
+from bebop.mtp.chains import check_chain_context, check_head_context
 from bebop.mtp.data import Sequences, chain_tensors, check_chain_args
 from bebop.mtp.head import MtpHead
 from bebop.utils.io import (
@@ -41,6 +43,7 @@ CHECKPOINT_DIR = "checkpoint"  # inside the output dir: head, optimizer, step, c
 INITS = ("auto", "native", "backbone")  # where a new head starts (TrainMtpConfig.init)
 METRICS_FILE = "metrics.jsonl"  # one row per step
 RESUME_MAY_CHANGE = ("steps", "save_every", "log_every")  # settings a resumed run may change (and records)
+OLD_CHECKPOINT_SETTINGS = {"chain_context": "unrolled"}  # what checkpoints written before a field existed ran with
 NEEDS_CE_START = ("tv", "e2e_tv")  # losses whose q-weighted gradient is slow far from p: they fine-tune a CE-trained head
 
 
@@ -63,6 +66,8 @@ class TrainMtpConfig:
     init_from: str = ""  # head directory to start from (e.g. a CE-trained head)
     ce_warmup: int = -1  # CE steps before ``loss`` (within ``steps``); -1 = auto: half the steps when a tv/e2e_tv
     #   head starts from the backbone's layer (no CE training yet), else 0
+    chain_context: str = "served"  # attention context of depths >= 2: served (the engine's, one-layer heads) or
+    #   unrolled (each depth over the whole sequence); see bebop.mtp.chains
     seed: int = 0  # head init order and batch sampling
     save_every: int = 100  # checkpoint interval in steps (0 = only at the end)
     log_every: int = 25  # one fixed-format line every this many steps
@@ -77,6 +82,7 @@ def _check(cfg: TrainMtpConfig) -> None:
         raise BebopError("speculate_k, steps and batch_size must be >= 1")
     if cfg.ce_warmup < -1 or cfg.ce_warmup > cfg.steps:
         raise BebopError(f"ce_warmup must be -1 (auto) or 0..steps={cfg.steps}, got {cfg.ce_warmup}")
+    check_chain_context(cfg.chain_context)
 
 
 def ce_warmup_steps(cfg: TrainMtpConfig, origin: str) -> int:
@@ -139,6 +145,7 @@ def train_mtp(
     model_sha256 = state_sha256(backbone)
     torch.manual_seed(cfg.seed)
     head, origin = initial_head(backbone, cfg, model_dir)
+    check_head_context(head, cfg.chain_context)
     ce_steps = ce_warmup_steps(cfg, origin)
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     start_step, resumes = _maybe_resume(out_dir, head, opt, cfg, model_sha256) if resume else (0, [])
@@ -158,7 +165,7 @@ def train_mtp(
         for group in opt.param_groups:
             group["lr"] = lr
         ids, lengths, starts = data.batch(_batch_index(len(data), cfg.batch_size, cfg.seed, step), pad_id, device)
-        draft, target, mask = chain_tensors(backbone, head, ids, lengths, starts, cfg.speculate_k)
+        draft, target, mask = chain_tensors(backbone, head, ids, lengths, starts, cfg.speculate_k, cfg.chain_context)
         loss_name = "ce" if step < ce_steps else cfg.loss
         loss = draft_loss(loss_name, draft, target, mask=mask, temperature=cfg.temperature)
         opt.zero_grad(set_to_none=True)
@@ -218,7 +225,7 @@ def saved_config(out_dir: str | os.PathLike) -> dict:
     path = Path(out_dir) / CHECKPOINT_DIR / "config.json"
     if not path.is_file():
         return {}
-    saved = read_json(path, what="checkpoint config")
+    saved = {**OLD_CHECKPOINT_SETTINGS, **read_json(path, what="checkpoint config")}
     return {k: v for k, v in saved.items() if k in TrainMtpConfig.__dataclass_fields__}
 
 
@@ -232,7 +239,7 @@ def _maybe_resume(out_dir: Path, head: MtpHead, opt, cfg: TrainMtpConfig, model_
     if not (ckpt / "state.pt").is_file():
         say(f"train-mtp: no checkpoint in {ckpt}; starting from step 0")
         return 0, []
-    saved = read_json(ckpt / "config.json", what="checkpoint config")
+    saved = {**OLD_CHECKPOINT_SETTINGS, **read_json(ckpt / "config.json", what="checkpoint config")}
     if saved.get("model_sha256", model_sha256) != model_sha256:
         raise BebopError(f"cannot resume {out_dir}: its checkpoint was trained on another model "
                          f"(weights sha256 {saved['model_sha256'][:12]}, this model {model_sha256[:12]})")
