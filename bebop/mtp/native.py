@@ -101,9 +101,9 @@ def _check_layer_count(family: Family, count: int, where: str) -> None:
         )
 
 
-def native_layout(model_dir: str | os.PathLike) -> tuple[Family, int]:
+def native_layout(model_dir: str | os.PathLike, config: dict | None = None) -> tuple[Family, int]:
     """(family, number of MTP layers) of a checkpoint with a native MTP layer; one clear error line otherwise."""
-    config = read_config(model_dir)
+    config = read_config(model_dir) if config is None else config
     family_name = detect_family(config)
     count = native_layer_count(config)
     if not family_name or count < 1:
@@ -124,8 +124,8 @@ def import_mtp(model_dir: str | os.PathLike, backbone) -> MtpHead:
     no native MTP layer, when a tensor is missing, or when a shape does not fit the backbone.
     """
     model_dir = Path(model_dir)
-    family, count = native_layout(model_dir)
     config = read_config(model_dir)
+    family, count = native_layout(model_dir, config)
     head = MtpHead(backbone, num_layers=count, family=family.name, warm_start=False)
     expected = head.state_dict()
     names = _native_names(family, _text_config(config)["num_hidden_layers"], list(expected))
