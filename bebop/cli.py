@@ -88,7 +88,8 @@ def cmd_train_mtp(args) -> None:
     flags = {
         "loss": args.loss, "speculate_k": args.speculate_k, "steps": args.steps, "batch_size": args.batch_size,
         "lr": args.lr, "temperature": args.temperature, "num_layers": args.num_layers, "seed": args.seed,
-        "init": args.init, "init_from": args.init_from,
+        "init": args.init, "init_from": args.init_from, "ce_warmup": args.ce_warmup,
+        "chain_context": args.chain_context,
     }
     cfg = resolve(TrainMtpConfig, args.config, flags)
     out = Path(args.out) if args.out else embedded.embedded_head_dir(cfg.loss) if args.model is None else None
@@ -149,7 +150,7 @@ def cmd_eval_mtp(args) -> None:
     model, tok, head = _load(args, need_mtp=True, mtp_loss=args.loss)
     data = _sequences(args, model, tok, "eval")
     result = evaluate_mtp(model, head, data, speculate_k=args.speculate_k, temperature=args.temperature,
-                          pad_id=tok.pad_token_id)
+                          pad_id=tok.pad_token_id, chain_context=args.chain_context)
     print(acceptance_table({args.mtp or args.loss: result}))
     if args.json:  # with the head's own training loss, so `bebop report --eval` can label it
         loss = _head_loss(Path(args.mtp)) if args.mtp else args.loss
@@ -176,7 +177,7 @@ def cmd_generate(args) -> None:
     prompts = _read_prompts(args.prompts, args.num_prompts)
     backend_class(args.backend)  # NOTE: a missing optional package fails here, before the model loads
     model, tok, head = _load(args, need_mtp=args.mode != "none")
-    spec = SpecConfig(mode=args.mode, speculate_k=args.speculate_k)
+    spec = SpecConfig(mode=args.mode, speculate_k=args.speculate_k, filter_drafts=args.filter_drafts)
     prompt_ids = [encode_prompt(tok, p) for p in prompts]
     backend = make_backend(args.backend, model, tok, head, seed=args.seed)
     try:
@@ -415,7 +416,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where a new head starts: the checkpoint's own MTP layer (native), a copy of the backbone's "
                         "last decoder layer (backbone), or auto: native when the model ships one (default auto)")
     p.add_argument("--init-from", help="start from this head directory instead (e.g. a CE-trained head)")
+    p.add_argument("--ce-warmup", type=int,
+                   help="CE steps before --loss, within --steps (default -1 = auto: half the steps when a tv/e2e_tv "
+                        "head starts from the backbone's layer, as TV losses fine-tune a CE-trained head; else 0)")
     p.add_argument("--seed", type=int, help="seed (default 0)")
+    p.add_argument("--chain-context", choices=["served", "unrolled"],
+                   help="what draft steps >= 2 attend to: the engine's context, committed depth-1 keys then the "
+                        "chain's own (served, default; one-layer heads), or their own depth's keys at earlier "
+                        "positions (unrolled)")
     p.add_argument("--num-sequences", type=int,
                    help="self-generated embedded sequences when no --data (default 2048; used when first cached)")
     p.add_argument("--resume", action="store_true",
@@ -446,6 +454,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", help="JSONL evaluation data (default: held-out self-generated embedded data)")
     p.add_argument("--speculate-k", type=int, default=3, help="draft depth K (default 3)")
     p.add_argument("--temperature", type=float, default=1.0, help="temperature of p and q (default 1)")
+    p.add_argument("--chain-context", choices=["served", "unrolled"], default="served",
+                   help="what draft steps >= 2 attend to: served (the engine's context, default; one-layer heads) "
+                        "or unrolled")
     p.add_argument("--num-sequences", type=int,
                    help="held-out self-generated sequences when no --data (default 256; used when first cached)")
     p.add_argument("--json", help="write the result as JSON here")
@@ -461,6 +472,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature, 0 = greedy (default 1)")
     p.add_argument("--top-k", type=int, default=0, help="top-k on the target, 0 = off")
     p.add_argument("--top-p", type=float, default=1.0, help="top-p on the target, 1 = off")
+    p.add_argument("--filter-drafts", action="store_true",
+                   help="apply --top-k/--top-p to the draft distribution q too (drafts and verification; exact)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="completion length limit (default 64)")
     p.add_argument("--stop", action="append", help="stop string, non-empty (repeatable)")
     p.add_argument("--seed", type=int, default=0, help="seed (default 0)")

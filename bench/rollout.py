@@ -3,6 +3,8 @@
     PYTHONPATH=. .venv/bin/python bench/rollout.py --quick          # ~1-2 min on 2 quiet CPU cores
     PYTHONPATH=. .venv/bin/python bench/rollout.py                  # ~10 min: K 1-4, B 1/16/64, T 0/1
     PYTHONPATH=. .venv/bin/python bench/rollout.py --model DIR --mtp DIR --json rows.json
+    PYTHONPATH=. .venv/bin/python bench/rollout.py --filtered --batch-sizes 16 --ks 3 --temperatures 1 --no-hf
+                                                                    # + rs at top-k 20 / top-p 0.9, q filtered or not
 
 Defaults: the embedded model and its e2e-TV head (both trained and cached on first use).
 
@@ -21,6 +23,9 @@ Terms (K = speculation depth, B = batch rows, T = temperature):
     speedup         tok/s of the row / tok/s of ``none`` at the same (B, T), as printed.
     verify/plain    verify forward over K+1 tokens / plain forward over 1 token; above 1 the
                     limit is optimistic by that factor.
+    filtered rows   (--filtered) none and rs at top-k 20 / top-p 0.9, rs with q as is or cut by the
+                    same top-k/top-p (``SpecConfig.filter_drafts``); alpha_RS per depth from the
+                    engine's statistics.
     step gain       decode steps of ``none`` / decode steps of the row. Rows advance in lockstep,
                     so a call takes as many steps as its slowest row: at B > 1 the step gain is
                     below the accept length even before any cost is counted.
@@ -61,6 +66,7 @@ PROMPT_SEED = 0  # problems drawn for the prompts
 SAMPLING_SEED = 0  # Bebop's row seeds and HF's torch.manual_seed: the same tokens every repeat
 COST_REPEATS = 15  # timed calls per forward kind in the c measurement (median taken)
 WARMUP_TOKENS = 4  # max_new_tokens of the untimed warmup call of each configuration
+FILTER_TOP_K, FILTER_TOP_P = 20, 0.9  # the --filtered rows' sampling filter
 QUICK = {"batch_sizes": [1, 16], "ks": [1, 3], "temperatures": [0.0, 1.0], "repeats": 5}
 
 
@@ -70,6 +76,7 @@ class Method:
 
     name: str  # none | to | rs | hf | hf_mtp
     k: int = 0  # speculation depth; 0 for none/hf
+    filter_drafts: bool = False  # SpecConfig.filter_drafts (q cut by the target's top-k/top-p)
 
 
 @dataclass
@@ -80,6 +87,9 @@ class Row:
     k: int
     batch_size: int
     temperature: float
+    filter_drafts: bool = False
+    top_k: int = 0  # sampling top-k (0 = off)
+    top_p: float = 1.0  # sampling top-p (1 = off)
     tokens: int = 0  # completion tokens of one call (the same every repeat)
     steps: int = 0  # decode steps of one Bebop call (batch-wide: the slowest row sets it)
     seconds: list[float] = field(default_factory=list)  # one per repeat
@@ -115,6 +125,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true",
                     help="B 1/16, K 1/3, T 0/1, 5 repeats (~1 min); overrides those flags")
     ap.add_argument("--no-hf", action="store_true", help="skip HF generate")
+    ap.add_argument("--filtered", action="store_true",
+                    help=f"also run none and rs at top-k {FILTER_TOP_K} / top-p {FILTER_TOP_P} (T > 0 only), "
+                         "with drafts from q as is and from q filtered the same way")
     ap.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
     ap.add_argument("--device", default="cpu", help="cpu, cuda or auto")
     ap.add_argument("--json", default=None, metavar="OUT", help="write every row and cost to this JSON file")
@@ -194,11 +207,12 @@ def count_decode_steps():
         engine._Runner.decode_step = original
 
 
-def run_bebop(model, tok, head, prompts, method: Method, temperature: float, max_new: int):
+def run_bebop(model, tok, head, prompts, method: Method, temperature: float, max_new: int,
+              top_k: int = 0, top_p: float = 1.0):
     """One ``generate`` call -> (seconds, result, decode steps)."""
     device = next(model.parameters()).device
-    sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new)
-    spec = SpecConfig(mode=method.name, speculate_k=max(method.k, 1))
+    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new)
+    spec = SpecConfig(mode=method.name, speculate_k=max(method.k, 1), filter_drafts=method.filter_drafts)
     with count_decode_steps() as steps:
         _sync(device)
         start = time.perf_counter()
@@ -309,16 +323,17 @@ def measure_costs(model, head, batch: int, ks: list[int], kv_len: int, stat: str
 # ----------------------------------------------------------------------------- one (B, T) group
 
 
-def run_group(model, tok, head, methods: list[Method], batch: int, temperature: float, args) -> list[Row]:
+def run_group(model, tok, head, methods: list[Method], batch: int, temperature: float, args,
+              top_k: int = 0, top_p: float = 1.0) -> list[Row]:
     """Every method at (B, T): one short warmup each, then ``repeats`` interleaved timed calls."""
     prompts = make_prompts(batch)
-    rows = {m: Row(m.name, m.k, batch, temperature) for m in methods}
+    rows = {m: Row(m.name, m.k, batch, temperature, m.filter_drafts, top_k, top_p) for m in methods}
     outputs = {}
 
     def call(m: Method, max_new: int):
         if m.name in ("hf", "hf_mtp"):
             return run_hf(model, tok, prompts, m, temperature, max_new)
-        return run_bebop(model, tok, head, prompts, m, temperature, max_new)
+        return run_bebop(model, tok, head, prompts, m, temperature, max_new, top_k, top_p)
 
     for m in methods:
         call(m, min(WARMUP_TOKENS, args.max_new_tokens))
@@ -382,13 +397,14 @@ def format_tables(rows: list[Row], costs: dict[int, dict[int, dict]], stat: str)
              "| steps | step gain |",
              "|---:|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        if r.method in ("none", "to", "rs"):
+        if r.method in ("none", "to", "rs") and not r.top_k and r.top_p == 1:
             k = str(r.k) if r.k else ""
             lines.append(
                 f"| {r.batch_size} | {r.temperature:g} | {r.method} | {k} | {r.tok_per_s:.0f} | "
                 f"{_f(r.accept_length)} | {_f(r.c, '.3f')} | {_f(r.limit)} | {_f(r.speedup)} | "
                 f"{_f(r.achieved_over_limit)} | {_f(r.verify_over_plain)} | {r.steps} | {_f(r.step_gain)} |"
             )
+    lines += format_filtered(rows)
     hf = [r for r in rows if r.method in ("hf", "hf_mtp")]
     if hf:
         lines += ["", "### Plain decoding vs HF `generate` (target: none/HF >= 1)", "",
@@ -412,6 +428,22 @@ def format_tables(rows: list[Row], costs: dict[int, dict[int, dict]], stat: str)
             lines.append(f"| {batch} | {c['kv_len']} | {c['draft_s'] * 1e3:.2f} | {c['plain_s'] * 1e3:.2f} | {k} | "
                          f"{c['verify_s'] * 1e3:.2f} | {c['c']:.3f} | {c['verify_over_plain']:.2f} |")
     return "\n".join(lines)
+
+
+def format_filtered(rows: list[Row]) -> list[str]:
+    """The --filtered rows: alpha_RS per depth, accept length and tok/s with q as is or filtered."""
+    filtered = [r for r in rows if r.top_k or r.top_p < 1]
+    if not filtered:
+        return []
+    lines = ["", f"### Filtered drafts: top-k {FILTER_TOP_K} / top-p {FILTER_TOP_P} (speedup over none at the same "
+             "filter)", "", "| B | T | mode | K | q filtered | alpha_RS per depth | accept len | tok/s | speedup |",
+             "|---:|---:|:---|---:|:---|:---|---:|---:|---:|"]
+    for r in filtered:
+        alpha = " ".join(f"{a:.3f}" for a in r.metrics.get("spec/alpha_rs", []))
+        lines.append(f"| {r.batch_size} | {r.temperature:g} | {r.method} | {r.k or ''} | "
+                     f"{'yes' if r.filter_drafts else 'no' if r.k else ''} | {alpha} | {_f(r.accept_length)} | "
+                     f"{r.tok_per_s:.0f} | {_f(r.speedup)} |")
+    return lines
 
 
 def format_notes(rows: list[Row], notes: list[str]) -> str:
@@ -480,6 +512,11 @@ def main(argv: list[str] | None = None) -> None:
             add_limits(group, costs[batch])
             rows += group
             print(f"[{time.perf_counter() - start:.0f}s] done B={batch} T={temperature:g}", file=sys.stderr, flush=True)
+            if args.filtered and temperature > 0:
+                methods_f = [Method("none")] + [Method("rs", k, f) for k in args.ks for f in (False, True)]
+                rows += run_group(model, tok, head, methods_f, batch, temperature, args, FILTER_TOP_K, FILTER_TOP_P)
+                print(f"[{time.perf_counter() - start:.0f}s] done filtered B={batch} T={temperature:g}",
+                      file=sys.stderr, flush=True)
     print(format_tables(rows, costs, args.stat))
     print("\n" + format_notes(rows, notes))
     print(f"\ntotal {time.perf_counter() - start:.0f}s, load {os.getloadavg()[0]:.1f} at the end")

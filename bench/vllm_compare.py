@@ -113,7 +113,7 @@ def main() -> None:
     for r in range(args.repeats):
         for name in order if r % 2 == 0 else order[::-1]:
             results[name].append(runs[name](r))
-    med = {name: (statistics.median(t for t, _ in rows), statistics.median(a for a, _ in rows))
+    med = {name: (statistics.median(tps for tps, _ in rows), statistics.median(acc for _, acc in rows))
            for name, rows in results.items()}
     print(f"\nB={args.rows}, max_new_tokens={args.max_new_tokens}, T={args.temperature}, K={args.speculate_k}, "
           f"{args.repeats} interleaved repeats, medians; torch threads {args.threads}\n")

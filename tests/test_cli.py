@@ -45,6 +45,10 @@ def test_eval_mtp_json(use_cache, tmp_path, capsys):
         assert key in result
     assert len(result["alpha_rs"]) == 3 and 1.0 <= result["accept_length_rs"] <= 4.0
     assert "alpha_RS per step" in capsys.readouterr().out
+    assert result["chain_context"] == "served"  # the default: what the engine drafts from
+    assert main(["eval-mtp", "--num-sequences", "4", "--chain-context", "unrolled", "--json", str(out)]) == 0
+    unrolled = json.loads(out.read_text())
+    assert unrolled["chain_context"] == "unrolled" and unrolled["alpha_rs"][0] == pytest.approx(result["alpha_rs"][0])
 
 
 @pytest.mark.parametrize("mode", ["none", "to", "rs"])
@@ -58,6 +62,13 @@ def test_generate(use_cache, tmp_path, mode):
     assert all(1 <= len(r["token_ids"]) - r["start"] <= 6 for r in rows)  # token_ids: prompt + completion
     metrics = json.loads(stats.read_text())
     assert "spec/accept_length" in metrics
+
+
+def test_generate_filter_drafts(use_cache, tmp_path):
+    out, stats = tmp_path / "out.jsonl", tmp_path / "stats.json"
+    assert main(["generate", "--mode", "rs", "--top-k", "5", "--top-p", "0.9", "--filter-drafts", "--num-prompts", "2",
+                 "--max-new-tokens", "6", "--out", str(out), "--stats-json", str(stats)]) == 0
+    assert len(out.read_text().splitlines()) == 2 and "spec/alpha_rs" in json.loads(stats.read_text())
 
 
 def test_train_mtp_other_loss_and_resume(use_cache, tmp_path):

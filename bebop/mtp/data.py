@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from bebop.mtp.chains import CHAIN_UNROLLS
 from bebop.mtp.head import decoder_states
 from bebop.spec.attention import final_logits
 from bebop.utils.io import BebopError, read_jsonl
@@ -121,7 +122,8 @@ def self_generated(model, tokenizer, num: int, seed: int, temperature: float = 1
     return Sequences(token_ids, starts)
 
 
-def chain_tensors(backbone, head, ids: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor, num_steps: int):
+def chain_tensors(backbone, head, ids: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor, num_steps: int,
+                  chain_context: str = "unrolled"):
     """Teacher-forced draft and target logits along every chain of a padded batch.
 
     Chain n starts at position t (of row b) with t >= start_b - 1; its step j (1-based) is the
@@ -130,6 +132,8 @@ def chain_tensors(backbone, head, ids: torch.Tensor, lengths: torch.Tensor, star
     Args:
         ids: (B, T) right-padded sequences; lengths: (B,); starts: (B,) first completion index.
         num_steps: K.
+        chain_context: the attention context of depths >= 2 (``bebop.mtp.chains``): "unrolled" or
+            "served" (the engine's).
 
     Returns:
         draft_logits (N, K, V) (with grad through the head), target_logits (N, K, V) (no grad),
@@ -140,7 +144,7 @@ def chain_tensors(backbone, head, ids: torch.Tensor, lengths: torch.Tensor, star
         # NOTE: the target's logits as the engine computes them (Gemma's soft-capping included).
         logits = backbone.get_output_embeddings()(out.last_hidden_state)
         target_all = final_logits(backbone.config.get_text_config(), logits)  # (B, T, V)
-    drafts = head.unroll(state, ids, num_steps)  # K x (B, T, V)
+    drafts = CHAIN_UNROLLS[chain_context](head, state, ids, num_steps)  # K x (B, T, V)
     t = torch.arange(ids.shape[1], device=ids.device)
     is_start = (t[None, :] >= (starts[:, None] - 1).clamp_min(0)) & (t[None, :] + 2 < lengths[:, None])
     b_idx, t_idx = is_start.nonzero(as_tuple=True)  # (N,), (N,)

@@ -12,24 +12,28 @@ from __future__ import annotations
 import torch
 
 from bebop.losses import acceptance_stats
+from bebop.mtp.chains import check_chain_context, check_head_context
 from bebop.mtp.data import Sequences, chain_tensors, check_chain_args
 
 
 @torch.no_grad()
 def evaluate_mtp(
     backbone, head, data: Sequences, speculate_k: int = 3, temperature: float = 1.0, batch_size: int = 32,
-    pad_id: int = 0,
+    pad_id: int = 0, chain_context: str = "served",
 ) -> dict:
     """Returns ``alpha_rs``/``alpha_to`` (lists of K), ``accept_length_rs``/``accept_length_to``,
-    ``target_entropy`` (mean nats over chain steps), ``num_positions`` (chains) and ``num_full_chains``."""
+    ``target_entropy`` (mean nats over chain steps), ``num_positions`` (chains) and ``num_full_chains``;
+    ``chain_context`` is the attention context of depths >= 2 (``bebop.mtp.chains``; "served" = the engine's)."""
     check_chain_args(data, speculate_k, temperature)
+    check_chain_context(chain_context)
+    check_head_context(head, chain_context)
     device = next(backbone.parameters()).device
     sums = {"rs": torch.zeros(speculate_k), "to": torch.zeros(speculate_k), "count": torch.zeros(speculate_k)}
     el = {"rs": 0.0, "to": 0.0}
     entropy_sum, num_chains, num_full = 0.0, 0, 0
     for i in range(0, len(data), batch_size):
         ids, lengths, starts = data.batch(list(range(i, min(i + batch_size, len(data)))), pad_id, device)
-        draft, target, mask = chain_tensors(backbone, head, ids, lengths, starts, speculate_k)
+        draft, target, mask = chain_tensors(backbone, head, ids, lengths, starts, speculate_k, chain_context)
         alpha_rs, alpha_to, ent = acceptance_stats(draft, target, temperature=temperature)
         m = mask.float().cpu()
         sums["rs"] += (alpha_rs.cpu() * m).sum(0)
@@ -52,6 +56,7 @@ def evaluate_mtp(
         "num_full_chains": num_full,
         "speculate_k": speculate_k,
         "temperature": temperature,
+        "chain_context": chain_context,
     }
 
 

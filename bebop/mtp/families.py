@@ -47,6 +47,19 @@ class Family:
     def prefix(self, num_hidden_layers: int, i: int) -> str:
         return self.layer_prefix.format(n=num_hidden_layers + i, i=i)
 
+    def is_mtp_tensor(self, name: str, num_hidden_layers: int) -> bool:
+        """Whether a checkpoint tensor belongs to an MTP layer (of any index) in this layout.
+
+        Example: deepseek_v3 with 61 layers: "model.layers.61.enorm.weight" -> True, "model.layers.60.mlp..." -> False.
+        """
+        head = self.layer_prefix.split("{")[0]
+        if not name.startswith(head):
+            return False
+        if "{n}" not in self.layer_prefix:
+            return True
+        index = name[len(head):].split(".", 1)[0]
+        return index.isdigit() and int(index) >= num_hidden_layers
+
     def tensor_names(self, num_hidden_layers: int, i: int, bebop_names: list[str]) -> dict[str, str]:
         """Family checkpoint name of each Bebop name of layer i (``layers.{i}.``-relative names)."""
         parts = dict(self.parts)

@@ -27,7 +27,7 @@ from safetensors.torch import save_file
 
 from bebop.mtp.families import FAMILIES, Family, detect_family
 from bebop.mtp.head import MtpConfig, MtpHead, read_head_files
-from bebop.utils.io import BebopError, atomic_dir, write_json
+from bebop.utils.io import BebopError, atomic_dir, read_json, write_json
 
 INDEX_NAME = "model.safetensors.index.json"  # HF's shard index
 SINGLE_NAME = "model.safetensors"  # HF's single-file checkpoint
@@ -38,13 +38,10 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")  # files neve
 
 def read_config(model_dir: str | os.PathLike) -> dict:
     """config.json of a model directory as a dict (one clear error line when missing or corrupt)."""
-    path = Path(model_dir) / "config.json"
-    if not path.is_file():
-        raise BebopError(f"model directory {model_dir} has no config.json")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise BebopError(f"corrupt {path}: {e}") from None
+    config = read_json(Path(model_dir) / "config.json", what="model config")
+    if not isinstance(config, dict):
+        raise BebopError(f"model config {Path(model_dir) / 'config.json'} is not a JSON object")
+    return config
 
 
 def _text_config(config: dict) -> dict:
@@ -104,9 +101,9 @@ def _check_layer_count(family: Family, count: int, where: str) -> None:
         )
 
 
-def native_layout(model_dir: str | os.PathLike) -> tuple[Family, int]:
+def native_layout(model_dir: str | os.PathLike, config: dict | None = None) -> tuple[Family, int]:
     """(family, number of MTP layers) of a checkpoint with a native MTP layer; one clear error line otherwise."""
-    config = read_config(model_dir)
+    config = read_config(model_dir) if config is None else config
     family_name = detect_family(config)
     count = native_layer_count(config)
     if not family_name or count < 1:
@@ -127,8 +124,8 @@ def import_mtp(model_dir: str | os.PathLike, backbone) -> MtpHead:
     no native MTP layer, when a tensor is missing, or when a shape does not fit the backbone.
     """
     model_dir = Path(model_dir)
-    family, count = native_layout(model_dir)
     config = read_config(model_dir)
+    family, count = native_layout(model_dir, config)
     head = MtpHead(backbone, num_layers=count, family=family.name, warm_start=False)
     expected = head.state_dict()
     names = _native_names(family, _text_config(config)["num_hidden_layers"], list(expected))
@@ -196,7 +193,7 @@ def export_mtp(
     files = weight_map(model_dir)
     text = _text_config(config)
     new_names = _native_names(family, text["num_hidden_layers"], list(state))
-    old_mtp = _old_mtp_names(family, text["num_hidden_layers"], files)
+    old_mtp = {name for name in files if family.is_mtp_tensor(name, text["num_hidden_layers"])}
     with atomic_dir(out_dir) as tmp:
         mapping = _write_backbone_shards(model_dir, tmp, files, old_mtp)
         save_file({new_names[k]: v.contiguous() for k, v in state.items()}, str(tmp / MTP_SHARD),
@@ -210,12 +207,6 @@ def export_mtp(
         write_json(tmp / "bebop_export.json", {"format": family.name, "head": str(head_dir.resolve()),
                                                "model": str(model_dir.resolve())})
     return out_dir
-
-
-def _old_mtp_names(family: Family, num_hidden_layers: int, files: dict[str, str]) -> set[str]:
-    """Names of the MTP tensors the backbone checkpoint already holds (any layer index)."""
-    prefixes = {family.prefix(num_hidden_layers, i) for i in range(16)}
-    return {name for name in files if any(name.startswith(p) for p in prefixes)}
 
 
 def _write_backbone_shards(model_dir: Path, tmp: Path, files: dict[str, str], old_mtp: set[str]) -> dict[str, str]:

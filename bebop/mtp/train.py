@@ -1,7 +1,8 @@
 """``train_mtp``: train an MTP head on a frozen backbone with a chosen draft objective.
 
 The backbone never changes (its parameters have requires_grad=False and are only read under
-no_grad). Each step unrolls K_train head steps with teacher forcing on the data tokens; the
+no_grad). Each step unrolls K_train head steps with teacher forcing on the data tokens, in the
+engine's attention context by default (``chain_context``, see ``bebop.mtp.chains``); the
 target p at step j is the backbone's own distribution on the same sequence (paper §6.1: 5 steps,
 backbone frozen, e2e-TV). AdamW with linear warmup then a constant rate (the paper's schedule).
 
@@ -22,6 +23,7 @@ from pathlib import Path
 import torch
 
 from bebop.losses import DRAFT_LOSSES, acceptance_stats, draft_loss
+from bebop.mtp.chains import check_chain_context, check_head_context
 from bebop.mtp.data import Sequences, chain_tensors, check_chain_args
 from bebop.mtp.head import MtpHead
 from bebop.utils.io import (
@@ -41,6 +43,8 @@ CHECKPOINT_DIR = "checkpoint"  # inside the output dir: head, optimizer, step, c
 INITS = ("auto", "native", "backbone")  # where a new head starts (TrainMtpConfig.init)
 METRICS_FILE = "metrics.jsonl"  # one row per step
 RESUME_MAY_CHANGE = ("steps", "save_every", "log_every")  # settings a resumed run may change (and records)
+OLD_CHECKPOINT_SETTINGS = {"chain_context": "unrolled"}  # what checkpoints written before a field existed ran with
+NEEDS_CE_START = ("tv", "e2e_tv")  # losses whose q-weighted gradient is slow far from p: they fine-tune a CE-trained head
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,10 @@ class TrainMtpConfig:
     init: str = "auto"  # where the head starts: native (the checkpoint's own MTP layer), backbone (a copy of
     #   its last decoder layer), auto (native when the model ships one); init_from overrides it
     init_from: str = ""  # head directory to start from (e.g. a CE-trained head)
+    ce_warmup: int = -1  # CE steps before ``loss`` (within ``steps``); -1 = auto: half the steps when a tv/e2e_tv
+    #   head starts from the backbone's layer (no CE training yet), else 0
+    chain_context: str = "served"  # attention context of depths >= 2: served (the engine's, one-layer heads) or
+    #   unrolled (each depth over the whole sequence); see bebop.mtp.chains
     seed: int = 0  # head init order and batch sampling
     save_every: int = 100  # checkpoint interval in steps (0 = only at the end)
     log_every: int = 25  # one fixed-format line every this many steps
@@ -72,6 +80,21 @@ def _check(cfg: TrainMtpConfig) -> None:
         raise BebopError(f"unknown init {cfg.init!r}; choose one of {', '.join(INITS)}")
     if cfg.speculate_k < 1 or cfg.steps < 1 or cfg.batch_size < 1:
         raise BebopError("speculate_k, steps and batch_size must be >= 1")
+    if cfg.ce_warmup < -1 or cfg.ce_warmup > cfg.steps:
+        raise BebopError(f"ce_warmup must be -1 (auto) or 0..steps={cfg.steps}, got {cfg.ce_warmup}")
+    check_chain_context(cfg.chain_context)
+
+
+def ce_warmup_steps(cfg: TrainMtpConfig, origin: str) -> int:
+    """CE steps that precede ``cfg.loss``: ``cfg.ce_warmup``, or when -1, half of ``cfg.steps`` for a
+    tv/e2e_tv head that starts from the backbone's layer (``origin`` "backbone"), 0 otherwise.
+
+    The paper fine-tunes a CE-trained native head with e2e-TV (§6.1); started from a copy of the
+    last decoder layer, TV's gradient (proportional to q) moves a far-off draft slowly.
+    """
+    if cfg.ce_warmup >= 0:
+        return cfg.ce_warmup
+    return cfg.steps // 2 if cfg.loss in NEEDS_CE_START and origin == "backbone" else 0
 
 
 def _batch_index(num: int, batch_size: int, seed: int, step: int) -> list[int]:
@@ -121,14 +144,20 @@ def train_mtp(
         p.requires_grad_(False)
     model_sha256 = state_sha256(backbone)
     torch.manual_seed(cfg.seed)
-    head = initial_head(backbone, cfg, model_dir)
+    head, origin = initial_head(backbone, cfg, model_dir)
+    check_head_context(head, cfg.chain_context)
+    ce_steps = ce_warmup_steps(cfg, origin)
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     start_step, resumes = _maybe_resume(out_dir, head, opt, cfg, model_sha256) if resume else (0, [])
+    if start_step:  # NOTE: a resumed run keeps the CE/loss boundary it started with, even with more steps
+        ce_steps = read_json(out_dir / CHECKPOINT_DIR / "config.json", what="checkpoint config").get("ce_steps", ce_steps)
     kept = log_rows_until(out_dir / METRICS_FILE, start_step, what="metrics") if resume else []
     prepare_output_dir(out_dir, overwrite=overwrite, announce=say)  # NOTE: the first write to out_dir
     logger = JsonlLogger(out_dir / METRICS_FILE, kept)
-    meta = {"model_sha256": model_sha256, "resumes": resumes}
+    meta = {"model_sha256": model_sha256, "resumes": resumes, "ce_steps": ce_steps}
     say(f"train-mtp: loss={cfg.loss} K={cfg.speculate_k} steps={cfg.steps} sequences={len(data)} from step {start_step}")
+    if ce_steps:
+        say(f"train-mtp: the first {ce_steps} steps train with CE (a CE-trained start for {cfg.loss}; --ce-warmup 0 skips it)")
     t0 = time.time()
     for step in progress(range(start_step, cfg.steps), total=cfg.steps - start_step, desc=f"train-mtp {cfg.loss}",
                          enabled=show_progress):
@@ -136,8 +165,9 @@ def train_mtp(
         for group in opt.param_groups:
             group["lr"] = lr
         ids, lengths, starts = data.batch(_batch_index(len(data), cfg.batch_size, cfg.seed, step), pad_id, device)
-        draft, target, mask = chain_tensors(backbone, head, ids, lengths, starts, cfg.speculate_k)
-        loss = draft_loss(cfg.loss, draft, target, mask=mask, temperature=cfg.temperature)
+        draft, target, mask = chain_tensors(backbone, head, ids, lengths, starts, cfg.speculate_k, cfg.chain_context)
+        loss_name = "ce" if step < ce_steps else cfg.loss
+        loss = draft_loss(loss_name, draft, target, mask=mask, temperature=cfg.temperature)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.grad_clip)
@@ -145,7 +175,7 @@ def train_mtp(
         with torch.no_grad():
             alpha_rs, _, _ = acceptance_stats(draft.detach(), target, temperature=cfg.temperature)
             per_step = ((alpha_rs * mask).sum(0) / mask.sum(0).clamp_min(1)).tolist()
-        row = {"step": step + 1, "loss": loss.item(), "lr": lr, "grad_norm": float(grad_norm),
+        row = {"step": step + 1, "loss": loss.item(), "loss_name": loss_name, "lr": lr, "grad_norm": float(grad_norm),
                "alpha_rs": per_step, "seconds": time.time() - t0}
         logger.log(row)
         if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
@@ -160,19 +190,20 @@ def train_mtp(
     return head
 
 
-def initial_head(backbone, cfg: TrainMtpConfig, model_dir: str | os.PathLike | None) -> MtpHead:
-    """The head training starts from: ``cfg.init_from``, the checkpoint's native MTP layer, or the backbone's last layer."""
+def initial_head(backbone, cfg: TrainMtpConfig, model_dir: str | os.PathLike | None) -> tuple[MtpHead, str]:
+    """(head, origin): the head training starts from, and where it came from: "init_from" (``cfg.init_from``),
+    "native" (the checkpoint's own MTP layer) or "backbone" (a copy of its last decoder layer)."""
     from bebop.mtp.native import import_mtp, native_layer_count, read_config
 
     if cfg.init_from:
-        return MtpHead.from_pretrained(cfg.init_from, backbone)
+        return MtpHead.from_pretrained(cfg.init_from, backbone), "init_from"
     has_native = model_dir is not None and native_layer_count(read_config(model_dir)) > 0
     if cfg.init == "native" or (cfg.init == "auto" and has_native):
         if model_dir is None:
             raise BebopError("init=native needs the model's checkpoint directory (--model DIR with its own MTP layer)")
         say(f"train-mtp: starting from the native MTP layer of {model_dir}")
-        return import_mtp(model_dir, backbone)
-    return MtpHead(backbone, num_layers=cfg.num_layers).to(next(backbone.parameters()).device)
+        return import_mtp(model_dir, backbone), "native"
+    return MtpHead(backbone, num_layers=cfg.num_layers).to(next(backbone.parameters()).device), "backbone"
 
 
 def _install_head(out_dir: Path) -> None:
@@ -194,7 +225,7 @@ def saved_config(out_dir: str | os.PathLike) -> dict:
     path = Path(out_dir) / CHECKPOINT_DIR / "config.json"
     if not path.is_file():
         return {}
-    saved = read_json(path, what="checkpoint config")
+    saved = {**OLD_CHECKPOINT_SETTINGS, **read_json(path, what="checkpoint config")}
     return {k: v for k, v in saved.items() if k in TrainMtpConfig.__dataclass_fields__}
 
 
@@ -208,7 +239,7 @@ def _maybe_resume(out_dir: Path, head: MtpHead, opt, cfg: TrainMtpConfig, model_
     if not (ckpt / "state.pt").is_file():
         say(f"train-mtp: no checkpoint in {ckpt}; starting from step 0")
         return 0, []
-    saved = read_json(ckpt / "config.json", what="checkpoint config")
+    saved = {**OLD_CHECKPOINT_SETTINGS, **read_json(ckpt / "config.json", what="checkpoint config")}
     if saved.get("model_sha256", model_sha256) != model_sha256:
         raise BebopError(f"cannot resume {out_dir}: its checkpoint was trained on another model "
                          f"(weights sha256 {saved['model_sha256'][:12]}, this model {model_sha256[:12]})")

@@ -71,7 +71,9 @@ def online_head_step(
     params = [p for p in head.parameters() if p.requires_grad]
     if not params:
         raise ValueError("online_head_step: the head has no trainable parameters (requires_grad is off)")
-    draft, target, mask = chain_tensors(backbone, head, ids, lengths, starts, cfg.mtp_speculate_k)
+    # NOTE: the engine's draft context (bebop.mtp.chains) for one-layer heads, as train-mtp trains them.
+    context = "served" if len(head.layers) == 1 else "unrolled"
+    draft, target, mask = chain_tensors(backbone, head, ids, lengths, starts, cfg.mtp_speculate_k, context)
     num_chains = int(mask[:, 0].sum())  # sync: once per step
     if num_chains == 0:  # every completion too short to hold one verified draft step
         return {"mtp/loss": None, "mtp/grad_norm": None, "mtp/num_chains": 0, "mtp/alpha_rs": None}

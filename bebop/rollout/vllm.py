@@ -150,6 +150,8 @@ class VllmBackend(RolloutBackend):
             return self._llm
         if spec.draft_temperature is not None:
             raise BebopError("the vllm backend drafts at the sampling temperature; draft_temperature must be None")
+        if getattr(spec, "filter_drafts", False):
+            raise BebopError("the vllm backend samples drafts unfiltered; filter_drafts is not available on it")
         _shutdown_live()
         model_dir = self._model_dir(with_head=spec.mode != "none")
         # NOTE: the engine must live in this process: weight sync hands it tensors, not files.

@@ -19,8 +19,11 @@ Deviations from a textbook implementation:
     1) The MTP head's own KV cache holds one entry per committed position (step-1 inputs); the
        chained steps 2..K append speculative entries that are rolled back after every verify step,
        as vLLM and SGLang do.
-    2) Top-k/top-p apply to the target only; the draft is sampled from its own temperature-scaled
-       distribution q and verified against exactly that q (exactness holds for any q).
+    2) By default top-k/top-p apply to the target only; the draft is sampled from its own
+       temperature-scaled distribution q and verified against exactly that q (exactness holds for
+       any q). With ``SpecConfig.filter_drafts`` the target's top-k/top-p also filter q (on the
+       draft's own logits) before drafts are drawn, and verification uses that filtered q: still
+       exact, and q no longer spends mass on tokens the filtered target can only reject.
     3) The engine builds its own attention masks (per-row lengths), one per attention pattern the
        target uses: full causal, or the sliding window of each ``sliding_attention`` layer (see
        ``bebop.spec.attention``, which refuses, in one line, any pattern it cannot reproduce exactly).
@@ -73,6 +76,7 @@ class SpecConfig:
     mode: str = "none"  # none | to | rs
     speculate_k: int = 3  # K, drafts verified per target pass
     draft_temperature: float | None = None  # temperature of q; None = the sampling temperature
+    filter_drafts: bool = False  # apply the sampling top-k/top-p to q too (drafts and verification)
 
 
 @dataclass
@@ -330,7 +334,7 @@ class _Runner:
                                       attention_bias=cache.attention_bias(), cache=cache)[:, 0]
                 cache.shift_all(1)
             logits = head.logits(g, step=j)
-            q = torch.softmax(logits.float() / self.draft_temperature, dim=-1)
+            q = self._draft_probs(logits)
             if sampled:
                 if noise is None:  # every draft step's noise in one pass: streams STREAM_DRAFT + j, same counter
                     noise = rng.exponential_from_bits(rng.keyed_bits(rows.keys[:, 2:], rows.counters, (q.shape[-1],)))
@@ -342,6 +346,12 @@ class _Runner:
         if self.k > 1:
             cache.rollback(self.k - 1)  # the chained steps' entries were speculative
         return torch.stack(tokens, 1), torch.stack(probs, 1)
+
+    def _draft_probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """q (R, V) from draft logits (R, V): the draft temperature, then (``filter_drafts``) the target's top-k/top-p."""
+        if self.spec.filter_drafts:
+            return logits_to_probs(logits, self.draft_temperature, self.sampling.top_k, self.sampling.top_p)
+        return torch.softmax(logits.float() / self.draft_temperature, dim=-1)
 
     def _speculative_step(self, rows: _Rows) -> None:
         drafts, q = self._draft(rows)

@@ -103,10 +103,10 @@ def test_e2e_tv_training_raises_acceptance(tmp_path):
 def test_resume_matches_uninterrupted(tmp_path):
     model = tiny_model("qwen3")
     data = _data()
-    full = TrainMtpConfig(loss="tv", steps=6, batch_size=4, speculate_k=2, save_every=3)
+    full = TrainMtpConfig(loss="tv", steps=6, batch_size=4, speculate_k=2, save_every=3, ce_warmup=1)
     a = train_mtp(model, data, tmp_path / "a", full, show_progress=False)
     train_mtp(model, data, tmp_path / "b", TrainMtpConfig(loss="tv", steps=3, batch_size=4, speculate_k=2,
-                                                          save_every=3), show_progress=False)
+                                                          save_every=3, ce_warmup=1), show_progress=False)
     b = train_mtp(model, data, tmp_path / "b", full, resume=True, show_progress=False)
     for (k, va), vb in zip(a.state_dict().items(), b.state_dict().values()):
         torch.testing.assert_close(va, vb, rtol=0, atol=1e-6, msg=k)
@@ -152,3 +152,25 @@ def test_evaluate_matches_hand_computation():
     assert result["alpha_rs"][1] == pytest.approx(alpha[mask[:, 1], 1].mean().item(), abs=1e-5)
     to = p.gather(-1, q.argmax(-1, keepdim=True))[..., 0]
     assert result["alpha_to"][0] == pytest.approx(to[:, 0].mean().item(), abs=1e-5)
+
+
+def _loss_names(out_dir) -> list[str]:
+    return [json.loads(line)["loss_name"] for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_tv_losses_from_the_backbone_start_with_a_ce_warmup(tmp_path):
+    """A tv/e2e_tv head with no CE training trains with CE for half its steps first (auto); a head that
+    starts from a trained head, a CE run, or ce_warmup=0 does not."""
+    model = tiny_model("qwen3")
+    cfg = TrainMtpConfig(loss="e2e_tv", steps=6, batch_size=4, speculate_k=2, save_every=0)
+    train_mtp(model, _data(), tmp_path / "auto", cfg, show_progress=False)
+    assert _loss_names(tmp_path / "auto") == ["ce"] * 3 + ["e2e_tv"] * 3
+    train_mtp(model, _data(), tmp_path / "off", TrainMtpConfig(**{**cfg.__dict__, "ce_warmup": 0}), show_progress=False)
+    assert _loss_names(tmp_path / "off") == ["e2e_tv"] * 6
+    from_head = TrainMtpConfig(**{**cfg.__dict__, "init_from": str(tmp_path / "auto")})
+    train_mtp(model, _data(), tmp_path / "fine-tuned", from_head, show_progress=False)
+    assert _loss_names(tmp_path / "fine-tuned") == ["e2e_tv"] * 6
+    train_mtp(model, _data(), tmp_path / "ce", TrainMtpConfig(**{**cfg.__dict__, "loss": "ce"}), show_progress=False)
+    assert _loss_names(tmp_path / "ce") == ["ce"] * 6
+    with pytest.raises(BebopError, match="ce_warmup must be"):
+        train_mtp(model, _data(), tmp_path / "bad", TrainMtpConfig(**{**cfg.__dict__, "ce_warmup": 7}))

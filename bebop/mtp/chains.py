@@ -1,0 +1,104 @@
+"""Teacher-forced draft chains in either attention context: ``unrolled`` (training's classic one) or
+``served`` (the engine's).
+
+At chain start t, draft depth j (1-based) reads token x_{t+j} at rotary position t + j - 1 and
+predicts x_{t+j+1}. The two contexts differ only in which keys depth j >= 2 attends to:
+
+* ``unrolled`` (``MtpHead.unroll``): depth j runs over the whole sequence, so its query attends
+  to the depth-j keys of positions <= t (entries the engine never computes);
+* ``served``: the keys the engine's draft sees (``bebop.spec.engine._Runner._draft``, as in vLLM
+  and SGLang): the committed depth-1 entries of positions 0..t, then the chain's own entries of
+  depths 2..j. Depth 1 is the same in both.
+
+Both run every position of a batch at once. ``served`` keeps every depth's keys and values
+(``_ServedCache``) and masks them with ``served_bias``: depth j's attention reads j blocks of T keys.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from bebop.utils.io import BebopError
+
+
+
+class _ServedCache:
+    """The one cache method HF attention calls: ``update`` stores a depth's keys/values (B, H, T, d)
+    and returns every depth's so far, concatenated along the key axis: (B, H, depth * T, d)."""
+
+    def __init__(self):
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        self.keys.append(key_states)
+        self.values.append(value_states)
+        return torch.cat(self.keys, dim=2), torch.cat(self.values, dim=2)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0
+
+    def __len__(self) -> int:
+        return 1
+
+
+def served_bias(length: int, depth: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """(1, 1, T, depth * T) additive mask of depth ``depth`` in the served context.
+
+    Key block 0 holds depth 1 (query t sees keys 0..t); block i >= 1 holds depth i + 1, of which
+    query t sees only its own chain's entry (key t).
+
+    Example: length 2, depth 2 -> visible [[1, 0, 1, 0], [1, 1, 0, 1]].
+    """
+    query = torch.arange(length, device=device)[:, None]
+    key = torch.arange(length, device=device)[None, :]
+    visible = torch.cat([key <= query] + [key == query] * (depth - 1), dim=1)  # (T, depth * T)
+    bias = torch.zeros(visible.shape, dtype=dtype, device=device)
+    # NOTE: finfo.min, not -inf: padded queries stay finite (as the engine's masks).
+    return bias.masked_fill_(~visible, torch.finfo(dtype).min)[None, None]
+
+
+def unroll_served(head, hidden: torch.Tensor, input_ids: torch.Tensor, num_steps: int) -> list[torch.Tensor]:
+    """``MtpHead.unroll`` with the engine's attention context (see the module docstring).
+
+    Args:
+        head: an ``MtpHead`` with one physical layer.
+        hidden: (B, T, D) backbone states the head reads.
+        input_ids: (B, T) the sequence.
+        num_steps: K, depths to unroll.
+
+    Returns:
+        K tensors (B, T, V): draft logits of depth 1..K at each chain start t (inputs past the end
+        are padding; their outputs must be masked by the caller).
+    """
+    check_head_context(head, "served")
+    b, t = input_ids.shape
+    positions = torch.arange(t, device=input_ids.device).expand(b, t)
+    cache, out, g = _ServedCache(), [], hidden
+    for j in range(1, num_steps + 1):
+        tokens = torch.nn.functional.pad(input_ids[:, j:], (0, min(j, t)), value=0)  # x_{t+j}
+        bias = served_bias(t, j, hidden.dtype, input_ids.device)
+        g = head.forward_step(g, tokens, positions + (j - 1), step=j - 1, attention_bias=bias, cache=cache)
+        out.append(head.logits(g, step=j - 1))
+    return out
+
+
+CHAIN_UNROLLS = {  # chain context -> (head, hidden, input_ids, K) -> K draft logits (B, T, V)
+    "unrolled": lambda head, hidden, input_ids, num_steps: head.unroll(hidden, input_ids, num_steps),
+    "served": unroll_served,
+}
+CHAIN_CONTEXTS = tuple(CHAIN_UNROLLS)
+
+
+def check_head_context(head, chain_context: str) -> None:
+    """Raises BebopError (one line) when ``head`` cannot run chains in ``chain_context``."""
+    if chain_context == "served" and len(head.layers) != 1:
+        # NOTE: the engine's layers i > 0 hold no committed entries of their own, so there is no served context to copy.
+        raise BebopError(f"chain context 'served' needs a head with one MTP layer, this one has {len(head.layers)}; "
+                         "use chain context unrolled (--chain-context unrolled)")
+
+
+def check_chain_context(chain_context: str) -> None:
+    """Raises BebopError (one line) unless ``chain_context`` is one of ``CHAIN_CONTEXTS``."""
+    if chain_context not in CHAIN_UNROLLS:
+        raise BebopError(f"unknown chain context {chain_context!r}; choose one of {', '.join(CHAIN_CONTEXTS)}")
