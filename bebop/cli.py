@@ -163,7 +163,6 @@ def cmd_generate(args) -> None:
     from bebop.spec import SamplingParams, SpecConfig
     from bebop.spec.engine import check_sampling
     from bebop.utils.io import atomic_write_text, check_output_file, write_json
-
     from bebop.utils.tokens import encode_prompt
 
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
@@ -347,9 +346,7 @@ def _add_rl_flags(p: argparse.ArgumentParser) -> None:
 # ---------------------------------------------------------------------------------------------- report / demo
 def cmd_report(args) -> None:
     from bebop.analysis.report import write_report
-    from bebop.utils.io import check_output_dir, prepare_output_dir
-
-    from bebop.utils.io import read_json
+    from bebop.utils.io import check_output_dir, prepare_output_dir, read_json
 
     check_output_dir(args.out, overwrite=args.overwrite, what="report directory")
     for run in args.runs:

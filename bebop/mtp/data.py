@@ -97,6 +97,8 @@ def check_chain_args(data: Sequences, speculate_k: int, temperature: float) -> N
         raise BebopError(f"speculate_k must be an integer >= 1, got {speculate_k!r}")
     if not (math.isfinite(temperature) and temperature > 0):
         raise BebopError(f"temperature must be a finite number > 0, got {temperature}")
+    if len(data) == 0:
+        raise BebopError("no sequences to train or evaluate a draft on")
     deepest = max(len(t) - 1 - max(s, 1) for t, s in zip(data.token_ids, data.starts))
     if speculate_k > deepest:
         raise BebopError(f"speculate_k={speculate_k} is deeper than the data allows: its longest chain has "

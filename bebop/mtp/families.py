@@ -25,7 +25,7 @@ class MtpConventions:
     """How one family wires its MTP layer (vLLM's definition of each family)."""
 
     hidden_first: bool = False  # projection input cat[norm(h), norm(emb)] (MiMo) instead of cat[norm(emb), norm(h)]
-    zero_first_embedding: bool = False  # the embedding of the pair at position 0 is zeroed (DeepSeek-V3, MiMo)
+    zero_first_embedding: bool = False  # the embedding of the pair at position 0 is zeroed (DeepSeek-V3, GLM-4.5, MiMo)
     chain_prenorm: bool = False  # the next step receives the block's pre-norm output (GLM-4.5), not the normed one
     target_prenorm: bool = False  # the first step reads the backbone's state before its final norm (MiMo)
 

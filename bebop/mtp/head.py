@@ -126,6 +126,9 @@ class MtpHead(nn.Module):
             "lm_head": backbone.get_output_embeddings(),
             "rotary": getattr(decoder, "rotary_emb", None),
         }
+        rotary = self._shared["rotary"]
+        # NOTE: decided once here, not per draft step (inspect is slow on the hot path).
+        self._rotary_takes_layer_type = rotary is not None and "layer_type" in inspect.signature(rotary.forward).parameters
 
     @torch.no_grad()
     def _init_from_backbone(self, decoder: nn.Module) -> None:
@@ -173,7 +176,7 @@ class MtpHead(nn.Module):
         rotary = self._shared["rotary"]
         if rotary is None:
             return None
-        if "layer_type" in inspect.signature(rotary.forward).parameters:
+        if self._rotary_takes_layer_type:
             return rotary(embeds, position_ids, layer_type="full_attention")
         return rotary(embeds, position_ids)
 

@@ -118,7 +118,7 @@ class RolloutRunner:
     def _refresh_snapshot(self) -> None:
         model, head = self.sampler
         model.load_state_dict(self.policy.state_dict())
-        if head is not None:
+        if head is not None and self.online_head:  # NOTE: a frozen head's snapshot never goes stale
             head.load_state_dict(self.head.state_dict())
 
     def resumed(self) -> None:

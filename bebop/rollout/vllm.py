@@ -124,6 +124,7 @@ class VllmBackend(RolloutBackend):
         self.memory_fraction = memory_fraction or (GPU_MEMORY_FRACTION if self.device_type == "cuda"
                                                    else CPU_MEMORY_FRACTION)
         self._llm, self._key = None, None
+        self._starts = 0  # engines started so far (each gets seed + its index)
 
     # ------------------------------------------------------------------ engine lifecycle
     def _model_dir(self, with_head: bool) -> Path:
@@ -145,13 +146,13 @@ class VllmBackend(RolloutBackend):
         return served
 
     def _engine(self, spec):
-        key = (spec.mode, spec.speculate_k if spec.mode != "none" else 0)
-        if self._llm is not None and self._key == key and _LIVE["llm"] is self._llm:
-            return self._llm
-        if spec.draft_temperature is not None:
+        if spec.draft_temperature is not None:  # NOTE: checked on every call, before a live engine is reused
             raise BebopError("the vllm backend drafts at the sampling temperature; draft_temperature must be None")
         if getattr(spec, "filter_drafts", False):
             raise BebopError("the vllm backend samples drafts unfiltered; filter_drafts is not available on it")
+        key = (spec.mode, spec.speculate_k if spec.mode != "none" else 0)
+        if self._llm is not None and self._key == key and _LIVE["llm"] is self._llm:
+            return self._llm
         _shutdown_live()
         model_dir = self._model_dir(with_head=spec.mode != "none")
         # NOTE: the engine must live in this process: weight sync hands it tensors, not files.
@@ -167,7 +168,10 @@ class VllmBackend(RolloutBackend):
                 speculative["draft_sample_method"] = "probabilistic"
         llm = self.vllm.LLM(model=str(model_dir), dtype=self.dtype, max_model_len=self.max_model_len,
                             enforce_eager=self.device_type != "cuda", gpu_memory_utilization=self.memory_fraction,
-                            disable_log_stats=False, seed=self.seed, speculative_config=speculative)
+                            disable_log_stats=False, seed=self.seed + self._starts, speculative_config=speculative)
+        # NOTE: every engine start gets its own seed: two engines started alike must not draw the same noise
+        # (check-lossless compares one engine's samples with another's).
+        self._starts += 1
         _LIVE["llm"], self._llm, self._key = llm, llm, key
         self._push(with_head=spec.mode != "none")  # the files may be older than the weights
         return llm

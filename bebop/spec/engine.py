@@ -95,7 +95,9 @@ class GenerationResult:
         """Statistics of every verify step as emitted, before the stop check: vLLM's way of counting."""
         if self.log is None:
             return self.stats
-        return self.log.to_stats([UNCUT] * len(self.lengths))
+        stats = self.log.to_stats([UNCUT] * len(self.lengths))
+        stats.num_generated_tokens = sum(self.lengths)  # the completions' tokens, not the uncut bound
+        return stats
 
 
 @dataclass

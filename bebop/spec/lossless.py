@@ -57,7 +57,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from bebop.spec.chi2 import MIN_EXPECTED, chi2_sf, pool_rare_cells, two_sample_chi2  # noqa: F401 (re-exported)
 from bebop.spec.engine import SamplingParams, SpecConfig
@@ -205,9 +205,6 @@ class CheckInputs:
     spec: list[tuple[int, ...]]  # (num_samples,) leading tokens of the speculative rows, config.num_tokens each
     plain: list[tuple[int, ...]]  # (num_samples,) leading tokens of plain rows, at least config.num_tokens each
     alpha: float  # false-alarm odds per check
-    prompt: str | list[int]  # the tested prompt
-    model: object = field(default=None, compare=False, repr=False)  # the target, for kinds that need a forward pass
-    tokenizer: object = field(default=None, compare=False, repr=False)
     reference: str = ""  # which plain sampler ``plain`` came from, when there are several (e.g. "vLLM plain")
 
 
@@ -347,7 +344,7 @@ def run_lossless_checks(
         try:
             samples = _sample_leading_tokens(sampler, rows, is_tested, sampling, spec, seed, step)
         except (RuntimeError, ValueError) as e:  # NOTE: another engine crashing on a setting fails that setting
-            if config is None or sampler.name == "engine" or isinstance(e, BebopError):
+            if config is None or sampler.name == "engine":
                 raise
             checks.append(_crash_check(config, e, alpha))
             sampler.close()  # the next setting starts a fresh engine
@@ -356,7 +353,7 @@ def run_lossless_checks(
             plain[label, key] = samples
             continue
         for ref in references:
-            inputs = CheckInputs(config, samples, plain[ref, key], alpha, tested, model, tokenizer, ref)
+            inputs = CheckInputs(config, samples, plain[ref, key], alpha, ref)
             for kind in kinds:
                 checks.extend(CHECK_KINDS[kind](inputs))
     return checks
