@@ -126,3 +126,23 @@ def test_check_lossless_command_fails_an_ignored_window(broken, tmp_path, monkey
     assert (status, bool(failed)) == ((1, True) if broken else (0, False)), "\n".join(lines)
     assert all("long prompt" in line for line in failed)
     assert ("FAILING configurations" in out) == broken  # the summary names what failed
+
+
+def test_reduced_cells_give_the_full_vocabulary_statistic():
+    """The memory-bounded path (expected-count cells + one rest cell) gives conditional_chi2's value on full rows."""
+    from bebop.spec import reference
+    from bebop.spec.engine import SamplingParams, SpecConfig, generate
+
+    model = tiny_model("qwen3", vocab_size=32)
+    prompt = [3, 4, 5]
+    out = generate(model, ToyTokenizer(), [prompt] * 300, sampling=SamplingParams(max_new_tokens=reference.REF_TOKENS),
+                   spec=SpecConfig("none"), seed=5)
+    draws = reference._reduced_draws(model, out.token_ids, prompt, 1.0)
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + c for c in out.token_ids])).logits
+    for i, (cells, probs) in enumerate(draws):
+        full = torch.softmax(logits[:, len(prompt) - 1 + i].double(), -1)
+        tokens = torch.tensor([c[i] for c in out.token_ids])
+        want, want_dof = reference.conditional_chi2(tokens, full)
+        got, got_dof = reference.conditional_chi2(cells, probs)
+        assert got_dof == want_dof and abs(got - want) < 1e-6 * max(1.0, want)
