@@ -174,8 +174,11 @@ def test_sigint_is_interrupted_exit_130(command, workdir):
     """Keep: SIGINT during a long command prints "bebop: interrupted" and exits 130."""
     argv, marker = SIGINT_RUNS[command]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    # NOTE: a shell's background job starts with SIGINT ignored, and Python keeps an ignored SIGINT ignored;
+    # restore the default in the child so it behaves as in a terminal wherever the suite runs.
     proc = subprocess.Popen([sys.executable, "-m", "bebop.cli", *argv, "--threads", "1"], cwd=workdir, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 120
     while not (workdir / marker).is_file() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.2)
