@@ -32,6 +32,7 @@ from bebop import embedded  # noqa: E402
 from bebop.mtp import MtpHead  # noqa: E402
 from bebop.mtp.native import export_mtp  # noqa: E402
 from bebop.rollout import vllm_cpu_fix  # noqa: E402
+from bebop.rollout.vllm import spec_counters  # noqa: E402
 from bebop.spec import SamplingParams, SpecConfig, generate  # noqa: E402
 from bebop.task import arith  # noqa: E402
 
@@ -44,28 +45,19 @@ def _vllm_engine(model_dir: Path, k: int | None):
                     gpu_memory_utilization=0.12, disable_log_stats=False, seed=0, speculative_config=spec)
 
 
-def _counters(llm) -> tuple[int, int]:
-    drafts = accepted = 0
-    for m in llm.get_metrics():
-        if m.name == "vllm:spec_decode_num_drafts":
-            drafts += m.value
-        elif m.name == "vllm:spec_decode_num_accepted_tokens":
-            accepted += m.value
-    return drafts, accepted
-
-
 def _run_vllm(llm, prompts, temperature, max_tokens, seed):
     """NOTE: ``seed`` is unused: vLLM runs requests with a per-request seed without drafts."""
     import vllm
 
-    d0, a0 = _counters(llm)
+    before = spec_counters(llm, 0)
     start = time.perf_counter()
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                         vllm.SamplingParams(temperature=temperature, max_tokens=max_tokens), use_tqdm=False)
     seconds = time.perf_counter() - start
-    d1, a1 = _counters(llm)
+    after = spec_counters(llm, 0)
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    return tokens / seconds, (1 + (a1 - a0) / (d1 - d0)) if d1 > d0 else float("nan")
+    drafts, accepted = after["drafts"] - before["drafts"], after["accepted"] - before["accepted"]
+    return tokens / seconds, (1 + accepted / drafts) if drafts else float("nan")
 
 
 def _run_bebop(model, tok, head, prompts, temperature, max_tokens, seed, k):

@@ -21,6 +21,7 @@ from bebop import embedded  # noqa: E402
 from bebop.mtp import MtpHead  # noqa: E402
 from bebop.mtp.native import export_mtp  # noqa: E402
 from bebop.rollout import vllm_cpu_fix  # noqa: E402
+from bebop.rollout.vllm import spec_counters  # noqa: E402
 from bebop.spec import SamplingParams, SpecConfig, generate  # noqa: E402
 from bebop.task import arith  # noqa: E402
 
@@ -81,31 +82,15 @@ def engines(served):
     pool.close()
 
 
-def _spec_counters(llm) -> dict:
-    """Cumulative spec-decode counters of an engine: drafts, draft tokens, accepted, accepted per position."""
-    out = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "per_pos": [0] * K}
-    for metric in llm.get_metrics():
-        name = metric.name.removeprefix("vllm:spec_decode_")
-        if name == "num_drafts":
-            out["drafts"] += metric.value
-        elif name == "num_draft_tokens":
-            out["draft_tokens"] += metric.value
-        elif name == "num_accepted_tokens":
-            out["accepted"] += metric.value
-        elif name == "num_accepted_tokens_per_pos":
-            out["per_pos"] = [a + b for a, b in zip(out["per_pos"], metric.values)]
-    return out
-
-
 def _vllm_generate(llm, prompt_ids, temperature, max_tokens):
     """(token ids per row, spec counters of this call) — counters by difference, they are cumulative.
 
     NOTE: no per-request seed: vLLM runs seeded requests without drafts (its counters stay flat).
     """
-    before = _spec_counters(llm)
+    before = spec_counters(llm, K)
     params = vllm.SamplingParams(temperature=temperature, max_tokens=max_tokens)
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompt_ids], params, use_tqdm=False)
-    after = _spec_counters(llm)
+    after = spec_counters(llm, K)
     delta = {k: (after[k] - before[k]) if k != "per_pos" else [a - b for a, b in zip(after[k], before[k])]
              for k in after}
     return [list(o.outputs[0].token_ids) for o in outputs], delta
