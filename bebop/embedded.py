@@ -31,7 +31,7 @@ from bebop.utils.io import BebopError, atomic_dir, entry_lock, read_json, write_
 from bebop.utils.progress import progress, say, step_line
 from bebop.utils.torch_utils import resolve_device, seed_everything, state_sha256
 
-EMBEDDED_VERSION = "v2"  # bump when the task, tokenizer or model changes, so stale caches are not reused
+EMBEDDED_VERSION = "v3"  # bump when the task, tokenizer or model changes, so stale caches are not reused
 PRETRAIN_THREADS = 1  # NOTE: CPU reductions depend on the thread count: one thread makes pretraining bit-reproducible
 
 
@@ -42,6 +42,7 @@ class PretrainConfig:
     steps: int = 1200  # optimizer steps (about 3-4 min on 2 CPU cores)
     batch_size: int = 32  # sequences per step, drawn fresh each step
     lr: float = 3e-3  # peak AdamW learning rate
+    guess_share: float = 0.5  # share of training completions written by the careless solver (arith.make_guess)
     warmup_steps: int = 60  # linear warmup, then cosine decay to 10%
     weight_decay: float = 0.01  # AdamW weight decay
     seed: int = 0  # weight init and data
@@ -104,14 +105,18 @@ def _lr_at(step: int, cfg: PretrainConfig) -> float:
 
 
 def _training_batch(
-    rng: random.Random, tok: PreTrainedTokenizerFast, batch_size: int
+    rng: random.Random, tok: PreTrainedTokenizerFast, batch_size: int, guess_share: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(input_ids, loss_mask), both (B, T): prompt + correct completion + EOS, loss on the completion."""
+    """(input_ids, loss_mask), both (B, T): prompt + completion + EOS, loss on the completion.
+
+    A completion is careless (``arith.make_guess``) with probability ``guess_share``, else correct.
+    """
     rows, masks = [], []
     for _ in range(batch_size):
         problem = arith.make_problem(rng)
         prompt_ids = tok.encode(problem.prompt)
-        completion_ids = tok.encode(arith.make_solution(rng, problem)) + [tok.eos_token_id]
+        write = arith.make_guess if rng.random() < guess_share else arith.make_solution
+        completion_ids = tok.encode(write(rng, problem)) + [tok.eos_token_id]
         rows.append(prompt_ids + completion_ids)
         masks.append([0] * len(prompt_ids) + [1] * len(completion_ids))
     width = max(len(r) for r in rows)
@@ -153,7 +158,7 @@ def _pretrain(out_dir: str | os.PathLike, cfg: PretrainConfig, show_progress: bo
     for step in progress(range(cfg.steps), total=cfg.steps, desc="pretrain", enabled=show_progress):
         for group in opt.param_groups:
             group["lr"] = _lr_at(step, cfg)
-        ids, mask = _training_batch(rng, tok, cfg.batch_size)
+        ids, mask = _training_batch(rng, tok, cfg.batch_size, cfg.guess_share)
         ids, mask = ids.to(device), mask.to(device)
         logits = model(input_ids=ids).logits[:, :-1]
         loss = torch.nn.functional.cross_entropy(logits[mask[:, 1:]], ids[:, 1:][mask[:, 1:]])
@@ -190,6 +195,7 @@ def evaluate_task(model, tok, num_problems: int = 256, seed: int = 1, temperatur
     rewards = arith.arith_reward([p.prompt for p in problems], result.texts, answer=[p.answer for p in problems])
     return {
         "accuracy": sum(rewards) / len(rewards),
+        "guess_rate": sum(arith.is_guess(t) for t in result.texts) / len(result.texts),
         "target_entropy": result.stats.mean_target_entropy,
         "mean_completion_tokens": sum(result.lengths) / len(result.lengths),
     }
@@ -200,6 +206,8 @@ def check_pretrain_config(cfg: PretrainConfig) -> None:
     if cfg.steps < 1 or cfg.eval_problems < 1:
         raise BebopError(f"pretrain needs steps >= 1 and eval_problems >= 1, got steps={cfg.steps}, "
                          f"eval_problems={cfg.eval_problems}")
+    if not 0.0 <= cfg.guess_share < 1.0:
+        raise BebopError(f"pretrain needs 0 <= guess_share < 1 (some careful answers to learn), got {cfg.guess_share}")
 
 
 def ensure_embedded_model(show_progress: bool = True) -> Path:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import random
+
+import pytest
 import torch
 
 from bebop import embedded
+from bebop.task import arith
+from bebop.utils.io import BebopError
 from bebop.utils.torch_utils import state_sha256
 
 
@@ -33,3 +38,18 @@ def test_embedded_model_is_a_vllm_servable_qwen3_5():
     assert set(cfg.layer_types) == {"full_attention"}  # no linear attention: fp32 on vLLM's CPU build
     assert cfg.head_dim >= 32  # vLLM's CPU attention refuses smaller heads
     assert embedded.EMBEDDED_VERSION != "v1"  # caches of the old Qwen3 default are not reused
+
+
+def test_pretraining_mixes_careless_answers_at_the_configured_share():
+    tok = embedded.build_tokenizer()
+    texts = []
+    for share in (0.0, 0.5):
+        ids, mask = embedded._training_batch(random.Random(0), tok, 400, share)
+        texts.append([tok.decode(row[m].tolist()) for row, m in zip(ids, mask)])
+    assert not any(arith.is_guess(t) for t in texts[0])
+    assert 0.4 < sum(arith.is_guess(t) for t in texts[1]) / 400 < 0.6  # 0.5 +- 5 sigma (sigma = 0.025)
+
+
+def test_guess_share_must_leave_careful_answers():
+    with pytest.raises(BebopError, match="guess_share"):
+        embedded.check_pretrain_config(embedded.PretrainConfig(guess_share=1.0))

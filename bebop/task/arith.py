@@ -10,6 +10,16 @@ Every completion that follows the format and ends with the true sum is correct, 
 has genuine choices (which term next, which connective, which verb) between deterministic
 tokens (running sums, punctuation). That spread of next-token entropy is what acceptance
 versus entropy needs; a task answered token-for-token deterministically would have none.
+
+Pretraining also shows a second, careless solver (``make_guess``): it opens with a word of its
+own (``guess``, ``say``, ``maybe``) and writes random running sums, so it is almost never right::
+
+    completion:  guess 7 . add 2 gives 131 . plus 4 makes 55 . A 55
+
+A model pretrained on both is what a base LLM is to RL: a mixture of a careful and a careless
+way to answer, the careless one far more uncertain (a random number is ln 200 = 5.3 nats).
+Reinforcement learning that works drops the careless way, so accuracy rises while the policy's
+entropy falls, as it does in real RL post-training (paper §1, Figs. 1a, 8).
 """
 
 from __future__ import annotations
@@ -24,11 +34,12 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 OPENERS = ("take", "start", "begin")
 CONNECTIVES = ("add", "plus", "then")
 VERBS = ("gives", "makes", "is")
+GUESS_OPENERS = ("guess", "say", "maybe")  # the careless solver's first word (``make_guess``)
 MAX_NUMBER = 199  # every integer 0..MAX_NUMBER is one token; sums stay below it
 
 SPECIAL_TOKENS = ("<pad>", "<eos>", "<unk>")
 PAD, EOS, UNK = SPECIAL_TOKENS
-WORDS = ("Q", "+", "=", "?", ".", "A") + OPENERS + CONNECTIVES + VERBS
+WORDS = ("Q", "+", "=", "?", ".", "A") + OPENERS + CONNECTIVES + VERBS + GUESS_OPENERS
 
 _ANSWER = re.compile(r"\bA (\d+)\s*$")
 
@@ -39,7 +50,7 @@ class ArithConfig:
 
     min_terms: int = 3  # fewest numbers to add
     max_terms: int = 5  # most numbers to add
-    max_term: int = 19  # terms are drawn from 1..max_term
+    max_term: int = 9  # terms are drawn from 1..max_term (single digits: the careful way is learnable)
 
 
 @dataclass(frozen=True)
@@ -73,6 +84,27 @@ def make_solution(rng: random.Random, problem: Problem) -> str:
         parts.append(f"{rng.choice(CONNECTIVES)} {term} {rng.choice(VERBS)} {total} .")
     parts.append(f"A {total}")
     return " ".join(parts)
+
+
+def make_guess(rng: random.Random, problem: Problem) -> str:
+    """A careless completion: the careful format, but every number after the first is random.
+
+    The terms it "adds" and the running sums are drawn uniformly from 0..MAX_NUMBER (ln 200 = 5.3
+    nats each), and the answer repeats the last sum written, so it is right only by chance.
+    """
+    parts = [f"{rng.choice(GUESS_OPENERS)} {rng.choice(problem.terms)} ."]
+    total = 0
+    for _ in problem.terms[1:]:
+        total = rng.randint(0, MAX_NUMBER)
+        parts.append(f"{rng.choice(CONNECTIVES)} {rng.randint(0, MAX_NUMBER)} {rng.choice(VERBS)} {total} .")
+    parts.append(f"A {total}")
+    return " ".join(parts)
+
+
+def is_guess(completion: str) -> bool:
+    """True when the completion opens the careless solver's way (a word of GUESS_OPENERS)."""
+    words = completion.split(maxsplit=1)
+    return bool(words) and words[0] in GUESS_OPENERS
 
 
 def make_problems(num: int, seed: int, cfg: ArithConfig = ArithConfig()) -> list[Problem]:

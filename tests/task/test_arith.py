@@ -51,3 +51,20 @@ def test_tokenizer_round_trip_and_closed_vocabulary():
         assert tok.unk_token_id not in ids
         assert tok.decode(ids) == text
     assert tok.eos_token_id is not None and tok.pad_token_id is not None
+
+
+def test_guesses_keep_the_format_but_not_the_sums():
+    rng = random.Random(0)
+    problem = arith.Problem(prompt="Q 4 + 7 + 2 + 9 = ?", answer="22", terms=(4, 7, 2, 9))
+    guesses = [arith.make_guess(rng, problem) for _ in range(300)]
+    assert all(arith.is_guess(g) and not arith.is_guess(arith.make_solution(rng, problem)) for g in guesses)
+    sums = set()
+    for g in guesses:
+        words = g.split()
+        assert int(words[1]) in problem.terms and len(words) == 3 + 3 * 5 + 2  # opener, 3 steps, "A n"
+        assert arith.extract_answer(g) == words[-4]  # the answer repeats the last running sum
+        sums.update(int(words[i + 1]) for i, w in enumerate(words) if w in arith.VERBS)
+    assert len(sums) > 150  # random running sums: high entropy, unlike the careful solver's one sum
+    # right only by chance: at most a few of 300
+    assert sum(arith.arith_reward([problem.prompt] * 300, guesses, answer=["22"] * 300)) <= 5
+    assert not arith.is_guess("") and arith.is_guess("maybe 3 . A 3")
