@@ -204,8 +204,8 @@ def workdir(tmp_path, monkeypatch):
 
 
 def test_bfloat16_on_cpu_end_to_end(workdir, capsys):
-    """train-mtp, eval-mtp, generate and rl with --dtype bfloat16 on a CPU; rl records the dtype and a
-    resume keeps it (and refuses another)."""
+    """train-mtp, eval-mtp, generate and rl (online head) with --dtype bfloat16 on a CPU; rl records the
+    dtype and a resume keeps it (and refuses another)."""
     gen = ["generate", "--model", "model", "--prompts", "prompts.jsonl", "--max-new-tokens", "6", "--dtype", "bfloat16"]
     assert main([*gen, "--mode", "none", "--out", "plain.jsonl"]) == 0
     assert main(["train-mtp", "--model", "model", "--data", "text.jsonl", "--out", "head", "--steps", "2",
@@ -219,13 +219,49 @@ def test_bfloat16_on_cpu_end_to_end(workdir, capsys):
     assert json.loads((workdir / "stats.json").read_text())["spec/num_drafts"] > 0
     rl = ["--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "4", "--reward", "rewards:score"]
     assert main(["rl", "--model", "model", "--mtp", "head", "--data", "prompts.jsonl", "--steps", "1", "--out", "run",
-                 "--mode", "rs", "--dtype", "bfloat16", *rl]) == 0
+                 "--mode", "rs", "--mtp-update", "online", "--dtype", "bfloat16", *rl]) == 0
     assert json.loads((workdir / "run" / "config.json").read_text())["dtype"] == "bfloat16"
+    row = json.loads((workdir / "run" / "metrics.jsonl").read_text())
+    assert all(torch.isfinite(torch.tensor(row[k])) for k in ("rl/loss", "mtp/loss"))  # policy and online head
     capsys.readouterr()
     assert main(["rl", "--resume", "run", "--steps", "2", "--dtype", "float32"]) == 2
     assert "dtype: 'bfloat16' -> None" in capsys.readouterr().err
     assert main(["rl", "--resume", "run", "--steps", "2"]) == 0
     assert len((workdir / "run" / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_bfloat16_commands_find_the_embedded_cache_by_its_float32_weights(tmp_path, monkeypatch, capsys):
+    """Cached heads and data are keyed by the float32 weights' SHA-256: a bf16 command must look them up
+    on the float32 model (then cast it), or it would rebuild the cache (minutes) under another key."""
+    from bebop import embedded
+    from bebop.mtp.data import Sequences
+
+    model = tiny_model("llama", vocab_size=16)
+    save_model_dir(embedded.embedded_model_dir(), model)
+    MtpHead(model).save_pretrained(tmp_path / "head")
+    seen = []
+
+    def head(loss, model, tok):
+        seen.append(("head", model.dtype))
+        return tmp_path / "head"
+
+    def data(split, model, tok, num=None):
+        seen.append(("data", model.dtype))
+        return Sequences([[1, 4, 5, 6, 7, 8, 9, 10]] * 4, [2] * 4)
+
+    def evaluate(backbone, mtp, *args, **kwargs):
+        seen.append(("eval", backbone.dtype, next(mtp.parameters()).dtype))
+        return evaluate_mtp(backbone, mtp, *args, **kwargs)
+
+    from bebop.mtp import evaluate as evaluate_module
+
+    evaluate_mtp = evaluate_module.evaluate_mtp
+    monkeypatch.setattr(evaluate_module, "evaluate_mtp", evaluate)
+    monkeypatch.setattr(embedded, "ensure_embedded_head", head)
+    monkeypatch.setattr(embedded, "embedded_data", data)
+    assert main(["eval-mtp", "--dtype", "bfloat16", "--speculate-k", "2"]) == 0
+    assert seen == [("head", torch.float32), ("data", torch.float32), ("eval", BF16, BF16)]
+    assert "| e2e_tv |" in capsys.readouterr().out
 
 
 def test_pretrain_in_bfloat16_saves_float32_masters(tmp_path):
