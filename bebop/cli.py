@@ -32,7 +32,8 @@ DTYPE_HELP = ("weights and activations: auto (bfloat16 on CUDA, float32 on CPU; 
               "losses, acceptance statistics and sampling probabilities are float32 either way")
 
 
-def _add_device_args(p: argparse.ArgumentParser, dtype_default: str | None = "auto", dtype_help: str = DTYPE_HELP) -> None:
+def _add_device_args(p: argparse.ArgumentParser, dtype_default: str | None = "auto",
+                     dtype_help: str = DTYPE_HELP) -> None:
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (CUDA when present; default: auto)")
     p.add_argument("--dtype", default=dtype_default, help=dtype_help)
 

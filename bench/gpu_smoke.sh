@@ -24,7 +24,8 @@ step() { echo; echo "=== gpu_smoke: $*"; }
 
 if [[ $DEVICE == cuda* ]]; then
     step "CUDA present"
-    "$PYTHON" -c "import sys, torch; ok = torch.cuda.is_available(); print(torch.__version__, torch.cuda.get_device_name(0) if ok else 'no CUDA device'); sys.exit(0 if ok else 1)"
+    "$PYTHON" -c "import sys, torch; ok = torch.cuda.is_available()
+print(torch.__version__, torch.cuda.get_device_name(0) if ok else 'no CUDA device'); sys.exit(0 if ok else 1)"
     step "tests that need CUDA (none may skip here)"
     # NOTE: the CUDA tests skip exactly when torch.cuda.is_available() is False, checked just above.
     "$PYTHON" -m pytest tests/test_devices.py -q -p no:cacheprovider -rs

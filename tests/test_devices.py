@@ -48,7 +48,7 @@ def test_resolve_dtype_auto_is_float32_on_cpu_and_names_map():
 
 @pytest.mark.parametrize("name", ["float16", "fp16", "half", "int8", torch.float16])
 def test_unsupported_dtype_is_one_clear_line(name):
-    with pytest.raises(BebopError, match=r"^unsupported dtype '(float16|fp16|half|int8)'; use auto, float32 or bfloat16"):
+    with pytest.raises(BebopError, match=r"^unsupported dtype '(float16|fp16|half|int8)'; use auto, float32"):
         resolve_dtype(name, "cpu")
 
 
@@ -83,7 +83,8 @@ def test_master_weights_resume_bit_for_bit_and_save_float32():
     def run(steps, model, opt):
         for s in range(steps):
             opt.zero_grad()
-            model(torch.randn(3, 8, generator=torch.Generator().manual_seed(s)).to(BF16)).float().square().sum().backward()
+            x = torch.randn(3, 8, generator=torch.Generator().manual_seed(s)).to(BF16)
+            model(x).float().square().sum().backward()
             opt.step()
 
     torch.manual_seed(0)
@@ -102,7 +103,8 @@ def test_master_weights_resume_bit_for_bit_and_save_float32():
     assert all(torch.equal(a, b) for a, b in zip(opt.masters, resumed.masters))
     saved = master_state_dict(model, opt)
     assert all(t.dtype == torch.float32 for t in saved.values())
-    assert saved["0.weight"] is saved["1.weight"] and not torch.equal(saved["0.weight"].to(BF16).float(), saved["0.weight"])
+    tied = saved["0.weight"]
+    assert saved["1.weight"] is tied and not torch.equal(tied.to(BF16).float(), tied)  # unrounded masters
     with pytest.raises(ValueError, match="not a MasterWeightAdamW state"):
         resumed.load_state_dict(torch.optim.AdamW(twin.parameters()).state_dict())
 
