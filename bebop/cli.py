@@ -25,16 +25,32 @@ def _add_model_args(p: argparse.ArgumentParser, mtp: bool = True) -> None:
                                    f"supported: {supported_families()}")
     if mtp:
         p.add_argument("--mtp", help="MTP head directory (default: the embedded model's cached e2e_tv head)")
-    p.add_argument("--device", default="auto", help="cpu, cuda or auto (default: auto)")
+    _add_device_args(p)
 
 
-def _load(args, need_mtp: bool, mtp_loss: str = "e2e_tv"):
-    """(model, tokenizer, head or None) from --model/--mtp, or the embedded defaults."""
+DTYPE_HELP = ("weights and activations: auto (bfloat16 on CUDA, float32 on CPU; default), float32 or bfloat16; "
+              "losses, acceptance statistics and sampling probabilities are float32 either way")
+
+
+def _add_device_args(p: argparse.ArgumentParser, dtype_default: str | None = "auto",
+                     dtype_help: str = DTYPE_HELP) -> None:
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (CUDA when present; default: auto)")
+    p.add_argument("--dtype", default=dtype_default, help=dtype_help)
+
+
+def _load(args, need_mtp: bool, mtp_loss: str = "e2e_tv", split: str | None = None):
+    """(model, tokenizer, head or None, sequences or None) from --model/--mtp/--data (``split`` of the
+    embedded data when it is given), or the embedded defaults; on --device in --dtype."""
     from bebop import embedded
     from bebop.mtp import MtpHead
+    from bebop.utils.torch_utils import resolve_device, resolve_dtype
 
-    model, tok = embedded.load_model(args.model, device=args.device)
-    head = None
+    dtype = resolve_dtype(args.dtype, resolve_device(args.device))  # NOTE: before anything loads or pretrains
+    # NOTE: the embedded model's cached heads and data are keyed by its float32 weights: they are found
+    # (or built) on the float32 model, which is cast to --dtype after.
+    model, tok = embedded.load_model(args.model, device=args.device,
+                                     dtype=dtype if args.model else embedded.CACHE_DTYPE)
+    path = None
     if need_mtp:
         if getattr(args, "mtp", None):
             path = Path(args.mtp)
@@ -42,10 +58,14 @@ def _load(args, need_mtp: bool, mtp_loss: str = "e2e_tv"):
             path = embedded.ensure_embedded_head(mtp_loss, model, tok)
         else:
             raise BebopError("--mtp is required with --model (train one with `bebop train-mtp --model ...`)")
+    data = _sequences(args, model, tok, split) if split else None
+    model.to(dtype)
+    head = None
+    if path is not None:
         head = MtpHead.from_pretrained(path, model).eval()
         for p in head.parameters():
             p.requires_grad_(False)
-    return model, tok, head
+    return model, tok, head, data
 
 
 def _sequences(args, model, tok, split: str):
@@ -65,7 +85,8 @@ def cmd_pretrain(args) -> None:
     from bebop import embedded
     from bebop.utils.io import check_output_dir, entry_lock, prepare_output_dir
 
-    overrides = {"steps": args.steps, "seed": args.seed, "device": args.device, "eval_problems": args.eval_problems}
+    overrides = {"steps": args.steps, "seed": args.seed, "device": args.device, "eval_problems": args.eval_problems,
+                 "dtype": args.dtype}
     cfg = embedded.PretrainConfig(**{k: v for k, v in overrides.items() if v is not None})
     embedded.check_pretrain_config(cfg)
     out = Path(args.out) if args.out else embedded.embedded_model_dir()
@@ -101,8 +122,7 @@ def cmd_train_mtp(args) -> None:
     if args.data:
         _check_input_file(args.data, "data file")
     print("resolved config: " + json.dumps(dataclasses.asdict(cfg)), file=sys.stderr)
-    model, tok, _ = _load(args, need_mtp=False)
-    data = _sequences(args, model, tok, "train")
+    model, tok, _, data = _load(args, need_mtp=False, split="train")
     train_mtp(model, data, out, cfg, pad_id=tok.pad_token_id, resume=args.resume, overwrite=args.overwrite,
               model_dir=args.model)
     print(f"saved head to {out}")
@@ -112,9 +132,11 @@ def cmd_train_mtp(args) -> None:
 def cmd_import_mtp(args) -> None:
     from bebop import embedded
     from bebop.mtp.native import import_mtp, native_layout
+    from bebop.utils.torch_utils import resolve_device, resolve_dtype
 
+    resolve_dtype(args.dtype, resolve_device(args.device))
     native_layout(args.model)  # NOTE: checked before the (possibly large) model loads
-    model, _ = embedded.load_model(args.model, device=args.device)
+    model, _ = embedded.load_model(args.model, device=args.device, dtype=args.dtype)
     head = import_mtp(args.model, model)
     head.save_pretrained(args.out, extra={"imported_from": str(Path(args.model).resolve())})
     print(f"imported the {head.config.family} MTP layer of {args.model} to {args.out}")
@@ -147,8 +169,7 @@ def cmd_eval_mtp(args) -> None:
         check_output_file(args.json, "--json file")
     if args.data:
         _check_input_file(args.data, "data file")
-    model, tok, head = _load(args, need_mtp=True, mtp_loss=args.loss)
-    data = _sequences(args, model, tok, "eval")
+    model, tok, head, data = _load(args, need_mtp=True, mtp_loss=args.loss, split="eval")
     result = evaluate_mtp(model, head, data, speculate_k=args.speculate_k, temperature=args.temperature,
                           pad_id=tok.pad_token_id, chain_context=args.chain_context)
     print(acceptance_table({args.mtp or args.loss: result}))
@@ -175,7 +196,7 @@ def cmd_generate(args) -> None:
         check_output_file(args.stats_json, "--stats-json file")
     prompts = _read_prompts(args.prompts, args.num_prompts)
     backend_class(args.backend)  # NOTE: a missing optional package fails here, before the model loads
-    model, tok, head = _load(args, need_mtp=args.mode != "none")
+    model, tok, head, _ = _load(args, need_mtp=args.mode != "none")
     spec = SpecConfig(mode=args.mode, speculate_k=args.speculate_k, filter_drafts=args.filter_drafts)
     prompt_ids = [encode_prompt(tok, p) for p in prompts]
     backend = make_backend(args.backend, model, tok, head, seed=args.seed)
@@ -233,7 +254,7 @@ def cmd_check_lossless(args) -> int:
     from bebop.utils.tokens import encode_prompt
 
     backend_class(args.backend)  # NOTE: a missing optional package fails here, before the model loads
-    model, tok, head = _load(args, need_mtp=True)
+    model, tok, head, _ = _load(args, need_mtp=True)
     prompts = [encode_prompt(tok, p) for p in _read_prompts(args.prompts, 4)] if args.prompts else default_prompts()
     if args.backend == "engine":
         checks = run_lossless_checks(model, tok, head, num_samples=args.samples, seed=args.seed, prompts=prompts,
@@ -268,6 +289,7 @@ def cmd_rl(args) -> None:
     from bebop.rl.config import config_fields
     from bebop.rl.prompts import task_reward
     from bebop.utils.io import check_output_dir
+    from bebop.utils.torch_utils import dtype_name
 
     run_dir = Path(args.resume or args.out or "")
     if not args.resume and not args.out:
@@ -290,8 +312,12 @@ def cmd_rl(args) -> None:
     if cfg.task == "math":
         _check_input_file(cfg.data, "prompt file")
     need_head = cfg.mode != "none" or cfg.mtp.mtp_update == "online"
-    model, tok, head = _load(args, need_mtp=need_head, mtp_loss=cfg.mtp_loss)
+    if args.resume and args.dtype == "auto":  # NOTE: a resumed run keeps its dtype (float32 before --dtype existed)
+        args.dtype = saved.get("dtype", "float32")
+    model, tok, head, _ = _load(args, need_mtp=need_head, mtp_loss=cfg.mtp_loss)
     run_info = {key: _abs(getattr(args, key, None)) for key in RUN_PATHS}
+    if dtype_name(model.dtype) != "float32":  # recorded, so a resume in another dtype is refused (float32 runs: none)
+        run_info["dtype"] = dtype_name(model.dtype)
     train_rl(model, tok, head, cfg, run_dir, resume=bool(args.resume), overwrite=args.overwrite, run_info=run_info)
     print(f"run written to {run_dir}")
 
@@ -366,8 +392,10 @@ def cmd_report(args) -> None:
 def cmd_demo(args) -> None:
     from bebop.demo import quick_or_default, run_demo
     from bebop.utils.io import prepare_output_dir
+    from bebop.utils.torch_utils import resolve_device, resolve_dtype
 
-    cfg = quick_or_default(args.quick, args.out)
+    cfg = quick_or_default(args.quick, args.out, args.device, args.dtype)
+    resolve_dtype(cfg.dtype, resolve_device(cfg.device))  # NOTE: a bad --device/--dtype fails before any output
     if args.overwrite:
         prepare_output_dir(cfg.out, overwrite=True)
     report = run_demo(cfg)
@@ -391,7 +419,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, help="optimizer steps (default 1200)")
     p.add_argument("--seed", type=int, help="seed for init and data (default 0)")
     p.add_argument("--eval-problems", type=int, help="held-out problems sampled to measure accuracy (default 256)")
-    p.add_argument("--device", default="auto", help="cpu, cuda or auto")
+    _add_device_args(p, dtype_default=None, dtype_help="weights while training: float32 (default; the cached model's) "
+                     "or bfloat16 / auto (bfloat16 on CUDA), with float32 master weights; saved in float32 either way")
     p.add_argument("--overwrite", action="store_true",
                    help="if OUT exists and is not empty, move it aside to NAME.old-<timestamp> first")
     p.set_defaults(func=cmd_pretrain)
@@ -432,8 +461,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("import-mtp", help="save the MTP layer a checkpoint ships (Qwen3.5, Qwen3-Next, DeepSeek-V3, "
                                           "GLM-4.5, MiMo) as a Bebop head")
     p.add_argument("--model", required=True, help="HF model directory with a native MTP layer")
-    p.add_argument("--out", required=True, help="output head directory")
-    p.add_argument("--device", default="auto", help="cpu, cuda or auto (default: auto)")
+    p.add_argument("--out", required=True, help="output head directory (weights in --dtype)")
+    _add_device_args(p)
     p.set_defaults(func=cmd_import_mtp)
 
     p = sub.add_parser("export-mtp", help="write a model directory with the head as its native MTP layer, "
@@ -517,6 +546,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="output directory (default demo_out); an existing one is continued")
     p.add_argument("--overwrite", action="store_true",
                    help="if OUT exists and is not empty, move it aside to NAME.old-<timestamp> and start afresh")
+    _add_device_args(p)
     p.set_defaults(func=cmd_demo)
     for command in sub.choices.values():
         command.add_argument("--threads", type=int, help=THREADS_HELP)

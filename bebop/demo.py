@@ -23,6 +23,7 @@ from bebop.mtp.evaluate import acceptance_table, evaluate_mtp
 from bebop.mtp.head import MtpHead
 from bebop.utils.io import read_json, read_jsonl, write_json
 from bebop.utils.progress import say
+from bebop.utils.torch_utils import resolve_dtype
 
 LOSSES = ("ce", "fkl", "rkl", "tv", "e2e_tv")  # heads compared in the acceptance table
 SWEEP_LOSSES = ("ce", "e2e_tv")  # heads in the temperature sweep
@@ -58,6 +59,8 @@ class DemoConfig:
     temperatures: tuple[float, ...] = (0.1, 0.3, 0.5, 0.7, 1.0, 1.3)  # sweep temperatures
     eval_sequences: int = 256  # held-out sequences for exact acceptance
     seed: int = 0  # first RL seed (the only one of the runs outside the key comparison)
+    device: str = "auto"  # cpu, cuda or auto
+    dtype: str = "auto"  # of the evaluations and RL runs; data and heads are built on the float32 weights
 
 
 QUICK = DemoConfig(quick=True, head_steps=20, rl_steps=3, prompts_per_step=2, group_size=4, seeds=1,
@@ -72,9 +75,10 @@ def run_demo(cfg: DemoConfig) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     model_dir = _model_dir(cfg, out)
-    model, tok = embedded.load_model(model_dir)
+    model, tok = embedded.load_model(model_dir, device=cfg.device, dtype=embedded.CACHE_DTYPE)
     train_data, eval_data = _data(cfg, out, model, tok)
     head_dirs = {loss: _head(cfg, out, loss, model, tok, train_data) for loss in LOSSES}
+    model.to(resolve_dtype(cfg.dtype, model.device))
     say(f"demo: heads ready ({time.time() - t0:.0f}s)")
     head_evals = _head_evals(cfg, out, model, tok, head_dirs, eval_data)
     sweep = _sweep(cfg, out, model, tok, head_dirs, eval_data)
@@ -159,7 +163,7 @@ def _rl_run(cfg: DemoConfig, out: Path, model_dir: Path, head_dirs: dict[str, Pa
         "steps": cfg.rl_steps, "prompts_per_step": cfg.prompts_per_step, "group_size": cfg.group_size,
         "lr": cfg.lr, "seed": seed, "save_every": max(cfg.rl_steps // 3, 1),
     })
-    model, tok = embedded.load_model(model_dir)
+    model, tok = embedded.load_model(model_dir, device=cfg.device, dtype=cfg.dtype)
     head = MtpHead.from_pretrained(head_dirs[loss], model) if (mode != "none" or update == "online") else None
     train_rl(model, tok, head, rl_cfg, run_dir, resume=True)  # from the checkpoint, or from step 0 without one
     return run_dir
@@ -199,6 +203,6 @@ def _rl_settings(cfg: DemoConfig) -> str:
             f"({', '.join(SEEDED_RUNS)}) ran with {seeds}; the other runs with seed {cfg.seed}.")
 
 
-def quick_or_default(quick: bool, out: str | None) -> DemoConfig:
-    base = QUICK if quick else DemoConfig()
+def quick_or_default(quick: bool, out: str | None, device: str = "auto", dtype: str = "auto") -> DemoConfig:
+    base = replace(QUICK if quick else DemoConfig(), device=device, dtype=dtype)
     return replace(base, out=out) if out else base

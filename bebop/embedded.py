@@ -28,10 +28,12 @@ from transformers import PreTrainedTokenizerFast, Qwen3_5ForCausalLM, Qwen3_5Tex
 from bebop.architectures import check_architecture
 from bebop.task import arith
 from bebop.utils.io import BebopError, atomic_dir, entry_lock, read_json, write_json
+from bebop.utils.optim import make_adamw, master_state_dict
 from bebop.utils.progress import progress, say, step_line
-from bebop.utils.torch_utils import resolve_device, seed_everything, state_sha256
+from bebop.utils.torch_utils import resolve_device, resolve_dtype, seed_everything, state_sha256
 
 EMBEDDED_VERSION = "v3"  # bump when the task, tokenizer or model changes, so stale caches are not reused
+CACHE_DTYPE = torch.float32  # NOTE: cached heads and data are built on, and keyed by, the float32 weights
 PRETRAIN_THREADS = 1  # NOTE: CPU reductions depend on the thread count: one thread makes pretraining bit-reproducible
 
 
@@ -54,6 +56,8 @@ class PretrainConfig:
     intermediate_size: int = 192  # MLP width
     eval_problems: int = 256  # held-out problems for accuracy/entropy after training
     device: str = "auto"  # cpu, cuda or auto
+    dtype: str = "float32"  # weights: float32 (the cached model's, bit-reproducible on CPU) or bfloat16 / auto
+    #   (bf16 on CUDA), trained through float32 master weights and saved in float32 either way
 
 
 def cache_dir() -> Path:
@@ -149,8 +153,8 @@ def _pretrain(out_dir: str | os.PathLike, cfg: PretrainConfig, show_progress: bo
     seed_everything(cfg.seed)
     device = resolve_device(cfg.device)
     tok = build_tokenizer()
-    model = build_model(cfg, len(tok), tok.pad_token_id, tok.eos_token_id).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
+    model = build_model(cfg, len(tok), tok.pad_token_id, tok.eos_token_id).to(device, resolve_dtype(cfg.dtype, device))
+    opt = make_adamw(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
     rng = random.Random(cfg.seed)
     start = time.time()
     loss_ema = float("nan")
@@ -170,6 +174,9 @@ def _pretrain(out_dir: str | os.PathLike, cfg: PretrainConfig, show_progress: bo
         if show_progress and ((step + 1) % 100 == 0 or step + 1 == cfg.steps):
             say(step_line("pretrain", step + 1, cfg.steps, {"loss": loss_ema, "lr": _lr_at(step, cfg)}))
     model.eval()
+    if model.dtype != torch.float32:  # NOTE: the saved (and measured) model is the float32 master weights
+        masters = master_state_dict(model, opt)
+        model.float().load_state_dict(masters)
     quality = evaluate_task(model, tok, num_problems=cfg.eval_problems, seed=cfg.seed + 1)
     summary = {"loss": loss_ema, **quality, "seconds": time.time() - start, "config": asdict(cfg)}
     with atomic_dir(out_dir) as tmp:
@@ -208,6 +215,7 @@ def check_pretrain_config(cfg: PretrainConfig) -> None:
                          f"eval_problems={cfg.eval_problems}")
     if not 0.0 <= cfg.guess_share < 1.0:
         raise BebopError(f"pretrain needs 0 <= guess_share < 1 (some careful answers to learn), got {cfg.guess_share}")
+    resolve_dtype(cfg.dtype, resolve_device(cfg.device))
 
 
 def ensure_embedded_model(show_progress: bool = True) -> Path:
@@ -220,19 +228,25 @@ def ensure_embedded_model(show_progress: bool = True) -> Path:
     return path
 
 
-def load_model(model_dir: str | os.PathLike | None = None, device: str = "auto", show_progress: bool = True):
+def load_model(model_dir: str | os.PathLike | None = None, device: str = "auto", show_progress: bool = True,
+               dtype: str | torch.dtype = "auto"):
     """Loads an HF causal LM and its tokenizer from a local directory (the embedded model when None).
 
-    Raises BebopError with one clear line when the directory or its files are missing or corrupt.
+    The model is frozen, in eval mode, on ``device`` (``resolve_device``) with its weights in
+    ``dtype`` (``resolve_dtype``: auto = bfloat16 on CUDA, float32 on CPU).
+
+    Raises BebopError with one clear line when the directory or its files are missing or corrupt,
+    or the device or dtype is not available.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    target = resolve_device(device)  # a bad --device fails before any loading or pretraining
+    target = resolve_device(device)  # a bad --device or --dtype fails before any loading or pretraining
+    weights_dtype = resolve_dtype(dtype, target)
     path = Path(model_dir) if model_dir is not None else ensure_embedded_model(show_progress)
     if not (path / "config.json").is_file():
         raise BebopError(f"model directory {path} has no config.json (expected a save_pretrained directory)")
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=weights_dtype)
         tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError, json.JSONDecodeError, SafetensorError) as e:
         weights = ", ".join(sorted(p.name for p in path.glob("*.safetensors"))) or "no *.safetensors"
@@ -265,7 +279,7 @@ def embedded_data(split: str, model=None, tok=None, num: int | None = None, path
     from bebop.utils.io import atomic_write_text, read_jsonl
 
     if model is None:
-        model, tok = load_model()
+        model, tok = load_model(dtype=CACHE_DTYPE)
     path = path or cache_dir() / f"embedded-{EMBEDDED_VERSION}" / f"selfgen-{split}.jsonl"
     path = path.with_name(f"{path.stem}-{state_sha256(model)[:16]}{path.suffix}")
     with entry_lock(path):
@@ -299,7 +313,7 @@ def ensure_embedded_head(loss: str = "e2e_tv", model=None, tok=None, show_progre
     root = root or embedded_head_dir(loss).parent
     path = root / loss
     if model is None:
-        model, tok = load_model(show_progress=show_progress)
+        model, tok = load_model(show_progress=show_progress, dtype=CACHE_DTYPE)
     model_sha256 = state_sha256(model)
     with entry_lock(path):
         if (path / CONFIG_NAME).is_file() and _trained_on(path) == model_sha256:

@@ -122,6 +122,8 @@ TABLE = {  # case (command): argv, the error line it must give (regex)
     "rl --resume DIR where DIR holds no run": (["rl", "--resume", "empty-dir"], r"nothing to resume"),
     "--device nonsense": ([*GEN, "--model", "model", "--device", "nonsense"], r"unknown device 'nonsense'"),
     "--device cuda without CUDA": ([*GEN, "--model", "model", "--device", "cuda"], r"CUDA is not available"),
+    "--dtype float16 (issue 12: auto, float32 or bfloat16)": ([*GEN, "--model", "model", "--dtype", "float16"],
+                                                              r"unsupported dtype 'float16'; use auto, float32"),
     # issue 14: two processes on one empty cache.
 }
 

@@ -86,6 +86,10 @@ class MtpHead(nn.Module):
             (``bebop.mtp.families.detect_family``), "" = none (the default conventions).
         warm_start: start each block from the backbone's last decoder layer (False when weights are
             loaded right after).
+
+    The head is put on the backbone's device, in its dtype: the engine drafts in the dtype it
+    verifies in. A head trained in bfloat16 keeps float32 master weights in its optimizer and is
+    saved from them (``bebop.utils.optim``); loading casts the saved weights to the backbone's dtype.
     """
 
     def __init__(self, backbone: nn.Module, num_layers: int = 1, family: str | None = None, warm_start: bool = True):
@@ -126,6 +130,8 @@ class MtpHead(nn.Module):
             "lm_head": backbone.get_output_embeddings(),
             "rotary": getattr(decoder, "rotary_emb", None),
         }
+        param = next(backbone.parameters())
+        self.to(device=param.device, dtype=param.dtype)
         rotary = self._shared["rotary"]
         # NOTE: decided once here, not per draft step (inspect is slow on the hot path).
         self._rotary_takes_layer_type = rotary is not None and "layer_type" in inspect.signature(rotary.forward).parameters
@@ -210,10 +216,15 @@ class MtpHead(nn.Module):
             out.append(self.logits(g, step=j - 1))
         return out
 
-    def save_pretrained(self, directory: str | os.PathLike, extra: dict | None = None) -> None:
-        """Writes ``mtp_config.json`` and ``model.safetensors`` (the head's own weights) atomically."""
+    def save_pretrained(self, directory: str | os.PathLike, extra: dict | None = None,
+                        state: dict[str, torch.Tensor] | None = None) -> None:
+        """Writes ``mtp_config.json`` and ``model.safetensors`` (the head's own weights) atomically.
+
+        ``state`` replaces ``self.state_dict()`` (training passes the float32 master weights of a
+        bfloat16 head, ``bebop.utils.optim.master_state_dict``).
+        """
         with atomic_dir(directory) as tmp:
-            state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+            state = {k: v.detach().contiguous().cpu() for k, v in (state or self.state_dict()).items()}
             save_file(state, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
             (tmp / CONFIG_NAME).write_text(json.dumps({**asdict(self.config), **(extra or {})}, indent=2) + "\n")
 

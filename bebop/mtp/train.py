@@ -36,6 +36,7 @@ from bebop.utils.io import (
     read_json,
     write_json,
 )
+from bebop.utils.optim import make_adamw, master_state_dict
 from bebop.utils.progress import progress, say, step_line
 from bebop.utils.torch_utils import state_sha256
 
@@ -147,7 +148,7 @@ def train_mtp(
     head, origin = initial_head(backbone, cfg, model_dir)
     check_head_context(head, cfg.chain_context)
     ce_steps = ce_warmup_steps(cfg, origin)
-    opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    opt = make_adamw(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)  # bf16: float32 master weights
     start_step, resumes = _maybe_resume(out_dir, head, opt, cfg, model_sha256) if resume else (0, [])
     if start_step:  # NOTE: a resumed run keeps the CE/loss boundary it started with, even with more steps
         ce_steps = read_json(out_dir / CHECKPOINT_DIR / "config.json", what="checkpoint config").get("ce_steps", ce_steps)
@@ -184,7 +185,7 @@ def train_mtp(
         if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < cfg.steps:
             _save_checkpoint(out_dir, head, opt, step + 1, cfg, meta)
     logger.close()
-    head.save_pretrained(out_dir / "head.tmp", extra={"train": asdict(cfg), **meta})
+    head.save_pretrained(out_dir / "head.tmp", extra={"train": asdict(cfg), **meta}, state=master_state_dict(head, opt))
     _install_head(out_dir)
     _save_checkpoint(out_dir, head, opt, cfg.steps, cfg, meta)
     return head

@@ -62,6 +62,7 @@ from bebop.rl.rewards import RewardFn, call_reward
 from bebop.rollout.base import make_backend
 from bebop.rollout.runner import Rollout, RolloutRunner, frozen_copy
 from bebop.utils.io import BebopError, JsonlLogger, check_output_dir, log_rows_until, prepare_output_dir, write_json
+from bebop.utils.optim import make_adamw
 from bebop.utils.progress import progress, say, step_line
 from bebop.utils.torch_utils import seed_everything
 
@@ -268,7 +269,8 @@ def make_state(model: nn.Module, tokenizer, head: nn.Module | None, cfg: RLConfi
     model.eval()
     for p in model.parameters():
         p.requires_grad_(True)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.policy.lr, weight_decay=cfg.policy.weight_decay)
+    # NOTE: a bfloat16 policy is updated through float32 master weights (bebop.utils.optim)
+    optimizer = make_adamw(model.parameters(), lr=cfg.policy.lr, weight_decay=cfg.policy.weight_decay)
     head_optimizer = None
     if head is not None:
         head.eval()

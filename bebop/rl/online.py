@@ -24,11 +24,13 @@ from torch import nn
 from bebop.losses import acceptance_stats, draft_loss
 from bebop.mtp.data import Sequences, chain_tensors
 from bebop.rl.config import MtpUpdateConfig
+from bebop.utils.optim import make_adamw
 
 
 def make_head_optimizer(head: nn.Module, cfg: MtpUpdateConfig) -> torch.optim.Optimizer:
-    """AdamW over the head's own parameters (the shared embedding/lm_head are not among them)."""
-    return torch.optim.AdamW(head.parameters(), lr=cfg.mtp_lr, weight_decay=0.0)
+    """AdamW over the head's own parameters (the shared embedding/lm_head are not among them); a bfloat16
+    head gets float32 master weights (``bebop.utils.optim``)."""
+    return make_adamw(head.parameters(), lr=cfg.mtp_lr, weight_decay=0.0)
 
 
 def rollout_sequences(prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> Sequences:
