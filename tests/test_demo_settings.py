@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 import bebop.demo as demo
 import bebop.rl
+from bebop.analysis.runs import Run
 from bebop.demo import RL_RUNS, SEEDED_RUNS, DemoConfig
 
 
@@ -36,3 +39,20 @@ def test_key_comparison_runs_with_three_seeds(tmp_path, monkeypatch):
 def test_report_states_the_seed_count():
     assert "3 seeds (0, 1, 2)" in demo._rl_settings(DemoConfig())
     assert "only 1 seed(s)" in demo._rl_settings(DemoConfig(seeds=1))
+
+
+def _run(steps: int, entropy: tuple[float, float], accuracy: tuple[float, float], seed: int) -> Run:
+    rng = np.random.default_rng(seed)
+    h = np.linspace(*entropy, steps) + rng.normal(0, 0.02, steps)  # (S,)
+    acc = np.clip(np.linspace(*accuracy, steps) + rng.normal(0, 0.03, steps), 0, 1)  # (S,)
+    metrics = [{"step": s, "mode": "none", "target_entropy": float(h[s]), "accuracy": float(acc[s])} for s in range(steps)]
+    return Run(label="none", config={"mode": "none"}, metrics=metrics, token_stats=None)
+
+
+def test_report_says_whether_rl_moved_the_policy():
+    moved = demo.rl_moved_policy([_run(120, (1.5, 0.7), (0.2, 0.4), seed=0)])  # windows of 20%: 1.42 -> 0.78
+    assert moved.startswith("RL moved the policy") and "(-45%)" in moved
+    too_little = demo.rl_moved_policy([_run(120, (1.4, 1.2), (0.2, 0.4), seed=1)])  # -14%: below the bar
+    flat_accuracy = demo.rl_moved_policy([_run(120, (1.5, 0.7), (0.3, 0.3), seed=2)])  # accuracy CI spans 0
+    assert too_little.startswith("RL did not move") and flat_accuracy.startswith("RL did not move")
+    assert "not measured" in demo.rl_moved_policy([])

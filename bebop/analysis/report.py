@@ -132,8 +132,8 @@ def summarize_run(run: Run) -> dict:
         dict with ``label``, ``mode``, ``mtp_loss``, ``mtp_update``, ``online_loss``,
         ``num_steps``; mean seconds ``step_s``, ``rollout_s``, ``train_s``, ``mtp_s``;
         ``accept_length_start``/``_end``, ``accuracy_start``/``final_accuracy`` and
-        ``entropy_start``/``_end`` (window means, see the module docstring) with ``entropy_change``
-        (Interval of end - start); ``mean_target_entropy`` (nats); ``entropy_slope`` (Interval of the
+        ``entropy_start``/``_end`` (window means, see the module docstring) with ``accuracy_change``
+        and ``entropy_change`` (Intervals of end - start); ``mean_target_entropy`` (nats); ``entropy_slope`` (Interval of the
         accept-length slope against entropy over steps, block bootstrap) and ``entropy_r``;
         per-position lists ``alpha_rs_start``/``_end``, ``alpha_to_start``/``_end``,
         ``accepted_per_pos_start``/``_end``; the Eq. 16 split (``early_slope``,
@@ -147,6 +147,7 @@ def summarize_run(run: Run) -> dict:
     accept = _column(m, "spec/accept_length")  # (S,)
     accuracy = _column(m, "accuracy")  # (S,)
     entropy_start, entropy_end, entropy_change = bootstrap.window_change(entropy, WINDOW_FRAC)
+    accuracy_start, accuracy_end, accuracy_change = bootstrap.window_change(accuracy, WINDOW_FRAC)
     summary = {
         "label": run.label,
         "mode": str(cfg.get("mode") or (m[0].get("mode") if m else None) or "none"),
@@ -157,8 +158,9 @@ def summarize_run(run: Run) -> dict:
         **{key: float(_nanmean(_column(timed, key))) for key in ("step_s", "rollout_s", "train_s", "mtp_s")},
         "accept_length_start": float(_nanmean(_window(accept, end=False))),
         "accept_length_end": float(_nanmean(_window(accept, end=True))),
-        "accuracy_start": float(_nanmean(_window(accuracy, end=False))),
-        "final_accuracy": float(_nanmean(_window(accuracy, end=True))),
+        "accuracy_start": accuracy_start,
+        "final_accuracy": accuracy_end,
+        "accuracy_change": accuracy_change,
         "entropy_start": entropy_start,
         "entropy_end": entropy_end,
         "entropy_change": entropy_change,
@@ -200,9 +202,8 @@ def _fmt_slope(slope: Interval, r: float | None = None) -> str:
     return f"{slope.estimate:+.2f}{ci}" + (f" (r = {_fmt(r)})" if r is not None else "")
 
 
-def _fmt_entropy(s: dict) -> str:
-    """Entropy start → end (change [95% interval], relative change)."""
-    start, end, change = s["entropy_start"], s["entropy_end"], s["entropy_change"]
+def _fmt_change(start: float, end: float, change: bootstrap.Interval) -> str:
+    """Start → end (change [95% interval], relative change)."""
     if not (math.isfinite(start) and math.isfinite(end)):
         return MISSING
     low, high = change.ci
@@ -247,15 +248,15 @@ def _run_row(s: dict, base: dict | None) -> list[str]:
         _fmt(s["step_s"]),
         f"{speedup:.2f}×" if math.isfinite(speedup) else MISSING,
         _fmt(s["rollout_s"]),
-        _fmt_entropy(s),
-        f"{_fmt(s['accuracy_start'], '.3f')} → {_fmt(s['final_accuracy'], '.3f')}",
+        _fmt_change(s["entropy_start"], s["entropy_end"], s["entropy_change"]),
+        _fmt_change(s["accuracy_start"], s["final_accuracy"], s["accuracy_change"]),
         f"{_fmt(s['accept_length_start'])} → {_fmt(s['accept_length_end'])}",
         _fmt_slope(s["entropy_slope"], s["entropy_r"]),
     ]
 
 
 RUNS_HEADER = ("run", "mode", "head loss", "update", "step (s)", "speed-up vs none", "rollout (s)",
-               "entropy start → end, nats (Δ [95% CI], relative)", "accuracy start → end",
+               "entropy start → end, nats (Δ [95% CI], relative)", "accuracy start → end (Δ [95% CI], relative)",
                "accept length start → end", "accept-length slope vs entropy (/nat) [95% CI]")
 
 

@@ -265,3 +265,16 @@ def test_report_command_takes_eval_mtp_json(tmp_path, runs):
     text = (tmp_path / "report" / "report.md").read_text()
     section = text.split("## MTP head evaluations")[1]
     assert "Skipped: no head evaluations" not in section and "| e2e_tv |" in section and "| ce |" in section
+
+
+def test_accuracy_change_has_an_interval_that_sees_a_real_rise(tmp_path):
+    """A run whose accuracy climbs 0.2 -> 0.4 gets an interval above 0; a flat one an interval around 0."""
+    rng = np.random.default_rng(0)
+    for name, rise in (("up", 0.2), ("flat", 0.0)):
+        metrics = _fake_metrics("none", 0.0, 1.0, 1.0, seed=0)
+        n = len(metrics)
+        for i, row in enumerate(metrics):
+            row["accuracy"] = float(np.clip(0.2 + rise * i / (n - 1) + rng.normal(0, 0.03), 0, 1))
+        s = summarize_run(load_run(_write_run(tmp_path / name, {"mode": "none"}, metrics)))
+        low, high = s["accuracy_change"].ci
+        assert (low > 0) if rise else (low < 0 < high), (name, low, high)
