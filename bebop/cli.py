@@ -538,22 +538,74 @@ def _set_threads(threads: int | None) -> None:
     torch.set_num_threads(threads)
 
 
+DATA_PARALLEL_COMMANDS = ("train-mtp", "eval-mtp", "rl")  # what torchrun may start as several processes
+
+
+@contextlib.contextmanager
+def _data_parallel(args):
+    """Under torchrun: joins the process group for a data-parallel command (others are refused) and
+    silences ranks other than 0 (errors are still printed by ``main``); without torchrun, nothing."""
+    from bebop.utils import distributed
+
+    if not distributed.launched():
+        yield
+        return
+    if args.command not in DATA_PARALLEL_COMMANDS:
+        raise BebopError(f"`bebop {args.command}` runs as one process; under torchrun only "
+                         f"{', '.join(DATA_PARALLEL_COMMANDS)} do")
+    from bebop.utils.torch_utils import resolve_device
+
+    started = not distributed.initialized()  # NOTE: a caller that joined the group itself keeps it
+    distributed.init_distributed(resolve_device(getattr(args, "device", None)))
+    quiet = open(os.devnull, "w") if not distributed.is_main() else None
+    with contextlib.redirect_stdout(quiet) if quiet else contextlib.nullcontext(), \
+            contextlib.redirect_stderr(quiet) if quiet else contextlib.nullcontext():
+        yield
+    distributed.barrier()
+    if started:
+        distributed.close_distributed()
+
+
+def _error_prefix() -> str:
+    """``rank R: `` under torchrun with several ranks, else nothing."""
+    from bebop.utils import distributed
+
+    return f"rank {distributed.rank()}: " if distributed.world_size() > 1 else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         _set_threads(args.threads)
-        status = args.func(args)
+        with _data_parallel(args):
+            status = args.func(args)
     except (BebopError, ValueError, FileNotFoundError) as e:
         # NOTE: library checks on user input (shapes, NaN logits, missing files) raise these; one line
         # each, exit 2. BEBOP_DEBUG=1 shows the traceback instead.
         if os.environ.get("BEBOP_DEBUG"):
             raise
-        print(f"bebop: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
+        print(f"bebop: error: {_error_prefix()}{str(e).splitlines()[0] if str(e) else type(e).__name__}",
+              file=sys.stderr)
         return 2
+    except Exception as e:  # noqa: BLE001 - only a failed collective is turned into one line
+        from bebop.utils import distributed
+
+        if distributed.world_size() == 1 or not _is_collective_error(e) or os.environ.get("BEBOP_DEBUG"):
+            raise
+        print(f"bebop: error: {distributed.lost_rank_message(e)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("bebop: interrupted", file=sys.stderr)
         return 130
     return status or 0
+
+
+def _is_collective_error(error: BaseException) -> bool:
+    """A torch.distributed failure: a peer's closed connection, a timeout, a store that went away."""
+    import torch.distributed as dist
+
+    return isinstance(error, dist.DistError) or (isinstance(error, RuntimeError) and any(
+        word in str(error) for word in ("Gloo", "gloo", "NCCL", "Connection closed", "Timed out", "timed out")))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,12 @@ SHA-256 is recorded). Of the settings, only ``RESUME_MAY_CHANGE`` may differ fro
 more steps extend the run exactly as if it had been started with them; a changed learning rate,
 batch size, loss... would make the result a run nobody asked for, so it is refused. Each resume
 is recorded (``resumes`` in the checkpoint config and the saved head's ``mtp_config.json``).
+
+Under torchrun (``bebop.utils.distributed``) ``batch_size`` is the global batch: each of W ranks
+trains on a contiguous 1/W of the rows one process would take at that step, the loss is each
+rank's share of the global mean and the head's gradients are summed over ranks, so the head equals
+a one-process run's up to float rounding; a checkpoint can be resumed with any W. Rank 0 alone
+writes the output directory.
 """
 
 from __future__ import annotations
@@ -26,9 +32,11 @@ from bebop.losses import DRAFT_LOSSES, acceptance_stats, draft_loss
 from bebop.mtp.chains import check_chain_context, check_head_context
 from bebop.mtp.data import Sequences, chain_tensors, check_chain_args
 from bebop.mtp.head import MtpHead
+from bebop.utils import distributed
 from bebop.utils.io import (
     BebopError,
     JsonlLogger,
+    NullLogger,
     atomic_dir,
     check_output_dir,
     log_rows_until,
@@ -45,6 +53,7 @@ METRICS_FILE = "metrics.jsonl"  # one row per step
 RESUME_MAY_CHANGE = ("steps", "save_every", "log_every")  # settings a resumed run may change (and records)
 OLD_CHECKPOINT_SETTINGS = {"chain_context": "unrolled"}  # what checkpoints written before a field existed ran with
 NEEDS_CE_START = ("tv", "e2e_tv")  # losses whose q-weighted gradient is slow far from p: they fine-tune a CE-trained head
+CHAIN_MEAN_LOSSES = ("e2e_tv",)  # losses that average over chains (mask[:, 0]); the others over (chain, step) entries
 
 
 @dataclass(frozen=True)
@@ -103,6 +112,18 @@ def _batch_index(num: int, batch_size: int, seed: int, step: int) -> list[int]:
     return torch.randint(0, num, (batch_size,), generator=gen).tolist()
 
 
+def _global_share(loss: torch.Tensor, loss_name: str, mask: torch.Tensor) -> torch.Tensor:
+    """This rank's part of the global batch's mean loss: ``loss`` x local count / global count.
+
+    Summed over ranks (``distributed.sum_gradients``) these parts give the global mean's gradient even
+    when ranks hold different numbers of chains. With one rank it is ``loss`` itself.
+    """
+    if distributed.world_size() == 1:
+        return loss
+    count = (mask[:, 0] if loss_name in CHAIN_MEAN_LOSSES else mask).sum().to(loss.dtype)  # () sync-free
+    return loss * count / distributed.sum_tensor(count).clamp_min(1)
+
+
 def train_mtp(
     backbone,
     data: Sequences,
@@ -139,12 +160,14 @@ def train_mtp(
     check_output_dir(out_dir, resume=resume, overwrite=overwrite, what="head directory")
     if len(data) == 0:
         raise BebopError("no training sequences")
+    first, last = distributed.shard_range(cfg.batch_size)  # this rank's rows of each step's global batch
     device = next(backbone.parameters()).device
     for p in backbone.parameters():
         p.requires_grad_(False)
     model_sha256 = state_sha256(backbone)
     torch.manual_seed(cfg.seed)
     head, origin = initial_head(backbone, cfg, model_dir)
+    distributed.broadcast_module(head)
     check_head_context(head, cfg.chain_context)
     ce_steps = ce_warmup_steps(cfg, origin)
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -152,8 +175,11 @@ def train_mtp(
     if start_step:  # NOTE: a resumed run keeps the CE/loss boundary it started with, even with more steps
         ce_steps = read_json(out_dir / CHECKPOINT_DIR / "config.json", what="checkpoint config").get("ce_steps", ce_steps)
     kept = log_rows_until(out_dir / METRICS_FILE, start_step, what="metrics") if resume else []
-    prepare_output_dir(out_dir, overwrite=overwrite, announce=say)  # NOTE: the first write to out_dir
-    logger = JsonlLogger(out_dir / METRICS_FILE, kept)
+    distributed.barrier()  # NOTE: every rank has read the checkpoint before rank 0 writes
+    main = distributed.is_main()
+    if main:
+        prepare_output_dir(out_dir, overwrite=overwrite, announce=say)  # NOTE: the first write to out_dir
+    logger = JsonlLogger(out_dir / METRICS_FILE, kept) if main else NullLogger()
     meta = {"model_sha256": model_sha256, "resumes": resumes, "ce_steps": ce_steps}
     say(f"train-mtp: loss={cfg.loss} K={cfg.speculate_k} steps={cfg.steps} sequences={len(data)} from step {start_step}")
     if ce_steps:
@@ -164,29 +190,35 @@ def train_mtp(
         lr = cfg.lr * min(1.0, (step + 1) / max(1, cfg.warmup_steps))
         for group in opt.param_groups:
             group["lr"] = lr
-        ids, lengths, starts = data.batch(_batch_index(len(data), cfg.batch_size, cfg.seed, step), pad_id, device)
+        index = _batch_index(len(data), cfg.batch_size, cfg.seed, step)[first:last]
+        ids, lengths, starts = data.batch(index, pad_id, device)
         draft, target, mask = chain_tensors(backbone, head, ids, lengths, starts, cfg.speculate_k, cfg.chain_context)
         loss_name = "ce" if step < ce_steps else cfg.loss
         loss = draft_loss(loss_name, draft, target, mask=mask, temperature=cfg.temperature)
+        loss = _global_share(loss, loss_name, mask)
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        distributed.sum_gradients(head.parameters())
         grad_norm = torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.grad_clip)
         opt.step()
         with torch.no_grad():
             alpha_rs, _, _ = acceptance_stats(draft.detach(), target, temperature=cfg.temperature)
-            per_step = ((alpha_rs * mask).sum(0) / mask.sum(0).clamp_min(1)).tolist()
-        row = {"step": step + 1, "loss": loss.item(), "loss_name": loss_name, "lr": lr, "grad_norm": float(grad_norm),
+            sums = distributed.sum_tensor(torch.stack([(alpha_rs * mask).sum(0), mask.sum(0)]))  # (2, K)
+            per_step = (sums[0] / sums[1].clamp_min(1)).tolist()
+        row = {"step": step + 1, "loss": distributed.sum_floats({"loss": loss.item()})["loss"], "loss_name": loss_name, "lr": lr, "grad_norm": float(grad_norm),
                "alpha_rs": per_step, "seconds": time.time() - t0}
         logger.log(row)
         if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
             say(step_line("train-mtp", step + 1, cfg.steps,
                           {"loss": row["loss"], "alpha1": per_step[0], "lr": lr}))
-        if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < cfg.steps:
+        if main and cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < cfg.steps:
             _save_checkpoint(out_dir, head, opt, step + 1, cfg, meta)
     logger.close()
-    head.save_pretrained(out_dir / "head.tmp", extra={"train": asdict(cfg), **meta})
-    _install_head(out_dir)
-    _save_checkpoint(out_dir, head, opt, cfg.steps, cfg, meta)
+    if main:
+        head.save_pretrained(out_dir / "head.tmp", extra={"train": asdict(cfg), **meta})
+        _install_head(out_dir)
+        _save_checkpoint(out_dir, head, opt, cfg.steps, cfg, meta)
+    distributed.barrier()  # NOTE: no rank returns before the head is on disk
     return head
 
 
