@@ -101,10 +101,11 @@ def cmd_train_mtp(args) -> None:
     if args.data:
         _check_input_file(args.data, "data file")
     print("resolved config: " + json.dumps(dataclasses.asdict(cfg)), file=sys.stderr)
-    model, tok, _ = _load(args, need_mtp=False)
+    # NOTE: with --fsdp the model loads on the CPU; train_mtp moves it to the GPUs shard by shard
+    model, tok, _ = _load(argparse.Namespace(**{**vars(args), "device": "cpu"}) if args.fsdp else args, need_mtp=False)
     data = _sequences(args, model, tok, "train")
     train_mtp(model, data, out, cfg, pad_id=tok.pad_token_id, resume=args.resume, overwrite=args.overwrite,
-              model_dir=args.model)
+              model_dir=args.model, fsdp=args.fsdp)
     print(f"saved head to {out}")
 
 
@@ -427,6 +428,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue from OUT/checkpoint with its settings (flags may change only --steps)")
     p.add_argument("--overwrite", action="store_true",
                    help="if OUT exists and is not empty, move it aside to NAME.old-<timestamp> first")
+    p.add_argument("--fsdp", action="store_true",
+                   help="under torchrun: shard the backbone's decoder layers and the head over the processes "
+                        "(FSDP2), for a backbone that does not fit one device")
     p.set_defaults(func=cmd_train_mtp)
 
     p = sub.add_parser("import-mtp", help="save the MTP layer a checkpoint ships (Qwen3.5, Qwen3-Next, DeepSeek-V3, "
@@ -605,7 +609,7 @@ def _is_collective_error(error: BaseException) -> bool:
     import torch.distributed as dist
 
     return isinstance(error, dist.DistError) or (isinstance(error, RuntimeError) and any(
-        word in str(error) for word in ("Gloo", "gloo", "NCCL", "Connection closed", "Timed out", "timed out")))
+        word in str(error) for word in ("Connection closed", "Connection reset", "Timed out", "timed out")))
 
 
 if __name__ == "__main__":

@@ -210,10 +210,11 @@ class MtpHead(nn.Module):
             out.append(self.logits(g, step=j - 1))
         return out
 
-    def save_pretrained(self, directory: str | os.PathLike, extra: dict | None = None) -> None:
-        """Writes ``mtp_config.json`` and ``model.safetensors`` (the head's own weights) atomically."""
+    def save_pretrained(self, directory: str | os.PathLike, extra: dict | None = None, state: dict | None = None) -> None:
+        """Writes ``mtp_config.json`` and ``model.safetensors`` (the head's own weights, or ``state``: the full
+        weights of a head sharded over processes) atomically."""
         with atomic_dir(directory) as tmp:
-            state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+            state = {k: v.detach().contiguous().cpu() for k, v in (state or self.state_dict()).items()}
             save_file(state, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
             (tmp / CONFIG_NAME).write_text(json.dumps({**asdict(self.config), **(extra or {})}, indent=2) + "\n")
 

@@ -16,7 +16,9 @@ Under torchrun (``bebop.utils.distributed``) ``batch_size`` is the global batch:
 trains on a contiguous 1/W of the rows one process would take at that step, the loss is each
 rank's share of the global mean and the head's gradients are summed over ranks, so the head equals
 a one-process run's up to float rounding; a checkpoint can be resumed with any W. Rank 0 alone
-writes the output directory.
+writes the output directory. With ``fsdp`` (FSDP2) each decoder layer of the backbone and each part
+of the head is sharded over the ranks instead of held whole by each (``_fsdp_shard``); checkpoints
+are gathered in full, so they load with or without FSDP and at any W.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import torch
 from bebop.losses import DRAFT_LOSSES, acceptance_stats, draft_loss
 from bebop.mtp.chains import check_chain_context, check_head_context
 from bebop.mtp.data import Sequences, chain_tensors, check_chain_args
-from bebop.mtp.head import MtpHead
+from bebop.mtp.head import MtpHead, _decoder
 from bebop.utils import distributed
 from bebop.utils.io import (
     BebopError,
@@ -134,6 +136,7 @@ def train_mtp(
     show_progress: bool = True,
     overwrite: bool = False,
     model_dir: str | os.PathLike | None = None,
+    fsdp: bool = False,
 ) -> MtpHead:
     """Trains a head and saves it to ``out_dir`` (``mtp_config.json``, ``model.safetensors``).
 
@@ -150,6 +153,8 @@ def train_mtp(
         show_progress: show a progress bar.
         overwrite: move a non-empty ``out_dir`` aside to ``NAME.old-<timestamp>`` first.
         model_dir: the backbone's checkpoint directory, read for its native MTP layer (``cfg.init``).
+        fsdp: under torchrun, shard the backbone's decoder layers and the head over the ranks (FSDP2); the
+            backbone stays sharded afterwards.
 
     Returns:
         The trained head.
@@ -174,6 +179,8 @@ def train_mtp(
     start_step, resumes = _maybe_resume(out_dir, head, opt, cfg, model_sha256) if resume else (0, [])
     if start_step:  # NOTE: a resumed run keeps the CE/loss boundary it started with, even with more steps
         ce_steps = read_json(out_dir / CHECKPOINT_DIR / "config.json", what="checkpoint config").get("ce_steps", ce_steps)
+    if fsdp:
+        opt, device = _fsdp_shard(backbone, head, opt, cfg)
     kept = log_rows_until(out_dir / METRICS_FILE, start_step, what="metrics") if resume else []
     distributed.barrier()  # NOTE: every rank has read the checkpoint before rank 0 writes
     main = distributed.is_main()
@@ -211,13 +218,14 @@ def train_mtp(
         if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
             say(step_line("train-mtp", step + 1, cfg.steps,
                           {"loss": row["loss"], "alpha1": per_step[0], "lr": lr}))
-        if main and cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < cfg.steps:
-            _save_checkpoint(out_dir, head, opt, step + 1, cfg, meta)
+        if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < cfg.steps:
+            _save_checkpoint(out_dir, *_states(head, opt, fsdp), step + 1, cfg, meta)
     logger.close()
+    head_state, opt_state = _states(head, opt, fsdp)
     if main:
-        head.save_pretrained(out_dir / "head.tmp", extra={"train": asdict(cfg), **meta})
+        head.save_pretrained(out_dir / "head.tmp", extra={"train": asdict(cfg), **meta}, state=head_state)
         _install_head(out_dir)
-        _save_checkpoint(out_dir, head, opt, cfg.steps, cfg, meta)
+        _save_checkpoint(out_dir, head_state, opt_state, cfg.steps, cfg, meta)
     distributed.barrier()  # NOTE: no rank returns before the head is on disk
     return head
 
@@ -246,9 +254,44 @@ def _install_head(out_dir: Path) -> None:
     tmp.rmdir()
 
 
-def _save_checkpoint(out_dir: Path, head: MtpHead, opt, step: int, cfg: TrainMtpConfig, meta: dict) -> None:
+def _fsdp_shard(backbone, head: MtpHead, opt, cfg: TrainMtpConfig):
+    """FSDP2: shards each decoder layer of the backbone and each part of each head layer over the ranks; returns
+    the head's optimizer rebuilt on the shards with ``opt``'s state (a resumed run's), and the device they are on.
+
+    The backbone's embedding, lm_head and final norm stay whole on every rank (the head calls them directly).
+    The backbone's shards are frozen: no gradient, no optimizer state. A backbone loaded on the CPU moves to
+    this rank's device (its GPU under nccl) shard by shard, so no device ever holds all of it.
+    """
+    state = opt.state_dict()
+    device = distributed.comm_device()
+    mesh = distributed.fsdp_mesh(device)
+    decoder = _decoder(backbone)
+    layers, decoder.layers = decoder.layers, torch.nn.ModuleList()
+    backbone.to(device)  # NOTE: all but the decoder layers, which fully_shard moves one shard at a time
+    decoder.layers = layers
+    head.to(device)
+    for layer in layers:
+        distributed.shard(layer, mesh)
+    for layer in head.layers:
+        for part in layer.children():  # NOTE: the head calls each part, not the layer (MtpHead.forward_step)
+            distributed.shard(part, mesh)
+    opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    distributed.load_full_optimizer_state(head, opt, state)
+    return opt, device
+
+
+def _states(head: MtpHead, opt, fsdp: bool) -> tuple[dict, dict]:
+    """(head, optimizer) state dicts to save; with ``fsdp`` gathered in full on rank 0 (a collective)."""
+    return distributed.full_state_dicts(head, opt) if fsdp else (head.state_dict(), opt.state_dict())
+
+
+def _save_checkpoint(out_dir: Path, head_state: dict, opt_state: dict, step: int, cfg: TrainMtpConfig,
+                     meta: dict) -> None:
+    """Writes the checkpoint (rank 0 only; the others return)."""
+    if not distributed.is_main():
+        return
     with atomic_dir(out_dir / CHECKPOINT_DIR) as tmp:
-        torch.save({"head": head.state_dict(), "optimizer": opt.state_dict(), "step": step}, tmp / "state.pt")
+        torch.save({"head": head_state, "optimizer": opt_state, "step": step}, tmp / "state.pt")
         write_json(tmp / "config.json", {**asdict(cfg), **meta})
 
 

@@ -28,6 +28,7 @@ import re
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from bebop.utils.io import BebopError
 
@@ -135,11 +136,13 @@ def sum_gradients(params) -> None:
     """Replaces each gradient by its sum over ranks, all in one flat all-reduce (no-op with one rank).
 
     A parameter that got no gradient on this rank (None) takes part as zeros, so every rank sends
-    the same layout.
+    the same layout. Parameters sharded by FSDP2 (``shard``) are skipped: FSDP sums their gradients.
     """
     if world_size() == 1:
         return
-    params = [p for p in params if p.requires_grad]
+    params = [p for p in params if p.requires_grad and not isinstance(p, DTensor)]
+    if not params:
+        return
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
@@ -181,4 +184,68 @@ def gather_objects(obj) -> list:
 
 def _to_comm_device(tensor: torch.Tensor) -> torch.Tensor:
     """nccl moves CUDA tensors only; gloo, CPU ones."""
-    return tensor.cuda() if dist.get_backend() == "nccl" else tensor
+    return tensor.to(comm_device())
+
+
+# ---------------------------------------------------------------------------------------------- FSDP2
+
+
+def comm_device() -> torch.device:
+    """The device the process group moves tensors on: this rank's GPU under nccl, else the CPU."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def fsdp_mesh(device: torch.device):
+    """The 1-D device mesh of all ranks that ``shard`` splits parameters over."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if world_size() == 1:
+        raise BebopError("--fsdp shards over torchrun's processes; start with torchrun --nproc-per-node N (N >= 2)")
+    return init_device_mesh(device.type, (world_size(),))
+
+
+def shard(module: torch.nn.Module, mesh) -> None:
+    """FSDP2 (``fully_shard``) on ``module``: each rank keeps 1/W of its parameters, gathered for its
+    forward; the gradients of trainable ones are *summed* over ranks (as ``sum_gradients``)."""
+    from torch.distributed.fsdp import fully_shard
+
+    fully_shard(module, mesh=mesh)
+    module.set_gradient_divide_factor(1.0)
+    module.set_force_sum_reduction_for_comms(True)  # NOTE: gloo has no PREMUL_SUM
+
+
+def _full_options():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def full_state_dicts(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """(module, optimizer) state dicts of an FSDP2-sharded ``module``, gathered in full on rank 0 (empty on
+    the others), the optimizer's in ``Optimizer.state_dict``'s layout (parameters by index), so a
+    one-process run can load them. A collective: every rank calls it."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    model_state = get_model_state_dict(module, options=_full_options())
+    optim_state = get_optimizer_state_dict(module, optimizer, options=_full_options())
+    if not is_main():
+        return {}, {}
+    index = {name: i for i, (name, _) in enumerate(module.named_parameters())}
+    optim_state = {"state": {index[k]: v for k, v in optim_state["state"].items()},
+                   "param_groups": [{**g, "params": [index[k] for k in g["params"]]} for g in optim_state["param_groups"]]}
+    return model_state, optim_state
+
+
+def load_full_optimizer_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """Loads a full ``Optimizer.state_dict`` (parameters by index, every rank holds it) into the optimizer of
+    an FSDP2-sharded ``module``; each rank keeps its shard."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    if not state.get("state"):
+        return
+    names = [name for name, _ in module.named_parameters()]
+    by_name = {"state": {names[i]: v for i, v in state["state"].items()},
+               "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]}
+    set_optimizer_state_dict(module, optimizer, by_name, options=StateDictOptions(full_state_dict=True))

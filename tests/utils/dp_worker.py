@@ -1,6 +1,7 @@
 """The work the data-parallel tests compare: run in W processes (``launch``) and in the test's own process.
 
-``run_all(work, tag)`` trains a head with ``bebop train-mtp`` (2 steps), evaluates the fixed head
+``run_all(work, tag)`` trains a head with ``bebop train-mtp`` (2 steps; with several ranks also
+with ``--fsdp``, and that run resumed to 4 steps), evaluates the fixed head
 ``work/head0`` with ``bebop eval-mtp``, takes one RL step (mode rs) through ``rl_step`` and one RL run through
 ``train_rl``; every output goes under ``work/tag``. Run as a script, it joins the process group
 torchrun's variables describe first (``python tests/utils/dp_worker.py WORK TAG``).
@@ -9,6 +10,7 @@ torchrun's variables describe first (``python tests/utils/dp_worker.py WORK TAG`
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -19,6 +21,12 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 TRAIN_ARGS = ["--loss", "e2e_tv", "--speculate-k", "2", "--batch-size", "4", "--lr", "1e-2", "--steps", "2",
               "--chain-context", "served", "--ce-warmup", "0", "--device", "cpu"]
+
+
+def train_args(steps: int) -> list[str]:
+    """TRAIN_ARGS with ``--steps steps``."""
+    at = TRAIN_ARGS.index("--steps") + 1
+    return [*TRAIN_ARGS[:at], str(steps), *TRAIN_ARGS[at + 1 :]]
 
 
 def free_port() -> int:
@@ -98,8 +106,16 @@ def run_all(work: Path, tag: str) -> None:
     _count_rows(counts, "train_sequences", train, "chain_tensors", lambda a: a[2].shape[0])
     _count_rows(counts, "eval_sequences", evaluate, "_batch_sums", lambda a: len(a[3]))
     _count_rows(counts, "rollout_prompts", EngineBackend, "rollout", lambda a: len(a[1]))
+    _count_rows(counts, "fsdp_modules", distributed, "shard", lambda a: 1)
     model, data = str(work / "model"), str(work / "data.jsonl")
     assert cli.main(["train-mtp", "--model", model, "--data", data, "--out", str(out / "head"), *TRAIN_ARGS]) == 0
+    if distributed.world_size() > 1:  # the same run with the backbone and head sharded (FSDP2), then resumed
+        fsdp = ["train-mtp", "--model", model, "--data", data, "--fsdp"]
+        assert cli.main([*fsdp, "--out", str(out / "head-fsdp"), *TRAIN_ARGS]) == 0
+        if distributed.is_main():
+            shutil.copytree(out / "head-fsdp", out / "head-fsdp-4")
+        distributed.barrier()
+        assert cli.main([*fsdp, "--out", str(out / "head-fsdp-4"), "--resume", *train_args(steps=4)]) == 0
     assert cli.main(["eval-mtp", "--model", model, "--mtp", str(work / "head0"), "--data", data, "--speculate-k", "2",
                      "--json", str(out / "eval.json"), "--device", "cpu"]) == 0
     rl_parts(out)

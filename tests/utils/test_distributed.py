@@ -42,27 +42,32 @@ def work(tmp_path_factory):
 
 
 def test_each_rank_does_its_share(work):
-    """The ranks split the work (2 steps x 4 sequences, 70 eval sequences, 3 RL steps x 4 prompts) in halves."""
+    """The ranks split the work (2 steps x 4 sequences per training run, 70 eval sequences, 3 RL steps x 4
+    prompts) in halves."""
     one = json.loads((work / "ws1" / "rows-rank0.json").read_text())
     assert one == {"train_sequences": 8, "eval_sequences": 70, "rollout_prompts": 12}
     ranks = [json.loads((work / "ws2" / f"rows-rank{r}.json").read_text()) for r in (0, 1)]
-    assert ranks[0]["train_sequences"] == ranks[1]["train_sequences"] == 4
+    assert ranks[0]["train_sequences"] == ranks[1]["train_sequences"] == 4 + 4 + 4  # plain, --fsdp, --fsdp resumed to step 4
     assert ranks[0]["rollout_prompts"] == ranks[1]["rollout_prompts"] == 6
     assert (ranks[0]["eval_sequences"], ranks[1]["eval_sequences"]) == (32 + 6, 32)  # batches 0 and 2, batch 1
+    # --fsdp sharded 2 decoder layers + the head layer's 5 parts (enorm, hnorm, eh_proj, mtp_block, post_norm), twice
+    assert ranks[0]["fsdp_modules"] == ranks[1]["fsdp_modules"] == 2 * (2 + 5)
 
 
 def _head(path):
     return read_head_files(path)[1]
 
 
-def test_train_mtp_two_processes_equal_one(work):
-    """Same global batch (4 = 2 x 2): the head equals the one-process head (float rounding only)."""
-    one, two = _head(work / "ws1" / "head"), _head(work / "ws2" / "head")
+@pytest.mark.parametrize("name", ["head", "head-fsdp"])
+def test_train_mtp_two_processes_equal_one(work, name):
+    """Same global batch (4 = 2 x 2): the head equals the one-process head (float rounding only), with the
+    gradients summed over ranks or the backbone and head sharded by FSDP2."""
+    one, two = _head(work / "ws1" / "head"), _head(work / "ws2" / name)
     assert one.keys() == two.keys()
     for key in one:
         torch.testing.assert_close(two[key], one[key], rtol=0, atol=1e-5, msg=key)
-    rows = [[json.loads(x) for x in (work / tag / "head" / "metrics.jsonl").read_text().splitlines()]
-            for tag in ("ws1", "ws2")]
+    rows = [[json.loads(x) for x in (work / tag / "metrics.jsonl").read_text().splitlines()]
+            for tag in ("ws1/head", f"ws2/{name}")]
     assert len(rows[1]) == 2  # rank 0 alone wrote: one row per step
     for a, b in zip(*rows):
         assert b["loss"] == pytest.approx(a["loss"], abs=1e-5)
@@ -98,17 +103,33 @@ def test_rl_run_two_processes_write_one_run(work):
         torch.testing.assert_close(two[key], value, rtol=0, atol=1e-5, msg=key)
 
 
-def test_two_process_checkpoint_resumes_in_one_process(work, tmp_path):
-    """The 2-process run stopped at step 2; one process continues to step 4 = a one-process 4-step run."""
+@pytest.mark.parametrize("name", ["head", "head-fsdp"])
+def test_two_process_checkpoint_resumes_in_one_process(work, tmp_path, name):
+    """The 2-process run stopped at step 2; one process continues to step 4 = a one-process 4-step run
+    (the FSDP2 run's checkpoint was gathered in full, so it loads without FSDP)."""
     args = ["--model", str(work / "model"), "--data", str(work / "data.jsonl")]
-    four = [a if a != "2" or i == 0 or dp_worker.TRAIN_ARGS[i - 1] != "--steps" else "4"
-            for i, a in enumerate(dp_worker.TRAIN_ARGS)]
-    shutil.copytree(work / "ws2" / "head", tmp_path / "resumed")
-    assert cli.main(["train-mtp", *args, "--out", str(tmp_path / "resumed"), "--resume", *four]) == 0
-    assert cli.main(["train-mtp", *args, "--out", str(tmp_path / "straight"), *four]) == 0
-    resumed, straight = _head(tmp_path / "resumed"), _head(tmp_path / "straight")
+    shutil.copytree(work / "ws2" / name, tmp_path / "resumed")
+    assert cli.main(["train-mtp", *args, "--out", str(tmp_path / "resumed"), "--resume", *dp_worker.train_args(4)]) == 0
+    straight = _four_steps(work)
+    resumed = _head(tmp_path / "resumed")
     for key in straight:
         torch.testing.assert_close(resumed[key], straight[key], rtol=0, atol=1e-5, msg=key)
+
+
+def test_fsdp_run_resumes_under_fsdp(work):
+    """The 2-process FSDP2 run resumed by 2 FSDP2 processes (its optimizer state loaded into the shards)."""
+    straight, resumed = _four_steps(work), _head(work / "ws2" / "head-fsdp-4")
+    for key in straight:
+        torch.testing.assert_close(resumed[key], straight[key], rtol=0, atol=1e-5, msg=key)
+
+
+def _four_steps(work):
+    """The head of a one-process 4-step run (trained once per test session)."""
+    out = work / "ws1" / "head-4"
+    if not out.is_dir():
+        assert cli.main(["train-mtp", "--model", str(work / "model"), "--data", str(work / "data.jsonl"), "--out",
+                         str(out), *dp_worker.train_args(4)]) == 0
+    return _head(out)
 
 
 def test_killed_rank_ends_the_other_with_one_line(work, tmp_path):
@@ -135,6 +156,14 @@ def test_killed_rank_ends_the_other_with_one_line(work, tmp_path):
     errors = [line for line in err.splitlines() if line.startswith("bebop: error:")]
     assert len(errors) == 1 and "rank 0 of 2 lost contact with the other ranks" in errors[0], err
     assert "Traceback" not in err
+
+
+def test_fsdp_needs_several_processes(work, tmp_path, capsys):
+    args = ["train-mtp", "--model", str(work / "model"), "--data", str(work / "data.jsonl"), "--out",
+            str(tmp_path / "h"), "--fsdp", *dp_worker.TRAIN_ARGS]
+    assert cli.main(args) == 2
+    assert "bebop: error: --fsdp shards over torchrun's processes" in capsys.readouterr().err
+    assert not (tmp_path / "h").exists()
 
 
 def test_one_process_helpers_are_no_ops():
