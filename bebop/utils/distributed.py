@@ -233,8 +233,8 @@ def full_state_dicts(module: torch.nn.Module, optimizer: torch.optim.Optimizer) 
     if not is_main():
         return {}, {}
     index = {name: i for i, (name, _) in enumerate(module.named_parameters())}
-    optim_state = {"state": {index[k]: v for k, v in optim_state["state"].items()},
-                   "param_groups": [{**g, "params": [index[k] for k in g["params"]]} for g in optim_state["param_groups"]]}
+    groups = [{**g, "params": [index[k] for k in g["params"]]} for g in optim_state["param_groups"]]
+    optim_state = {"state": {index[k]: v for k, v in optim_state["state"].items()}, "param_groups": groups}
     return model_state, optim_state
 
 

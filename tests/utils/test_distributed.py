@@ -47,7 +47,8 @@ def test_each_rank_does_its_share(work):
     one = json.loads((work / "ws1" / "rows-rank0.json").read_text())
     assert one == {"train_sequences": 8, "eval_sequences": 70, "rollout_prompts": 12}
     ranks = [json.loads((work / "ws2" / f"rows-rank{r}.json").read_text()) for r in (0, 1)]
-    assert ranks[0]["train_sequences"] == ranks[1]["train_sequences"] == 4 + 4 + 4  # plain, --fsdp, --fsdp resumed to step 4
+    # 4 each in the plain run, 4 in the --fsdp run, 4 in its resume to step 4
+    assert ranks[0]["train_sequences"] == ranks[1]["train_sequences"] == 4 + 4 + 4
     assert ranks[0]["rollout_prompts"] == ranks[1]["rollout_prompts"] == 6
     assert (ranks[0]["eval_sequences"], ranks[1]["eval_sequences"]) == (32 + 6, 32)  # batches 0 and 2, batch 1
     # --fsdp sharded 2 decoder layers + the head layer's 5 parts (enorm, hnorm, eh_proj, mtp_block, post_norm), twice
@@ -164,6 +165,13 @@ def test_fsdp_needs_several_processes(work, tmp_path, capsys):
     assert cli.main(args) == 2
     assert "bebop: error: --fsdp shards over torchrun's processes" in capsys.readouterr().err
     assert not (tmp_path / "h").exists()
+
+
+def test_other_commands_refuse_torchrun(monkeypatch, capsys):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert cli.main(["generate", "--num-prompts", "1", "--out", "never-written.jsonl"]) == 2
+    assert "bebop: error: `bebop generate` runs as one process; under torchrun only train-mtp, eval-mtp, rl do" in (
+        capsys.readouterr().err)
 
 
 def test_one_process_helpers_are_no_ops():
