@@ -58,7 +58,8 @@ def rl_config(**overrides):
 
 
 def rl_parts(out: Path) -> None:
-    """One ``rl_step`` (rollout tokens, updated policy, metrics to ``out/step.pt``) and a 1-step ``train_rl`` run."""
+    """One ``rl_step`` (rollout tokens, updated policy, metrics to ``out/step.pt``) and two 2-step ``train_rl`` runs
+    (``run``, and ``run-async`` with the rollout in a background thread)."""
     from bebop.mtp.head import MtpHead
     from bebop.rl.loop import close_state, make_state, rl_step, train_rl
     from bebop.rl.prompts import prompt_batch
@@ -78,6 +79,8 @@ def rl_parts(out: Path) -> None:
         torch.save({"token_ids": rollout.result.token_ids, "policy": model.state_dict(), "row": row}, out / "step.pt")
     model, tok = tiny_policy()
     train_rl(model, tok, MtpHead(model), rl_config(steps=2, save_every=1), out / "run", show_progress=False)
+    model, tok = tiny_policy()
+    train_rl(model, tok, MtpHead(model), rl_config(steps=2, async_rollout=True), out / "run-async", show_progress=False)
 
 
 def _count_rows(counts: dict, key: str, owner, name: str, rows_of) -> None:

@@ -42,14 +42,14 @@ def work(tmp_path_factory):
 
 
 def test_each_rank_does_its_share(work):
-    """The ranks split the work (2 steps x 4 sequences per training run, 70 eval sequences, 3 RL steps x 4
+    """The ranks split the work (2 steps x 4 sequences per training run, 70 eval sequences, 5 RL steps x 4
     prompts) in halves."""
     one = json.loads((work / "ws1" / "rows-rank0.json").read_text())
-    assert one == {"train_sequences": 8, "eval_sequences": 70, "rollout_prompts": 12}
+    assert one == {"train_sequences": 8, "eval_sequences": 70, "rollout_prompts": 20}
     ranks = [json.loads((work / "ws2" / f"rows-rank{r}.json").read_text()) for r in (0, 1)]
     # 4 each in the plain run, 4 in the --fsdp run, 4 in its resume to step 4
     assert ranks[0]["train_sequences"] == ranks[1]["train_sequences"] == 4 + 4 + 4
-    assert ranks[0]["rollout_prompts"] == ranks[1]["rollout_prompts"] == 6
+    assert ranks[0]["rollout_prompts"] == ranks[1]["rollout_prompts"] == 10
     assert (ranks[0]["eval_sequences"], ranks[1]["eval_sequences"]) == (32 + 6, 32)  # batches 0 and 2, batch 1
     # --fsdp sharded 2 decoder layers + the head layer's 5 parts (enorm, hnorm, eh_proj, mtp_block, post_norm), twice
     assert ranks[0]["fsdp_modules"] == ranks[1]["fsdp_modules"] == 2 * (2 + 5)
@@ -93,8 +93,10 @@ def test_rl_step_two_processes_equal_one(work):
         assert two["row"][key] == pytest.approx(one["row"][key], abs=1e-5), key
 
 
-def test_rl_run_two_processes_write_one_run(work):
-    run1, run2 = work / "ws1" / "run", work / "ws2" / "run"
+@pytest.mark.parametrize("run", ["run", "run-async"])
+def test_rl_run_two_processes_write_one_run(work, run):
+    """One metrics.jsonl, one checkpoint; the same tokens and policy as one process, async rollouts included."""
+    run1, run2 = work / "ws1" / run, work / "ws2" / run
     rows = [[json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()] for run in (run1, run2)]
     assert len(rows[1]) == 2
     assert [r["num_tokens"] for r in rows[1]] == [r["num_tokens"] for r in rows[0]]
