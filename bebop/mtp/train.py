@@ -212,7 +212,8 @@ def train_mtp(
             alpha_rs, _, _ = acceptance_stats(draft.detach(), target, temperature=cfg.temperature)
             sums = distributed.sum_tensor(torch.stack([(alpha_rs * mask).sum(0), mask.sum(0)]))  # (2, K)
             per_step = (sums[0] / sums[1].clamp_min(1)).tolist()
-        row = {"step": step + 1, "loss": distributed.sum_floats({"loss": loss.item()})["loss"], "loss_name": loss_name, "lr": lr, "grad_norm": float(grad_norm),
+        loss_value = distributed.sum_floats({"loss": loss.item()})["loss"]  # the global batch's loss
+        row = {"step": step + 1, "loss": loss_value, "loss_name": loss_name, "lr": lr, "grad_norm": float(grad_norm),
                "alpha_rs": per_step, "seconds": time.time() - t0}
         logger.log(row)
         if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
@@ -221,12 +222,7 @@ def train_mtp(
         if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < cfg.steps:
             _save_checkpoint(out_dir, *_states(head, opt, fsdp), step + 1, cfg, meta)
     logger.close()
-    head_state, opt_state = _states(head, opt, fsdp)
-    if main:
-        head.save_pretrained(out_dir / "head.tmp", extra={"train": asdict(cfg), **meta}, state=head_state)
-        _install_head(out_dir)
-        _save_checkpoint(out_dir, head_state, opt_state, cfg.steps, cfg, meta)
-    distributed.barrier()  # NOTE: no rank returns before the head is on disk
+    _save_head(out_dir, head, opt, cfg, meta, fsdp)
     return head
 
 
@@ -244,6 +240,16 @@ def initial_head(backbone, cfg: TrainMtpConfig, model_dir: str | os.PathLike | N
         say(f"train-mtp: starting from the native MTP layer of {model_dir}")
         return import_mtp(model_dir, backbone), "native"
     return MtpHead(backbone, num_layers=cfg.num_layers).to(next(backbone.parameters()).device), "backbone"
+
+
+def _save_head(out_dir: Path, head: MtpHead, opt, cfg: TrainMtpConfig, meta: dict, fsdp: bool) -> None:
+    """Writes the trained head into ``out_dir`` and the final checkpoint (rank 0; every rank gathers with fsdp)."""
+    head_state, opt_state = _states(head, opt, fsdp)
+    if distributed.is_main():
+        head.save_pretrained(out_dir / "head.tmp", extra={"train": asdict(cfg), **meta}, state=head_state)
+        _install_head(out_dir)
+        _save_checkpoint(out_dir, head_state, opt_state, cfg.steps, cfg, meta)
+    distributed.barrier()  # NOTE: no rank returns before the head is on disk
 
 
 def _install_head(out_dir: Path) -> None:
