@@ -122,9 +122,11 @@ def cmd_train_mtp(args) -> None:
     if args.data:
         _check_input_file(args.data, "data file")
     print("resolved config: " + json.dumps(dataclasses.asdict(cfg)), file=sys.stderr)
-    model, tok, _, data = _load(args, need_mtp=False, split="train")
+    # NOTE: with --fsdp the model loads on the CPU; train_mtp moves it to the GPUs shard by shard
+    model, tok, _, data = _load(argparse.Namespace(**{**vars(args), "device": "cpu"}) if args.fsdp else args,
+                                need_mtp=False, split="train")
     train_mtp(model, data, out, cfg, pad_id=tok.pad_token_id, resume=args.resume, overwrite=args.overwrite,
-              model_dir=args.model)
+              model_dir=args.model, fsdp=args.fsdp)
     print(f"saved head to {out}")
 
 
@@ -456,6 +458,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue from OUT/checkpoint with its settings (flags may change only --steps)")
     p.add_argument("--overwrite", action="store_true",
                    help="if OUT exists and is not empty, move it aside to NAME.old-<timestamp> first")
+    p.add_argument("--fsdp", action="store_true",
+                   help="under torchrun: shard the backbone's decoder layers and the head over the processes "
+                        "(FSDP2), for a backbone that does not fit one device")
     p.set_defaults(func=cmd_train_mtp)
 
     p = sub.add_parser("import-mtp", help="save the MTP layer a checkpoint ships (Qwen3.5, Qwen3-Next, DeepSeek-V3, "
@@ -568,22 +573,74 @@ def _set_threads(threads: int | None) -> None:
     torch.set_num_threads(threads)
 
 
+DATA_PARALLEL_COMMANDS = ("train-mtp", "eval-mtp", "rl")  # what torchrun may start as several processes
+
+
+@contextlib.contextmanager
+def _data_parallel(args):
+    """Under torchrun: joins the process group for a data-parallel command (others are refused) and
+    silences ranks other than 0 (errors are still printed by ``main``); without torchrun, nothing."""
+    from bebop.utils import distributed
+
+    if not distributed.launched():
+        yield
+        return
+    if args.command not in DATA_PARALLEL_COMMANDS:
+        raise BebopError(f"`bebop {args.command}` runs as one process; under torchrun only "
+                         f"{', '.join(DATA_PARALLEL_COMMANDS)} do")
+    from bebop.utils.torch_utils import resolve_device
+
+    started = not distributed.initialized()  # NOTE: a caller that joined the group itself keeps it
+    distributed.init_distributed(resolve_device(getattr(args, "device", None)))
+    quiet = open(os.devnull, "w") if not distributed.is_main() else None
+    with contextlib.redirect_stdout(quiet) if quiet else contextlib.nullcontext(), \
+            contextlib.redirect_stderr(quiet) if quiet else contextlib.nullcontext():
+        yield
+    distributed.barrier()
+    if started:
+        distributed.close_distributed()
+
+
+def _error_prefix() -> str:
+    """``rank R: `` under torchrun with several ranks, else nothing."""
+    from bebop.utils import distributed
+
+    return f"rank {distributed.rank()}: " if distributed.world_size() > 1 else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         _set_threads(args.threads)
-        status = args.func(args)
+        with _data_parallel(args):
+            status = args.func(args)
     except (BebopError, ValueError, FileNotFoundError) as e:
         # NOTE: library checks on user input (shapes, NaN logits, missing files) raise these; one line
         # each, exit 2. BEBOP_DEBUG=1 shows the traceback instead.
         if os.environ.get("BEBOP_DEBUG"):
             raise
-        print(f"bebop: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
+        print(f"bebop: error: {_error_prefix()}{str(e).splitlines()[0] if str(e) else type(e).__name__}",
+              file=sys.stderr)
         return 2
+    except Exception as e:  # noqa: BLE001 - only a failed collective is turned into one line
+        from bebop.utils import distributed
+
+        if distributed.world_size() == 1 or not _is_collective_error(e) or os.environ.get("BEBOP_DEBUG"):
+            raise
+        print(f"bebop: error: {distributed.lost_rank_message(e)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("bebop: interrupted", file=sys.stderr)
         return 130
     return status or 0
+
+
+def _is_collective_error(error: BaseException) -> bool:
+    """A torch.distributed failure: a peer's closed connection, a timeout, a store that went away."""
+    import torch.distributed as dist
+
+    return isinstance(error, dist.DistError) or (isinstance(error, RuntimeError) and any(
+        word in str(error) for word in ("Connection closed", "Connection reset", "Timed out", "timed out")))
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import torch
 from bebop.losses import acceptance_stats
 from bebop.mtp.chains import check_chain_context, check_head_context
 from bebop.mtp.data import Sequences, chain_tensors, check_chain_args
+from bebop.utils import distributed
 
 
 @torch.no_grad()
@@ -23,28 +24,32 @@ def evaluate_mtp(
 ) -> dict:
     """Returns ``alpha_rs``/``alpha_to`` (lists of K), ``accept_length_rs``/``accept_length_to``,
     ``target_entropy`` (mean nats over chain steps), ``num_positions`` (chains) and ``num_full_chains``;
-    ``chain_context`` is the attention context of depths >= 2 (``bebop.mtp.chains``; "served" = the engine's)."""
+    ``chain_context`` is the attention context of depths >= 2 (``bebop.mtp.chains``; "served" = the engine's).
+
+    Under torchrun the batches are dealt out to the ranks in turn and every rank folds all batches'
+    sums in batch order, so the result is the one process's, bit for bit.
+    """
     check_chain_args(data, speculate_k, temperature)
     check_chain_context(chain_context)
     check_head_context(head, chain_context)
     device = next(backbone.parameters()).device
+    starts = list(range(0, len(data), batch_size))
+    mine = {i: _batch_sums(backbone, head, data, range(i, min(i + batch_size, len(data))), speculate_k, temperature,
+                           pad_id, chain_context, device)
+            for n, i in enumerate(starts) if n % distributed.world_size() == distributed.rank()}
+    parts = {i: sums for ranks in distributed.gather_objects(mine) for i, sums in ranks.items()}
     sums = {"rs": torch.zeros(speculate_k), "to": torch.zeros(speculate_k), "count": torch.zeros(speculate_k)}
     el = {"rs": 0.0, "to": 0.0}
     entropy_sum, num_chains, num_full = 0.0, 0, 0
-    for i in range(0, len(data), batch_size):
-        ids, lengths, starts = data.batch(list(range(i, min(i + batch_size, len(data)))), pad_id, device)
-        draft, target, mask = chain_tensors(backbone, head, ids, lengths, starts, speculate_k, chain_context)
-        alpha_rs, alpha_to, ent = acceptance_stats(draft, target, temperature=temperature)
-        m = mask.float().cpu()
-        sums["rs"] += (alpha_rs.cpu() * m).sum(0)
-        sums["to"] += (alpha_to.cpu() * m).sum(0)
-        sums["count"] += m.sum(0)
-        entropy_sum += float((ent.cpu() * m).sum())
-        num_chains += mask.shape[0]
-        full = mask.all(1).cpu()
-        num_full += int(full.sum())
-        el["rs"] += float(alpha_rs.cpu()[full].cumprod(1).sum())
-        el["to"] += float(alpha_to.cpu()[full].cumprod(1).sum())
+    for i in starts:  # NOTE: in batch order, as one process adds them
+        part = parts[i]
+        for key in sums:
+            sums[key] += part[key]
+        entropy_sum += part["entropy"]
+        num_chains += part["num_chains"]
+        num_full += part["num_full"]
+        el["rs"] += part["el_rs"]
+        el["to"] += part["el_to"]
     count = sums["count"].clamp_min(1)
     return {
         "alpha_rs": (sums["rs"] / count).tolist(),
@@ -57,6 +62,26 @@ def evaluate_mtp(
         "speculate_k": speculate_k,
         "temperature": temperature,
         "chain_context": chain_context,
+    }
+
+
+def _batch_sums(backbone, head, data: Sequences, rows: range, speculate_k: int, temperature: float, pad_id: int,
+                chain_context: str, device: torch.device) -> dict:
+    """One batch's sums over its chains (CPU tensors (K,) and floats): what ``evaluate_mtp`` adds up."""
+    ids, lengths, starts = data.batch(list(rows), pad_id, device)
+    draft, target, mask = chain_tensors(backbone, head, ids, lengths, starts, speculate_k, chain_context)
+    alpha_rs, alpha_to, ent = acceptance_stats(draft, target, temperature=temperature)
+    m = mask.float().cpu()
+    full = mask.all(1).cpu()
+    return {
+        "rs": (alpha_rs.cpu() * m).sum(0),
+        "to": (alpha_to.cpu() * m).sum(0),
+        "count": m.sum(0),
+        "entropy": float((ent.cpu() * m).sum()),
+        "num_chains": mask.shape[0],
+        "num_full": int(full.sum()),
+        "el_rs": float(alpha_rs.cpu()[full].cumprod(1).sum()),
+        "el_to": float(alpha_to.cpu()[full].cumprod(1).sum()),
     }
 
 

@@ -220,8 +220,9 @@ class MtpHead(nn.Module):
                         state: dict[str, torch.Tensor] | None = None) -> None:
         """Writes ``mtp_config.json`` and ``model.safetensors`` (the head's own weights) atomically.
 
-        ``state`` replaces ``self.state_dict()`` (training passes the float32 master weights of a
-        bfloat16 head, ``bebop.utils.optim.master_state_dict``).
+        ``state`` replaces ``self.state_dict()``: training passes the float32 master weights of a
+        bfloat16 head (``bebop.utils.optim.master_state_dict``), or the full weights of a head
+        sharded over processes.
         """
         with atomic_dir(directory) as tmp:
             state = {k: v.detach().contiguous().cpu() for k, v in (state or self.state_dict()).items()}

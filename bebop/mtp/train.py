@@ -11,6 +11,14 @@ SHA-256 is recorded). Of the settings, only ``RESUME_MAY_CHANGE`` may differ fro
 more steps extend the run exactly as if it had been started with them; a changed learning rate,
 batch size, loss... would make the result a run nobody asked for, so it is refused. Each resume
 is recorded (``resumes`` in the checkpoint config and the saved head's ``mtp_config.json``).
+
+Under torchrun (``bebop.utils.distributed``) ``batch_size`` is the global batch: each of W ranks
+trains on a contiguous 1/W of the rows one process would take at that step, the loss is each
+rank's share of the global mean and the head's gradients are summed over ranks, so the head equals
+a one-process run's up to float rounding; a checkpoint can be resumed with any W. Rank 0 alone
+writes the output directory. With ``fsdp`` (FSDP2) each decoder layer of the backbone and each part
+of the head is sharded over the ranks instead of held whole by each (``_fsdp_shard``); checkpoints
+are gathered in full, so they load with or without FSDP and at any W.
 """
 
 from __future__ import annotations
@@ -25,10 +33,12 @@ import torch
 from bebop.losses import DRAFT_LOSSES, acceptance_stats, draft_loss
 from bebop.mtp.chains import check_chain_context, check_head_context
 from bebop.mtp.data import Sequences, chain_tensors, check_chain_args
-from bebop.mtp.head import MtpHead
+from bebop.mtp.head import MtpHead, _decoder
+from bebop.utils import distributed
 from bebop.utils.io import (
     BebopError,
     JsonlLogger,
+    NullLogger,
     atomic_dir,
     check_output_dir,
     log_rows_until,
@@ -46,6 +56,7 @@ METRICS_FILE = "metrics.jsonl"  # one row per step
 RESUME_MAY_CHANGE = ("steps", "save_every", "log_every")  # settings a resumed run may change (and records)
 OLD_CHECKPOINT_SETTINGS = {"chain_context": "unrolled"}  # what checkpoints written before a field existed ran with
 NEEDS_CE_START = ("tv", "e2e_tv")  # losses whose q-weighted gradient is slow far from p: they fine-tune a CE-trained head
+CHAIN_MEAN_LOSSES = ("e2e_tv",)  # losses that average over chains (mask[:, 0]); the others over (chain, step) entries
 
 
 @dataclass(frozen=True)
@@ -104,6 +115,18 @@ def _batch_index(num: int, batch_size: int, seed: int, step: int) -> list[int]:
     return torch.randint(0, num, (batch_size,), generator=gen).tolist()
 
 
+def _global_share(loss: torch.Tensor, loss_name: str, mask: torch.Tensor) -> torch.Tensor:
+    """This rank's part of the global batch's mean loss: ``loss`` x local count / global count.
+
+    Summed over ranks (``distributed.sum_gradients``) these parts give the global mean's gradient even
+    when ranks hold different numbers of chains. With one rank it is ``loss`` itself.
+    """
+    if distributed.world_size() == 1:
+        return loss
+    count = (mask[:, 0] if loss_name in CHAIN_MEAN_LOSSES else mask).sum().to(loss.dtype)  # () sync-free
+    return loss * count / distributed.sum_tensor(count).clamp_min(1)
+
+
 def train_mtp(
     backbone,
     data: Sequences,
@@ -114,6 +137,7 @@ def train_mtp(
     show_progress: bool = True,
     overwrite: bool = False,
     model_dir: str | os.PathLike | None = None,
+    fsdp: bool = False,
 ) -> MtpHead:
     """Trains a head and saves it to ``out_dir`` (``mtp_config.json``, ``model.safetensors``).
 
@@ -130,6 +154,8 @@ def train_mtp(
         show_progress: show a progress bar.
         overwrite: move a non-empty ``out_dir`` aside to ``NAME.old-<timestamp>`` first.
         model_dir: the backbone's checkpoint directory, read for its native MTP layer (``cfg.init``).
+        fsdp: under torchrun, shard the backbone's decoder layers and the head over the ranks (FSDP2); the
+            backbone stays sharded afterwards.
 
     Returns:
         The trained head.
@@ -140,21 +166,28 @@ def train_mtp(
     check_output_dir(out_dir, resume=resume, overwrite=overwrite, what="head directory")
     if len(data) == 0:
         raise BebopError("no training sequences")
+    first, last = distributed.shard_range(cfg.batch_size)  # this rank's rows of each step's global batch
     device = next(backbone.parameters()).device
     for p in backbone.parameters():
         p.requires_grad_(False)
     model_sha256 = state_sha256(backbone)
     torch.manual_seed(cfg.seed)
     head, origin = initial_head(backbone, cfg, model_dir)
+    distributed.broadcast_module(head)
     check_head_context(head, cfg.chain_context)
     ce_steps = ce_warmup_steps(cfg, origin)
     opt = make_adamw(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)  # bf16: float32 master weights
     start_step, resumes = _maybe_resume(out_dir, head, opt, cfg, model_sha256) if resume else (0, [])
     if start_step:  # NOTE: a resumed run keeps the CE/loss boundary it started with, even with more steps
         ce_steps = read_json(out_dir / CHECKPOINT_DIR / "config.json", what="checkpoint config").get("ce_steps", ce_steps)
+    if fsdp:
+        opt, device = _fsdp_shard(backbone, head, opt, cfg)
     kept = log_rows_until(out_dir / METRICS_FILE, start_step, what="metrics") if resume else []
-    prepare_output_dir(out_dir, overwrite=overwrite, announce=say)  # NOTE: the first write to out_dir
-    logger = JsonlLogger(out_dir / METRICS_FILE, kept)
+    distributed.barrier()  # NOTE: every rank has read the checkpoint before rank 0 writes
+    main = distributed.is_main()
+    if main:
+        prepare_output_dir(out_dir, overwrite=overwrite, announce=say)  # NOTE: the first write to out_dir
+    logger = JsonlLogger(out_dir / METRICS_FILE, kept) if main else NullLogger()
     meta = {"model_sha256": model_sha256, "resumes": resumes, "ce_steps": ce_steps}
     say(f"train-mtp: loss={cfg.loss} K={cfg.speculate_k} steps={cfg.steps} sequences={len(data)} from step {start_step}")
     if ce_steps:
@@ -165,29 +198,32 @@ def train_mtp(
         lr = cfg.lr * min(1.0, (step + 1) / max(1, cfg.warmup_steps))
         for group in opt.param_groups:
             group["lr"] = lr
-        ids, lengths, starts = data.batch(_batch_index(len(data), cfg.batch_size, cfg.seed, step), pad_id, device)
+        index = _batch_index(len(data), cfg.batch_size, cfg.seed, step)[first:last]
+        ids, lengths, starts = data.batch(index, pad_id, device)
         draft, target, mask = chain_tensors(backbone, head, ids, lengths, starts, cfg.speculate_k, cfg.chain_context)
         loss_name = "ce" if step < ce_steps else cfg.loss
         loss = draft_loss(loss_name, draft, target, mask=mask, temperature=cfg.temperature)
+        loss = _global_share(loss, loss_name, mask)
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        distributed.sum_gradients(head.parameters())
         grad_norm = torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.grad_clip)
         opt.step()
         with torch.no_grad():
             alpha_rs, _, _ = acceptance_stats(draft.detach(), target, temperature=cfg.temperature)
-            per_step = ((alpha_rs * mask).sum(0) / mask.sum(0).clamp_min(1)).tolist()
-        row = {"step": step + 1, "loss": loss.item(), "loss_name": loss_name, "lr": lr, "grad_norm": float(grad_norm),
+            sums = distributed.sum_tensor(torch.stack([(alpha_rs * mask).sum(0), mask.sum(0)]))  # (2, K)
+            per_step = (sums[0] / sums[1].clamp_min(1)).tolist()
+        loss_value = distributed.sum_floats({"loss": loss.item()})["loss"]  # the global batch's loss
+        row = {"step": step + 1, "loss": loss_value, "loss_name": loss_name, "lr": lr, "grad_norm": float(grad_norm),
                "alpha_rs": per_step, "seconds": time.time() - t0}
         logger.log(row)
         if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
             say(step_line("train-mtp", step + 1, cfg.steps,
                           {"loss": row["loss"], "alpha1": per_step[0], "lr": lr}))
         if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < cfg.steps:
-            _save_checkpoint(out_dir, head, opt, step + 1, cfg, meta)
+            _save_checkpoint(out_dir, *_states(head, opt, fsdp), step + 1, cfg, meta)
     logger.close()
-    head.save_pretrained(out_dir / "head.tmp", extra={"train": asdict(cfg), **meta}, state=master_state_dict(head, opt))
-    _install_head(out_dir)
-    _save_checkpoint(out_dir, head, opt, cfg.steps, cfg, meta)
+    _save_head(out_dir, head, opt, cfg, meta, fsdp)
     return head
 
 
@@ -207,6 +243,16 @@ def initial_head(backbone, cfg: TrainMtpConfig, model_dir: str | os.PathLike | N
     return MtpHead(backbone, num_layers=cfg.num_layers).to(next(backbone.parameters()).device), "backbone"
 
 
+def _save_head(out_dir: Path, head: MtpHead, opt, cfg: TrainMtpConfig, meta: dict, fsdp: bool) -> None:
+    """Writes the trained head into ``out_dir`` and the final checkpoint (rank 0; every rank gathers with fsdp)."""
+    head_state, opt_state = _states(head, opt, fsdp)
+    if distributed.is_main():
+        head.save_pretrained(out_dir / "head.tmp", extra={"train": asdict(cfg), **meta}, state=head_state)
+        _install_head(out_dir)
+        _save_checkpoint(out_dir, head_state, opt_state, cfg.steps, cfg, meta)
+    distributed.barrier()  # NOTE: no rank returns before the head is on disk
+
+
 def _install_head(out_dir: Path) -> None:
     """Moves the freshly saved head files from ``head.tmp`` into ``out_dir`` (each by rename)."""
     tmp = out_dir / "head.tmp"
@@ -215,9 +261,45 @@ def _install_head(out_dir: Path) -> None:
     tmp.rmdir()
 
 
-def _save_checkpoint(out_dir: Path, head: MtpHead, opt, step: int, cfg: TrainMtpConfig, meta: dict) -> None:
+def _fsdp_shard(backbone, head: MtpHead, opt, cfg: TrainMtpConfig):
+    """FSDP2: shards each decoder layer of the backbone and each part of each head layer over the ranks; returns
+    the head's optimizer rebuilt on the shards with ``opt``'s state (a resumed run's), and the device they are on.
+
+    The backbone's embedding, lm_head and final norm stay whole on every rank (the head calls them directly).
+    The backbone's shards are frozen: no gradient, no optimizer state. A backbone loaded on the CPU moves to
+    this rank's device (its GPU under nccl) shard by shard, so no device ever holds all of it.
+    """
+    state = opt.state_dict()
+    device = distributed.comm_device()
+    mesh = distributed.fsdp_mesh(device)
+    decoder = _decoder(backbone)
+    layers, decoder.layers = decoder.layers, torch.nn.ModuleList()
+    backbone.to(device)  # NOTE: all but the decoder layers, which fully_shard moves one shard at a time
+    decoder.layers = layers
+    head.to(device)
+    for layer in layers:
+        distributed.shard(layer, mesh)
+    for layer in head.layers:
+        for part in layer.children():  # NOTE: the head calls each part, not the layer (MtpHead.forward_step)
+            distributed.shard(part, mesh)
+    opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    distributed.load_full_optimizer_state(head, opt, state)
+    return opt, device
+
+
+def _states(head: MtpHead, opt, fsdp: bool) -> tuple[dict, dict]:
+    """(head, optimizer) state dicts to save: a bfloat16 head's float32 master weights (``master_state_dict``);
+    with ``fsdp`` gathered in full on rank 0 (a collective)."""
+    return distributed.full_state_dicts(head, opt) if fsdp else (master_state_dict(head, opt), opt.state_dict())
+
+
+def _save_checkpoint(out_dir: Path, head_state: dict, opt_state: dict, step: int, cfg: TrainMtpConfig,
+                     meta: dict) -> None:
+    """Writes the checkpoint (rank 0 only; the others return)."""
+    if not distributed.is_main():
+        return
     with atomic_dir(out_dir / CHECKPOINT_DIR) as tmp:
-        torch.save({"head": head.state_dict(), "optimizer": opt.state_dict(), "step": step}, tmp / "state.pt")
+        torch.save({"head": head_state, "optimizer": opt_state, "step": step}, tmp / "state.pt")
         write_json(tmp / "config.json", {**asdict(cfg), **meta})
 
 

@@ -243,6 +243,7 @@ def policy_loss(
     clip_eps: float = 0.2,
     ref_logprobs: torch.Tensor | None = None,  # (B, T)
     kl_coef: float = 0.0,
+    num_tokens: torch.Tensor | None = None,  # ()
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped-ratio GRPO surrogate with DAPO-style token-level normalisation, plus optional KL.
 
@@ -263,6 +264,8 @@ def policy_loss(
         clip_eps: ε of the ratio clip.
         ref_logprobs: frozen reference logprobs; needed when ``kl_coef`` != 0.
         kl_coef: β, weight of the k3 KL penalty.
+        num_tokens: the normaliser Σ m; None counts this batch's valid tokens. Data parallel runs
+            pass the global batch's count, so each rank's loss is its share of the global loss.
 
     Returns:
         ``(loss, metrics)``: the scalar loss, and floats ``rl/policy_loss``,
@@ -272,7 +275,7 @@ def policy_loss(
     """
     _check_loss_inputs(logprobs, old_logprobs, advantages, mask, ref_logprobs, kl_coef)
     weights = mask.to(logprobs.dtype)  # (B, T)
-    num_tokens = weights.sum().clamp(min=1.0)
+    num_tokens = weights.sum().clamp(min=1.0) if num_tokens is None else num_tokens
     ratio = torch.exp(logprobs - old_logprobs.detach())  # (B, T)
     adv = advantages.detach().to(logprobs.dtype).unsqueeze(1)  # (B, 1)
     unclipped = ratio * adv

@@ -39,6 +39,12 @@ Deviations from textbook GRPO (beyond the numbered list in ``bebop.rl.grpo``):
      run does not repeat bit for bit; ``spec/alpha_*``, ``spec/accept_length_hist`` and
      ``target_entropy`` are null (vLLM does not expose the distributions), and acceptance counts
      are vLLM's (every verify step before the stop check).
+  8) Under torchrun (engine backend only) each rank samples 1/W of the prompts (``RolloutRunner``);
+     every rank then holds the whole rollout, scores it and computes the advantages, but computes
+     logprobs and gradients on its own rows only; the loss is normalised by the global token
+     count and gradients are summed over ranks, so the update is the one-process update. The
+     online head step runs on every rank on the whole rollout (the same step everywhere). Rank 0
+     alone writes the run directory.
 """
 
 from __future__ import annotations
@@ -61,7 +67,16 @@ from bebop.rl.prompts import PromptBatch, check_embedded_prompts, load_task_rows
 from bebop.rl.rewards import RewardFn, call_reward
 from bebop.rollout.base import make_backend
 from bebop.rollout.runner import Rollout, RolloutRunner, frozen_copy
-from bebop.utils.io import BebopError, JsonlLogger, check_output_dir, log_rows_until, prepare_output_dir, write_json
+from bebop.utils import distributed
+from bebop.utils.io import (
+    BebopError,
+    JsonlLogger,
+    NullLogger,
+    check_output_dir,
+    log_rows_until,
+    prepare_output_dir,
+    write_json,
+)
 from bebop.utils.optim import make_adamw
 from bebop.utils.progress import progress, say, step_line
 from bebop.utils.torch_utils import seed_everything
@@ -133,21 +148,30 @@ def update_policy(
     cfg: PolicyConfig,
     temperature: float,
 ) -> dict[str, float]:
-    """``update_epochs`` full-batch AdamW steps of the GRPO loss; returns the metrics' epoch means."""
+    """``update_epochs`` full-batch AdamW steps of the GRPO loss; returns the metrics' epoch means.
+
+    Under torchrun the rows are this rank's: the loss is normalised by the global token count and the
+    gradients (and metrics) are summed over ranks, so every rank takes the one-process step.
+    """
     params = [p for p in policy.parameters() if p.requires_grad]
     max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
     advantages = advantages.to(old_logprobs.device)
+    num_tokens = None  # NOTE: one process counts its own batch's tokens (policy_loss's default)
+    if distributed.world_size() > 1:
+        num_tokens = distributed.sum_tensor(inputs[2].sum().to(old_logprobs.dtype)).clamp(min=1.0)
     history: list[dict[str, float]] = []
     for _ in range(cfg.update_epochs):
         logprobs = token_logprobs(policy, *inputs, temperature=temperature)
         loss, metrics = policy_loss(
-            logprobs, old_logprobs, advantages, inputs[2], cfg.clip_eps, ref_logprobs, cfg.kl_coef
+            logprobs, old_logprobs, advantages, inputs[2], cfg.clip_eps, ref_logprobs, cfg.kl_coef, num_tokens
         )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        distributed.sum_gradients(params)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         optimizer.step()
-        history.append({**metrics, "rl/loss": loss.item(), "rl/grad_norm": float(grad_norm)})  # sync per epoch
+        metrics = distributed.sum_floats({**metrics, "rl/loss": loss.item()})  # sync per epoch
+        history.append({**metrics, "rl/grad_norm": float(grad_norm)})
     optimizer.zero_grad(set_to_none=True)  # frees the gradients until the next step
     return {key: sum(h[key] for h in history) / len(history) for key in history[0]}
 
@@ -240,6 +264,9 @@ def rl_step(
     advantages = group_advantages(rewards, cfg.group_size, scale=not cfg.policy.mean_only)
     train_start = time.perf_counter()
     inputs = sequence_tensors(rollout, state.pad_id, next(state.policy.parameters()).device)
+    first, last = (n * cfg.group_size for n in distributed.shard_range(len(rollout.batch.prompts), "prompts_per_step"))
+    if distributed.world_size() > 1:  # NOTE: this rank's rows, padded as in the whole batch
+        inputs, advantages = tuple(t[first:last] for t in inputs), advantages[first:last]
     old_logprobs, ref_logprobs = fixed_logprobs(state.rollouts.sampling_model, state.reference, inputs,
                                                 cfg.temperature)
     state.rollouts.launch(next_batch)
@@ -303,16 +330,6 @@ def checkpoint_components(state: RLState) -> dict[str, Any]:
     return parts
 
 
-class _NullLogger:
-    """Stands in for token_stats.jsonl in mode none (no drafts, nothing to record)."""
-
-    def log(self, row: dict) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 def _start_step(state: RLState, run_dir: Path, config: dict, resume: bool) -> int:
     """0, or the step of the checkpoint a resumed run continues from."""
     if not resume:
@@ -367,6 +384,9 @@ def train_rl(
         The metrics rows of the steps run by this call.
     """
     check_rl_config(cfg)
+    distributed.shard_range(cfg.prompts_per_step, "prompts_per_step")
+    if distributed.world_size() > 1 and cfg.backend != "engine":
+        raise BebopError(f"backend {cfg.backend} does not run under torchrun; use the engine backend or one process")
     run_dir = Path(run_dir)
     check_output_dir(run_dir, resume=resume, overwrite=overwrite, what="run directory")
     config = {**flat_config(cfg), **(run_info or {})}
@@ -374,20 +394,23 @@ def train_rl(
     # NOTE: a backend writes its files (vLLM: the served model) only when it first samples, after the checks.
     state = make_state(model, tokenizer, head, cfg, backend_options={"workdir": run_dir / BACKEND_DIR})
     rows_out: list[dict] = []
-    loggers: list[JsonlLogger | _NullLogger] = []
+    loggers: list[JsonlLogger | NullLogger] = []
     try:
         data_rows = _checked_prompts(cfg, tokenizer, model, state.reward_fn)
         start = _start_step(state, run_dir, config, resume)
         kept = {name: log_rows_until(run_dir / name, start, what=name) if resume else []
                 for name in (METRICS_FILE, TOKEN_STATS_FILE)}
+        distributed.barrier()  # NOTE: every rank has read the checkpoint and logs before rank 0 writes
+        main = distributed.is_main()
         # NOTE: nothing above writes; from here on the run directory changes.
-        prepare_output_dir(run_dir, overwrite=overwrite, announce=say)
-        write_json(run_dir / CONFIG_FILE, config)
+        if main:
+            prepare_output_dir(run_dir, overwrite=overwrite, announce=say)
+            write_json(run_dir / CONFIG_FILE, config)
         say(f"rl: resolved config {json.dumps(config)}")
         say(f"rl: mode={cfg.mode} steps={cfg.steps} B={cfg.prompts_per_step} G={cfg.group_size} from step {start}")
-        metrics_log = JsonlLogger(run_dir / METRICS_FILE, kept[METRICS_FILE])
+        metrics_log = JsonlLogger(run_dir / METRICS_FILE, kept[METRICS_FILE]) if main else NullLogger()
         token_log = (JsonlLogger(run_dir / TOKEN_STATS_FILE, kept[TOKEN_STATS_FILE])
-                     if cfg.mode != "none" and state.rollouts.backend.token_stats else _NullLogger())
+                     if main and cfg.mode != "none" and state.rollouts.backend.token_stats else NullLogger())
         loggers += [metrics_log, token_log]
         label = cfg.label or cfg.mode
         for step in progress(range(start, cfg.steps), total=cfg.steps - start, desc=f"rl {label}",
@@ -399,8 +422,9 @@ def train_rl(
             token_log.log(token_stats_row(rollout))
             rows_out.append(row)
             say(step_line("rl", step + 1, cfg.steps, _line(row)))
-            if (cfg.save_every and (step + 1) % cfg.save_every == 0) or step + 1 == cfg.steps:
+            if main and ((cfg.save_every and (step + 1) % cfg.save_every == 0) or step + 1 == cfg.steps):
                 save_checkpoint(run_dir, checkpoint_components(state), step + 1, config)
+        distributed.barrier()  # NOTE: no rank returns before the last checkpoint is on disk
     finally:
         close_state(state)
         for logger in loggers:

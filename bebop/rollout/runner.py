@@ -11,6 +11,10 @@ refreshed in place before the update of step s, while step s updates; the backen
 snapshot. The first step (and a resumed run's first) also runs in that thread, so thread-dependent
 numerics cannot break exact resumption. The head is synced only when it is trained online: a
 frozen head never changes (it reads the current policy's states in every backend).
+
+Under torchrun each rank samples a contiguous 1/W of the prompts (their rows keep their global ids,
+so on the engine they are the rows one process samples), and ``collect`` gathers every rank's rows
+(on the main thread, never in the background one) into the step's whole rollout.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import torch
 from torch import nn
 
 from bebop.rollout.base import Completions, RolloutBackend
+from bebop.utils import distributed
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,27 @@ def frozen_copy(obj):
         for p in module.parameters() if module is not None else ():
             p.requires_grad_(False)
     return out
+
+
+def gather_rollout(local: Rollout) -> Rollout:
+    """Every rank's rows of a step's rollout, in rank (= row) order; ``local`` itself with one rank.
+
+    The ranks' ``SpecStats`` are merged (their ``draft_row`` shifted to global row ids) and the
+    rollout's seconds are the slowest rank's.
+    """
+    if distributed.world_size() == 1:
+        return local
+    parts = distributed.gather_objects((local.result, local.seconds))
+    results = [r for r, _ in parts]
+    stats, offset = type(results[0].stats)(speculate_k=results[0].stats.speculate_k), 0
+    for r in results:
+        r.stats.draft_row = [rows + offset for rows in r.stats.draft_row]
+        stats.merge(r.stats)
+        offset += len(r.token_ids)
+    merged = Completions(*(sum((getattr(r, name) for r in results), []) for name in
+                           ("prompt_ids", "token_ids", "texts", "lengths", "finish_reasons")),
+                         stats, results[0].token_stats)
+    return Rollout(local.batch, merged, max(seconds for _, seconds in parts))
 
 
 class RolloutRunner:
@@ -72,9 +98,12 @@ class RolloutRunner:
 
         cfg = self.cfg
         sampling = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p, cfg.max_new_tokens)
+        prompts = batch.prompt_ids or batch.prompts
+        first, last = distributed.shard_range(len(prompts), "prompts_per_step")  # this rank's prompts
         start = time.perf_counter()
-        result = self.backend.rollout(batch.prompt_ids or batch.prompts, sampling, SpecConfig(cfg.mode, cfg.speculate_k),
-                                      group_size=cfg.group_size, seed=cfg.seed, step=batch.step)
+        result = self.backend.rollout(prompts[first:last], sampling, SpecConfig(cfg.mode, cfg.speculate_k),
+                                      group_size=cfg.group_size, seed=cfg.seed, step=batch.step,
+                                      first_row=first * cfg.group_size)
         return Rollout(batch, result, time.perf_counter() - start)
 
     def collect(self, batch) -> tuple[Rollout, float]:
@@ -90,7 +119,7 @@ class RolloutRunner:
             rollout = self.executor.submit(self._generate, batch).result()
         else:
             rollout = self._generate(batch)
-        return rollout, time.perf_counter() - start
+        return gather_rollout(rollout), time.perf_counter() - start
 
     @property
     def sampling_model(self) -> nn.Module:

@@ -258,3 +258,13 @@ class JsonlLogger:
 
     def close(self) -> None:
         self._f.close()
+
+
+class NullLogger:
+    """Stands in for a ``JsonlLogger`` where nothing is recorded (no drafts; a rank other than 0)."""
+
+    def log(self, row: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

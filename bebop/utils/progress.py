@@ -12,8 +12,9 @@ T = TypeVar("T")
 
 
 def progress(items: Iterable[T], total: int | None = None, desc: str = "", enabled: bool = True) -> Iterator[T]:
-    """Wraps ``items`` in a tqdm bar (to stderr) showing rate and ETA; a plain iterator when disabled."""
-    if not enabled:
+    """Wraps ``items`` in a tqdm bar (to stderr) showing rate and ETA; a plain iterator when disabled or on a
+    rank other than 0 under torchrun."""
+    if not enabled or not _is_main():
         yield from items
         return
     # NOTE: in a log file (not a terminal) redraw at most every 30 s; the per-step lines carry the detail.
@@ -32,5 +33,13 @@ def step_line(prefix: str, step: int, total: int, values: dict[str, float]) -> s
 
 
 def say(line: str) -> None:
-    """Prints a log line to stderr, clear of any progress bar."""
+    """Prints a log line to stderr, clear of any progress bar (under torchrun, on rank 0 only)."""
+    if not _is_main():
+        return
     tqdm.write(line, file=sys.stderr)
+
+
+def _is_main() -> bool:
+    from bebop.utils.distributed import is_main
+
+    return is_main()
