@@ -140,16 +140,19 @@ def _logit_grad_tiles(draft_logits, target_logits, norms, value, aux, scale, set
 
 
 class _FusedStatisticFunction(torch.autograd.Function):
-    """(R, D) draft hidden, target, (V, D) weight -> (R,) statistic, (R,) alpha; analytic backward."""
+    """(R, D) draft hidden, target with its (R,) row index, (V, D) weight -> (R,) statistic, (R,) alpha.
+
+    The target (hidden states or logits) is indexed one row chunk at a time, never copied whole.
+    """
 
     @staticmethod
-    def forward(ctx, hidden, target, weight, setup):
+    def forward(ctx, hidden, target, target_rows, weight, setup):
         num_rows, dtype = hidden.shape[0], setup.dtype
         value, aux, alpha = (hidden.new_zeros(num_rows, dtype=dtype) for _ in range(3))
         need_hidden_grad = ctx.needs_input_grad[0]
         jac = hidden.new_zeros(hidden.shape, dtype=dtype) if need_hidden_grad else None  # (R, D)
         for rows in _row_slices(num_rows, setup.row_chunk):
-            z, t = _logit_rows(hidden[rows], target[rows], weight, setup)  # (r, V) each
+            z, t = _logit_rows(hidden[rows], target[target_rows[rows]], weight, setup)  # (r, V) each
             value[rows], aux[rows], alpha[rows], norms = _row_sums(z, t, setup)
             if not need_hidden_grad:
                 continue
@@ -157,8 +160,8 @@ class _FusedStatisticFunction(torch.autograd.Function):
             for cols, grad in _logit_grad_tiles(z, t, norms, value[rows], aux[rows], scale, setup):
                 # (r, C) @ (C, D): the chain rule through z = hidden @ weight.T, in the weight's dtype
                 jac[rows] += (grad.to(weight.dtype) @ weight[cols]).to(dtype)
-        keep = ctx.needs_input_grad[2]  # the weight's gradient recomputes the logits
-        ctx.save_for_backward(jac, value, aux, *((hidden, target, weight) if keep else ()))
+        keep = ctx.needs_input_grad[3]  # the weight's gradient recomputes the logits
+        ctx.save_for_backward(jac, value, aux, *((hidden, target, target_rows, weight) if keep else ()))
         ctx.setup, ctx.hidden_dtype = setup, hidden.dtype
         ctx.mark_non_differentiable(alpha)
         return value, alpha
@@ -171,17 +174,17 @@ class _FusedStatisticFunction(torch.autograd.Function):
         grad_hidden = grad_weight = None
         if ctx.needs_input_grad[0]:
             grad_hidden = (jac * grad_value[:, None]).to(ctx.hidden_dtype)
-        if ctx.needs_input_grad[2]:
+        if ctx.needs_input_grad[3]:
             grad_weight = _weight_grad(*inputs, value, aux, grad_value, setup)
-        return grad_hidden, None, grad_weight, None
+        return grad_hidden, None, None, grad_weight, None
 
 
-def _weight_grad(hidden, target, weight, value, aux, grad_value, setup) -> Tensor:  # (V, D)
+def _weight_grad(hidden, target, target_rows, weight, value, aux, grad_value, setup) -> Tensor:  # (V, D)
     """sum_r grad_value_r * d statistic_r / d weight, one recomputed row chunk at a time."""
     grad_weight = weight.new_zeros(weight.shape, dtype=setup.dtype)  # (V, D)
     scale = grad_value / setup.temperature  # (R,)
     for rows in _row_slices(hidden.shape[0], setup.row_chunk):
-        z, t = _logit_rows(hidden[rows], target[rows], weight, setup)
+        z, t = _logit_rows(hidden[rows], target[target_rows[rows]], weight, setup)
         norms = _log_norms(z, t, setup.statistic.in_log_space, setup)
         tiles = _logit_grad_tiles(z, t, norms, value[rows], aux[rows], scale[rows], setup)
         for cols, grad in tiles:
@@ -305,8 +308,7 @@ def draft_loss_from_hidden(
     rows = mask.reshape(-1).nonzero().squeeze(1)  # (R,) valid entries; sync (data-dependent size)
     value_rows, alpha_rows = _FusedStatisticFunction.apply(
         draft_hidden.reshape(-1, width).index_select(0, rows),
-        target.detach().reshape(num * depth, -1).index_select(0, rows),
-        weight, setup,
+        target.detach().reshape(num * depth, -1), rows, weight, setup,
     )
     flat = draft_hidden.new_zeros(num * depth, dtype=setup.dtype)
     value = flat.index_copy(0, rows, value_rows).reshape(num, depth)  # (N, K), 0 outside mask
