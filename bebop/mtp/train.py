@@ -22,10 +22,11 @@ from pathlib import Path
 
 import torch
 
-from bebop.losses import DRAFT_LOSSES, acceptance_stats, draft_loss
+from bebop.losses import DRAFT_LOSSES
 from bebop.mtp.chains import check_chain_context, check_head_context
-from bebop.mtp.data import Sequences, chain_tensors, check_chain_args
+from bebop.mtp.data import Sequences, check_chain_args
 from bebop.mtp.head import MtpHead
+from bebop.mtp.loss import chain_loss, fused_loss_blocker
 from bebop.utils.io import (
     BebopError,
     JsonlLogger,
@@ -158,6 +159,8 @@ def train_mtp(
     say(f"train-mtp: loss={cfg.loss} K={cfg.speculate_k} steps={cfg.steps} sequences={len(data)} from step {start_step}")
     if ce_steps:
         say(f"train-mtp: the first {ce_steps} steps train with CE (a CE-trained start for {cfg.loss}; --ce-warmup 0 skips it)")
+    if fused_loss_blocker(backbone):
+        say(f"train-mtp: plain draft loss on (N, K, V) logits, not the fused one: {fused_loss_blocker(backbone)}")
     t0 = time.time()
     for step in progress(range(start_step, cfg.steps), total=cfg.steps - start_step, desc=f"train-mtp {cfg.loss}",
                          enabled=show_progress):
@@ -165,16 +168,14 @@ def train_mtp(
         for group in opt.param_groups:
             group["lr"] = lr
         ids, lengths, starts = data.batch(_batch_index(len(data), cfg.batch_size, cfg.seed, step), pad_id, device)
-        draft, target, mask = chain_tensors(backbone, head, ids, lengths, starts, cfg.speculate_k, cfg.chain_context)
         loss_name = "ce" if step < ce_steps else cfg.loss
-        loss = draft_loss(loss_name, draft, target, mask=mask, temperature=cfg.temperature)
+        loss, alpha_rs, mask = chain_loss(backbone, head, ids, lengths, starts, cfg.speculate_k, cfg.chain_context,
+                                          loss_name, cfg.temperature)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.grad_clip)
         opt.step()
-        with torch.no_grad():
-            alpha_rs, _, _ = acceptance_stats(draft.detach(), target, temperature=cfg.temperature)
-            per_step = ((alpha_rs * mask).sum(0) / mask.sum(0).clamp_min(1)).tolist()
+        per_step = ((alpha_rs * mask).sum(0) / mask.sum(0).clamp_min(1)).tolist()
         row = {"step": step + 1, "loss": loss.item(), "loss_name": loss_name, "lr": lr, "grad_norm": float(grad_norm),
                "alpha_rs": per_step, "seconds": time.time() - t0}
         logger.log(row)
