@@ -308,7 +308,7 @@ def draft_loss_from_hidden(
     rows = mask.reshape(-1).nonzero().squeeze(1)  # (R,) valid entries; sync (data-dependent size)
     value_rows, alpha_rows = _FusedStatisticFunction.apply(
         draft_hidden.reshape(-1, width).index_select(0, rows),
-        target.detach().reshape(num * depth, -1), rows, weight, setup,
+        target.detach().reshape(num * depth, target.shape[-1]), rows, weight, setup,
     )
     flat = draft_hidden.new_zeros(num * depth, dtype=setup.dtype)
     value = flat.index_copy(0, rows, value_rows).reshape(num, depth)  # (N, K), 0 outside mask

@@ -193,3 +193,12 @@ def test_bad_input_is_one_line(change, match):
     with pytest.raises(BebopError, match=match) as info:
         draft_loss_from_hidden(**args, target_softcap=softcap)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_no_chains_gives_zero(name):
+    """N = 0 (a batch whose completions hold no chain) used to fail reshaping the empty target."""
+    hidden = torch.zeros(0, K, D, requires_grad=True)
+    loss = draft_loss_from_hidden(name, hidden, torch.zeros(0, K, D), torch.randn(V, D))
+    loss.backward()
+    assert loss == 0.0 and hidden.grad.shape == (0, K, D)
