@@ -1,6 +1,6 @@
 """Peak memory and time of the draft losses: fused with the lm_head, chunked, plain autograd.
 
-    PYTHONPATH=. .venv/bin/python bench/draft_loss.py                     # N 64/256, D 2048, ~4 min on 2 CPU cores
+    PYTHONPATH=. .venv/bin/python bench/draft_loss.py                     # N 256/512, D 2048, ~4 min on 2 CPU cores
     PYTHONPATH=. .venv/bin/python bench/draft_loss.py --hidden-size 0     # logits inputs: plain vs chunked
     PYTHONPATH=. .venv/bin/python bench/draft_loss.py --search            # largest N plain survives
     PYTHONPATH=. .venv/bin/python bench/draft_loss.py --n 1024 4096 --device cuda
@@ -40,7 +40,7 @@ from bebop.losses import draft_loss, draft_loss_from_hidden
 
 # NOTE: with logits inputs (--hidden-size 0), --search on the 24 GiB, 2-core development machine
 # (other jobs running): plain survived N=512 (9.9 GB peak) and failed at N=1024 (~16.6 GB projected).
-DEFAULT_N = [64, 256]  # hidden inputs at D = 2048: plain fits with room to spare, ~4 min in all
+DEFAULT_N = [256, 512]  # hidden inputs at D = 2048: plain fits (N = 512: ~10 GB peak), ~4 min in all
 
 
 def _logits(draft, target, weight):
@@ -248,12 +248,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--k", type=int, default=5, help="draft steps K")
     parser.add_argument("--hidden-size", type=int, default=2048,
                         help="D of hidden-state inputs and a (V, D) lm_head; 0 = (N, K, V) logits inputs")
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS),
+    parser.add_argument("--methods", nargs="+", default=["plain", "fused"], choices=list(METHODS),
                         help="methods to run with hidden-state inputs (logits inputs: plain and chunked)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--dtype", default="float32", help="logits dtype")
     parser.add_argument("--temperature", type=float, default=1.0, help="softmax temperature")
-    parser.add_argument("--loss", nargs="+", default=["e2e_tv", "ce"], choices=["ce", "tv", "e2e_tv"],
+    parser.add_argument("--loss", nargs="+", default=["e2e_tv"], choices=["ce", "tv", "e2e_tv"],
                         help="losses to run")
     parser.add_argument("--mem-frac", type=float, default=0.8,
                         help="memory budget as a fraction of MemAvailable: each CPU run's "

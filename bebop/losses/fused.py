@@ -49,10 +49,11 @@ from bebop.losses.entry_stats import (
 )
 from bebop.utils.io import BebopError
 
-# NOTE: a row chunk holds about seven float32 (rows, V) buffers. 2**24 elements (64 MiB each, 110
-# rows of a 152k vocabulary) makes the (rows, D) @ (D, V) matmuls wide enough to run at full speed
-# on a CPU (27 rows ran at half the FLOP rate there: every chunk re-reads the whole weight).
-FUSED_TILE_ELEMENTS = 2**24  # default row chunk = FUSED_TILE_ELEMENTS // V
+# NOTE: a row chunk holds about seven float32 (rows, V) buffers. 2**23 elements (32 MiB each, 55
+# rows of a 152k vocabulary; the forward matmul runs draft and target rows together, 110) keeps the
+# matmuls wide enough for a CPU's full FLOP rate (27 rows ran at half of it: every chunk re-reads
+# the whole weight) and the working set under 1/8 of the plain loss's from N*K = 1,280 entries up.
+FUSED_TILE_ELEMENTS = 2**23  # default row chunk = FUSED_TILE_ELEMENTS // V
 
 # loss name -> (per-entry statistic, reduction of the (N, K) statistic under the (N, K) mask)
 FUSED_LOSSES: dict[str, tuple[str, Callable[[Tensor, Tensor], Tensor]]] = {
