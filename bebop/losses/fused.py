@@ -8,9 +8,9 @@ given directly as logits); every objective of ``DRAFT_LOSSES`` is then exactly `
 entry_stats.py). What changes is what is held in memory (the paper's App. F memory argument,
 carried through the lm_head):
 
-* a *row chunk* of entries computes its (rows, V) logits with one matmul per side (the draft's and
-  a hidden target's rows share it), walks them ``vocab_chunk`` columns at a time with the
-  statistic functions of `entry_stats`, and is dropped;
+* a *row chunk* of entries computes its (rows, V) logits with one matmul (a hidden target's rows
+  join the draft's, so the weight is read once), walks them ``vocab_chunk`` columns at a time with
+  the statistic functions of `entry_stats`, and is dropped;
 * the analytic per-row gradient g = d statistic / d z (rows, V) is contracted with the weight in
   the same pass, d statistic / d hidden = (g / T) @ weight (rows, D), and kept. The loss's
   backward only scales these rows by the upstream gradient, because each statistic depends on its
