@@ -1,14 +1,21 @@
-"""Peak memory and time of the draft losses: chunked (bebop.losses) vs plain autograd.
+"""Peak memory and time of the draft losses: fused with the lm_head, chunked, plain autograd.
 
-    PYTHONPATH=. .venv/bin/python bench/draft_loss.py              # N=512, ~3 min on 2 CPU cores
-    PYTHONPATH=. .venv/bin/python bench/draft_loss.py --search     # largest N plain survives
-    PYTHONPATH=. .venv/bin/python bench/draft_loss.py --n 2048 --device cuda
+    PYTHONPATH=. .venv/bin/python bench/draft_loss.py                     # N 256/512, D 2048, ~4 min on 2 CPU cores
+    PYTHONPATH=. .venv/bin/python bench/draft_loss.py --hidden-size 0     # logits inputs: plain vs chunked
+    PYTHONPATH=. .venv/bin/python bench/draft_loss.py --search            # largest N plain survives
+    PYTHONPATH=. .venv/bin/python bench/draft_loss.py --n 1024 4096 --device cuda
+
+Methods, all from the same inputs: ``plain`` (logits = hidden @ weight.T, then full (N, K, V)
+softmaxes under ordinary autograd), ``chunked`` (the same logits, then bebop.losses.draft_loss) and
+``fused`` (bebop.losses.draft_loss_from_hidden: no (N, K, V) tensor at all). Inputs are float32
+draft and target hidden states (N, K, D) and a frozen lm_head weight (V, D) (as in train-mtp), or
+with ``--hidden-size 0`` (N, K, V) logits (plain and chunked only); a draft near its target, and
+chains cut at the sequence end.
 
 Each (N, loss, method) runs forward + backward once (after a tiny warm-up) in a fresh subprocess,
 so peaks do not mix. Peak memory is VmHWM from /proc/self/status on CPU (the process's
 high-water resident set, inputs included) and torch.cuda.max_memory_allocated on CUDA; "extra"
-is the peak minus the memory held once the inputs exist. Inputs are float32 (N, K, V) logits,
-a draft near its target, and chains cut at the sequence end.
+is the peak minus the memory held once the inputs exist.
 
 --search doubles N from --n-start until the plain version fails or its projected peak at the
 next N exceeds --mem-frac of MemAvailable. Each CPU worker runs under RLIMIT_AS of that budget,
@@ -27,17 +34,32 @@ import sys
 import time
 
 import torch
+import torch.nn.functional as F
 
-from bebop.losses import draft_loss
+from bebop.losses import draft_loss, draft_loss_from_hidden
 
-# NOTE: --search on the 24 GiB, 2-core development machine (other jobs running): plain survived
-# N=512 (9.9 GB peak) and failed at N=1024 (~16.6 GB projected, over 0.8 x MemAvailable).
-DEFAULT_N = 512  # largest N the plain version survived there
+# NOTE: with logits inputs (--hidden-size 0), --search on the 24 GiB, 2-core development machine
+# (other jobs running): plain survived N=512 (9.9 GB peak) and failed at N=1024 (~16.6 GB projected).
+DEFAULT_N = [256, 512]  # hidden inputs at D = 2048: plain fits (N = 512: ~10 GB peak), ~4 min in all
 
-def plain_loss(name, draft_logits, target_logits, mask, temperature):
-    """Naive autograd tv / e2e_tv: full (N, K, V) softmaxes kept for backward."""
-    q = torch.softmax(draft_logits.float() / temperature, dim=-1)  # (N, K, V)
+
+def _logits(draft, target, weight):
+    """(draft logits with grad, target logits without) from hidden states, or the logits themselves."""
+    if weight is None:
+        return draft, target
+    with torch.no_grad():
+        target_logits = F.linear(target, weight)  # (N, K, V)
+    return F.linear(draft, weight), target_logits
+
+
+def plain_loss(name, draft, target, weight, mask, temperature):
+    """Naive autograd ce / tv / e2e_tv: full (N, K, V) logits and softmaxes kept for backward."""
+    draft_logits, target_logits = _logits(draft, target, weight)
     p = torch.softmax(target_logits.detach().float() / temperature, dim=-1)  # (N, K, V)
+    if name == "ce":
+        ce = -(p * torch.log_softmax(draft_logits.float() / temperature, dim=-1)).sum(dim=-1)  # (N, K)
+        return torch.where(mask, ce, 0.0).sum() / mask.sum().clamp_min(1)
+    q = torch.softmax(draft_logits.float() / temperature, dim=-1)  # (N, K, V)
     alpha = torch.minimum(p, q).sum(dim=-1)  # (N, K)
     if name == "tv":
         return torch.where(mask, 1.0 - alpha, 0.0).sum() / mask.sum().clamp_min(1)
@@ -49,12 +71,17 @@ def plain_loss(name, draft_logits, target_logits, mask, temperature):
     return torch.where(valid, per_chain, 0.0).sum() / valid.sum().clamp_min(1)
 
 
-def chunked_loss(name, draft_logits, target_logits, mask, temperature):
-    """bebop.losses.draft_loss with its default tile sizes."""
-    return draft_loss(name, draft_logits, target_logits, mask, temperature)
+def chunked_loss(name, draft, target, weight, mask, temperature):
+    """bebop.losses.draft_loss with its default tile sizes, on the (N, K, V) logits."""
+    return draft_loss(name, *_logits(draft, target, weight), mask, temperature)
 
 
-METHODS = {"plain": plain_loss, "chunked": chunked_loss}
+def fused_loss(name, draft, target, weight, mask, temperature):
+    """bebop.losses.draft_loss_from_hidden with its default tile sizes."""
+    return draft_loss_from_hidden(name, draft, target, weight, mask, temperature)
+
+
+METHODS = {"plain": plain_loss, "chunked": chunked_loss, "fused": fused_loss}
 
 
 def _status_mb(key: str) -> float:
@@ -74,10 +101,33 @@ def _mem_available_mb() -> float:
     raise KeyError("MemAvailable")
 
 
-def make_inputs(
-    n: int, args: argparse.Namespace
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Draft logits (N, K, V) requiring grad, target logits (N, K, V) and mask (N, K)."""
+def make_inputs(n: int, args: argparse.Namespace):
+    """(draft (N, K, X) requiring grad, target (N, K, X), weight (V, D) or None, mask (N, K)).
+
+    X = D (hidden states of a random frozen lm_head) or, with hidden_size 0, X = V (logits).
+    """
+    if not args.hidden_size:
+        return (*_make_logits(n, args), None, _chain_mask(n, args))
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    gen = torch.Generator(device=device).manual_seed(0)
+    shape = (n, args.k, args.hidden_size)
+    # Logits of standard deviation ~2.5, as in the logits inputs; the draft's hidden state is the
+    # target's plus noise, so alpha is neither 0 nor 1.
+    weight = torch.randn(args.vocab, args.hidden_size, generator=gen, device=device, dtype=dtype)
+    weight /= args.hidden_size**0.5
+    target = 2.5 * torch.randn(shape, generator=gen, device=device, dtype=dtype)
+    draft = (target + torch.randn(shape, generator=gen, device=device, dtype=dtype)).requires_grad_()
+    return draft, target, weight, _chain_mask(n, args)
+
+
+def _chain_mask(n: int, args: argparse.Namespace) -> torch.Tensor:  # (N, K) bool
+    """Chains are cut at the sequence end: position n has min(K, N - n) draft steps."""
+    steps = torch.arange(args.k, device=args.device)
+    return (torch.arange(n, device=args.device)[:, None] + steps) < n
+
+
+def _make_logits(n: int, args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draft logits (N, K, V) requiring grad, target logits (N, K, V)."""
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     gen = torch.Generator(device=device).manual_seed(0)
     shape = (n, args.k, args.vocab)
@@ -85,11 +135,7 @@ def make_inputs(
     # block shared by all N keep input generation a small part of each run.
     target = torch.empty(shape, device=device, dtype=dtype).uniform_(-5.0, 5.0, generator=gen)
     noise = torch.randn(shape[1:], generator=gen, device=device, dtype=dtype)  # (K, V)
-    draft = (target + noise).requires_grad_()
-    # Chains are cut at the sequence end: position n has min(K, N - n) draft steps.
-    steps = torch.arange(args.k, device=device)
-    mask = (torch.arange(shape[0], device=device)[:, None] + steps) < shape[0]  # (N, K)
-    return draft, target, mask
+    return (target + noise).requires_grad_(), target
 
 
 def run_worker(args: argparse.Namespace) -> dict:
@@ -98,10 +144,10 @@ def run_worker(args: argparse.Namespace) -> dict:
     if device.type == "cpu" and args.mem_limit_mb:
         limit = int((_status_mb("VmSize") + args.mem_limit_mb) * 2**20)
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    warm_draft, warm_target, warm_mask = make_inputs(2, args)  # load kernels, not timed
-    loss_fn(args.loss[0], warm_draft, warm_target, warm_mask, args.temperature).backward()
-    del warm_draft, warm_target, warm_mask
-    draft, target, mask = make_inputs(args.n[0], args)
+    warm = make_inputs(2, args)  # load kernels, not timed
+    loss_fn(args.loss[0], *warm, args.temperature).backward()
+    del warm
+    draft, target, weight, mask = make_inputs(args.n[0], args)
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -109,7 +155,7 @@ def run_worker(args: argparse.Namespace) -> dict:
     else:
         base_mb = _status_mb("VmRSS")
     start = time.perf_counter()
-    loss = loss_fn(args.loss[0], draft, target, mask, args.temperature)
+    loss = loss_fn(args.loss[0], draft, target, weight, mask, args.temperature)
     loss.backward()
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -126,6 +172,7 @@ def measure(args: argparse.Namespace, n: int, loss: str, method: str) -> dict | 
     """Runs one configuration in a fresh subprocess; None if it failed (e.g. out of memory)."""
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--n", str(n),
            "--loss", loss, "--method", method, "--vocab", str(args.vocab), "--k", str(args.k),
+           "--hidden-size", str(args.hidden_size),
            "--device", args.device, "--dtype", args.dtype, "--temperature", str(args.temperature),
            "--mem-limit-mb", str(int(args.mem_frac * _mem_available_mb()))]
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -137,10 +184,10 @@ def measure(args: argparse.Namespace, n: int, loss: str, method: str) -> dict | 
 
 
 def run_n(args: argparse.Namespace, n: int) -> list[dict]:
-    """Both methods for every loss at one N."""
+    """Every method for every loss at one N."""
     rows = []
     for loss in args.loss:
-        for method in ("plain", "chunked"):
+        for method in args.methods if args.hidden_size else ("plain", "chunked"):
             result = measure(args, n, loss, method)
             print(f"  measured N={n} {loss} {method}: {result}", file=sys.stderr, flush=True)
             rows.append({"n": n, "loss": loss, "method": method, "result": result})
@@ -180,29 +227,34 @@ def print_table(rows: list[dict], device: str) -> None:
             continue
         print(f"{r['n']:>6} {r['loss']:>7} {r['method']:>8} {res['peak_mb']:>21.0f} "
               f"{res['extra_mb']:>9.0f} {res['seconds']:>8.2f} {res['loss']:>11.6f}")
-    print(f"\n{'N':>6} {'loss':>7}  chunked/plain: {'peak':>6} {'extra':>6} {'time':>6}")
+    print(f"\n{'N':>6} {'loss':>7} {'method':>8}  / plain: {'peak':>6} {'extra':>6} {'time':>6}")
     by_key = {(r["n"], r["loss"], r["method"]): r["result"] for r in rows}
-    for (n, loss, method), plain in by_key.items():
-        chunked = by_key.get((n, loss, "chunked"))
-        if method != "plain" or plain is None or chunked is None:
+    for (n, loss, method), res in by_key.items():
+        plain = by_key.get((n, loss, "plain"))
+        if method == "plain" or plain is None or res is None:
             continue
-        print(f"{n:>6} {loss:>7}  {'':>14} {chunked['peak_mb'] / plain['peak_mb']:>6.2f} "
-              f"{chunked['extra_mb'] / plain['extra_mb']:>6.2f} "
-              f"{chunked['seconds'] / plain['seconds']:>6.2f}")
+        print(f"{n:>6} {loss:>7} {method:>8}  {'':>7} {res['peak_mb'] / plain['peak_mb']:>6.3f} "
+              f"{res['extra_mb'] / plain['extra_mb']:>6.3f} "
+              f"{res['seconds'] / plain['seconds']:>6.2f}")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, nargs="+", default=[DEFAULT_N], help="chain starts N")
+    parser.add_argument("--n", type=int, nargs="+", default=DEFAULT_N, help="chain starts N")
     parser.add_argument("--search", action="store_true",
                         help="double N from --n-start until the plain version no longer fits")
     parser.add_argument("--n-start", type=int, default=32, help="first N of --search")
     parser.add_argument("--vocab", type=int, default=151_936, help="vocabulary V (Qwen's)")
     parser.add_argument("--k", type=int, default=5, help="draft steps K")
+    parser.add_argument("--hidden-size", type=int, default=2048,
+                        help="D of hidden-state inputs and a (V, D) lm_head; 0 = (N, K, V) logits inputs")
+    parser.add_argument("--methods", nargs="+", default=["plain", "fused"], choices=list(METHODS),
+                        help="methods to run with hidden-state inputs (logits inputs: plain and chunked)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--dtype", default="float32", help="logits dtype")
     parser.add_argument("--temperature", type=float, default=1.0, help="softmax temperature")
-    parser.add_argument("--loss", nargs="+", default=["e2e_tv", "tv"], help="losses to run")
+    parser.add_argument("--loss", nargs="+", default=["e2e_tv"], choices=["ce", "tv", "e2e_tv"],
+                        help="losses to run")
     parser.add_argument("--mem-frac", type=float, default=0.8,
                         help="memory budget as a fraction of MemAvailable: each CPU run's "
                              "address-space limit, and where --search stops")
@@ -217,7 +269,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.worker:
         print(json.dumps(run_worker(args)))
         return
-    print(f"V={args.vocab} K={args.k} device={args.device} dtype={args.dtype} "
+    print(f"V={args.vocab} K={args.k} D={args.hidden_size or '- (logits inputs)'} device={args.device} "
+          f"dtype={args.dtype} threads={torch.get_num_threads()} load={os.getloadavg()[0]:.1f} "
           f"losses={args.loss}; forward + backward, one fresh process each", flush=True)
     if args.search:
         rows = search_n(args)

@@ -58,7 +58,8 @@ def served_bias(length: int, depth: int, dtype: torch.dtype, device: torch.devic
     return bias.masked_fill_(~visible, torch.finfo(dtype).min)[None, None]
 
 
-def unroll_served(head, hidden: torch.Tensor, input_ids: torch.Tensor, num_steps: int) -> list[torch.Tensor]:
+def unroll_served(head, hidden: torch.Tensor, input_ids: torch.Tensor, num_steps: int,
+                  lm_head_inputs: bool = False) -> list[torch.Tensor]:
     """``MtpHead.unroll`` with the engine's attention context (see the module docstring).
 
     Args:
@@ -66,10 +67,11 @@ def unroll_served(head, hidden: torch.Tensor, input_ids: torch.Tensor, num_steps
         hidden: (B, T, D) backbone states the head reads.
         input_ids: (B, T) the sequence.
         num_steps: K, depths to unroll.
+        lm_head_inputs: return the lm_head's inputs (B, T, D) (``MtpHead.lm_head_input``) instead of logits.
 
     Returns:
         K tensors (B, T, V): draft logits of depth 1..K at each chain start t (inputs past the end
-        are padding; their outputs must be masked by the caller).
+        are padding; their outputs must be masked by the caller); (B, T, D) with lm_head_inputs.
     """
     check_head_context(head, "served")
     b, t = input_ids.shape
@@ -79,12 +81,12 @@ def unroll_served(head, hidden: torch.Tensor, input_ids: torch.Tensor, num_steps
         tokens = torch.nn.functional.pad(input_ids[:, j:], (0, min(j, t)), value=0)  # x_{t+j}
         bias = served_bias(t, j, hidden.dtype, input_ids.device)
         g = head.forward_step(g, tokens, positions + (j - 1), step=j - 1, attention_bias=bias, cache=cache)
-        out.append(head.logits(g, step=j - 1))
+        out.append(head.lm_head_input(g, step=j - 1) if lm_head_inputs else head.logits(g, step=j - 1))
     return out
 
 
-CHAIN_UNROLLS = {  # chain context -> (head, hidden, input_ids, K) -> K draft logits (B, T, V)
-    "unrolled": lambda head, hidden, input_ids, num_steps: head.unroll(hidden, input_ids, num_steps),
+CHAIN_UNROLLS = {  # chain context -> (head, hidden, input_ids, K, lm_head_inputs=False) -> K draft logits (B, T, V)
+    "unrolled": lambda head, hidden, input_ids, num_steps, **kw: head.unroll(hidden, input_ids, num_steps, **kw),
     "served": unroll_served,
 }
 CHAIN_CONTEXTS = tuple(CHAIN_UNROLLS)

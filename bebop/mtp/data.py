@@ -147,12 +147,34 @@ def chain_tensors(backbone, head, ids: torch.Tensor, lengths: torch.Tensor, star
         logits = backbone.get_output_embeddings()(out.last_hidden_state)
         target_all = final_logits(backbone.config.get_text_config(), logits)  # (B, T, V)
     drafts = CHAIN_UNROLLS[chain_context](head, state, ids, num_steps)  # K x (B, T, V)
+    return _gather_chains(drafts, target_all, ids, lengths, starts, num_steps)
+
+
+def chain_states(backbone, head, ids: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor, num_steps: int,
+                 chain_context: str = "unrolled"):
+    """``chain_tensors`` one step before the lm_head: the draft's and the target's lm_head inputs.
+
+    Returns:
+        draft_states (N, K, D) (``MtpHead.lm_head_input``, with grad through the head), target_states
+        (N, K, D) (the backbone's final normed hidden states, no grad), mask (N, K) bool. The logits
+        of ``chain_tensors`` are lm_head(draft_states) and final_logits(lm_head(target_states)).
+    """
+    with torch.no_grad():
+        out, state = decoder_states(backbone, head.config.target_prenorm, input_ids=ids)  # (B, T, D) each
+    drafts = CHAIN_UNROLLS[chain_context](head, state, ids, num_steps, lm_head_inputs=True)  # K x (B, T, D)
+    return _gather_chains(drafts, out.last_hidden_state, ids, lengths, starts, num_steps)
+
+
+def _gather_chains(drafts: list[torch.Tensor], target_all: torch.Tensor, ids: torch.Tensor, lengths: torch.Tensor,
+                   starts: torch.Tensor, num_steps: int):
+    """(draft (N, K, X), target (N, K, X), mask (N, K)) at every chain start from K per-depth draft tensors
+    (B, T, X) and the target's (B, T, X) (X = V or D)."""
     t = torch.arange(ids.shape[1], device=ids.device)
     is_start = (t[None, :] >= (starts[:, None] - 1).clamp_min(0)) & (t[None, :] + 2 < lengths[:, None])
     b_idx, t_idx = is_start.nonzero(as_tuple=True)  # (N,), (N,)
     steps = torch.arange(1, num_steps + 1, device=ids.device)
     mask = (t_idx[:, None] + steps[None, :] + 1) < lengths[b_idx][:, None]  # (N, K)
     target_pos = (t_idx[:, None] + steps[None, :]).clamp_max(ids.shape[1] - 1)
-    target = target_all[b_idx[:, None], target_pos]  # (N, K, V)
-    draft = torch.stack([d[b_idx, t_idx] for d in drafts], dim=1)  # (N, K, V)
+    target = target_all[b_idx[:, None], target_pos]  # (N, K, X)
+    draft = torch.stack([d[b_idx, t_idx] for d in drafts], dim=1)  # (N, K, X)
     return draft, target, mask

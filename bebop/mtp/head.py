@@ -186,13 +186,19 @@ class MtpHead(nn.Module):
             return rotary(embeds, position_ids, layer_type="full_attention")
         return rotary(embeds, position_ids)
 
-    def logits(self, state: torch.Tensor, step: int = 0) -> torch.Tensor:
-        """Draft logits (..., V) from the state (..., D) that step ``step`` returned."""
+    def lm_head_input(self, state: torch.Tensor, step: int = 0) -> torch.Tensor:
+        """The lm_head's input (..., D) for the state (..., D) that step ``step`` returned: the state after
+        the shared output norm (``logits`` is the lm_head of it; the fused draft loss takes it)."""
         if self.config.chain_prenorm:
             state = self.layers[step % len(self.layers)].post_norm(state)
-        return self._shared["lm_head"](state)
+        return state
 
-    def unroll(self, hidden: torch.Tensor, input_ids: torch.Tensor, num_steps: int) -> list[torch.Tensor]:
+    def logits(self, state: torch.Tensor, step: int = 0) -> torch.Tensor:
+        """Draft logits (..., V) from the state (..., D) that step ``step`` returned."""
+        return self._shared["lm_head"](self.lm_head_input(state, step))
+
+    def unroll(self, hidden: torch.Tensor, input_ids: torch.Tensor, num_steps: int,
+               lm_head_inputs: bool = False) -> list[torch.Tensor]:
         """Teacher-forced draft logits for every position and depth (training and exact evaluation).
 
         Depth j (1-based) at position t reads token x_{t+j} and predicts x_{t+j+1}, the token the
@@ -203,9 +209,10 @@ class MtpHead(nn.Module):
             hidden: (B, T, D) backbone final hidden states.
             input_ids: (B, T) the sequence.
             num_steps: K, depths to unroll.
+            lm_head_inputs: return the lm_head's inputs (B, T, D) (``lm_head_input``) instead of logits.
 
         Returns:
-            K tensors (B, T, V): draft logits of depth 1..K at each position t.
+            K tensors (B, T, V): draft logits of depth 1..K at each position t ((B, T, D) with lm_head_inputs).
         """
         b, t = input_ids.shape
         positions = torch.arange(t, device=input_ids.device).expand(b, t)
@@ -213,7 +220,7 @@ class MtpHead(nn.Module):
         for j in range(1, num_steps + 1):
             tokens = torch.nn.functional.pad(input_ids[:, j:], (0, min(j, t)), value=0)  # x_{t+j}
             g = self.forward_step(g, tokens, positions + (j - 1), step=j - 1)
-            out.append(self.logits(g, step=j - 1))
+            out.append(self.lm_head_input(g, step=j - 1) if lm_head_inputs else self.logits(g, step=j - 1))
         return out
 
     def save_pretrained(self, directory: str | os.PathLike, extra: dict | None = None,

@@ -30,10 +30,11 @@ from pathlib import Path
 
 import torch
 
-from bebop.losses import DRAFT_LOSSES, acceptance_stats, draft_loss
+from bebop.losses import DRAFT_LOSSES
 from bebop.mtp.chains import check_chain_context, check_head_context
-from bebop.mtp.data import Sequences, chain_tensors, check_chain_args
+from bebop.mtp.data import Sequences, check_chain_args
 from bebop.mtp.head import MtpHead, _decoder
+from bebop.mtp.loss import chain_loss, fused_loss_blocker
 from bebop.utils import distributed
 from bebop.utils.io import (
     BebopError,
@@ -192,6 +193,8 @@ def train_mtp(
     say(f"train-mtp: loss={cfg.loss} K={cfg.speculate_k} steps={cfg.steps} sequences={len(data)} from step {start_step}")
     if ce_steps:
         say(f"train-mtp: the first {ce_steps} steps train with CE (a CE-trained start for {cfg.loss}; --ce-warmup 0 skips it)")
+    if fused_loss_blocker(backbone):
+        say(f"train-mtp: plain draft loss on (N, K, V) logits, not the fused one: {fused_loss_blocker(backbone)}")
     t0 = time.time()
     for step in progress(range(start_step, cfg.steps), total=cfg.steps - start_step, desc=f"train-mtp {cfg.loss}",
                          enabled=show_progress):
@@ -200,9 +203,9 @@ def train_mtp(
             group["lr"] = lr
         index = _batch_index(len(data), cfg.batch_size, cfg.seed, step)[first:last]
         ids, lengths, starts = data.batch(index, pad_id, device)
-        draft, target, mask = chain_tensors(backbone, head, ids, lengths, starts, cfg.speculate_k, cfg.chain_context)
         loss_name = "ce" if step < ce_steps else cfg.loss
-        loss = draft_loss(loss_name, draft, target, mask=mask, temperature=cfg.temperature)
+        loss, alpha_rs, mask = chain_loss(backbone, head, ids, lengths, starts, cfg.speculate_k, cfg.chain_context,
+                                          loss_name, cfg.temperature)
         loss = _global_share(loss, loss_name, mask)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -210,7 +213,6 @@ def train_mtp(
         grad_norm = torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.grad_clip)
         opt.step()
         with torch.no_grad():
-            alpha_rs, _, _ = acceptance_stats(draft.detach(), target, temperature=cfg.temperature)
             sums = distributed.sum_tensor(torch.stack([(alpha_rs * mask).sum(0), mask.sum(0)]))  # (2, K)
             per_step = (sums[0] / sums[1].clamp_min(1)).tolist()
         loss_value = distributed.sum_floats({"loss": loss.item()})["loss"]  # the global batch's loss

@@ -7,7 +7,7 @@ learning rate and its own gradient-norm clip (§5.3, "separate learning rates an
 gradient-norm normalisation").
 
 How it differs from ``bebop.mtp.train`` (offline head training):
-  1) The backbone is the *current policy*, not a frozen model: ``chain_tensors`` reads its hidden
+  1) The backbone is the *current policy*, not a frozen model: ``chain_loss`` reads its hidden
      states and target logits under ``no_grad``, and the head also shares the policy's embedding
      and lm_head. ``loss.backward(inputs=head params)`` accumulates gradients into the head's own
      parameters only, so no gradient, not even a ``.grad`` buffer, ever reaches the policy.
@@ -21,8 +21,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from bebop.losses import acceptance_stats, draft_loss
-from bebop.mtp.data import Sequences, chain_tensors
+from bebop.mtp.data import Sequences
+from bebop.mtp.loss import chain_loss
 from bebop.rl.config import MtpUpdateConfig
 from bebop.utils.optim import make_adamw
 
@@ -62,7 +62,7 @@ def online_head_step(
         sequences: the rollout's prompt + completion tokens (``rollout_sequences``).
         cfg: ``online_loss``, ``mtp_grad_clip`` and ``mtp_speculate_k`` are read.
         temperature: the rollout temperature; p and q of the loss are softmax(logits / T).
-        pad_id: id for right padding (never scored: ``chain_tensors`` masks past each length).
+        pad_id: id for right padding (never scored: ``chain_loss`` masks past each length).
 
     Returns:
         ``mtp/loss``, ``mtp/grad_norm``, ``mtp/num_chains`` and ``mtp/alpha_rs`` (per draft step,
@@ -75,11 +75,12 @@ def online_head_step(
         raise ValueError("online_head_step: the head has no trainable parameters (requires_grad is off)")
     # NOTE: the engine's draft context (bebop.mtp.chains) for one-layer heads, as train-mtp trains them.
     context = "served" if len(head.layers) == 1 else "unrolled"
-    draft, target, mask = chain_tensors(backbone, head, ids, lengths, starts, cfg.mtp_speculate_k, context)
+    # NOTE: fused with the policy's lm_head (bebop.mtp.loss), whose weight it reads detached.
+    loss, alpha_rs, mask = chain_loss(backbone, head, ids, lengths, starts, cfg.mtp_speculate_k, context,
+                                      cfg.online_loss, temperature)  # alpha_rs (N, K): before the update
     num_chains = int(mask[:, 0].sum())  # sync: once per step
     if num_chains == 0:  # every completion too short to hold one verified draft step
         return {"mtp/loss": None, "mtp/grad_norm": None, "mtp/num_chains": 0, "mtp/alpha_rs": None}
-    loss = draft_loss(cfg.online_loss, draft, target, mask=mask, temperature=temperature)
     optimizer.zero_grad(set_to_none=True)
     # NOTE: inputs=params keeps every gradient inside the head; the policy's shared embedding and
     # lm_head are on the graph but get no .grad.
@@ -87,9 +88,7 @@ def online_head_step(
     max_norm = cfg.mtp_grad_clip if cfg.mtp_grad_clip > 0 else float("inf")
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
     optimizer.step()
-    with torch.no_grad():
-        alpha_rs, _, _ = acceptance_stats(draft.detach(), target, temperature=temperature)  # (N, K)
-        per_step = ((alpha_rs * mask).sum(0) / mask.sum(0).clamp_min(1)).tolist()
+    per_step = ((alpha_rs * mask).sum(0) / mask.sum(0).clamp_min(1)).tolist()
     return {
         "mtp/loss": loss.item(),
         "mtp/grad_norm": float(grad_norm),
