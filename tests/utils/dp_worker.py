@@ -106,7 +106,7 @@ def run_all(work: Path, tag: str) -> None:
     out = work / tag
     out.mkdir(parents=True, exist_ok=True)
     counts: dict[str, int] = {}
-    _count_rows(counts, "train_sequences", train, "chain_tensors", lambda a: a[2].shape[0])
+    _count_rows(counts, "train_sequences", train, "chain_loss", lambda a: a[2].shape[0])
     _count_rows(counts, "eval_sequences", evaluate, "_batch_sums", lambda a: len(a[3]))
     _count_rows(counts, "rollout_prompts", EngineBackend, "rollout", lambda a: len(a[1]))
     _count_rows(counts, "fsdp_modules", distributed, "shard", lambda a: 1)
