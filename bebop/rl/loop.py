@@ -59,6 +59,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from bebop.analysis.runs import CONFIG_FILE, METRICS_FILE, TOKEN_STATS_FILE  # the files a run directory holds
 from bebop.rl.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from bebop.rl.config import RESUME_MAY_CHANGE, PolicyConfig, RLConfig, check_rl_config, flat_config
 from bebop.rl.grpo import group_advantages, pad_sequences, policy_loss, token_logprobs
@@ -81,9 +82,6 @@ from bebop.utils.optim import make_adamw
 from bebop.utils.progress import progress, say, step_line
 from bebop.utils.torch_utils import seed_everything
 
-CONFIG_FILE = "config.json"  # the resolved flat config (read by bebop.analysis.report)
-METRICS_FILE = "metrics.jsonl"  # one object per RL step
-TOKEN_STATS_FILE = "token_stats.jsonl"  # per kept draft position: depth, row, H(p), alpha_RS, alpha_TO
 BACKEND_DIR = "backend"  # what a rollout backend writes once (vLLM: the served model directory)
 
 
