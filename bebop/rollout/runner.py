@@ -33,6 +33,7 @@ class Rollout:
     batch: object  # the PromptBatch answered (prompts, prompt_ids, fields, step)
     result: Completions  # (B*G,) rows, with the backend's SpecStats
     seconds: float  # wall time of the backend call (measured in the background thread when async)
+    decision: object = None  # mode/K auto: the bebop.spec.auto.Decision in force (made by this rollout or earlier)
 
 
 def frozen_copy(obj):
@@ -59,6 +60,8 @@ class RolloutRunner:
         self.sampler: tuple[nn.Module, nn.Module | None] | None = None
         self.executor: ThreadPoolExecutor | None = None
         self.pending: tuple[int, Future] | None = None
+        self.auto = "auto" in (cfg.mode, cfg.speculate_k) and cfg.mode != "none"
+        self.decision = None  # the last auto decision (None: the next rollout decides; also after a resume)
         if cfg.async_rollout:
             self.sampler = frozen_copy((policy, head))
             self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bebop-rollout")
@@ -72,10 +75,15 @@ class RolloutRunner:
 
         cfg = self.cfg
         sampling = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p, cfg.max_new_tokens)
+        spec = SpecConfig(cfg.mode, cfg.speculate_k)
+        if self.auto and self.decision is not None and batch.step % cfg.auto_every:
+            spec = SpecConfig(self.decision.mode, max(self.decision.speculate_k, 1))  # between decisions: fixed
         start = time.perf_counter()
-        result = self.backend.rollout(batch.prompt_ids or batch.prompts, sampling, SpecConfig(cfg.mode, cfg.speculate_k),
+        result = self.backend.rollout(batch.prompt_ids or batch.prompts, sampling, spec,
                                       group_size=cfg.group_size, seed=cfg.seed, step=batch.step)
-        return Rollout(batch, result, time.perf_counter() - start)
+        seconds = time.perf_counter() - start
+        self.decision = result.decision or self.decision
+        return Rollout(batch, result, seconds, self.decision)
 
     def collect(self, batch) -> tuple[Rollout, float]:
         """The step's rollout (the one in flight when async) and the seconds spent waiting for it."""

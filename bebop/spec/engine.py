@@ -33,6 +33,7 @@ Deviations from a textbook implementation:
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -73,8 +74,8 @@ class SamplingParams:
 class SpecConfig:
     """Which speculative mode runs and how deep it drafts."""
 
-    mode: str = "none"  # none | to | rs
-    speculate_k: int = 3  # K, drafts verified per target pass
+    mode: str = "none"  # none | to | rs (| auto: bebop.spec.auto.generate_auto picks one)
+    speculate_k: int | str = 3  # K, drafts verified per target pass (| "auto", as for mode)
     draft_temperature: float | None = None  # temperature of q; None = the sampling temperature
     filter_drafts: bool = False  # apply the sampling top-k/top-p to q too (drafts and verification)
 
@@ -90,6 +91,9 @@ class GenerationResult:
     finish_reasons: list[str]  # "eos" | "length" | "stop"
     stats: SpecStats = field(default_factory=SpecStats)  # kept tokens only (see bebop.spec.stats)
     log: EmissionLog | None = field(default=None, repr=False)  # every verify step as the verifier emitted it
+    # Wall time of every decode step after prefill: (active rows, seconds). A step ends with the
+    # engine's host syncs, so the time is the step's on any device (``bebop.spec.auto`` reads it).
+    step_times: list[tuple[int, float]] = field(default_factory=list, repr=False)
 
     def verifier_stats(self) -> SpecStats:
         """Statistics of every verify step as emitted, before the stop check: vLLM's way of counting."""
@@ -202,19 +206,25 @@ def generate(
                              + [STREAM_DRAFT + j for j in range(k)]),
         counters=torch.zeros(batch, dtype=torch.long, device=device), last_token=ids.new_zeros(batch),
     )
+    step_times = []
     with torch.no_grad():
         runner.prefill(rows, prompt_ids)
         while rows.index:
+            num_rows, start = len(rows.index), time.perf_counter()
             runner.decode_step(rows)
+            step_times.append((num_rows, time.perf_counter() - start))
     texts = [tokenizer.decode(t, skip_special_tokens=True) for t in runner.outputs]
     lengths = [len(t) for t in runner.outputs]
     return GenerationResult(
         prompt_ids=prompt_ids, token_ids=runner.outputs, texts=texts,
         lengths=lengths, finish_reasons=runner.finish, stats=runner.log.to_stats(lengths), log=runner.log,
+        step_times=step_times,
     )
 
 
 def _check_args(model, mtp, prompts, sampling: SamplingParams, spec: SpecConfig) -> None:
+    if spec.mode == "auto" or spec.speculate_k == "auto":
+        raise BebopError("mode/speculate_k 'auto' is chosen by bebop.spec.auto.generate_auto, not by generate")
     if spec.mode not in MODES:
         raise BebopError(f"unknown mode {spec.mode!r}; choose one of {', '.join(MODES)}")
     if spec.mode != "none" and mtp is None:

@@ -131,16 +131,26 @@ class SpecStats:
             "spec/num_generated_tokens": self.num_generated_tokens,
         }
 
-    def merge(self, other: SpecStats) -> SpecStats:
-        """Adds ``other``'s counts and arrays into this object (same K) and returns it."""
-        if other.speculate_k != self.speculate_k:
+    def merge(self, other: SpecStats, mixed_k: bool = False) -> SpecStats:
+        """Adds ``other``'s counts and arrays into this object and returns it.
+
+        Args:
+            other: stats of the same K, or of any K with ``mixed_k`` (``bebop.spec.auto`` switches K
+                within a call): the per-position lists are then zero-padded to the larger K, which
+                becomes ``speculate_k``, and ``num_draft_tokens`` stays the sum of the drafts proposed.
+        """
+        if other.speculate_k != self.speculate_k and not mixed_k:
             raise ValueError(f"cannot merge stats with K={other.speculate_k} into K={self.speculate_k}")
+        k = max(self.speculate_k, other.speculate_k)
+        pad = lambda values, n: values + [0] * (n - len(values))  # noqa: E731
+        self.speculate_k = k
         self.num_drafts += other.num_drafts
         self.num_draft_tokens += other.num_draft_tokens
         self.num_accepted_tokens += other.num_accepted_tokens
         self.num_generated_tokens += other.num_generated_tokens
-        self.accepted_per_pos = [a + b for a, b in zip(self.accepted_per_pos, other.accepted_per_pos)]
-        self.accept_length_hist = [a + b for a, b in zip(self.accept_length_hist, other.accept_length_hist)]
+        self.accepted_per_pos = [a + b for a, b in zip(pad(self.accepted_per_pos, k), pad(other.accepted_per_pos, k))]
+        self.accept_length_hist = [a + b for a, b in zip(pad(self.accept_length_hist, k + 1),
+                                                         pad(other.accept_length_hist, k + 1))]
         for name in ("draft_position", "draft_row", "draft_entropy", "alpha_rs", "alpha_to", "token_entropy"):
             getattr(self, name).extend(getattr(other, name))
         return self
