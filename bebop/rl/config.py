@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from bebop.config import AUTO, merge_sources, resolve, speculate_k_value
+from bebop.config import AUTO, AUTO_MAX_K, merge_sources, resolve, speculate_k_value
 from bebop.utils.io import BebopError
 
 # NOTE: nothing here imports torch (the CLI builds its --help from this module); the checks import
@@ -128,6 +128,13 @@ def config_fields() -> dict[str, tuple[type, Any, str]]:
     defaults = flat_config(RLConfig())
     types = {name: type(defaults[name]) for name in defaults} | {"speculate_k": speculate_k_value}
     return {name: (types[name], defaults[name], comments[name]) for name in _leaf_owners()}
+
+
+def max_speculate_k(cfg: RLConfig) -> int:
+    """The deepest K a rollout of the run may draft: 0 in mode none, AUTO_MAX_K for speculate_k auto."""
+    if cfg.mode == "none":
+        return 0
+    return AUTO_MAX_K if cfg.speculate_k == AUTO else cfg.speculate_k
 
 
 def check_rl_config(cfg: RLConfig) -> None:

@@ -8,32 +8,35 @@ Terms (K = speculation depth, R = rows decoding, p the target's distribution, q 
     E[L]        expected accepted drafts per verify step, sum_{j<=K} prod_{i<=j} alpha_i (arXiv
                 2606.12370 Eq. 12; Leviathan et al. 2023); a verify step emits 1 + E[L] tokens.
     step cost   seconds of one engine decode step: plain_s for ``none``; K c_draft + c_verify(K) for
-                ``to``/``rs``, modelled as a + b K from timed steps at two depths (``StepCosts``).
+                ``to``/``rs``, from steps and their drafting timed by the engine (``StepCosts``).
     predicted   tokens/s = R (1 + E[L]) / step cost (``none``: R / plain_s).
 
-``generate_auto`` decodes in chunks, all kept: probe chunks at fixed settings (the deepest K, the
-shallowest K, plain decoding; each timed by the engine and recording both alphas), then the rest
-at the setting with the highest predicted tokens/s. An RL run (``bebop.rollout``) re-decides every
-``auto_every`` steps the same way and updates the acceptance model from every rollout in between.
+``generate_auto`` runs one engine call (``bebop.spec.engine.Decoder``) that switches settings
+between decode steps, every token kept: PROBE_STEPS steps at the deepest K (which records both
+alphas at every depth and times c_draft), PROBE_STEPS plain steps unless plain decoding cannot win
+(``AutoChooser.none_could_win``), then the rest at the setting with the highest predicted tokens/s. An RL run (``bebop.rollout``) re-decides every ``auto_every``
+steps the same way and updates its models from every rollout in between.
 
-Exactness: every chunk is an ordinary exact ``generate`` call whose randomness (seed ^ chunk << 48)
-is independent of the other chunks', and the setting of a chunk is a function of the tokens before
-it and of timings only; each token is therefore drawn from p given its prefix, whatever was chosen,
-and at T = 0 every chunk is greedy.
+Exactness: each step is an exact step of its setting, drawn from its rows' randomness at a counter
+no other step uses, and the setting of a step depends only on the steps before it (and on
+timings); each token is therefore drawn from p given its prefix whatever was chosen, and at T = 0
+every step is greedy.
 
 Deviations from the paper's speedup formula:
     1) Costs are whole engine decode steps (drafting, verify forward, verification, bookkeeping) as
        the engine times them (``GenerationResult.step_times``), not forwards alone: the overhead
-       around the forwards decides the choice on a small model. Whole steps do not separate
-       K c_draft from the verify pass's growth with K, so the model is linear, a + b K, fitted to
-       the probed depths; ``to`` and ``rs`` share it (they differ only in sampling drafts from q).
+       around the forwards decides the choice on a small model. c_verify(K) is what a step costs
+       besides its drafting; with one depth measured (a single probe) it is taken as constant in
+       K (a verify pass over K+1 tokens costs little more than over 2 on a small model; an RL run
+       measures more depths as it goes). ``to`` and ``rs`` share the costs (they differ only in
+       sampling drafts from q).
     2) alpha_TO recorded while ``rs`` runs (and alpha_RS while ``to`` runs) is measured on the other
        rule's accepted prefixes, a small bias at depths >= 2.
     3) Depths with too few recorded positions are extrapolated conservatively (``Acceptance``).
     4) The prediction ignores a batch's tail (rows end at different steps, the batch decodes in
        lockstep), so it overestimates tokens/s at large B; ``bench/auto.py`` reports the error.
-    5) Chunk boundaries cost one prefill each (the prompt plus the tokens so far), and the probe
-       chunks run settings that may be slower than the chosen one.
+    5) The probe steps run settings that may be slower than the chosen one: the price of a
+       one-shot call (``bebop generate``); an RL run pays it once every ``auto_every`` steps.
 """
 
 from __future__ import annotations
@@ -43,20 +46,16 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
-import torch
 
-from bebop.spec.engine import GenerationResult, SamplingParams, SpecConfig, generate
+from bebop.config import AUTO, AUTO_MAX_K
+from bebop.spec.engine import Decoder, GenerationResult, SamplingParams, SpecConfig
 from bebop.spec.stats import SpecStats
 from bebop.utils.io import BebopError
 
-AUTO = "auto"  # the value of mode / speculate_k that asks for a choice
-AUTO_MAX_K = 4  # deepest K that speculate_k auto considers
-PROBE_SHARE = 12  # each probe chunk decodes max_new_tokens // PROBE_SHARE tokens (at least MIN_PROBE_TOKENS)
-MIN_PROBE_TOKENS = 2  # a probe chunk shorter than this times too few steps
+PROBE_STEPS = 3  # decode steps of each probed setting: enough to time a step, few enough to cost little
 MIN_POSITIONS = 4.0  # weight of recorded positions below which a depth counts as unseen
 UNSEEN_DECAY = 0.9  # alpha ratio per unseen depth when only depth 1 was seen (alpha never rises with depth here)
 DECAY = 0.5  # weight kept by older acceptance evidence at each new decision (RL: the policy drifts)
-CHUNK_SEED_SHIFT = 48  # chunk c of a call draws from seed ^ (c << 48): independent of the other chunks
 RULES = ("rs", "to")  # acceptance rules, named as the modes that use them
 
 
@@ -155,39 +154,54 @@ class Acceptance:
 
 @dataclass
 class StepCosts:
-    """Seconds per engine decode step by K (0 = plain) at the rows measured, latest measurement each."""
+    """Seconds of engine decode steps by K (0 = plain), and of one chained draft step; latest measurements.
+
+    step(K) = K c_draft + c_verify(K): c_draft from drafting timed inside the steps, c_verify(K) =
+    step - K c_draft at the measured depths, linear in K between and past them (least squares,
+    slope >= 0; constant when one depth was measured).
+
+    Example: steps of 9 ms at K=1 and 16 ms at K=4 with c_draft = 2 ms give c_verify = 6.67 + K/3 ms,
+    so step(2) = 4 + 7.33 = 11.33 ms.
+    """
 
     seconds: dict[int, float] = field(default_factory=dict)  # K -> median seconds per decode step
-    rows: dict[int, float] = field(default_factory=dict)  # K -> median active rows of those steps
+    draft_s: float | None = None  # c_draft, seconds of one chained draft step (None: never timed)
 
-    def observe(self, k: int, step_times: list[tuple[int, float]]) -> None:
-        if step_times:
-            self.seconds[k] = statistics.median(s for _, s in step_times)
-            self.rows[k] = statistics.median(r for r, _ in step_times)
+    def observe(self, k: int, step_times: list[tuple[int, float, float]]) -> None:
+        """Learns from a call's ``GenerationResult.step_times`` at depth k (0 = plain)."""
+        if not step_times:
+            return
+        self.seconds[k] = statistics.median(s for _, s, _ in step_times)
+        drafted = [d for _, _, d in step_times if d > 0]
+        if k >= 1 and drafted:
+            self.draft_s = statistics.median(drafted) / k
 
-    def line(self) -> tuple[float, float] | None:
-        """(a, b) of step(K) = a + b K over the measured K >= 1 (least squares; b >= 0), or None."""
-        points = sorted((k, s) for k, s in self.seconds.items() if k >= 1)
+    def verify_seconds(self, k: int) -> float | None:
+        """c_verify(K), or None without a timed draft step and a measured depth."""
+        points = sorted((j, s - j * self.draft_s) for j, s in self.seconds.items() if j >= 1) \
+            if self.draft_s is not None else []
         if not points:
             return None
-        if len(points) == 1:  # one depth measured: no slope to fit, only K itself is known
-            return points[0][1], 0.0
-        mean_k = sum(k for k, _ in points) / len(points)
-        mean_s = sum(s for _, s in points) / len(points)
-        var = sum((k - mean_k) ** 2 for k, _ in points)
-        b = max(0.0, sum((k - mean_k) * (s - mean_s) for k, s in points) / var)
-        return mean_s - b * mean_k, b
+        if len(points) == 1:
+            return points[0][1]
+        mean_k = sum(j for j, _ in points) / len(points)
+        mean_v = sum(v for _, v in points) / len(points)
+        slope = sum((j - mean_k) * (v - mean_v) for j, v in points) / sum((j - mean_k) ** 2 for j, _ in points)
+        return mean_v + max(0.0, slope) * (k - mean_k)
 
     def step_seconds(self, k: int) -> float | None:
-        """Predicted seconds of a step at depth k (0 = plain), or None when nothing predicts it."""
-        if k == 0:
-            return self.seconds.get(0)
+        """Predicted seconds of a step at depth k (0 = plain), or None when nothing predicts it.
+
+        A plain step never timed is bounded below by the cheapest c_verify(K) measured: it is a
+        verify step's work over 1 token instead of K+1, with no verification.
+        """
         if k in self.seconds:
             return self.seconds[k]
-        line = self.line()
-        if line is None or len([j for j in self.seconds if j >= 1]) < 2:
-            return None
-        return line[0] + line[1] * k
+        if k == 0:
+            bounds = [self.verify_seconds(j) for j in self.seconds if j >= 1]
+            return min(bounds) if bounds and bounds[0] is not None else None
+        verify = self.verify_seconds(k)
+        return None if verify is None else verify + k * self.draft_s
 
 
 def predict(mode: str, k: int, acceptance: Acceptance, costs: StepCosts, rows: float) -> float:
@@ -210,7 +224,8 @@ class Decision:
     speculate_k: int  # 0 for none
     predicted_tok_s: float
     predictions: dict[str, float]  # "none", "to3", "rs1", ... -> predicted tokens/s
-    measured_tok_s: float = float("nan")  # tokens/s of the chunk decoded at the chosen setting
+    rows: float = 1.0  # decoding rows the predictions are for (tokens/s scales with them)
+    measured_tok_s: float = float("nan")  # tokens/s of the steps decoded at the chosen setting
 
     def to_metrics(self) -> dict:
         return {"auto/mode": self.mode, "auto/speculate_k": self.speculate_k,
@@ -234,27 +249,34 @@ class AutoChooser:
         if mode != "none":
             self.acceptance.observe(result.stats, greedy)
 
+    def none_could_win(self, options: list[tuple[str, int]], rows: float) -> bool:
+        """Whether ``none``, at its bound (``StepCosts.step_seconds(0)``) when never timed, beats every
+        drafted candidate; True when nothing bounds it."""
+        drafted = [predict(m, k, self.acceptance, self.costs, rows) for m, k in options if m != "none"]
+        if self.costs.step_seconds(0) is None or not drafted:
+            return True
+        return predict("none", 0, self.acceptance, self.costs, rows) >= max(drafted)
+
     def choose(self, options: list[tuple[str, int]], rows: float) -> Decision:
         """The candidate with the highest predicted tokens/s (the first of equals)."""
         predictions = {config_name(m, k): predict(m, k, self.acceptance, self.costs, rows) for m, k in options}
         mode, k = max(options, key=lambda c: predictions[config_name(*c)])
-        return Decision(mode, k, predictions[config_name(mode, k)], predictions)
+        return Decision(mode, k, predictions[config_name(mode, k)], predictions, rows)
 
 
-def probe_plan(options: list[tuple[str, int]], max_new_tokens: int) -> list[tuple[str, int, int]]:
-    """Probe chunks (mode, K, tokens): the deepest and shallowest K (rs when allowed), then none.
+def probe_plan(options: list[tuple[str, int]]) -> list[tuple[str, int, int]]:
+    """Probe steps (mode, K, steps): the deepest K (rs when allowed: both alphas at every depth, and
+    c_draft), then plain decoding when ``none`` is a candidate besides others.
 
-    Example: probe_plan(candidates(SpecConfig("auto", "auto")), 48) -> [("rs", 4, 4), ("rs", 1, 4), ("none", 0, 4)].
+    Example: probe_plan(candidates(SpecConfig("auto", "auto"))) -> [("rs", 4, 3), ("none", 0, 3)].
     """
-    tokens = max(MIN_PROBE_TOKENS, max_new_tokens // PROBE_SHARE)
     drafted = [(m, k) for m, k in options if m != "none"]
     plan = []
     if drafted:
         mode = "rs" if any(m == "rs" for m, _ in drafted) else "to"
-        ks = sorted({k for _, k in drafted})
-        plan += [(mode, k, tokens) for k in dict.fromkeys((ks[-1], ks[0]))]
+        plan.append((mode, max(k for _, k in drafted), PROBE_STEPS))
     if ("none", 0) in options and len(options) > 1:
-        plan.append(("none", 0, tokens))
+        plan.append(("none", 0, PROBE_STEPS))
     return plan
 
 
@@ -271,7 +293,7 @@ def generate_auto(
     row_ids: list[int] | None = None,
     chooser: AutoChooser | None = None,
 ) -> tuple[GenerationResult, Decision]:
-    """``generate`` with the mode and/or K chosen on the fly: probe chunks, a decision, the rest.
+    """``generate`` with the mode and/or K chosen within the call: probe steps, a decision, the rest.
 
     Args:
         model, tokenizer, prompts, mtp, sampling, seed, step, row_ids: as for ``generate``.
@@ -279,88 +301,35 @@ def generate_auto(
         chooser: the run's models (RL keeps one across steps); a fresh one when None.
 
     Returns:
-        ``(result, decision)``: every chunk's tokens in prompt order, the chunks' statistics merged
-        (``SpecStats.merge(mixed_k=True)``; no ``log``), and the decision with its prediction and
-        the tokens/s measured on the chunk decoded at the chosen setting.
+        ``(result, decision)``: the completions (every probe token kept) with the statistics of the
+        whole call, and the decision with its prediction and the tokens/s measured after it.
     """
     check_auto_spec(spec)
     options = candidates(spec)
-    if mtp is None and any(m != "none" for m, _ in options):
+    max_k = max(k for _, k in options)
+    if mtp is None and max_k:
         raise BebopError(f"mode {spec.mode!r} needs an MTP head (--mtp)")
     chooser = chooser if chooser is not None else AutoChooser()
     chooser.acceptance.decay(DECAY)
-    prompt_ids = [list(p) if not isinstance(p, str) else tokenizer.encode(p) for p in prompts]
-    state = _Chunks(model, tokenizer, mtp, sampling, spec, seed, step, prompt_ids, row_ids)
-    for mode, k, tokens in probe_plan(options, sampling.max_new_tokens):
-        result = state.run(mode, k, tokens)
-        if result is not None:
-            chooser.observe(result, mode, k, sampling.temperature == 0)
-    decision = chooser.choose(options, rows=max(len(state.active()), 1))
-    start, before = time.perf_counter(), state.num_tokens()
-    result = state.run(decision.mode, decision.speculate_k, sampling.max_new_tokens)
-    if result is not None:
-        chooser.observe(result, decision.mode, decision.speculate_k, sampling.temperature == 0)
-        decision.measured_tok_s = (state.num_tokens() - before) / max(time.perf_counter() - start, 1e-9)
-    return state.result(), decision
-
-
-class _Chunks:
-    """The rows' completions so far, extended one ``generate`` call (chunk) at a time."""
-
-    def __init__(self, model, tokenizer, mtp, sampling, spec, seed, step, prompt_ids, row_ids):
-        self.model, self.tokenizer, self.mtp, self.sampling, self.spec = model, tokenizer, mtp, sampling, spec
-        self.seed, self.step, self.prompt_ids = seed, step, prompt_ids
-        self.row_ids = list(row_ids) if row_ids is not None else list(range(len(prompt_ids)))
-        self.outputs: list[list[int]] = [[] for _ in prompt_ids]
-        self.finish = [""] * len(prompt_ids)
-        self.stats = SpecStats()
-        self.num_chunks = 0
-
-    def active(self) -> list[int]:
-        return [r for r, reason in enumerate(self.finish) if not reason]
-
-    def num_tokens(self) -> int:
-        return sum(len(o) for o in self.outputs)
-
-    def run(self, mode: str, k: int, tokens: int) -> GenerationResult | None:
-        """Decodes up to ``tokens`` more tokens of every active row at (mode, K); None if none is active."""
-        active = self.active()
-        if not active:
-            return None
-        budget = min(tokens, self.sampling.max_new_tokens - len(self.outputs[active[0]]))
-        sampling = dataclasses.replace(self.sampling, max_new_tokens=budget)
-        spec = dataclasses.replace(self.spec, mode=mode, speculate_k=max(k, 1))
-        # NOTE: every unfinished row holds the same number of tokens (only EOS or a stop ends a row early).
-        result = generate(self.model, self.tokenizer, [self.prompt_ids[r] + self.outputs[r] for r in active],
-                          mtp=self.mtp if mode != "none" else None, sampling=sampling, spec=spec,
-                          seed=self.seed ^ (self.num_chunks << CHUNK_SEED_SHIFT), step=self.step,
-                          row_ids=[self.row_ids[r] for r in active])
-        self.num_chunks += 1
-        for i, r in enumerate(active):
-            self.outputs[r] += result.token_ids[i]
-            reason = result.finish_reasons[i]
-            if reason in ("eos", "stop") or self._cut_at_stop(r):
-                self.finish[r] = "stop" if reason != "eos" else "eos"
-            elif len(self.outputs[r]) >= self.sampling.max_new_tokens:
-                self.finish[r] = "length"
-        stats = dataclasses.replace(result.stats, draft_row=[torch.tensor(active)[rows] for rows in result.stats.draft_row])
-        self.stats.merge(stats, mixed_k=True)
-        return result
-
-    def _cut_at_stop(self, row: int) -> bool:
-        """Cuts a completion right after the first stop string (one may span two chunks); True if cut."""
-        out, stop = self.outputs[row], self.sampling.stop
-        if not stop or not any(s in self.tokenizer.decode(out, skip_special_tokens=True) for s in stop):
-            return False
-        for end in range(1, len(out) + 1):
-            if any(s in self.tokenizer.decode(out[:end], skip_special_tokens=True) for s in stop):
-                del out[end:]
-                return True
-        return False
-
-    def result(self) -> GenerationResult:
-        lengths = [len(o) for o in self.outputs]
-        self.stats.num_generated_tokens = sum(lengths)
-        texts = [self.tokenizer.decode(o, skip_special_tokens=True) for o in self.outputs]
-        return GenerationResult(prompt_ids=self.prompt_ids, token_ids=self.outputs, texts=texts, lengths=lengths,
-                                finish_reasons=[f or "length" for f in self.finish], stats=self.stats)
+    greedy = sampling.temperature == 0
+    plan = probe_plan(options)
+    setting = (lambda mode, k: dataclasses.replace(spec, mode=mode, speculate_k=max(k, 1)))
+    first = plan[0][:2] if plan else options[0]
+    decoder = Decoder(model, tokenizer, prompts, mtp=mtp if max_k else None, sampling=sampling, spec=setting(*first),
+                      seed=seed, step=step, row_ids=row_ids, max_speculate_k=max_k, time_drafts=True)
+    for mode, k, num_steps in plan:
+        if mode == "none" and not chooser.none_could_win(options, max(decoder.num_active, 1)):
+            continue  # NOTE: plain decoding loses even at its bound: its probe would only cost time
+        decoder.set_spec(setting(mode, k))
+        chooser.costs.observe(k, [decoder.step() for _ in range(num_steps) if decoder.num_active])
+        if mode != "none":  # NOTE: the drafted probe runs first, so these statistics are its steps only
+            chooser.acceptance.observe(decoder.stats_so_far(), greedy)
+    decision = chooser.choose(options, rows=max(decoder.num_active, 1))
+    decoder.set_spec(setting(decision.mode, decision.speculate_k))
+    start, before, rest = time.perf_counter(), decoder.num_tokens(), []
+    while decoder.num_active:
+        rest.append(decoder.step())
+    chooser.costs.observe(decision.speculate_k, rest)
+    if rest:
+        decision.measured_tok_s = (decoder.num_tokens() - before) / max(time.perf_counter() - start, 1e-9)
+    return decoder.result(), decision

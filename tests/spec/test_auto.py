@@ -6,10 +6,12 @@ What pins it:
     are rarely accepted, to when its alpha is higher at low entropy, rs at high entropy).
   * the models on a real call: the acceptance equals the engine's per-depth means (T > 0) and its
     accept counts (T = 0).
-  * generate_auto: token-identical to plain greedy decoding at T = 0 (both auto flags, EOS, a batch
-    of different prompt lengths), and, by chi-square against the enumerated distribution, exact at
-    T = 1 across chunk boundaries (6 checks at 1e-4: a correct implementation fails with odds at most
-    6e-4 for a seed picked at random; the seed is fixed, so a checkout passes or fails deterministically).
+  * generate_auto: probes, then runs the choice; token-identical to plain greedy decoding at T = 0
+    (both auto flags, EOS, a batch of different prompt lengths); by chi-square against the
+    enumerated distribution, exact at T = 1 with the setting switched within the first 3 tokens
+    (6 checks at 1e-4: a correct implementation fails with odds at most 6e-4 for a seed picked at
+    random; the seed is fixed, so a checkout passes or fails deterministically). The engine's own
+    switching (``Decoder.set_spec``) is pinned in tests/spec/test_engine.py.
 """
 
 from __future__ import annotations
@@ -17,10 +19,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bebop.spec import SpecStats
 from bebop.spec import auto
 from bebop.spec.auto import Acceptance, AutoChooser, StepCosts, candidates, expected_accepted, generate_auto, predict
-from bebop.spec.engine import SamplingParams, SpecConfig, generate
+from bebop.spec.engine import Decoder, SamplingParams, SpecConfig, generate
 from bebop.utils.io import BebopError
 from tests.spec.test_engine import (
     STAT_PROMPT,
@@ -45,7 +46,8 @@ def _acceptance(rs: list[float], to: list[float], weight: float = 100.0) -> Acce
 
 
 def _costs(plain: float, a: float, b: float, ks=(1, 4)) -> StepCosts:
-    return StepCosts(seconds={0: plain, **{k: a + b * k for k in ks}})
+    """Steps of a + b K seconds, b of them drafting (c_draft = b, c_verify = a)."""
+    return StepCosts(seconds={0: plain, **{k: a + b * k for k in ks}}, draft_s=b)
 
 
 # ----------------------------------------------------------------------------- models, synthetic
@@ -106,11 +108,17 @@ def test_unseen_depths_are_extrapolated_conservatively():
     assert Acceptance().alphas("rs", 2) == [0.0, 0.0]
 
 
-def test_cost_line_fits_two_depths_and_decay_halves_the_evidence():
-    costs = _costs(0.004, 0.006, 0.002, ks=(1, 2, 4))
-    assert costs.line() == pytest.approx((0.006, 0.002))
-    assert costs.step_seconds(3) == pytest.approx(0.012)
-    assert StepCosts(seconds={0: 0.004, 3: 0.01}).step_seconds(2) is None
+def test_step_costs_by_hand_and_decay_halves_the_evidence():
+    costs = StepCosts(seconds={0: 0.004, 1: 0.009, 4: 0.016}, draft_s=0.002)  # the docstring's example
+    assert costs.verify_seconds(2) == pytest.approx(0.007 + 1 / 3 * 1e-3)
+    assert costs.step_seconds(2) == pytest.approx(0.004 + 0.007 + 1 / 3 * 1e-3)
+    assert costs.step_seconds(4) == 0.016 and costs.step_seconds(0) == 0.004
+    one = StepCosts(seconds={4: 0.014}, draft_s=0.002)  # one probed depth: c_verify constant
+    assert one.step_seconds(2) == pytest.approx(0.006 + 2 * 0.002)
+    assert StepCosts(seconds={0: 0.004, 3: 0.01}).step_seconds(2) is None  # drafting never timed
+    observed = StepCosts()
+    observed.observe(4, [(8, 0.010, 0.004), (8, 0.012, 0.004), (5, 0.020, 0.008)])
+    assert observed.seconds == {4: 0.012} and observed.draft_s == pytest.approx(0.001)
     acc = _acceptance([0.8], [0.5], weight=10)
     acc.decay(0.5)
     assert acc.weights == [5.0] and acc.alphas("rs", 1) == pytest.approx([0.8])
@@ -119,9 +127,10 @@ def test_cost_line_fits_two_depths_and_decay_halves_the_evidence():
 def test_candidates_and_probe_plan():
     assert candidates(SpecConfig("rs", "auto")) == [("rs", 1), ("rs", 2), ("rs", 3), ("rs", 4)]
     assert candidates(SpecConfig("auto", 3)) == [("none", 0), ("to", 3), ("rs", 3)]
-    assert auto.probe_plan(ALL, 48) == [("rs", 4, 4), ("rs", 1, 4), ("none", 0, 4)]
-    assert auto.probe_plan(candidates(SpecConfig("to", "auto")), 6) == [("to", 4, 2), ("to", 1, 2)]
-    assert auto.probe_plan(candidates(SpecConfig("auto", 2)), 48) == [("rs", 2, 4), ("none", 0, 4)]
+    steps = auto.PROBE_STEPS
+    assert auto.probe_plan(ALL) == [("rs", 4, steps), ("none", 0, steps)]
+    assert auto.probe_plan(candidates(SpecConfig("to", "auto"))) == [("to", 4, steps)]
+    assert auto.probe_plan(candidates(SpecConfig("auto", 2))) == [("rs", 2, steps), ("none", 0, steps)]
 
 
 @pytest.mark.parametrize("spec", [SpecConfig("foo", 3), SpecConfig("rs", 0), SpecConfig("auto", True)])
@@ -140,8 +149,11 @@ def test_bad_specs_are_one_line(spec):
 def test_acceptance_reads_the_engines_statistics(temperature):
     model = peaked_model()
     head = perturbed_head(model, 0.1)
-    out = generate(model, ToyTokenizer(), _prompts((3, 5, 8, 2)), mtp=head,
-                   sampling=SamplingParams(temperature=temperature, max_new_tokens=24), spec=SpecConfig("rs", 3))
+    decoder = Decoder(model, ToyTokenizer(), _prompts((3, 5, 8, 2)), mtp=head, time_drafts=True,
+                      sampling=SamplingParams(temperature=temperature, max_new_tokens=24), spec=SpecConfig("rs", 3))
+    while decoder.num_active:
+        decoder.step()
+    out = decoder.result()
     acc = Acceptance()
     acc.observe(out.stats, greedy=temperature == 0)
     if temperature:
@@ -151,19 +163,7 @@ def test_acceptance_reads_the_engines_statistics(temperature):
     else:  # accepted at depth j / steps that reached depth j
         hist, per_pos = out.stats.accept_length_hist, out.stats.accepted_per_pos
         assert acc.alphas("rs", 3) == pytest.approx([per_pos[j] / sum(hist[j:]) for j in range(3)])
-    assert len(out.step_times) > 0 and all(r >= 1 and s > 0 for r, s in out.step_times)
-
-
-def test_stats_merge_of_different_depths():
-    a = SpecStats(speculate_k=1)
-    a.record_verify([0, 1])
-    b = SpecStats(speculate_k=3)
-    b.record_verify([3])
-    with pytest.raises(ValueError):
-        SpecStats(speculate_k=1).merge(b)
-    merged = a.merge(b, mixed_k=True)
-    assert merged.speculate_k == 3 and merged.num_drafts == 3 and merged.num_draft_tokens == 5
-    assert merged.accepted_per_pos == [2, 1, 1] and merged.accept_length_hist == [1, 1, 0, 1]
+    assert len(out.step_times) > 0 and all(r >= 1 and s > d > 0 for r, s, d in out.step_times)
 
 
 # ----------------------------------------------------------------------------- generate_auto
@@ -183,22 +183,27 @@ def test_auto_is_plain_greedy_at_temperature_zero(spec):
     assert decision.predicted_tok_s == max(decision.predictions.values()) > 0
 
 
-def test_auto_stop_string_across_chunks_cuts_like_one_call():
+def test_auto_probes_then_runs_the_choice(monkeypatch):
+    """The first PROBE_STEPS steps draft at the deepest K, the next plain (when plain decoding could win:
+    forced here, as it depends on timings), then every step at the choice."""
+    monkeypatch.setattr(AutoChooser, "none_could_win", lambda self, options, rows: True)
     model = peaked_model()
     head = perturbed_head(model, 0.1)
-    prompts = _prompts((3, 4))
-    sampling = SamplingParams(temperature=1.0, max_new_tokens=12)
-    full, _ = generate_auto(model, ToyTokenizer(), prompts, mtp=head, sampling=sampling)
-    stop = " ".join(ToyTokenizer().decode(full.token_ids[0][1:4]).split())  # tokens 2-4: spans the first chunk's end
-    cut, _ = generate_auto(model, ToyTokenizer(), prompts, mtp=head,
-                           sampling=SamplingParams(temperature=1.0, max_new_tokens=12, stop=(stop,)))
-    assert cut.token_ids[0] == full.token_ids[0][:4] and cut.finish_reasons[0] == "stop"
+    ks = []
+    step = Decoder.step
+    monkeypatch.setattr(Decoder, "step", lambda self: ks.append(self.runner.k) or step(self))
+    out, decision = generate_auto(model, ToyTokenizer(), _prompts((3, 4, 6)), mtp=head,
+                                  sampling=SamplingParams(temperature=1.0, max_new_tokens=24))
+    probes = auto.PROBE_STEPS
+    assert ks[:2 * probes] == [4] * probes + [0] * probes and len(ks) > 2 * probes
+    assert set(ks[2 * probes:]) == {decision.speculate_k}
+    assert out.stats.speculate_k == 4 and decision.measured_tok_s > 0
 
 
-def test_auto_sampling_is_exact_across_chunks():
-    """Tokens 1-2 come from the first probe chunk, token 3 from the second (a fresh call whose
-    randomness must be independent of the first's): marginals and all three pairs against the exact
-    joint of plain sampling."""
+def test_auto_sampling_is_exact(monkeypatch):
+    """One probe step per setting, so tokens 1-3 mix the rs K=4 probe, the plain probe and the chosen
+    setting: marginals and all three pairs against the exact joint of plain sampling."""
+    monkeypatch.setattr(auto, "PROBE_STEPS", 1)
     model, head = _stat_model()
     sampling = SamplingParams(temperature=1.0, max_new_tokens=3)
     rows = 20_000
@@ -211,3 +216,15 @@ def test_auto_sampling_is_exact_across_chunks():
     for (s, t), axis in (((0, 1), 2), ((1, 2), 0), ((0, 2), 1)):
         pairs = np.bincount(tokens[:, s] * v + tokens[:, t], minlength=v * v)
         assert_fits(pairs, joint.sum(axis), f"tokens ({s + 1}, {t + 1})")
+
+
+def test_plain_probe_is_skipped_only_when_plain_cannot_win():
+    costs = StepCosts(seconds={4: 0.014}, draft_s=0.002)  # c_verify = 6 ms bounds a plain step from below
+    assert costs.step_seconds(0) == pytest.approx(0.006)
+    chooser = AutoChooser()
+    chooser.costs = costs
+    chooser.acceptance = _acceptance([0.9] * 4, [0.8] * 4)  # rs4: 4.10 tokens / 14 ms > 1 token / 6 ms
+    assert not chooser.none_could_win(ALL, rows=4)
+    chooser.acceptance = _acceptance([0.2] * 4, [0.1] * 4)  # rs1: 1.2 tokens / 8 ms < 1 / 6 ms
+    assert chooser.none_could_win(ALL, rows=4)
+    assert AutoChooser().none_could_win(ALL, rows=4)  # nothing measured: probe it
