@@ -12,9 +12,10 @@ Terms (K = speculation depth, R = rows decoding, p the target's distribution, q 
     predicted   tokens/s = R (1 + E[L]) / step cost (``none``: R / plain_s).
 
 ``generate_auto`` runs one engine call (``bebop.spec.engine.Decoder``) that switches settings
-between decode steps, every token kept: PROBE_STEPS steps at the deepest K (which records both
-alphas at every depth and times c_draft), PROBE_STEPS plain steps unless plain decoding cannot win
-(``AutoChooser.none_could_win``), then the rest at the setting with the highest predicted tokens/s. An RL run (``bebop.rollout``) re-decides every ``auto_every``
+between decode steps, every token kept: steps at the deepest K and a shallower one alternately
+(both alphas at every depth; c_draft, and c_verify at two depths), plain steps unless plain
+decoding cannot win (``AutoChooser.none_could_win``), then the rest at the setting with the highest
+predicted tokens/s (``probe_plan``). An RL run (``bebop.rollout``) re-decides every ``auto_every``
 steps the same way and updates its models from every rollout in between.
 
 Exactness: each step is an exact step of its setting, drawn from its rows' randomness at a counter
@@ -26,10 +27,8 @@ Deviations from the paper's speedup formula:
     1) Costs are whole engine decode steps (drafting, verify forward, verification, bookkeeping) as
        the engine times them (``GenerationResult.step_times``), not forwards alone: the overhead
        around the forwards decides the choice on a small model. c_verify(K) is what a step costs
-       besides its drafting; with one depth measured (a single probe) it is taken as constant in
-       K (a verify pass over K+1 tokens costs little more than over 2 on a small model; an RL run
-       measures more depths as it goes). ``to`` and ``rs`` share the costs (they differ only in
-       sampling drafts from q).
+       besides its drafting, linear in K between the two probed depths. ``to`` and ``rs`` share
+       the costs (they differ only in sampling drafts from q).
     2) alpha_TO recorded while ``rs`` runs (and alpha_RS while ``to`` runs) is measured on the other
        rule's accepted prefixes, a small bias at depths >= 2.
     3) Depths with too few recorded positions are extrapolated conservatively (``Acceptance``).
@@ -52,7 +51,7 @@ from bebop.spec.engine import Decoder, GenerationResult, SamplingParams, SpecCon
 from bebop.spec.stats import SpecStats
 from bebop.utils.io import BebopError
 
-PROBE_STEPS = 3  # decode steps of each probed setting: enough to time a step, few enough to cost little
+PROBE_STEPS = 2  # decode steps of each probed setting: enough to time a step, few enough to cost little
 MIN_POSITIONS = 4.0  # weight of recorded positions below which a depth counts as unseen
 UNSEEN_DECAY = 0.9  # alpha ratio per unseen depth when only depth 1 was seen (alpha never rises with depth here)
 DECAY = 0.5  # weight kept by older acceptance evidence at each new decision (RL: the policy drifts)
@@ -135,15 +134,16 @@ class Acceptance:
     def alphas(self, rule: str, k: int) -> list[float]:
         """alpha_1..alpha_K of a rule; unseen depths extrapolated conservatively.
 
-        A depth is seen when its positions weigh at least MIN_POSITIONS. Past the last seen depth J,
+        Depth 1 is seen when anything was recorded there, a deeper one when its positions weigh at
+        least MIN_POSITIONS. Past the last seen depth J,
         alpha_j = alpha_J * rho^(j - J) with rho = min(1, alpha_J / alpha_{J-1}) (the last observed
         fall, never a rise), or UNSEEN_DECAY when only depth 1 was seen; nothing seen gives 0.
 
         Example: seen [0.8, 0.6] -> alphas(rule, 4) = [0.8, 0.6, 0.45, 0.3375].
         """
         seen = []
-        for w, s in zip(self.weights, self.sums[rule]):
-            if w < MIN_POSITIONS:
+        for j, (w, s) in enumerate(zip(self.weights, self.sums[rule])):
+            if w < MIN_POSITIONS and not (j == 0 and w > 0):  # NOTE: depth 1 always counts (B=1 probes are short)
                 break
             seen.append(s / w)
         if not seen:
@@ -264,20 +264,24 @@ class AutoChooser:
         return Decision(mode, k, predictions[config_name(mode, k)], predictions, rows)
 
 
-def probe_plan(options: list[tuple[str, int]]) -> list[tuple[str, int, int]]:
-    """Probe steps (mode, K, steps): the deepest K (rs when allowed: both alphas at every depth, and
-    c_draft), then plain decoding when ``none`` is a candidate besides others.
+def probe_plan(options: list[tuple[str, int]]) -> tuple[list[tuple[str, int]], int]:
+    """The probe: drafted steps (mode, K) in order, then the number of plain steps.
 
-    Example: probe_plan(candidates(SpecConfig("auto", "auto"))) -> [("rs", 4, 3), ("none", 0, 3)].
+    Drafted: the deepest K and a shallow one (a third of the way up) alternately, PROBE_STEPS each,
+    in ``rs`` when allowed (both alphas at every depth; c_draft, and c_verify at two depths). Plain: PROBE_STEPS steps when
+    ``none`` is a candidate besides others (``generate_auto`` skips them when plain cannot win).
+
+    Example: probe_plan(candidates(SpecConfig("auto", "auto"))) ->
+        ([("rs", 4), ("rs", 2), ("rs", 4), ("rs", 2)], 2) with PROBE_STEPS = 2.
     """
     drafted = [(m, k) for m, k in options if m != "none"]
-    plan = []
+    steps = []
     if drafted:
         mode = "rs" if any(m == "rs" for m, _ in drafted) else "to"
-        plan.append((mode, max(k for _, k in drafted), PROBE_STEPS))
-    if ("none", 0) in options and len(options) > 1:
-        plan.append(("none", 0, PROBE_STEPS))
-    return plan
+        deep, low = max(k for _, k in drafted), min(k for _, k in drafted)
+        depths = dict.fromkeys((deep, low + (deep - low) // 3))  # NOTE: K=2 of 1-4: often the best, so cheap to probe
+        steps = [(mode, k) for _ in range(PROBE_STEPS) for k in depths]
+    return steps, PROBE_STEPS if ("none", 0) in options and len(options) > 1 else 0
 
 
 def generate_auto(
@@ -312,18 +316,24 @@ def generate_auto(
     chooser = chooser if chooser is not None else AutoChooser()
     chooser.acceptance.decay(DECAY)
     greedy = sampling.temperature == 0
-    plan = probe_plan(options)
+    drafted, num_plain = probe_plan(options)
     setting = (lambda mode, k: dataclasses.replace(spec, mode=mode, speculate_k=max(k, 1)))
-    first = plan[0][:2] if plan else options[0]
+    first = drafted[0] if drafted else options[0]
     decoder = Decoder(model, tokenizer, prompts, mtp=mtp if max_k else None, sampling=sampling, spec=setting(*first),
                       seed=seed, step=step, row_ids=row_ids, max_speculate_k=max_k, time_drafts=True)
-    for mode, k, num_steps in plan:
-        if mode == "none" and not chooser.none_could_win(options, max(decoder.num_active, 1)):
-            continue  # NOTE: plain decoding loses even at its bound: its probe would only cost time
-        decoder.set_spec(setting(mode, k))
-        chooser.costs.observe(k, [decoder.step() for _ in range(num_steps) if decoder.num_active])
-        if mode != "none":  # NOTE: the drafted probe runs first, so these statistics are its steps only
-            chooser.acceptance.observe(decoder.stats_so_far(), greedy)
+    times: dict[int, list[tuple[int, float, float]]] = {}
+    for mode, k in drafted:
+        if decoder.num_active:
+            decoder.set_spec(setting(mode, k))
+            times.setdefault(k, []).append(decoder.step())
+    for k, step_times in times.items():
+        chooser.costs.observe(k, step_times)
+    if drafted:  # NOTE: the drafted probe runs first, so these statistics are its steps only
+        chooser.acceptance.observe(decoder.stats_so_far(), greedy)
+    # Plain decoding is probed only when it could win even at its bound; else its probe only costs time.
+    if num_plain and decoder.num_active and chooser.none_could_win(options, decoder.num_active):
+        decoder.set_spec(setting("none", 0))
+        chooser.costs.observe(0, [decoder.step() for _ in range(num_plain) if decoder.num_active])
     decision = chooser.choose(options, rows=max(decoder.num_active, 1))
     decoder.set_spec(setting(decision.mode, decision.speculate_k))
     start, before, rest = time.perf_counter(), decoder.num_tokens(), []

@@ -106,6 +106,8 @@ def test_unseen_depths_are_extrapolated_conservatively():
     few.weights[1] = auto.MIN_POSITIONS / 2  # depth 2 seen too rarely to trust
     assert few.alphas("rs", 2) == pytest.approx([0.8, 0.72])
     assert Acceptance().alphas("rs", 2) == [0.0, 0.0]
+    one = _acceptance([0.7], [0.4], weight=1)  # a batch of 1 probed briefly: depth 1 still counts
+    assert one.alphas("rs", 2) == pytest.approx([0.7, 0.63])
 
 
 def test_step_costs_by_hand_and_decay_halves_the_evidence():
@@ -127,10 +129,10 @@ def test_step_costs_by_hand_and_decay_halves_the_evidence():
 def test_candidates_and_probe_plan():
     assert candidates(SpecConfig("rs", "auto")) == [("rs", 1), ("rs", 2), ("rs", 3), ("rs", 4)]
     assert candidates(SpecConfig("auto", 3)) == [("none", 0), ("to", 3), ("rs", 3)]
-    steps = auto.PROBE_STEPS
-    assert auto.probe_plan(ALL) == [("rs", 4, steps), ("none", 0, steps)]
-    assert auto.probe_plan(candidates(SpecConfig("to", "auto"))) == [("to", 4, steps)]
-    assert auto.probe_plan(candidates(SpecConfig("auto", 2))) == [("rs", 2, steps), ("none", 0, steps)]
+    n = auto.PROBE_STEPS
+    assert auto.probe_plan(ALL) == ([("rs", 4), ("rs", 2)] * n, n)
+    assert auto.probe_plan(candidates(SpecConfig("to", "auto"))) == ([("to", 4), ("to", 2)] * n, 0)
+    assert auto.probe_plan(candidates(SpecConfig("auto", 2))) == ([("rs", 2)] * n, n)
 
 
 @pytest.mark.parametrize("spec", [SpecConfig("foo", 3), SpecConfig("rs", 0), SpecConfig("auto", True)])
@@ -184,8 +186,8 @@ def test_auto_is_plain_greedy_at_temperature_zero(spec):
 
 
 def test_auto_probes_then_runs_the_choice(monkeypatch):
-    """The first PROBE_STEPS steps draft at the deepest K, the next plain (when plain decoding could win:
-    forced here, as it depends on timings), then every step at the choice."""
+    """The probe alternates the deepest K and a shallower one, then runs plain steps (when plain decoding
+    could win: forced here, as it depends on timings), then every step runs the choice."""
     monkeypatch.setattr(AutoChooser, "none_could_win", lambda self, options, rows: True)
     model = peaked_model()
     head = perturbed_head(model, 0.1)
@@ -194,15 +196,15 @@ def test_auto_probes_then_runs_the_choice(monkeypatch):
     monkeypatch.setattr(Decoder, "step", lambda self: ks.append(self.runner.k) or step(self))
     out, decision = generate_auto(model, ToyTokenizer(), _prompts((3, 4, 6)), mtp=head,
                                   sampling=SamplingParams(temperature=1.0, max_new_tokens=24))
-    probes = auto.PROBE_STEPS
-    assert ks[:2 * probes] == [4] * probes + [0] * probes and len(ks) > 2 * probes
-    assert set(ks[2 * probes:]) == {decision.speculate_k}
+    n = auto.PROBE_STEPS
+    assert ks[:3 * n] == [4, 2] * n + [0] * n and len(ks) > 3 * n
+    assert set(ks[3 * n:]) == {decision.speculate_k}
     assert out.stats.speculate_k == 4 and decision.measured_tok_s > 0
 
 
 def test_auto_sampling_is_exact(monkeypatch):
-    """One probe step per setting, so tokens 1-3 mix the rs K=4 probe, the plain probe and the chosen
-    setting: marginals and all three pairs against the exact joint of plain sampling."""
+    """One probe step per setting, so tokens 1-3 mix the rs K=4 and K=2 probes, the plain probe and
+    the chosen setting: marginals and all three pairs against the exact joint of plain sampling."""
     monkeypatch.setattr(auto, "PROBE_STEPS", 1)
     model, head = _stat_model()
     sampling = SamplingParams(temperature=1.0, max_new_tokens=3)
