@@ -285,7 +285,7 @@ class Decoder:
 
 
 def _check_args(model, mtp, prompts, sampling: SamplingParams, spec: SpecConfig) -> None:
-    if spec.mode == "auto" or spec.speculate_k == "auto":
+    if spec.mode == "auto" or (spec.speculate_k == "auto" and spec.mode != "none"):  # none ignores K
         raise BebopError("mode/speculate_k 'auto' is chosen by bebop.spec.auto.generate_auto, not by generate")
     if spec.mode not in MODES:
         raise BebopError(f"unknown mode {spec.mode!r}; choose one of {', '.join(MODES)}")

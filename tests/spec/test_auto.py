@@ -144,6 +144,13 @@ def test_bad_specs_are_one_line(spec):
         generate(model, ToyTokenizer(), [[1, 2]], spec=SpecConfig("auto", 3))
 
 
+def test_mode_none_ignores_k_auto():
+    model = peaked_model()
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=5)
+    out = generate(model, ToyTokenizer(), [[1, 2]], sampling=sampling, spec=SpecConfig("none", "auto"))
+    assert out.token_ids == generate(model, ToyTokenizer(), [[1, 2]], sampling=sampling).token_ids
+
+
 # ----------------------------------------------------------------------------- models, on real calls
 
 
