@@ -40,8 +40,8 @@ Deviations from textbook GRPO (beyond the numbered list in ``bebop.rl.grpo``):
      ``target_entropy`` are null (vLLM does not expose the distributions), and acceptance counts
      are vLLM's (every verify step before the stop check).
   8) ``mode``/``speculate_k`` ``auto`` (``bebop.spec.auto``): every ``auto_every`` steps (and on the
-     first step after a resume) the rollout probes settings in chunks and picks the one with the
-     highest predicted tokens/s; the steps in between run it. Tokens stay exactly the policy's, but
+     first step after a resume) the rollout probes settings for a few decode steps each and then
+     runs the one with the highest predicted tokens/s; the steps in between run it too. Tokens stay exactly the policy's, but
      the choice depends on timings, so such a run does not repeat bit for bit. Each row logs
      ``auto/mode``, ``auto/speculate_k``, ``auto/predicted_tok_s`` and ``auto/measured_tok_s``.
 """
@@ -208,7 +208,7 @@ def step_metrics(cfg: RLConfig, rollout: Rollout, rewards: torch.Tensor, update:
         "tokens_per_s": num_tokens / max(rollout.seconds, 1e-9),
     }
     if rollout.decision is not None:  # mode/K auto: the setting in force, its prediction beside tokens_per_s
-        decided = rollout.result.decision is not None  # this rollout probed and decided: its own chunk's rate
+        decided = rollout.result.decision is not None  # this rollout probed and decided: its rate after the probe
         row.update(rollout.decision.to_metrics(), **{
             "auto/decided": decided,
             "auto/measured_tok_s": rollout.decision.measured_tok_s if decided else row["tokens_per_s"]})
