@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from bebop.architectures import supported_families
+from bebop.config import speculate_k_value
 from bebop.utils.io import BebopError
 
 
@@ -191,8 +192,11 @@ def cmd_generate(args) -> None:
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                               max_new_tokens=args.max_new_tokens, stop=tuple(args.stop or ()))
     check_sampling(sampling)
-    if args.mode != "none" and args.speculate_k < 1:
-        raise BebopError(f"speculate_k must be >= 1, got {args.speculate_k}")
+    auto = "auto" in (args.mode, args.speculate_k) and args.mode != "none"
+    if args.mode != "none" and args.speculate_k != "auto" and args.speculate_k < 1:
+        raise BebopError(f"speculate_k must be >= 1 or auto, got {args.speculate_k}")
+    if auto and args.backend != "engine":
+        raise BebopError("--mode/--speculate-k auto needs --backend engine (it reads the engine's step times)")
     check_output_file(args.out, "--out file")
     if args.stats_json:
         check_output_file(args.stats_json, "--stats-json file")
@@ -212,6 +216,12 @@ def cmd_generate(args) -> None:
              for p, c, i, t, f in zip(prompts, result.texts, prompt_ids, result.token_ids, result.finish_reasons)]
     atomic_write_text(args.out, "\n".join(lines) + "\n")
     stats = result.spec_metrics()
+    if result.decision is not None:
+        stats.update(result.decision.to_metrics(), **{"auto/measured_tok_s": result.decision.measured_tok_s,
+                                                      "auto/predictions": result.decision.predictions})
+        d = result.decision
+        print(f"auto: chose {d.mode}" + (f" K={d.speculate_k}" if d.speculate_k else "") +
+              f" (predicted {d.predicted_tok_s:.0f} tok/s, measured {d.measured_tok_s:.0f} after the probes)")
     if args.stats_json:
         write_json(args.stats_json, stats)
     accept = f"accept length {stats['spec/accept_length']:.3f}, " if args.mode != "none" else ""  # none drafts nothing
@@ -498,8 +508,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", help="JSONL/parquet with a 'prompt' field (text or chat messages, as rl --data "
                                      "reads it), or a text file with one prompt per line")
     p.add_argument("--num-prompts", type=int, default=16, help="embedded-task prompts when --prompts is not given")
-    p.add_argument("--mode", choices=["none", "to", "rs"], default="rs", help="verification mode (default rs)")
-    p.add_argument("--speculate-k", type=int, default=3, help="drafts per verify step (default 3)")
+    p.add_argument("--mode", choices=["none", "to", "rs", "auto"], default="rs",
+                   help="verification mode; auto: the fastest predicted after short probes (default rs)")
+    p.add_argument("--speculate-k", type=speculate_k_value, default=3,
+                   help="drafts per verify step, or auto (1-4, the fastest predicted) (default 3)")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature, 0 = greedy (default 1)")
     p.add_argument("--top-k", type=int, default=0, help="top-k on the target, 0 = off")
     p.add_argument("--top-p", type=float, default=1.0, help="top-p on the target, 1 = off")

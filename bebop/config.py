@@ -7,6 +7,7 @@ never silently falls back to a default.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 from pathlib import Path
@@ -15,6 +16,21 @@ from typing import Any, TypeVar
 from bebop.utils.io import BebopError
 
 T = TypeVar("T")
+AUTO = "auto"  # the value of mode / speculate_k that asks bebop.spec.auto to choose
+AUTO_MAX_K = 4  # deepest K that speculate_k auto considers
+
+
+def speculate_k_value(text: str) -> int | str:
+    """A ``--speculate-k`` value: an integer, or ``auto``.
+
+    Example: speculate_k_value("3") -> 3; speculate_k_value("auto") -> "auto".
+    """
+    if text == AUTO:
+        return AUTO
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
 
 
 def load_config_file(path: str | os.PathLike) -> dict[str, Any]:

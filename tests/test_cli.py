@@ -184,3 +184,48 @@ def test_generate_output_is_train_and_eval_data(tmp_path, capsys):
     assert main(["eval-mtp", "--model", str(model), "--mtp", str(head), "--data", str(gen), "--speculate-k", "2",
                  "--json", str(tmp_path / "eval.json")]) == 0
     assert json.loads((tmp_path / "eval.json").read_text())["num_positions"] > 0
+
+
+def test_generate_auto_logs_the_decision(use_cache, tmp_path, capsys):
+    out, stats = tmp_path / "out.jsonl", tmp_path / "stats.json"
+    assert main(["generate", "--mode", "auto", "--speculate-k", "auto", "--num-prompts", "3", "--max-new-tokens", "8",
+                 "--out", str(out), "--stats-json", str(stats)]) == 0
+    metrics = json.loads(stats.read_text())
+    assert metrics["auto/mode"] in ("none", "to", "rs") and 0 <= metrics["auto/speculate_k"] <= 4
+    assert metrics["auto/predicted_tok_s"] == max(metrics["auto/predictions"].values()) > 0
+    assert len(metrics["auto/predictions"]) == 9 and "auto: chose" in capsys.readouterr().out
+    assert len(out.read_text().splitlines()) == 3
+
+
+def test_rl_auto_redecides_every_n_steps(use_cache, tmp_path):
+    run = tmp_path / "run"
+    assert main(["rl", "--out", str(run), "--mode", "auto", "--speculate-k", "auto", "--auto-every", "2",
+                 "--steps", "3", "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "8"]) == 0
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["auto/decided"] for r in rows] == [True, False, True]
+    for r in rows:
+        assert r["auto/mode"] in ("none", "to", "rs") and r["auto/predicted_tok_s"] > 0
+        assert r["auto/measured_tok_s"] is None or r["auto/measured_tok_s"] > 0  # None: all rows ended in the probe
+    assert rows[1]["auto/measured_tok_s"] == rows[1]["tokens_per_s"]  # between decisions: the step's own rate
+    assert json.loads((run / "config.json").read_text())["speculate_k"] == "auto"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["generate", "--speculate-k", "0"], "speculate_k must be >= 1 or auto, got 0"),
+    (["rl", "--speculate-k", "0", "--steps", "1"], "speculate_k must be >= 1 or auto, got 0"),
+    (["rl", "--mode", "foo", "--steps", "1"], "mode 'foo' is not one of none, to, rs, auto"),
+    (["rl", "--mode", "auto", "--backend", "vllm", "--steps", "1"], "needs backend engine"),
+])
+def test_bad_auto_values_are_one_line(tmp_path, capsys, argv, message):
+    assert main([*argv, "--out", str(tmp_path / "o")]) == 2
+    assert message in _error_line(capsys) and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["generate", "--mode", "foo"], "invalid choice: 'foo'"),
+    (["generate", "--speculate-k", "deep"], "expected an integer or 'auto', got 'deep'"),
+])
+def test_bad_auto_flags_are_argparse_errors(tmp_path, capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--out", str(tmp_path / "o")])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err.strip().splitlines()[-1]

@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from bebop.config import merge_sources, resolve
+from bebop.config import AUTO, AUTO_MAX_K, merge_sources, resolve, speculate_k_value
 from bebop.utils.io import BebopError
 
 # NOTE: nothing here imports torch (the CLI builds its --help from this module); the checks import
@@ -63,8 +63,9 @@ class MtpUpdateConfig:
 class RLConfig:
     """One GRPO run with speculative rollouts; defaults fit the embedded model on a CPU."""
 
-    mode: str = "rs"  # rollout decoding: none (plain) | to (target-only) | rs (rejection sampling)
-    speculate_k: int = 3  # K, drafts verified per target forward in the rollout
+    mode: str = "rs"  # rollout decoding: none (plain) | to (target-only) | rs (rejection sampling) | auto
+    speculate_k: int = 3  # K, drafts verified per target forward in the rollout; or auto (1-4)
+    auto_every: int = 10  # with mode or speculate_k auto: probe and re-decide every this many steps
     mtp_loss: str = "e2e_tv"  # loss the head was trained with (picks the embedded head; logged)
     task: str = "embedded"  # prompt source: embedded (built-in arithmetic) | math (--data file; implied by data)
     data: str = ""  # JSONL/parquet prompt file with a "prompt" field (task math)
@@ -125,7 +126,15 @@ def config_fields() -> dict[str, tuple[type, Any, str]]:
         for name, comment in re.findall(r"^\s+(\w+):[^#\n]*#\s*(.+)$", inspect.getsource(cls), re.MULTILINE):
             comments[name] = comment.strip()
     defaults = flat_config(RLConfig())
-    return {name: (type(defaults[name]), defaults[name], comments[name]) for name in _leaf_owners()}
+    types = {name: type(defaults[name]) for name in defaults} | {"speculate_k": speculate_k_value}
+    return {name: (types[name], defaults[name], comments[name]) for name in _leaf_owners()}
+
+
+def max_speculate_k(cfg: RLConfig) -> int:
+    """The deepest K a rollout of the run may draft: 0 in mode none, AUTO_MAX_K for speculate_k auto."""
+    if cfg.mode == "none":
+        return 0
+    return AUTO_MAX_K if cfg.speculate_k == AUTO else cfg.speculate_k
 
 
 def check_rl_config(cfg: RLConfig) -> None:
@@ -137,8 +146,10 @@ def check_rl_config(cfg: RLConfig) -> None:
     problems = []
     if cfg.backend not in BACKENDS:
         problems.append(f"backend {cfg.backend!r} is not one of {', '.join(BACKENDS)}")
-    if cfg.mode not in MODES:
-        problems.append(f"mode {cfg.mode!r} is not one of {', '.join(MODES)}")
+    if cfg.mode not in (*MODES, AUTO):
+        problems.append(f"mode {cfg.mode!r} is not one of {', '.join(MODES)}, {AUTO}")
+    if (cfg.mode == AUTO or (cfg.speculate_k == AUTO and cfg.mode != "none")) and cfg.backend != "engine":
+        problems.append(f"mode/speculate_k {AUTO} needs backend engine (it reads the engine's step times and alphas)")
     if cfg.task not in TASKS:
         problems.append(f"task {cfg.task!r} is not one of {', '.join(TASKS)}")
     if cfg.task == "math" and not cfg.data:
@@ -154,7 +165,9 @@ def check_rl_config(cfg: RLConfig) -> None:
         problems.append(f"temperature must be > 0 (RL needs sampled rollouts), got {cfg.temperature}")
     if cfg.group_size < 2:
         problems.append(f"group_size must be >= 2 (advantages compare a prompt's samples), got {cfg.group_size}")
-    for name in ("speculate_k", "steps", "prompts_per_step", "max_new_tokens"):
+    if cfg.speculate_k != AUTO and cfg.speculate_k < 1:
+        problems.append(f"speculate_k must be >= 1 or {AUTO}, got {cfg.speculate_k}")
+    for name in ("steps", "prompts_per_step", "max_new_tokens", "auto_every"):
         if getattr(cfg, name) < 1:
             problems.append(f"{name} must be >= 1, got {getattr(cfg, name)}")
     if cfg.policy.update_epochs < 1 or cfg.mtp.mtp_speculate_k < 1:
@@ -190,6 +203,9 @@ def resolve_rl_config(file: str | os.PathLike | None = None, overrides: dict[str
         name: resolve(cls, None, {k: v for k, v in values.items() if owners[k] is cls}) for name, cls in _GROUPS.items()
     }
     top = {k: v for k, v in values.items() if owners[k] is RLConfig}
-    cfg = resolve(RLConfig, None, {**top, **groups})
+    auto_k = top.get("speculate_k") == AUTO  # NOTE: the one non-int value of an int key
+    cfg = resolve(RLConfig, None, {**top, **groups, **({"speculate_k": None} if auto_k else {})})
+    if auto_k:
+        cfg = dataclasses.replace(cfg, speculate_k=AUTO)
     check_rl_config(cfg)
     return cfg

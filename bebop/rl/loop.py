@@ -45,6 +45,12 @@ Deviations from textbook GRPO (beyond the numbered list in ``bebop.rl.grpo``):
      count and gradients are summed over ranks, so the update is the one-process update. The
      online head step runs on every rank on the whole rollout (the same step everywhere). Rank 0
      alone writes the run directory.
+  9) ``mode``/``speculate_k`` ``auto`` (``bebop.spec.auto``): every ``auto_every`` steps (and on the
+     first step after a resume) the rollout probes settings for a few decode steps each and then
+     runs the one with the highest predicted tokens/s; the steps in between run it too. Tokens stay exactly the policy's, but
+     the choice depends on timings, so such a run does not repeat bit for bit. Each row logs
+     ``auto/mode``, ``auto/speculate_k``, ``auto/predicted_tok_s`` and ``auto/measured_tok_s``.
+     Under torchrun auto is refused (each rank would time, hence choose, on its own).
 """
 
 from __future__ import annotations
@@ -60,6 +66,7 @@ import torch
 from torch import nn
 
 from bebop.analysis.runs import CONFIG_FILE, METRICS_FILE, TOKEN_STATS_FILE  # the files a run directory holds
+from bebop.config import AUTO
 from bebop.rl.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from bebop.rl.config import RESUME_MAY_CHANGE, PolicyConfig, RLConfig, check_rl_config, flat_config
 from bebop.rl.grpo import group_advantages, pad_sequences, policy_loss, token_logprobs
@@ -225,6 +232,11 @@ def step_metrics(cfg: RLConfig, rollout: Rollout, rewards: torch.Tensor, update:
         **seconds,
         "tokens_per_s": num_tokens / max(rollout.seconds, 1e-9),
     }
+    if rollout.decision is not None:  # mode/K auto: the setting in force, its prediction beside tokens_per_s
+        decided = rollout.result.decision is not None  # this rollout probed and decided: its rate after the probe
+        row.update(rollout.decision.to_metrics(), **{
+            "auto/decided": decided,
+            "auto/measured_tok_s": rollout.decision.measured_tok_s if decided else row["tokens_per_s"]})
     return _json_safe(row)
 
 
@@ -385,6 +397,9 @@ def train_rl(
     distributed.shard_range(cfg.prompts_per_step, "prompts_per_step")
     if distributed.world_size() > 1 and cfg.backend != "engine":
         raise BebopError(f"backend {cfg.backend} does not run under torchrun; use the engine backend or one process")
+    if distributed.world_size() > 1 and AUTO in (cfg.mode, cfg.speculate_k):
+        raise BebopError("mode/speculate_k auto does not run under torchrun (each rank would choose from its own "
+                         "timings); give a fixed mode and K, or run one process")
     run_dir = Path(run_dir)
     check_output_dir(run_dir, resume=resume, overwrite=overwrite, what="run directory")
     config = {**flat_config(cfg), **(run_info or {})}

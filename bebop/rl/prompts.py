@@ -8,7 +8,7 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass
 
-from bebop.rl.config import RLConfig
+from bebop.rl.config import RLConfig, max_speculate_k
 from bebop.rl.data import load_prompt_rows
 from bebop.rl.rewards import RewardFn, load_reward, math_reward
 from bebop.task import arith
@@ -75,7 +75,7 @@ def check_prompt_fits(cfg: RLConfig, prompt_ids: list[int], max_positions: int |
     num_tokens = len(prompt_ids)
     if num_tokens == 0:
         raise BebopError(f"{where}: empty prompt (no tokens)")
-    slots = cfg.max_new_tokens + (cfg.speculate_k if cfg.mode != "none" else 0) + 1  # as the engine counts
+    slots = cfg.max_new_tokens + max_speculate_k(cfg) + 1  # as the engine counts
     if max_positions is not None and num_tokens + slots > max_positions:
         raise BebopError(f"{where}: prompt too long: {num_tokens} prompt tokens + {cfg.max_new_tokens} new tokens "
                          f"+ verify slots exceed the model's max_position_embeddings={max_positions}")

@@ -33,6 +33,7 @@ class Completions:
     finish_reasons: list[str]  # "eos" | "length" | "stop"
     stats: Any  # bebop.spec.stats.SpecStats
     token_stats: bool = True  # False: entropy, counterfactual alpha and the accept-length histogram are absent
+    decision: Any = None  # bebop.spec.auto.Decision when this call chose its mode/K (spec auto), else None
 
     @classmethod
     def from_generation(cls, result) -> Completions:

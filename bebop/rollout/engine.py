@@ -6,12 +6,18 @@ from bebop.rollout.base import Completions, RolloutBackend, repeat_prompts
 
 
 class EngineBackend(RolloutBackend):
-    """Samples with ``bebop.spec.generate`` on the modules it was last given (no copy: ``sync`` rebinds)."""
+    """Samples with ``bebop.spec.generate`` on the modules it was last given (no copy: ``sync`` rebinds).
+
+    A spec with mode or K ``auto`` runs ``bebop.spec.auto.generate_auto`` (probe, choose, decode the
+    rest); from then on every call also feeds its step times and alphas to the same ``AutoChooser``,
+    so the next decision of a run sees the running acceptance.
+    """
 
     name = "engine"
 
     def __init__(self, model, tokenizer, head=None, **_options):
         self.model, self.tokenizer, self.head = model, tokenizer, head
+        self.chooser = None  # bebop.spec.auto.AutoChooser, made by the first auto call
 
     def sync(self, model, head=None) -> None:
         self.model = model
@@ -19,10 +25,20 @@ class EngineBackend(RolloutBackend):
             self.head = head
 
     def rollout(self, prompts, sampling, spec, group_size=1, seed=0, step=0, first_row=0) -> Completions:
+        from bebop.spec.auto import AutoChooser, generate_auto, is_auto
         from bebop.spec.engine import generate
 
         rows = repeat_prompts(prompts, group_size)
+        row_ids = list(range(first_row, first_row + len(rows)))
+        if is_auto(spec):
+            self.chooser = self.chooser or AutoChooser()
+            result, decision = generate_auto(self.model, self.tokenizer, rows, mtp=self.head, sampling=sampling,
+                                             spec=spec, seed=seed, step=step, row_ids=row_ids, chooser=self.chooser)
+            completions = Completions.from_generation(result)
+            completions.decision = decision
+            return completions
         result = generate(self.model, self.tokenizer, rows, mtp=self.head if spec.mode != "none" else None,
-                          sampling=sampling, spec=spec, seed=seed, step=step,
-                          row_ids=list(range(first_row, first_row + len(rows))))
+                          sampling=sampling, spec=spec, seed=seed, step=step, row_ids=row_ids)
+        if self.chooser is not None:
+            self.chooser.observe(result, spec.mode, spec.speculate_k, sampling.temperature == 0)
         return Completions.from_generation(result)

@@ -38,6 +38,7 @@ class Rollout:
     batch: object  # the PromptBatch answered (prompts, prompt_ids, fields, step)
     result: Completions  # (B*G,) rows, with the backend's SpecStats
     seconds: float  # wall time of the backend call (measured in the background thread when async)
+    decision: object = None  # mode/K auto: the bebop.spec.auto.Decision in force (made by this rollout or earlier)
 
 
 def frozen_copy(obj):
@@ -85,6 +86,8 @@ class RolloutRunner:
         self.sampler: tuple[nn.Module, nn.Module | None] | None = None
         self.executor: ThreadPoolExecutor | None = None
         self.pending: tuple[int, Future] | None = None
+        self.auto = "auto" in (cfg.mode, cfg.speculate_k) and cfg.mode != "none"
+        self.decision = None  # the last auto decision (None: the next rollout decides; also after a resume)
         if cfg.async_rollout:
             self.sampler = frozen_copy((policy, head))
             self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bebop-rollout")
@@ -98,13 +101,17 @@ class RolloutRunner:
 
         cfg = self.cfg
         sampling = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p, cfg.max_new_tokens)
+        spec = SpecConfig(cfg.mode, cfg.speculate_k)
+        if self.auto and self.decision is not None and batch.step % cfg.auto_every:
+            spec = SpecConfig(self.decision.mode, max(self.decision.speculate_k, 1))  # between decisions: fixed
         prompts = batch.prompt_ids or batch.prompts
         first, last = distributed.shard_range(len(prompts), "prompts_per_step")  # this rank's prompts
         start = time.perf_counter()
-        result = self.backend.rollout(prompts[first:last], sampling, SpecConfig(cfg.mode, cfg.speculate_k),
-                                      group_size=cfg.group_size, seed=cfg.seed, step=batch.step,
-                                      first_row=first * cfg.group_size)
-        return Rollout(batch, result, time.perf_counter() - start)
+        result = self.backend.rollout(prompts[first:last], sampling, spec, group_size=cfg.group_size,
+                                      seed=cfg.seed, step=batch.step, first_row=first * cfg.group_size)
+        seconds = time.perf_counter() - start
+        self.decision = result.decision or self.decision
+        return Rollout(batch, result, seconds, self.decision)
 
     def collect(self, batch) -> tuple[Rollout, float]:
         """The step's rollout (the one in flight when async) and the seconds spent waiting for it."""

@@ -33,6 +33,7 @@ Deviations from a textbook implementation:
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -73,8 +74,8 @@ class SamplingParams:
 class SpecConfig:
     """Which speculative mode runs and how deep it drafts."""
 
-    mode: str = "none"  # none | to | rs
-    speculate_k: int = 3  # K, drafts verified per target pass
+    mode: str = "none"  # none | to | rs (| auto: bebop.spec.auto.generate_auto picks one)
+    speculate_k: int | str = 3  # K, drafts verified per target pass (| "auto", as for mode)
     draft_temperature: float | None = None  # temperature of q; None = the sampling temperature
     filter_drafts: bool = False  # apply the sampling top-k/top-p to q too (drafts and verification)
 
@@ -90,6 +91,10 @@ class GenerationResult:
     finish_reasons: list[str]  # "eos" | "length" | "stop"
     stats: SpecStats = field(default_factory=SpecStats)  # kept tokens only (see bebop.spec.stats)
     log: EmissionLog | None = field(default=None, repr=False)  # every verify step as the verifier emitted it
+    # Wall time of every decode step after prefill: (active rows, seconds, seconds of its drafting;
+    # 0 unless time_drafts). A step ends with the engine's host syncs, so the time is the step's on
+    # any device (``bebop.spec.auto`` reads it).
+    step_times: list[tuple[int, float, float]] = field(default_factory=list, repr=False)
 
     def verifier_stats(self) -> SpecStats:
         """Statistics of every verify step as emitted, before the stop check: vLLM's way of counting."""
@@ -179,42 +184,109 @@ def generate(
     Returns:
         A ``GenerationResult`` in prompt order.
     """
-    _check_args(model, mtp, prompts, sampling, spec)
-    prompt_ids = [list(p) if not isinstance(p, str) else tokenizer.encode(p) for p in prompts]
-    if any(len(p) == 0 for p in prompt_ids):
-        raise BebopError("empty prompt: every prompt needs at least one token")
-    k = spec.speculate_k if spec.mode != "none" else 0
-    max_pos = getattr(model.config.get_text_config(), "max_position_embeddings", None)
-    longest = max(len(p) for p in prompt_ids)
-    capacity = longest + sampling.max_new_tokens + k + 1
-    if max_pos is not None and capacity > max_pos:
-        raise BebopError(
-            f"prompt too long: {longest} prompt tokens + {sampling.max_new_tokens} new tokens + {k + 1} "
-            f"verify slots exceed the model's max_position_embeddings={max_pos}"
+    decoder = Decoder(model, tokenizer, prompts, mtp=mtp, sampling=sampling, spec=spec, seed=seed, step=step,
+                      row_ids=row_ids)
+    while decoder.num_active:
+        decoder.step()
+    return decoder.result()
+
+
+class Decoder:
+    """One ``generate`` call, a decode step at a time; the mode and K may change between steps.
+
+    ``bebop.spec.auto`` probes settings and switches to the chosen one within a call. A switch
+    keeps exactness: every step draws from its rows' randomness at a counter no other step uses
+    (each step starts at the row's number of emitted tokens), and the setting of a step depends
+    only on what came before it. Switching to a deeper K than ``max_speculate_k`` is refused; with
+    an MTP head and ``max_speculate_k`` > 0, plain steps keep the head's inputs, so ``none`` can be
+    followed by ``to``/``rs``.
+
+    Args:
+        model, tokenizer, prompts, mtp, sampling, spec, seed, step, row_ids: as for ``generate``.
+        max_speculate_k: the deepest K any step may draft (default: the spec's K).
+        time_drafts: time the drafting of each verify step (``step_times``); on CUDA one more host
+            sync per step.
+    """
+
+    def __init__(self, model, tokenizer, prompts, *, mtp=None, sampling: SamplingParams = SamplingParams(),
+                 spec: SpecConfig = SpecConfig(), seed: int = 0, step: int = 0, row_ids: list[int] | None = None,
+                 max_speculate_k: int | None = None, time_drafts: bool = False):
+        _check_args(model, mtp, prompts, sampling, spec)
+        self.tokenizer = tokenizer
+        self.prompt_ids = [list(p) if not isinstance(p, str) else tokenizer.encode(p) for p in prompts]
+        if any(len(p) == 0 for p in self.prompt_ids):
+            raise BebopError("empty prompt: every prompt needs at least one token")
+        k = spec.speculate_k if spec.mode != "none" else 0
+        self.max_k = max(k, max_speculate_k or 0) if mtp is not None else k
+        max_pos = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+        longest = max(len(p) for p in self.prompt_ids)
+        capacity = longest + sampling.max_new_tokens + self.max_k + 1
+        if max_pos is not None and capacity > max_pos:
+            raise BebopError(
+                f"prompt too long: {longest} prompt tokens + {sampling.max_new_tokens} new tokens + {self.max_k + 1} "
+                f"verify slots exceed the model's max_position_embeddings={max_pos}"
+            )
+        device = next(model.parameters()).device
+        batch = len(self.prompt_ids)
+        ids = torch.tensor(row_ids if row_ids is not None else range(batch), dtype=torch.long, device=device)
+        self.runner = _Runner(model, tokenizer, mtp, sampling, spec, batch, capacity, device, self.max_k)
+        self.runner.time_drafts = time_drafts
+        self.rows = _Rows(
+            index=list(range(batch)),
+            keys=rng.stream_keys(rng.derive_seeds(seed, step, ids), [STREAM_ACCEPT, STREAM_RESAMPLE]
+                                 + [STREAM_DRAFT + j for j in range(self.max_k)]),
+            counters=torch.zeros(batch, dtype=torch.long, device=device), last_token=ids.new_zeros(batch),
         )
-    device = next(model.parameters()).device
-    batch = len(prompt_ids)
-    ids = torch.tensor(row_ids if row_ids is not None else range(batch), dtype=torch.long, device=device)
-    runner = _Runner(model, tokenizer, mtp, sampling, spec, batch, capacity, device)
-    rows = _Rows(
-        index=list(range(batch)),
-        keys=rng.stream_keys(rng.derive_seeds(seed, step, ids), [STREAM_ACCEPT, STREAM_RESAMPLE]
-                             + [STREAM_DRAFT + j for j in range(k)]),
-        counters=torch.zeros(batch, dtype=torch.long, device=device), last_token=ids.new_zeros(batch),
-    )
-    with torch.no_grad():
-        runner.prefill(rows, prompt_ids)
-        while rows.index:
-            runner.decode_step(rows)
-    texts = [tokenizer.decode(t, skip_special_tokens=True) for t in runner.outputs]
-    lengths = [len(t) for t in runner.outputs]
-    return GenerationResult(
-        prompt_ids=prompt_ids, token_ids=runner.outputs, texts=texts,
-        lengths=lengths, finish_reasons=runner.finish, stats=runner.log.to_stats(lengths), log=runner.log,
-    )
+        self.step_times: list[tuple[int, float, float]] = []
+        with torch.no_grad():
+            self.runner.prefill(self.rows, self.prompt_ids)
+
+    @property
+    def num_active(self) -> int:
+        """Rows still decoding."""
+        return len(self.rows.index)
+
+    def num_tokens(self) -> int:
+        """Tokens emitted so far, all rows."""
+        return sum(len(t) for t in self.runner.outputs)
+
+    def set_spec(self, spec: SpecConfig) -> None:
+        """Decodes the next steps at ``spec`` (mode and K; its other fields must stay the same)."""
+        k = spec.speculate_k if spec.mode != "none" else 0
+        old = self.runner.spec
+        if spec.mode not in MODES or k > self.max_k or (k and old.mode == "none" and self.runner.mtp_cache is None) \
+                or (spec.draft_temperature, spec.filter_drafts) != (old.draft_temperature, old.filter_drafts):
+            raise ValueError(f"cannot switch from {old} to {spec} (max_speculate_k={self.max_k})")
+        self.runner.spec, self.runner.k = spec, k
+
+    def step(self) -> tuple[int, float, float]:
+        """One decode step of the active rows -> (rows, seconds, seconds of its drafting or 0)."""
+        num_rows, start = len(self.rows.index), time.perf_counter()
+        self.runner.draft_seconds = 0.0
+        with torch.no_grad():
+            self.runner.decode_step(self.rows)
+        self.step_times.append((num_rows, time.perf_counter() - start, self.runner.draft_seconds))
+        return self.step_times[-1]
+
+    def stats_so_far(self) -> SpecStats:
+        """The statistics of the steps so far, every emitted token counted as kept."""
+        return self.runner.log.to_stats([len(t) for t in self.runner.outputs])
+
+    def result(self) -> GenerationResult:
+        """The completions and statistics; call once every row has finished."""
+        runner = self.runner
+        texts = [self.tokenizer.decode(t, skip_special_tokens=True) for t in runner.outputs]
+        lengths = [len(t) for t in runner.outputs]
+        return GenerationResult(
+            prompt_ids=self.prompt_ids, token_ids=runner.outputs, texts=texts,
+            lengths=lengths, finish_reasons=runner.finish, stats=runner.log.to_stats(lengths), log=runner.log,
+            step_times=self.step_times,
+        )
 
 
 def _check_args(model, mtp, prompts, sampling: SamplingParams, spec: SpecConfig) -> None:
+    if spec.mode == "auto" or (spec.speculate_k == "auto" and spec.mode != "none"):  # none ignores K
+        raise BebopError("mode/speculate_k 'auto' is chosen by bebop.spec.auto.generate_auto, not by generate")
     if spec.mode not in MODES:
         raise BebopError(f"unknown mode {spec.mode!r}; choose one of {', '.join(MODES)}")
     if spec.mode != "none" and mtp is None:
@@ -246,7 +318,7 @@ def check_sampling(sampling: SamplingParams) -> None:
 class _Runner:
     """The decode loop's state and steps (prefill, plain step, speculative step)."""
 
-    def __init__(self, model, tokenizer, mtp, sampling, spec, batch, capacity, device):
+    def __init__(self, model, tokenizer, mtp, sampling, spec, batch, capacity, device, max_k):
         self.mtp, self.sampling, self.spec = mtp, sampling, spec
         self.k = spec.speculate_k if spec.mode != "none" else 0
         self.greedy = sampling.temperature == 0
@@ -254,13 +326,15 @@ class _Runner:
         self.eos = tokenizer.eos_token_id
         self.tokenizer = tokenizer
         self.target = _Target(model, batch, capacity, head_reads_prenorm=bool(mtp and mtp.config.target_prenorm))
-        self.mtp_cache = None
-        if self.k:
+        self.mtp_cache = None  # NOTE: present whenever a step may draft; then every step feeds the head's inputs
+        if max_k:
             param = next(model.parameters())
             self.mtp_cache = RaggedKVCache(len(mtp.layers), batch, capacity, device, param.dtype)
         self.outputs: list[list[int]] = [[] for _ in range(batch)]
         self.finish = [""] * batch
-        self.log = EmissionLog(self.k)  # turned into SpecStats once the completions' ends are known
+        self.log = EmissionLog(max_k)  # turned into SpecStats once the completions' ends are known
+        self.time_drafts = False  # time the drafting of every verify step (draft_seconds)
+        self.draft_seconds = 0.0  # the last step's drafting, when timed
 
     # ------------------------------------------------------------------ target distribution
     def _probs(self, logits: torch.Tensor) -> torch.Tensor:
@@ -298,7 +372,7 @@ class _Runner:
         if not bool(torch.isfinite(logits[arange, last]).all()):  # NOTE: one host sync per generate call
             raise BebopError("the model produces NaN or infinite logits; check its weights and dtype")
         first = self._sample(logits[arange, last], rows)
-        if self.k:
+        if self.mtp_cache is not None:
             # The head's first input pairs: (h_t, x_{t+1}) for every prompt position t.
             tokens = torch.nn.functional.pad(ids[:, 1:], (0, 1))
             tokens[arange, last] = first
@@ -309,10 +383,25 @@ class _Runner:
         if self.k:
             self._speculative_step(rows)
         else:
-            logits, _ = self.target.forward(rows.last_token[:, None])
+            logits, hidden = self.target.forward(rows.last_token[:, None])
             self.target.cache.shift_all(1)
             token = self._sample(logits[:, 0], rows)
+            if self.mtp_cache is not None:  # a later step may draft: the head's input pair (h_t, x_{t+1}) waits
+                self._pend_one(rows, hidden[:, 0], token)
             self._emit(rows, token[:, None], [0] * len(rows.index))
+
+    @staticmethod
+    def _pend_one(rows: _Rows, hidden: torch.Tensor, token: torch.Tensor) -> None:
+        """Appends one (hidden (R, D), token (R,)) pair to each row's pending head inputs."""
+        count = torch.tensor(rows.pend_count, device=token.device)
+        grow = max(rows.pend_count) + 1 - rows.pend_tokens.shape[1]
+        if grow > 0:
+            rows.pend_hidden = torch.nn.functional.pad(rows.pend_hidden, (0, 0, 0, grow))
+            rows.pend_tokens = torch.nn.functional.pad(rows.pend_tokens, (0, grow))
+        arange = torch.arange(len(rows.pend_count), device=token.device)
+        rows.pend_hidden[arange, count] = hidden.to(rows.pend_hidden.dtype)
+        rows.pend_tokens[arange, count] = token
+        rows.pend_count = [c + 1 for c in rows.pend_count]
 
     def _draft(self, rows: _Rows) -> tuple[torch.Tensor, torch.Tensor]:
         """K chained MTP steps -> drafts (R, K) and the draft distributions q (R, K, V)."""
@@ -339,7 +428,8 @@ class _Runner:
             q = self._draft_probs(logits)
             if sampled:
                 if noise is None:  # every draft step's noise in one pass: streams STREAM_DRAFT + j, same counter
-                    noise = rng.exponential_from_bits(rng.keyed_bits(rows.keys[:, 2:], rows.counters, (q.shape[-1],)))
+                    keys = rows.keys[:, 2: 2 + self.k]
+                    noise = rng.exponential_from_bits(rng.keyed_bits(keys, rows.counters, (q.shape[-1],)))
                 token = sample_from_probs(q, noise[:, j])
             else:
                 token = logits.argmax(-1)
@@ -356,7 +446,12 @@ class _Runner:
         return torch.softmax(logits.float() / self.draft_temperature, dim=-1)
 
     def _speculative_step(self, rows: _Rows) -> None:
+        start = time.perf_counter()
         drafts, q = self._draft(rows)
+        if self.time_drafts:
+            if drafts.is_cuda:  # NOTE: a host sync, only when asked: the drafts' kernels must have run
+                torch.cuda.synchronize(drafts.device)
+            self.draft_seconds = time.perf_counter() - start
         logits, hidden = self.target.forward(torch.cat([rows.last_token[:, None], drafts], 1))
         p = self._probs(logits)  # (R, K+1, V)
         if self.greedy:

@@ -41,7 +41,7 @@ class SpecStats:
 
     speculate_k: int = 0  # K; 0 for plain decoding
     num_drafts: int = 0  # verify steps that emitted at least one kept token
-    num_draft_tokens: int = 0  # drafts proposed in those steps (num_drafts * K)
+    num_draft_tokens: int = 0  # drafts proposed in those steps (num_drafts * K, or the sum of each step's K)
     num_accepted_tokens: int = 0  # kept tokens per step minus one, summed (see the module docstring)
     accepted_per_pos: list[int] = field(default_factory=list)  # (K,) steps that kept their draft at position j
     accept_length_hist: list[int] = field(default_factory=list)  # (K+1,) verify steps keeping 1..K+1 tokens
@@ -61,9 +61,12 @@ class SpecStats:
         if not self.accept_length_hist:
             self.accept_length_hist = [0] * (self.speculate_k + 1)
 
-    def record_verify(self, num_accepted: list[int]) -> None:
-        """Counts one verify step for each row; ``num_accepted[b]`` = kept tokens of the step - 1."""
-        k = self.speculate_k
+    def record_verify(self, num_accepted: list[int], k: int | None = None) -> None:
+        """Counts one verify step for each row; ``num_accepted[b]`` = kept tokens of the step - 1.
+
+        ``k``: the step's depth when it drafted fewer than ``speculate_k`` (a call that switched K).
+        """
+        k = self.speculate_k if k is None else k
         self.num_drafts += len(num_accepted)
         self.num_draft_tokens += k * len(num_accepted)
         for n in num_accepted:
@@ -186,10 +189,11 @@ class EmissionLog:
             stats.record_token_entropy(entropy[mask])
             if block.drafts is None:
                 continue
-            stats.record_verify([n - 1 for n in kept if n > 0])
-            positions = torch.arange(1, self.k + 1)[None, :].expand(len(kept), -1)  # (R, K)
-            rows = torch.tensor(block.rows, dtype=torch.long)[:, None].expand(-1, self.k)  # (R, K)
-            draft_mask = mask[:, : self.k]
+            k = block.drafts[0].shape[1]  # the step's K (<= self.k: a call may switch K)
+            stats.record_verify([n - 1 for n in kept if n > 0], k)
+            positions = torch.arange(1, k + 1)[None, :].expand(len(kept), -1)  # (R, K)
+            rows = torch.tensor(block.rows, dtype=torch.long)[:, None].expand(-1, k)  # (R, K)
+            draft_mask = mask[:, :k]
             stats.record_positions(positions[draft_mask], rows[draft_mask],
                                    *(d.cpu()[draft_mask] for d in block.drafts))
         return stats

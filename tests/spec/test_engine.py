@@ -423,3 +423,82 @@ def test_input_errors():
     generate(model, tok, [[1] * 10], sampling=SamplingParams(max_new_tokens=5))  # 10 + 5 + 1 fits in 16
     with pytest.raises(BebopError, match="no prompts"):
         generate(model, tok, [], mtp=head)
+
+
+# ----------------------------------------------------------------------------- switching settings (Decoder)
+
+
+SCHEDULE = [("none", 1), ("rs", 3), ("none", 1), ("none", 1), ("to", 2), ("rs", 1), ("rs", 3)]  # cycled per step
+
+
+def _decode_switching(model, head, prompts, sampling, seed=0, monkeypatch=None):
+    """A Decoder call whose setting follows SCHEDULE step by step -> (result, K of every step)."""
+    decoder = engine.Decoder(model, ToyTokenizer(), prompts, mtp=head, sampling=sampling, spec=SpecConfig("none", 1),
+                             seed=seed, max_speculate_k=3)
+    ks = []
+    while decoder.num_active:
+        mode, k = SCHEDULE[len(ks) % len(SCHEDULE)]
+        decoder.set_spec(SpecConfig(mode, k))
+        ks.append(k if mode != "none" else 0)
+        decoder.step()
+    return decoder.result(), ks
+
+
+def test_switching_settings_keeps_greedy_and_the_head_cache(monkeypatch):
+    """Plain steps between verify steps keep feeding the head: every depth-1 draft still equals the
+    teacher-forced head at the row's frontier, and T=0 output is plain greedy."""
+    model = peaked_model()
+    head = perturbed_head(model, 0.1)
+    prompts = _prompts((2, 5, 9, 3))
+    records: list[tuple[int, int, torch.Tensor]] = []  # (row, frontier position t, depth-1 logits (V,))
+    draft = engine._Runner._draft
+
+    def spy(self, rows):
+        frontier = [len(prompts[r]) + len(self.outputs[r]) - 2 for r in rows.index]
+        real_logits, seen = self.mtp.logits, []
+        self.mtp.logits = lambda hidden, step=0: seen.append(real_logits(hidden, step=step)) or seen[-1]
+        try:
+            result = draft(self, rows)
+        finally:
+            del self.mtp.logits
+        records.extend(zip(rows.index, frontier, seen[0]))
+        return result
+
+    monkeypatch.setattr(engine._Runner, "_draft", spy)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=16)
+    out, ks = _decode_switching(model, head, prompts, greedy)
+    assert out.token_ids == generate(model, ToyTokenizer(), prompts, sampling=greedy).token_ids
+    assert out.stats.num_draft_tokens == sum(ks[i] * n for i, (n, _, _) in enumerate(out.step_times))
+    assert 0 < out.stats.num_accepted_tokens and len(records) > 2 * len(prompts)
+    references = []
+    for prompt, completion in zip(prompts, out.token_ids):
+        ids = torch.tensor([prompt + completion])
+        with torch.no_grad():
+            hidden = model.get_decoder()(input_ids=ids).last_hidden_state
+            references.append(head.unroll(hidden, ids, 1)[0][0])  # (T, V)
+    for row, t, logits in records:
+        torch.testing.assert_close(logits, references[row][t], atol=MTP_ATOL, rtol=0)
+
+
+def test_switch_deeper_than_max_speculate_k_is_refused():
+    model = peaked_model()
+    decoder = engine.Decoder(model, ToyTokenizer(), [[1, 2]], mtp=perturbed_head(model, 0.1), spec=SpecConfig("rs", 2))
+    with pytest.raises(ValueError, match="max_speculate_k=2"):
+        decoder.set_spec(SpecConfig("rs", 3))
+
+
+@pytest.mark.slow
+def test_switching_settings_is_exact():
+    """Tokens 1-3 with a setting switched at every step (plain, rs, to), chi-square against the exact
+    joint: 3 marginals and 3 pairs at ALPHA = 1e-4 each (false-alarm odds at most 6e-4 for a seed
+    picked at random)."""
+    model, head = _stat_model()
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=3)
+    out, _ = _decode_switching(model, head, [STAT_PROMPT] * 20_000, sampling, seed=3)
+    tokens = np.array(out.token_ids)
+    joint, v = exact_joint(model, STAT_PROMPT, sampling), STAT_VOCAB
+    for t, axes in enumerate(((1, 2), (0, 2), (0, 1))):
+        assert_fits(np.bincount(tokens[:, t], minlength=v), joint.sum(axes), f"token {t + 1}")
+    for (s, t), axis in (((0, 1), 2), ((1, 2), 0), ((0, 2), 1)):
+        assert_fits(np.bincount(tokens[:, s] * v + tokens[:, t], minlength=v * v), joint.sum(axis),
+                    f"tokens ({s + 1}, {t + 1})")

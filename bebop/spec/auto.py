@@ -1,0 +1,345 @@
+"""Automatic choice of the verification mode and depth K (``--mode auto``, ``--speculate-k auto``).
+
+Terms (K = speculation depth, R = rows decoding, p the target's distribution, q the draft's):
+    alpha_j     acceptance at draft depth j given drafts 1..j-1 were accepted. Estimated by the mean
+                of the counterfactual alpha_RS = sum min(p_j, q_j) and alpha_TO = p_j(argmax q_j) that
+                the engine records at every kept draft position (``bebop.spec.stats``), whichever mode
+                ran; at T = 0 by the accepted / reached counts (both rules are then greedy matching).
+    E[L]        expected accepted drafts per verify step, sum_{j<=K} prod_{i<=j} alpha_i (arXiv
+                2606.12370 Eq. 12; Leviathan et al. 2023); a verify step emits 1 + E[L] tokens.
+    step cost   seconds of one engine decode step: plain_s for ``none``; K c_draft + c_verify(K) for
+                ``to``/``rs``, from steps and their drafting timed by the engine (``StepCosts``).
+    predicted   tokens/s = R (1 + E[L]) / step cost (``none``: R / plain_s).
+
+``generate_auto`` runs one engine call (``bebop.spec.engine.Decoder``) that switches settings
+between decode steps, every token kept: steps at the deepest K and a shallower one alternately
+(both alphas at every depth; c_draft, and c_verify at two depths), plain steps unless plain
+decoding cannot win (``AutoChooser.none_could_win``), then the rest at the setting with the highest
+predicted tokens/s (``probe_plan``). An RL run (``bebop.rollout``) re-decides every ``auto_every``
+steps the same way and updates its models from every rollout in between.
+
+Exactness: each step is an exact step of its setting, drawn from its rows' randomness at a counter
+no other step uses, and the setting of a step depends only on the steps before it (and on
+timings); each token is therefore drawn from p given its prefix whatever was chosen, and at T = 0
+every step is greedy.
+
+Deviations from the paper's speedup formula:
+    1) Costs are whole engine decode steps (drafting, verify forward, verification, bookkeeping) as
+       the engine times them (``GenerationResult.step_times``), not forwards alone: the overhead
+       around the forwards decides the choice on a small model. c_verify(K) is what a step costs
+       besides its drafting, linear in K between the two probed depths. ``to`` and ``rs`` share
+       the costs (they differ only in sampling drafts from q).
+    2) alpha_TO recorded while ``rs`` runs (and alpha_RS while ``to`` runs) is measured on the other
+       rule's accepted prefixes, a small bias at depths >= 2.
+    3) Depths with too few recorded positions are extrapolated conservatively (``Acceptance``).
+    4) The prediction ignores a batch's tail (rows end at different steps, the batch decodes in
+       lockstep), so it overestimates tokens/s at large B; ``bench/auto.py`` reports the error.
+    5) The probe steps run settings that may be slower than the chosen one: the price of a
+       one-shot call (``bebop generate``); an RL run pays it once every ``auto_every`` steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from dataclasses import dataclass, field
+
+
+from bebop.config import AUTO, AUTO_MAX_K
+from bebop.spec.engine import Decoder, GenerationResult, SamplingParams, SpecConfig
+from bebop.spec.stats import SpecStats
+from bebop.utils.io import BebopError
+
+PROBE_STEPS = 2  # decode steps of each probed setting: enough to time a step, few enough to cost little
+MIN_POSITIONS = 4.0  # weight of recorded positions below which a depth counts as unseen
+UNSEEN_DECAY = 0.9  # alpha ratio per unseen depth when only depth 1 was seen (alpha never rises with depth here)
+DECAY = 0.5  # weight kept by older acceptance evidence at each new decision (RL: the policy drifts)
+RULES = ("rs", "to")  # acceptance rules, named as the modes that use them
+
+
+def candidates(spec: SpecConfig) -> list[tuple[str, int]]:
+    """The (mode, K) pairs a spec allows, K = 0 for ``none``; simplest first (ties keep the first).
+
+    Example: candidates(SpecConfig("rs", "auto")) -> [("rs", 1), ("rs", 2), ("rs", 3), ("rs", 4)].
+    """
+    modes = ("none", "to", "rs") if spec.mode == AUTO else (spec.mode,)
+    ks = range(1, AUTO_MAX_K + 1) if spec.speculate_k == AUTO else (spec.speculate_k,)
+    return [(m, 0) if m == "none" else (m, k) for m in modes for k in ((0,) if m == "none" else ks)]
+
+
+def is_auto(spec: SpecConfig) -> bool:
+    return spec.mode == AUTO or (spec.speculate_k == AUTO and spec.mode != "none")
+
+
+def check_auto_spec(spec: SpecConfig) -> None:
+    """Raises BebopError (one line) on a mode or K no choice could use."""
+    if spec.mode not in ("none", "to", "rs", AUTO):
+        raise BebopError(f"unknown mode {spec.mode!r}; choose one of none, to, rs, auto")
+    k = spec.speculate_k
+    if k != AUTO and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
+        raise BebopError(f"speculate_k must be an integer >= 1 or 'auto', got {k!r}")
+
+
+def expected_accepted(alphas: list[float]) -> float:
+    """E[L] = sum_j prod_{i<=j} alpha_i.
+
+    Example: expected_accepted([0.5, 0.5]) = 0.5 + 0.25 = 0.75.
+    """
+    total, prod = 0.0, 1.0
+    for a in alphas:
+        prod *= a
+        total += prod
+    return total
+
+
+@dataclass
+class Acceptance:
+    """Running per-depth acceptance of both rules: weighted sums of alpha and their weights."""
+
+    sums: dict[str, list[float]] = field(default_factory=lambda: {r: [] for r in RULES})
+    weights: list[float] = field(default_factory=list)  # (J,) recorded positions per depth
+
+    def _grow(self, depth: int) -> None:
+        while len(self.weights) < depth:
+            self.weights.append(0.0)
+            for rule in RULES:
+                self.sums[rule].append(0.0)
+
+    def add(self, depth: int, weight: float, alpha_rs: float, alpha_to: float) -> None:
+        """Adds ``weight`` positions at ``depth`` (1-based) whose alphas sum to alpha_rs, alpha_to."""
+        self._grow(depth)
+        self.weights[depth - 1] += weight
+        self.sums["rs"][depth - 1] += alpha_rs
+        self.sums["to"][depth - 1] += alpha_to
+
+    def observe(self, stats: SpecStats, greedy: bool) -> None:
+        """Adds a call's kept draft positions (counterfactual alphas; accept counts at T = 0)."""
+        if greedy:  # both rules accept iff argmax q = argmax p; the recorded alphas are T=1 numbers
+            reached = [sum(stats.accept_length_hist[j:]) for j in range(stats.speculate_k)]
+            for j, (n, a) in enumerate(zip(reached, stats.accepted_per_pos)):
+                if n:
+                    self.add(j + 1, n, a, a)
+            return
+        arrays = stats.token_arrays()
+        for j in range(1, stats.speculate_k + 1):
+            sel = arrays["position"] == j
+            if sel.any():
+                self.add(j, float(sel.sum()), float(arrays["alpha_rs"][sel].sum()), float(arrays["alpha_to"][sel].sum()))
+
+    def decay(self, factor: float) -> None:
+        self.weights = [w * factor for w in self.weights]
+        self.sums = {r: [s * factor for s in v] for r, v in self.sums.items()}
+
+    def alphas(self, rule: str, k: int) -> list[float]:
+        """alpha_1..alpha_K of a rule; unseen depths extrapolated conservatively.
+
+        Depth 1 is seen when anything was recorded there, a deeper one when its positions weigh at
+        least MIN_POSITIONS. Past the last seen depth J,
+        alpha_j = alpha_J * rho^(j - J) with rho = min(1, alpha_J / alpha_{J-1}) (the last observed
+        fall, never a rise), or UNSEEN_DECAY when only depth 1 was seen; nothing seen gives 0.
+
+        Example: seen [0.8, 0.6] -> alphas(rule, 4) = [0.8, 0.6, 0.45, 0.3375].
+        """
+        seen = []
+        for j, (w, s) in enumerate(zip(self.weights, self.sums[rule])):
+            if w < MIN_POSITIONS and not (j == 0 and w > 0):  # NOTE: depth 1 always counts (B=1 probes are short)
+                break
+            seen.append(s / w)
+        if not seen:
+            return [0.0] * k
+        rho = min(1.0, seen[-1] / seen[-2]) if len(seen) >= 2 and seen[-2] > 0 else UNSEEN_DECAY
+        return [seen[j] if j < len(seen) else seen[-1] * rho ** (j + 1 - len(seen)) for j in range(k)]
+
+
+@dataclass
+class StepCosts:
+    """Seconds of engine decode steps by K (0 = plain), and of one chained draft step; latest measurements.
+
+    step(K) = K c_draft + c_verify(K): c_draft from drafting timed inside the steps, c_verify(K) =
+    step - K c_draft at the measured depths, linear in K between and past them (least squares,
+    slope >= 0; constant when one depth was measured).
+
+    Example: steps of 9 ms at K=1 and 16 ms at K=4 with c_draft = 2 ms give c_verify = 6.67 + K/3 ms,
+    so step(2) = 4 + 7.33 = 11.33 ms.
+    """
+
+    seconds: dict[int, float] = field(default_factory=dict)  # K -> median seconds per decode step
+    draft_s: float | None = None  # c_draft, seconds of one chained draft step (None: never timed)
+
+    def observe(self, k: int, step_times: list[tuple[int, float, float]]) -> None:
+        """Learns from a call's ``GenerationResult.step_times`` at depth k (0 = plain)."""
+        if not step_times:
+            return
+        self.seconds[k] = statistics.median(s for _, s, _ in step_times)
+        drafted = [d for _, _, d in step_times if d > 0]
+        if k >= 1 and drafted:
+            self.draft_s = statistics.median(drafted) / k
+
+    def verify_seconds(self, k: int) -> float | None:
+        """c_verify(K), or None without a timed draft step and a measured depth."""
+        points = sorted((j, s - j * self.draft_s) for j, s in self.seconds.items() if j >= 1) \
+            if self.draft_s is not None else []
+        if not points:
+            return None
+        if len(points) == 1:
+            return points[0][1]
+        mean_k = sum(j for j, _ in points) / len(points)
+        mean_v = sum(v for _, v in points) / len(points)
+        slope = sum((j - mean_k) * (v - mean_v) for j, v in points) / sum((j - mean_k) ** 2 for j, _ in points)
+        return mean_v + max(0.0, slope) * (k - mean_k)
+
+    def step_seconds(self, k: int) -> float | None:
+        """Predicted seconds of a step at depth k (0 = plain), or None when nothing predicts it.
+
+        A plain step never timed is bounded below by the cheapest c_verify(K) measured: it is a
+        verify step's work over 1 token instead of K+1, with no verification.
+        """
+        if k in self.seconds:
+            return self.seconds[k]
+        if k == 0:
+            bounds = [self.verify_seconds(j) for j in self.seconds if j >= 1]
+            return min(bounds) if bounds and bounds[0] is not None else None
+        verify = self.verify_seconds(k)
+        return None if verify is None else verify + k * self.draft_s
+
+
+def predict(mode: str, k: int, acceptance: Acceptance, costs: StepCosts, rows: float) -> float:
+    """Predicted tokens/s of (mode, K) for ``rows`` decoding rows; 0 when the costs cannot say.
+
+    Example: rs, K=2, alpha_RS = [0.5, 0.5], 0.01 s per step, 4 rows -> 4 * 1.75 / 0.01 = 700.
+    """
+    seconds = costs.step_seconds(0 if mode == "none" else k)
+    if not seconds:
+        return 0.0
+    tokens = 1.0 if mode == "none" else 1.0 + expected_accepted(acceptance.alphas(mode, k))
+    return rows * tokens / seconds
+
+
+@dataclass
+class Decision:
+    """The chosen setting, its prediction and every candidate's."""
+
+    mode: str
+    speculate_k: int  # 0 for none
+    predicted_tok_s: float
+    predictions: dict[str, float]  # "none", "to3", "rs1", ... -> predicted tokens/s
+    rows: float = 1.0  # decoding rows the predictions are for (tokens/s scales with them)
+    measured_tok_s: float = float("nan")  # tokens/s of the steps decoded at the chosen setting
+
+    def to_metrics(self) -> dict:
+        return {"auto/mode": self.mode, "auto/speculate_k": self.speculate_k,
+                "auto/predicted_tok_s": self.predicted_tok_s}
+
+
+def config_name(mode: str, k: int) -> str:
+    return mode if mode == "none" else f"{mode}{k}"
+
+
+class AutoChooser:
+    """The acceptance and cost models of one run; ``choose`` picks the best candidate."""
+
+    def __init__(self) -> None:
+        self.acceptance = Acceptance()
+        self.costs = StepCosts()
+
+    def observe(self, result: GenerationResult, mode: str, k: int, greedy: bool) -> None:
+        """Learns from a call decoded at (mode, K): its step times and, when it drafted, its alphas."""
+        self.costs.observe(0 if mode == "none" else k, result.step_times)
+        if mode != "none":
+            self.acceptance.observe(result.stats, greedy)
+
+    def none_could_win(self, options: list[tuple[str, int]], rows: float) -> bool:
+        """Whether ``none``, at its bound (``StepCosts.step_seconds(0)``) when never timed, beats every
+        drafted candidate; True when nothing bounds it."""
+        drafted = [predict(m, k, self.acceptance, self.costs, rows) for m, k in options if m != "none"]
+        if self.costs.step_seconds(0) is None or not drafted:
+            return True
+        return predict("none", 0, self.acceptance, self.costs, rows) >= max(drafted)
+
+    def choose(self, options: list[tuple[str, int]], rows: float) -> Decision:
+        """The candidate with the highest predicted tokens/s (the first of equals)."""
+        predictions = {config_name(m, k): predict(m, k, self.acceptance, self.costs, rows) for m, k in options}
+        mode, k = max(options, key=lambda c: predictions[config_name(*c)])
+        return Decision(mode, k, predictions[config_name(mode, k)], predictions, rows)
+
+
+def probe_plan(options: list[tuple[str, int]]) -> tuple[list[tuple[str, int]], int]:
+    """The probe: drafted steps (mode, K) in order, then the number of plain steps.
+
+    Drafted: the deepest K and a shallow one (a third of the way up) alternately, PROBE_STEPS each,
+    in ``rs`` when allowed (both alphas at every depth; c_draft, and c_verify at two depths). Plain: PROBE_STEPS steps when
+    ``none`` is a candidate besides others (``generate_auto`` skips them when plain cannot win).
+
+    Example: probe_plan(candidates(SpecConfig("auto", "auto"))) ->
+        ([("rs", 4), ("rs", 2), ("rs", 4), ("rs", 2)], 2) with PROBE_STEPS = 2.
+    """
+    drafted = [(m, k) for m, k in options if m != "none"]
+    steps = []
+    if drafted:
+        mode = "rs" if any(m == "rs" for m, _ in drafted) else "to"
+        deep, low = max(k for _, k in drafted), min(k for _, k in drafted)
+        depths = dict.fromkeys((deep, low + (deep - low) // 3))  # NOTE: K=2 of 1-4: often the best, so cheap to probe
+        steps = [(mode, k) for _ in range(PROBE_STEPS) for k in depths]
+    return steps, PROBE_STEPS if ("none", 0) in options and len(options) > 1 else 0
+
+
+def generate_auto(
+    model,
+    tokenizer,
+    prompts: list[str] | list[list[int]],
+    *,
+    mtp=None,
+    sampling: SamplingParams = SamplingParams(),
+    spec: SpecConfig = SpecConfig(AUTO, AUTO),
+    seed: int = 0,
+    step: int = 0,
+    row_ids: list[int] | None = None,
+    chooser: AutoChooser | None = None,
+) -> tuple[GenerationResult, Decision]:
+    """``generate`` with the mode and/or K chosen within the call: probe steps, a decision, the rest.
+
+    Args:
+        model, tokenizer, prompts, mtp, sampling, seed, step, row_ids: as for ``generate``.
+        spec: mode and/or speculate_k ``"auto"``; the other fields as for ``generate``.
+        chooser: the run's models (RL keeps one across steps); a fresh one when None.
+
+    Returns:
+        ``(result, decision)``: the completions (every probe token kept) with the statistics of the
+        whole call, and the decision with its prediction and the tokens/s measured after it.
+    """
+    check_auto_spec(spec)
+    options = candidates(spec)
+    max_k = max(k for _, k in options)
+    if mtp is None and max_k:
+        raise BebopError(f"mode {spec.mode!r} needs an MTP head (--mtp)")
+    chooser = chooser if chooser is not None else AutoChooser()
+    chooser.acceptance.decay(DECAY)
+    greedy = sampling.temperature == 0
+    drafted, num_plain = probe_plan(options)
+    setting = (lambda mode, k: dataclasses.replace(spec, mode=mode, speculate_k=max(k, 1)))
+    first = drafted[0] if drafted else options[0]
+    decoder = Decoder(model, tokenizer, prompts, mtp=mtp if max_k else None, sampling=sampling, spec=setting(*first),
+                      seed=seed, step=step, row_ids=row_ids, max_speculate_k=max_k, time_drafts=True)
+    times: dict[int, list[tuple[int, float, float]]] = {}
+    for mode, k in drafted:
+        if decoder.num_active:
+            decoder.set_spec(setting(mode, k))
+            times.setdefault(k, []).append(decoder.step())
+    for k, step_times in times.items():
+        chooser.costs.observe(k, step_times)
+    if drafted:  # NOTE: the drafted probe runs first, so these statistics are its steps only
+        chooser.acceptance.observe(decoder.stats_so_far(), greedy)
+    # Plain decoding is probed only when it could win even at its bound; else its probe only costs time.
+    if num_plain and decoder.num_active and chooser.none_could_win(options, decoder.num_active):
+        decoder.set_spec(setting("none", 0))
+        chooser.costs.observe(0, [decoder.step() for _ in range(num_plain) if decoder.num_active])
+    decision = chooser.choose(options, rows=max(decoder.num_active, 1))
+    decoder.set_spec(setting(decision.mode, decision.speculate_k))
+    start, before, rest = time.perf_counter(), decoder.num_tokens(), []
+    while decoder.num_active:
+        rest.append(decoder.step())
+    chooser.costs.observe(decision.speculate_k, rest)
+    if rest:
+        decision.measured_tok_s = (decoder.num_tokens() - before) / max(time.perf_counter() - start, 1e-9)
+    return decoder.result(), decision

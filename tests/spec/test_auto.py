@@ -1,0 +1,239 @@
+"""Tests for bebop.spec.auto: the acceptance and cost models, the choice, and generation in chunks.
+
+What pins it:
+  * the models on synthetic numbers: E[L] and tokens/s by hand, extrapolation of unseen depths,
+    the a + b K cost fit, and the choice as the argmax of the predictions (none wins when drafts
+    are rarely accepted, to when its alpha is higher at low entropy, rs at high entropy).
+  * the models on a real call: the acceptance equals the engine's per-depth means (T > 0) and its
+    accept counts (T = 0).
+  * generate_auto: probes, then runs the choice; token-identical to plain greedy decoding at T = 0
+    (both auto flags, EOS, a batch of different prompt lengths); by chi-square against the
+    enumerated distribution, exact at T = 1 with the setting switched within the first 3 tokens
+    (6 checks at 1e-4: a correct implementation fails with odds at most 6e-4 for a seed picked at
+    random; the seed is fixed, so a checkout passes or fails deterministically). The engine's own
+    switching (``Decoder.set_spec``) is pinned in tests/spec/test_engine.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bebop.spec import auto
+from bebop.spec.auto import Acceptance, AutoChooser, StepCosts, candidates, expected_accepted, generate_auto, predict
+from bebop.spec.engine import Decoder, SamplingParams, SpecConfig, generate
+from bebop.utils.io import BebopError
+from tests.spec.test_engine import (
+    STAT_PROMPT,
+    STAT_VOCAB,
+    ToyTokenizer,
+    _prompts,
+    _stat_model,
+    assert_fits,
+    exact_joint,
+    peaked_model,
+    perturbed_head,
+)
+
+ALL = candidates(SpecConfig("auto", "auto"))
+
+
+def _acceptance(rs: list[float], to: list[float], weight: float = 100.0) -> Acceptance:
+    acc = Acceptance()
+    for j, (a_rs, a_to) in enumerate(zip(rs, to), start=1):
+        acc.add(j, weight, a_rs * weight, a_to * weight)
+    return acc
+
+
+def _costs(plain: float, a: float, b: float, ks=(1, 4)) -> StepCosts:
+    """Steps of a + b K seconds, b of them drafting (c_draft = b, c_verify = a)."""
+    return StepCosts(seconds={0: plain, **{k: a + b * k for k in ks}}, draft_s=b)
+
+
+# ----------------------------------------------------------------------------- models, synthetic
+
+
+def test_expected_accepted_and_predict_by_hand():
+    assert expected_accepted([0.5, 0.5]) == pytest.approx(0.75)
+    assert expected_accepted([]) == 0.0
+    acc = _acceptance([0.5, 0.5], [0.2, 0.2])
+    costs = StepCosts(seconds={0: 0.004, 2: 0.01})
+    assert predict("rs", 2, acc, costs, rows=4) == pytest.approx(4 * 1.75 / 0.01)
+    assert predict("to", 2, acc, costs, rows=4) == pytest.approx(4 * (1 + 0.2 + 0.04) / 0.01)
+    assert predict("none", 0, acc, costs, rows=4) == pytest.approx(4 / 0.004)
+    assert predict("rs", 3, acc, costs, rows=4) == 0.0  # one depth timed: no slope, K=3 unknown
+
+
+def test_choice_is_the_argmax_of_the_formula():
+    acc = _acceptance([0.8, 0.75, 0.7, 0.6], [0.5, 0.45, 0.4, 0.3])
+    costs = _costs(0.005, 0.006, 0.002)
+    chooser = AutoChooser()
+    chooser.acceptance, chooser.costs = acc, costs
+    decision = chooser.choose(ALL, rows=16)
+    for mode, k in ALL:  # every prediction is rows (1 + E[L]) / (a + b K), none rows / plain
+        seconds = 0.005 if mode == "none" else 0.006 + 0.002 * k
+        tokens = 1 if mode == "none" else 1 + expected_accepted(acc.alphas(mode, k))
+        assert decision.predictions[auto.config_name(mode, k)] == pytest.approx(16 * tokens / seconds)
+    best = max(decision.predictions, key=decision.predictions.get)
+    assert auto.config_name(decision.mode, decision.speculate_k) == best
+    assert decision.predicted_tok_s == decision.predictions[best]
+
+
+@pytest.mark.parametrize("rs, to, winner", [
+    ([0.1] * 4, [0.05] * 4, ("none", 0)),  # drafts rarely accepted: plain decoding is fastest
+    ([0.93] * 4, [0.97] * 4, ("to", 4)),  # low entropy: p's top token carries almost all mass, TO accepts more
+    ([0.75] * 4, [0.4] * 4, ("rs", 3)),  # high entropy: RS keeps the overlap, TO only the top token
+    ([0.6, 0.3, 0.2, 0.1], [0.3] * 4, ("rs", 1)),  # acceptance collapses after depth 1: stay shallow
+])
+def test_the_right_setting_wins(rs, to, winner):
+    chooser = AutoChooser()
+    chooser.acceptance, chooser.costs = _acceptance(rs, to), _costs(0.005, 0.005, 0.001)
+    decision = chooser.choose(ALL, rows=8)
+    assert (decision.mode, decision.speculate_k) == winner, decision.predictions
+
+
+def test_costly_drafts_make_none_win_even_at_high_acceptance():
+    chooser = AutoChooser()
+    chooser.acceptance, chooser.costs = _acceptance([0.9] * 4, [0.9] * 4), _costs(0.005, 0.01, 0.01)
+    assert chooser.choose(ALL, rows=8).mode == "none"
+
+
+def test_unseen_depths_are_extrapolated_conservatively():
+    assert _acceptance([0.8, 0.6], [0.5, 0.5]).alphas("rs", 4) == pytest.approx([0.8, 0.6, 0.45, 0.3375])
+    assert _acceptance([0.8, 0.6], [0.5, 0.5]).alphas("to", 3) == pytest.approx([0.5, 0.5, 0.5])  # never rises
+    assert _acceptance([0.8], [0.5]).alphas("rs", 3) == pytest.approx([0.8, 0.72, 0.648])  # UNSEEN_DECAY
+    few = _acceptance([0.8, 0.99], [0.5, 0.5])
+    few.weights[1] = auto.MIN_POSITIONS / 2  # depth 2 seen too rarely to trust
+    assert few.alphas("rs", 2) == pytest.approx([0.8, 0.72])
+    assert Acceptance().alphas("rs", 2) == [0.0, 0.0]
+    one = _acceptance([0.7], [0.4], weight=1)  # a batch of 1 probed briefly: depth 1 still counts
+    assert one.alphas("rs", 2) == pytest.approx([0.7, 0.63])
+
+
+def test_step_costs_by_hand_and_decay_halves_the_evidence():
+    costs = StepCosts(seconds={0: 0.004, 1: 0.009, 4: 0.016}, draft_s=0.002)  # the docstring's example
+    assert costs.verify_seconds(2) == pytest.approx(0.007 + 1 / 3 * 1e-3)
+    assert costs.step_seconds(2) == pytest.approx(0.004 + 0.007 + 1 / 3 * 1e-3)
+    assert costs.step_seconds(4) == 0.016 and costs.step_seconds(0) == 0.004
+    one = StepCosts(seconds={4: 0.014}, draft_s=0.002)  # one probed depth: c_verify constant
+    assert one.step_seconds(2) == pytest.approx(0.006 + 2 * 0.002)
+    assert StepCosts(seconds={0: 0.004, 3: 0.01}).step_seconds(2) is None  # drafting never timed
+    observed = StepCosts()
+    observed.observe(4, [(8, 0.010, 0.004), (8, 0.012, 0.004), (5, 0.020, 0.008)])
+    assert observed.seconds == {4: 0.012} and observed.draft_s == pytest.approx(0.001)
+    acc = _acceptance([0.8], [0.5], weight=10)
+    acc.decay(0.5)
+    assert acc.weights == [5.0] and acc.alphas("rs", 1) == pytest.approx([0.8])
+
+
+def test_candidates_and_probe_plan():
+    assert candidates(SpecConfig("rs", "auto")) == [("rs", 1), ("rs", 2), ("rs", 3), ("rs", 4)]
+    assert candidates(SpecConfig("auto", 3)) == [("none", 0), ("to", 3), ("rs", 3)]
+    n = auto.PROBE_STEPS
+    assert auto.probe_plan(ALL) == ([("rs", 4), ("rs", 2)] * n, n)
+    assert auto.probe_plan(candidates(SpecConfig("to", "auto"))) == ([("to", 4), ("to", 2)] * n, 0)
+    assert auto.probe_plan(candidates(SpecConfig("auto", 2))) == ([("rs", 2)] * n, n)
+
+
+@pytest.mark.parametrize("spec", [SpecConfig("foo", 3), SpecConfig("rs", 0), SpecConfig("auto", True)])
+def test_bad_specs_are_one_line(spec):
+    model = peaked_model()
+    with pytest.raises(BebopError, match="unknown mode 'foo'|speculate_k must be an integer >= 1 or 'auto'"):
+        generate_auto(model, ToyTokenizer(), [[1, 2]], mtp=perturbed_head(model, 0.1), spec=spec)
+    with pytest.raises(BebopError, match="generate_auto"):
+        generate(model, ToyTokenizer(), [[1, 2]], spec=SpecConfig("auto", 3))
+
+
+def test_mode_none_ignores_k_auto():
+    model = peaked_model()
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=5)
+    out = generate(model, ToyTokenizer(), [[1, 2]], sampling=sampling, spec=SpecConfig("none", "auto"))
+    assert out.token_ids == generate(model, ToyTokenizer(), [[1, 2]], sampling=sampling).token_ids
+
+
+# ----------------------------------------------------------------------------- models, on real calls
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_acceptance_reads_the_engines_statistics(temperature):
+    model = peaked_model()
+    head = perturbed_head(model, 0.1)
+    decoder = Decoder(model, ToyTokenizer(), _prompts((3, 5, 8, 2)), mtp=head, time_drafts=True,
+                      sampling=SamplingParams(temperature=temperature, max_new_tokens=24), spec=SpecConfig("rs", 3))
+    while decoder.num_active:
+        decoder.step()
+    out = decoder.result()
+    acc = Acceptance()
+    acc.observe(out.stats, greedy=temperature == 0)
+    if temperature:
+        means = out.stats.per_position_means()
+        for rule in ("rs", "to"):
+            assert acc.alphas(rule, 3) == pytest.approx(means[f"alpha_{rule}"], rel=1e-5)
+    else:  # accepted at depth j / steps that reached depth j
+        hist, per_pos = out.stats.accept_length_hist, out.stats.accepted_per_pos
+        assert acc.alphas("rs", 3) == pytest.approx([per_pos[j] / sum(hist[j:]) for j in range(3)])
+    assert len(out.step_times) > 0 and all(r >= 1 and s > d > 0 for r, s, d in out.step_times)
+
+
+# ----------------------------------------------------------------------------- generate_auto
+
+
+@pytest.mark.parametrize("spec", [SpecConfig("auto", "auto"), SpecConfig("rs", "auto"), SpecConfig("auto", 2)])
+def test_auto_is_plain_greedy_at_temperature_zero(spec):
+    model = peaked_model(eos_token_id=5)
+    head = perturbed_head(model, 0.1)
+    prompts = _prompts((1, 3, 5, 8, 13))
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=20)
+    plain = generate(model, ToyTokenizer(5), prompts, sampling=greedy)
+    out, decision = generate_auto(model, ToyTokenizer(5), prompts, mtp=head, sampling=greedy, spec=spec)
+    assert out.token_ids == plain.token_ids
+    assert out.finish_reasons == plain.finish_reasons and out.texts == plain.texts
+    assert (decision.mode, decision.speculate_k) in candidates(spec)
+    assert decision.predicted_tok_s == max(decision.predictions.values()) > 0
+
+
+def test_auto_probes_then_runs_the_choice(monkeypatch):
+    """The probe alternates the deepest K and a shallower one, then runs plain steps (when plain decoding
+    could win: forced here, as it depends on timings), then every step runs the choice."""
+    monkeypatch.setattr(AutoChooser, "none_could_win", lambda self, options, rows: True)
+    model = peaked_model()
+    head = perturbed_head(model, 0.1)
+    ks = []
+    step = Decoder.step
+    monkeypatch.setattr(Decoder, "step", lambda self: ks.append(self.runner.k) or step(self))
+    out, decision = generate_auto(model, ToyTokenizer(), _prompts((3, 4, 6)), mtp=head,
+                                  sampling=SamplingParams(temperature=1.0, max_new_tokens=24))
+    n = auto.PROBE_STEPS
+    assert ks[:3 * n] == [4, 2] * n + [0] * n and len(ks) > 3 * n
+    assert set(ks[3 * n:]) == {decision.speculate_k}
+    assert out.stats.speculate_k == 4 and decision.measured_tok_s > 0
+
+
+def test_auto_sampling_is_exact(monkeypatch):
+    """One probe step per setting, so tokens 1-3 mix the rs K=4 and K=2 probes, the plain probe and
+    the chosen setting: marginals and all three pairs against the exact joint of plain sampling."""
+    monkeypatch.setattr(auto, "PROBE_STEPS", 1)
+    model, head = _stat_model()
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=3)
+    rows = 20_000
+    out, _ = generate_auto(model, ToyTokenizer(), [STAT_PROMPT] * rows, mtp=head, sampling=sampling, seed=2)
+    tokens = np.array(out.token_ids)
+    assert tokens.shape == (rows, 3)
+    joint, v = exact_joint(model, STAT_PROMPT, sampling), STAT_VOCAB
+    for t, axes in enumerate(((1, 2), (0, 2), (0, 1))):
+        assert_fits(np.bincount(tokens[:, t], minlength=v), joint.sum(axes), f"token {t + 1}")
+    for (s, t), axis in (((0, 1), 2), ((1, 2), 0), ((0, 2), 1)):
+        pairs = np.bincount(tokens[:, s] * v + tokens[:, t], minlength=v * v)
+        assert_fits(pairs, joint.sum(axis), f"tokens ({s + 1}, {t + 1})")
+
+
+def test_plain_probe_is_skipped_only_when_plain_cannot_win():
+    costs = StepCosts(seconds={4: 0.014}, draft_s=0.002)  # c_verify = 6 ms bounds a plain step from below
+    assert costs.step_seconds(0) == pytest.approx(0.006)
+    chooser = AutoChooser()
+    chooser.costs = costs
+    chooser.acceptance = _acceptance([0.9] * 4, [0.8] * 4)  # rs4: 4.10 tokens / 14 ms > 1 token / 6 ms
+    assert not chooser.none_could_win(ALL, rows=4)
+    chooser.acceptance = _acceptance([0.2] * 4, [0.1] * 4)  # rs1: 1.2 tokens / 8 ms < 1 / 6 ms
+    assert chooser.none_could_win(ALL, rows=4)
+    assert AutoChooser().none_could_win(ALL, rows=4)  # nothing measured: probe it
