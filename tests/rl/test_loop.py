@@ -185,6 +185,19 @@ def test_speculative_mode_without_head_raises(tmp_path):
         train_rl(model, tok, None, tiny_config(mode="rs"), tmp_path, show_progress=False)
 
 
+@pytest.mark.parametrize("auto", [{"mode": "auto"}, {"speculate_k": "auto"}])
+def test_auto_is_refused_under_torchrun(tmp_path, monkeypatch, auto):
+    """Each rank would time, hence choose, on its own: refused before anything is written."""
+    from bebop.utils import distributed
+
+    monkeypatch.setattr(distributed, "world_size", lambda: 2)
+    model, tok = tiny_policy()
+    cfg = resolve_rl_config(None, {**flat_config(tiny_config(mode="rs")), **auto})
+    with pytest.raises(BebopError, match="auto does not run under torchrun"):
+        train_rl(model, tok, MtpHead(model), cfg, tmp_path / "run", show_progress=False)
+    assert not (tmp_path / "run").exists()
+
+
 def answer_echo_reward(prompts: list[str], completions: list[str], answer: list[str], **_: list) -> list[float]:
     """Test reward that checks the data rows' extra field arrives once per completion."""
     assert len(answer) == len(completions) == len(prompts)
