@@ -41,20 +41,25 @@ Deviations from the paper's speedup formula:
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 
 from bebop.config import AUTO, AUTO_MAX_K
 from bebop.spec.engine import Decoder, GenerationResult, SamplingParams, SpecConfig
 from bebop.spec.stats import SpecStats
+from bebop.spec.tail import Lengths, call_rate
 from bebop.utils.io import BebopError
 
 PROBE_STEPS = 2  # decode steps of each probed setting: enough to time a step, few enough to cost little
 MIN_POSITIONS = 4.0  # weight of recorded positions below which a depth counts as unseen
 UNSEEN_DECAY = 0.9  # alpha ratio per unseen depth when only depth 1 was seen (alpha never rises with depth here)
 DECAY = 0.5  # weight kept by older acceptance evidence at each new decision (RL: the policy drifts)
+CALIBRATION = 0.5  # weight of the newest measured / predicted ratio in the running calibration
+TAIL_SEED = 0  # seed of the remaining-length draws (bebop.spec.tail): the same for every setting
 RULES = ("rs", "to")  # acceptance rules, named as the modes that use them
 
 
@@ -158,21 +163,42 @@ class StepCosts:
 
     step(K) = K c_draft + c_verify(K): c_draft from drafting timed inside the steps, c_verify(K) =
     step - K c_draft at the measured depths, linear in K between and past them (least squares,
-    slope >= 0; constant when one depth was measured).
+    slope >= 0; constant when one depth was measured). A step at R rows costs scale(R) = 1 + gamma R
+    times ``seconds`` (the batch's tail runs few rows): gamma fitted on calls whose steps ran at
+    several row counts, 0 until then.
 
     Example: steps of 9 ms at K=1 and 16 ms at K=4 with c_draft = 2 ms give c_verify = 6.67 + K/3 ms,
     so step(2) = 4 + 7.33 = 11.33 ms.
     """
 
-    seconds: dict[int, float] = field(default_factory=dict)  # K -> median seconds per decode step
-    draft_s: float | None = None  # c_draft, seconds of one chained draft step (None: never timed)
+    seconds: dict[int, float] = field(default_factory=dict)  # K -> median seconds per decode step / scale(rows)
+    draft_s: float | None = None  # c_draft, seconds of one chained draft step / scale(rows) (None: never timed)
+
+    row_slope: float | None = None  # gamma: a step at R rows costs (1 + gamma R) units (None: never fitted)
+
+    def scale(self, rows):
+        """1 + gamma rows: the cost of a step at ``rows`` rows in the units of ``seconds``."""
+        return 1.0 + (self.row_slope or 0.0) * rows
+
+    def fit_rows(self, step_times: list[tuple[int, float, float]]) -> None:
+        """Updates gamma from steps at several row counts (least squares a + b R, gamma = b / a in [0, 1])."""
+        rows = [float(r) for r, _, _ in step_times]
+        if max(rows, default=0) - min(rows, default=0) < 2:
+            return
+        mean_r, mean_s = statistics.fmean(rows), statistics.fmean(s for _, s, _ in step_times)
+        b = sum((r - mean_r) * (s - mean_s) for r, (_, s, _) in zip(rows, step_times)) \
+            / sum((r - mean_r) ** 2 for r in rows)
+        a = mean_s - b * mean_r
+        gamma = 0.0 if b <= 0 else (1.0 if a <= b else b / a)
+        self.row_slope = gamma if self.row_slope is None else (self.row_slope + gamma) / 2
 
     def observe(self, k: int, step_times: list[tuple[int, float, float]]) -> None:
         """Learns from a call's ``GenerationResult.step_times`` at depth k (0 = plain)."""
         if not step_times:
             return
-        self.seconds[k] = statistics.median(s for _, s, _ in step_times)
-        drafted = [d for _, _, d in step_times if d > 0]
+        self.fit_rows(step_times)
+        self.seconds[k] = statistics.median(s / self.scale(r) for r, s, _ in step_times)
+        drafted = [d / self.scale(r) for r, _, d in step_times if d > 0]
         if k >= 1 and drafted:
             self.draft_s = statistics.median(drafted) / k
 
@@ -213,7 +239,7 @@ def predict(mode: str, k: int, acceptance: Acceptance, costs: StepCosts, rows: f
     if not seconds:
         return 0.0
     tokens = 1.0 if mode == "none" else 1.0 + expected_accepted(acceptance.alphas(mode, k))
-    return rows * tokens / seconds
+    return rows * tokens / (seconds * costs.scale(rows))
 
 
 @dataclass
@@ -223,9 +249,10 @@ class Decision:
     mode: str
     speculate_k: int  # 0 for none
     predicted_tok_s: float
-    predictions: dict[str, float]  # "none", "to3", "rs1", ... -> predicted tokens/s
+    predictions: dict[str, float]  # "none", "to3", "rs1", ... -> predicted tokens/s (calibrated)
     rows: float = 1.0  # decoding rows the predictions are for (tokens/s scales with them)
     measured_tok_s: float = float("nan")  # tokens/s of the steps decoded at the chosen setting
+    raw_tok_s: float = float("nan")  # the chosen prediction before calibration
 
     def to_metrics(self) -> dict:
         return {"auto/mode": self.mode, "auto/speculate_k": self.speculate_k,
@@ -236,18 +263,62 @@ def config_name(mode: str, k: int) -> str:
     return mode if mode == "none" else f"{mode}{k}"
 
 
+def family(mode: str) -> str:
+    """Calibration family: plain steps, or drafted ones (to and rs share step costs)."""
+    return "none" if mode == "none" else "spec"
+
+
 class AutoChooser:
-    """The acceptance and cost models of one run; ``choose`` picks the best candidate."""
+    """The run's acceptance, cost and length models and calibration; ``choose`` picks the best candidate.
+
+    Calibration: after each decision, log(measured / predicted tokens/s of the steps decoded at the
+    choice) updates a running log-ratio of the chosen family (``family``; weight CALIBRATION on the
+    newest); predictions are multiplied by exp of their family's ratio, or of the mean of the known
+    ones for a family never chosen (no change of rank between unmeasured families).
+    """
 
     def __init__(self) -> None:
         self.acceptance = Acceptance()
         self.costs = StepCosts()
+        self.lengths = Lengths()
+        self.prefill_s: float = 0.0  # seconds of the latest call's prefill
+        self.log_ratio: dict[str, float] = {}  # family -> running log(measured / predicted)
 
     def observe(self, result: GenerationResult, mode: str, k: int, greedy: bool) -> None:
-        """Learns from a call decoded at (mode, K): its step times and, when it drafted, its alphas."""
+        """Learns from a call decoded at (mode, K): step times, lengths, prefill and, when it drafted, alphas."""
         self.costs.observe(0 if mode == "none" else k, result.step_times)
+        self.lengths.add(result.lengths)
+        self.prefill_s = result.prefill_seconds
         if mode != "none":
             self.acceptance.observe(result.stats, greedy)
+
+    def factor(self, mode: str) -> float:
+        known = self.log_ratio.get(family(mode))
+        if known is None and self.log_ratio:
+            known = statistics.fmean(self.log_ratio.values())
+        return math.exp(known or 0.0)
+
+    def calibrate(self, decision: Decision) -> None:
+        """Updates the chosen family's ratio from the decision's measured tokens/s."""
+        if not (decision.measured_tok_s > 0 and decision.raw_tok_s > 0):
+            return
+        new = math.log(decision.measured_tok_s / decision.raw_tok_s)
+        old = self.log_ratio.get(family(decision.mode))
+        self.log_ratio[family(decision.mode)] = new if old is None else (1 - CALIBRATION) * old + CALIBRATION * new
+
+    def rate(self, mode: str, k: int, remaining: np.ndarray, prefill_s: float = 0.0) -> float:
+        """Uncalibrated tokens/s of (mode, K) over ``remaining`` (S, R) tokens per row, the tail priced
+        (``bebop.spec.tail.call_rate``); 0 when the costs cannot say."""
+        base = self.costs.step_seconds(0 if mode == "none" else k)
+        if not base:
+            return 0.0
+        alphas = [] if mode == "none" else self.acceptance.alphas(mode, k)
+        return call_rate(remaining, alphas, lambda rows: base * self.costs.scale(rows), prefill_s)
+
+    def predict_call(self, mode: str, k: int, batch: int, max_new: int) -> float:
+        """Calibrated tokens/s of a whole call of ``batch`` fresh rows at (mode, K), prefill included."""
+        remaining = self.lengths.remaining([0] * batch, max_new, np.random.default_rng(TAIL_SEED))
+        return self.rate(mode, k, remaining, self.prefill_s) * self.factor(mode)
 
     def none_could_win(self, options: list[tuple[str, int]], rows: float) -> bool:
         """Whether ``none``, at its bound (``StepCosts.step_seconds(0)``) when never timed, beats every
@@ -257,11 +328,23 @@ class AutoChooser:
             return True
         return predict("none", 0, self.acceptance, self.costs, rows) >= max(drafted)
 
-    def choose(self, options: list[tuple[str, int]], rows: float) -> Decision:
-        """The candidate with the highest predicted tokens/s (the first of equals)."""
-        predictions = {config_name(m, k): predict(m, k, self.acceptance, self.costs, rows) for m, k in options}
+    def choose(self, options: list[tuple[str, int]], rows: float, generated: list[int] | None = None,
+               max_new: int = 0) -> Decision:
+        """The candidate with the highest predicted tokens/s (the first of equals).
+
+        With ``generated`` (tokens each active row has emitted) and ``max_new``, the rest of the call
+        is priced with its tail (``rate``) and calibrated; without, rows (1 + E[L]) / step cost.
+        """
+        if generated is None:
+            raw = {config_name(m, k): predict(m, k, self.acceptance, self.costs, rows) for m, k in options}
+            predictions = dict(raw)
+        else:
+            remaining = self.lengths.remaining(generated, max_new, np.random.default_rng(TAIL_SEED))
+            raw = {config_name(m, k): self.rate(m, k, remaining) for m, k in options}
+            predictions = {config_name(m, k): raw[config_name(m, k)] * self.factor(m) for m, k in options}
         mode, k = max(options, key=lambda c: predictions[config_name(*c)])
-        return Decision(mode, k, predictions[config_name(mode, k)], predictions, rows)
+        name = config_name(mode, k)
+        return Decision(mode, k, predictions[name], predictions, rows, raw_tok_s=raw[name])
 
 
 def probe_plan(options: list[tuple[str, int]]) -> tuple[list[tuple[str, int]], int]:
@@ -334,7 +417,9 @@ def generate_auto(
     if num_plain and decoder.num_active and chooser.none_could_win(options, decoder.num_active):
         decoder.set_spec(setting("none", 0))
         chooser.costs.observe(0, [decoder.step() for _ in range(num_plain) if decoder.num_active])
-    decision = chooser.choose(options, rows=max(decoder.num_active, 1))
+    active = decoder.active_lengths() if decoder.num_active else None
+    decision = chooser.choose(options, rows=max(decoder.num_active, 1), generated=active,
+                              max_new=sampling.max_new_tokens)
     decoder.set_spec(setting(decision.mode, decision.speculate_k))
     start, before, rest = time.perf_counter(), decoder.num_tokens(), []
     while decoder.num_active:
@@ -342,4 +427,8 @@ def generate_auto(
     chooser.costs.observe(decision.speculate_k, rest)
     if rest:
         decision.measured_tok_s = (decoder.num_tokens() - before) / max(time.perf_counter() - start, 1e-9)
-    return decoder.result(), decision
+        chooser.calibrate(decision)
+    result = decoder.result()
+    chooser.lengths.add(result.lengths)
+    chooser.prefill_s = result.prefill_seconds
+    return result, decision
