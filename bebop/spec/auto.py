@@ -51,14 +51,15 @@ import numpy as np
 from bebop.config import AUTO, AUTO_MAX_K
 from bebop.spec.engine import Decoder, GenerationResult, SamplingParams, SpecConfig
 from bebop.spec.stats import SpecStats
-from bebop.spec.tail import Lengths, call_rate
+from bebop.spec.tail import SCENARIOS, Lengths, call_rate
 from bebop.utils.io import BebopError
 
+WARM_STEP = True  # one untimed step (shallow K) before the probe: a call's first step also feeds the head the prompt
 PROBE_STEPS = 2  # decode steps of each probed setting: enough to time a step, few enough to cost little
 MIN_POSITIONS = 4.0  # weight of recorded positions below which a depth counts as unseen
 UNSEEN_DECAY = 0.9  # alpha ratio per unseen depth when only depth 1 was seen (alpha never rises with depth here)
 DECAY = 0.5  # weight kept by older acceptance evidence at each new decision (RL: the policy drifts)
-CALIBRATION = 0.5  # weight of the newest measured / predicted ratio in the running calibration
+CALIBRATION = 0.3  # weight of the newest log(measured / predicted) in the running calibration (from 0)
 TAIL_SEED = 0  # seed of the remaining-length draws (bebop.spec.tail): the same for every setting
 RULES = ("rs", "to")  # acceptance rules, named as the modes that use them
 
@@ -192,6 +193,11 @@ class StepCosts:
         gamma = 0.0 if b <= 0 else (1.0 if a <= b else b / a)
         self.row_slope = gamma if self.row_slope is None else (self.row_slope + gamma) / 2
 
+    def excess(self, k: int, step_time: tuple[int, float, float]) -> float:
+        """Seconds a call's first step (at depth k) took beyond a step's predicted cost, at least 0."""
+        base = self.step_seconds(k)
+        return max(0.0, step_time[1] - base * self.scale(step_time[0])) if base else 0.0
+
     def observe(self, k: int, step_times: list[tuple[int, float, float]]) -> None:
         """Learns from a call's ``GenerationResult.step_times`` at depth k (0 = plain)."""
         if not step_times:
@@ -272,8 +278,8 @@ class AutoChooser:
     """The run's acceptance, cost and length models and calibration; ``choose`` picks the best candidate.
 
     Calibration: after each decision, log(measured / predicted tokens/s of the steps decoded at the
-    choice) updates a running log-ratio of the chosen family (``family``; weight CALIBRATION on the
-    newest); predictions are multiplied by exp of their family's ratio, or of the mean of the known
+    choice) updates a running log-ratio of the chosen family (``family``; starts at 0, weight CALIBRATION
+    on the newest); predictions are multiplied by exp of their family's ratio, or of the mean of the known
     ones for a family never chosen (no change of rank between unmeasured families).
     """
 
@@ -285,10 +291,14 @@ class AutoChooser:
         self.log_ratio: dict[str, float] = {}  # family -> running log(measured / predicted)
 
     def observe(self, result: GenerationResult, mode: str, k: int, greedy: bool) -> None:
-        """Learns from a call decoded at (mode, K): step times, lengths, prefill and, when it drafted, alphas."""
-        self.costs.observe(0 if mode == "none" else k, result.step_times)
+        """Learns from a call decoded at (mode, K): step times, lengths, prefill and, when it drafted, alphas.
+
+        The call's first step is priced as part of the prefill (``StepCosts.excess``), not as a step.
+        """
+        depth, times = 0 if mode == "none" else k, result.step_times
+        self.costs.observe(depth, times[1:] or times)
         self.lengths.add(result.lengths)
-        self.prefill_s = result.prefill_seconds
+        self.prefill_s = result.prefill_seconds + (self.costs.excess(depth, times[0]) if times else 0.0)
         if mode != "none":
             self.acceptance.observe(result.stats, greedy)
 
@@ -303,8 +313,8 @@ class AutoChooser:
         if not (decision.measured_tok_s > 0 and decision.raw_tok_s > 0):
             return
         new = math.log(decision.measured_tok_s / decision.raw_tok_s)
-        old = self.log_ratio.get(family(decision.mode))
-        self.log_ratio[family(decision.mode)] = new if old is None else (1 - CALIBRATION) * old + CALIBRATION * new
+        old = self.log_ratio.get(family(decision.mode), 0.0)  # NOTE: starts at 0 (shrinks one noisy call's ratio)
+        self.log_ratio[family(decision.mode)] = (1 - CALIBRATION) * old + CALIBRATION * new
 
     def rate(self, mode: str, k: int, remaining: np.ndarray, prefill_s: float = 0.0) -> float:
         """Uncalibrated tokens/s of (mode, K) over ``remaining`` (S, R) tokens per row, the tail priced
@@ -405,6 +415,10 @@ def generate_auto(
     decoder = Decoder(model, tokenizer, prompts, mtp=mtp if max_k else None, sampling=sampling, spec=setting(*first),
                       seed=seed, step=step, row_ids=row_ids, max_speculate_k=max_k, time_drafts=True)
     times: dict[int, list[tuple[int, float, float]]] = {}
+    warm = None  # NOTE: a call's first step also feeds the prompt's hidden states to the head: slower
+    if drafted and WARM_STEP:
+        decoder.set_spec(setting(*drafted[-1]))
+        warm = (drafted[-1][1], decoder.step())
     for mode, k in drafted:
         if decoder.num_active:
             decoder.set_spec(setting(mode, k))
@@ -421,14 +435,18 @@ def generate_auto(
     decision = chooser.choose(options, rows=max(decoder.num_active, 1), generated=active,
                               max_new=sampling.max_new_tokens)
     decoder.set_spec(setting(decision.mode, decision.speculate_k))
-    start, before, rest = time.perf_counter(), decoder.num_tokens(), []
+    start, before, rest, rows = time.perf_counter(), decoder.num_tokens(), [], list(decoder.rows.index)
     while decoder.num_active:
         rest.append(decoder.step())
-    chooser.costs.observe(decision.speculate_k, rest)
     if rest:
         decision.measured_tok_s = (decoder.num_tokens() - before) / max(time.perf_counter() - start, 1e-9)
+        # NOTE: calibrated against the tokens the rows really had left, so it corrects the cost and
+        # acceptance models, not the length model (which knows nothing in a run's first call)
+        left = np.array([len(decoder.runner.outputs[i]) - n for i, n in zip(rows, active)])
+        decision.raw_tok_s = chooser.rate(decision.mode, decision.speculate_k, np.tile(left, (SCENARIOS, 1)))
         chooser.calibrate(decision)
+    chooser.costs.observe(decision.speculate_k, rest)
     result = decoder.result()
     chooser.lengths.add(result.lengths)
-    chooser.prefill_s = result.prefill_seconds
+    chooser.prefill_s = result.prefill_seconds + (chooser.costs.excess(*warm) if warm else 0.0)
     return result, decision
