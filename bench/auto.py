@@ -1,7 +1,7 @@
 """Automatic mode/K (``bebop.spec.auto``) against the best fixed setting found by grid search, same run.
 
-    PYTHONPATH=. .venv/bin/python bench/auto.py --threads 1     # T 0.3/0.7/1, B 1/16/64, 5 repeats: ~5-10 min
-    PYTHONPATH=. .venv/bin/python bench/auto.py --quick         # B 16, T 1, 3 repeats: ~30 s
+    PYTHONPATH=. .venv/bin/python bench/auto.py --threads 1     # T 0.3/0.7/1, B 1/16/64, 5 repeats: ~2-4 min
+    PYTHONPATH=. .venv/bin/python bench/auto.py --quick         # B 16, T 1, 3 repeats: ~15 s
 
 Defaults: the embedded model and its e2e-TV head (both trained and cached on first use), the
 embedded task's prompts, 48 new tokens.
@@ -10,17 +10,27 @@ At each (B, T) every setting runs once per repeat, in alternating order (A B C, 
 noisy phase of the machine hits all of them alike; tok/s are medians of the repeats:
     grid        none, to and rs at K = 1..4 (9 fixed settings).
     auto        ``generate_auto`` with mode and K auto and a fresh ``AutoChooser`` per call, as
-                ``bebop generate --mode auto --speculate-k auto`` runs: its probe chunks are part of
-                its time.
+                ``bebop generate --mode auto --speculate-k auto`` runs: its probe steps are part of
+                its time (one-shot).
+    RL-style    one ``AutoChooser`` across the group's calls, as ``bebop rl`` keeps it: a
+                ``generate_auto`` call (probe, decision) every ``--auto-every`` calls, the decision
+                fixed in between and every call observed; tok/s pooled over its calls (the probing
+                call included), against the best setting's pooled tok/s.
 Columns:
     best        the grid's fastest setting and its tok/s.
     auto/best   auto's tok/s over the best's (the target: >= 0.95).
     chosen      the setting auto picked (the most frequent over the repeats, and how often).
     chosen/best the grid tok/s of the chosen setting over the best's: the choice alone, without the
                 probes' cost.
-    pred. error predicted / measured - 1 for every grid setting, the prediction being that of the
-                auto calls' model at the decision (median over repeats), scaled to B rows; the
-                median of |error| over the 9 settings, and the chosen setting's own error.
+    noise       standard deviation / median of the best setting's repeats: the machine's noise.
+Prediction error, predicted / measured - 1:
+    tail model  before each RL-style call after the first, its chooser's forecast of a whole call of
+                each grid setting (``AutoChooser.predict_call``: tail, prefill, calibration; median
+                over the calls) against the grid's measured tok/s: median |error| over the 9
+                settings, and the error at the best setting and at RL-style's choice.
+    previous    the same chooser's B (1 + E[L]) / step cost (``predict``), the model before the tail.
+    one-shot    the one-shot auto's prediction of the rest of its call at the decision against the
+                tok/s it measured there (no length history: rows assumed to run to the cap).
 """
 
 from __future__ import annotations
@@ -179,16 +189,17 @@ def errors(g: dict, kind: str) -> dict[str, float]:
 
 
 def format_errors(groups: list[dict]) -> str:
-    lines = ["| B | T | tail model: median abs. error over settings | its error at the best | "
+    lines = ["| B | T | tail model: median abs. error over settings | at the best | at RL-style's choice | "
              "previous model: median abs. error | one-shot, chosen, rest of call |",
-             "|---:|---:|---:|---:|---:|---:|"]
+             "|---:|---:|---:|---:|---:|---:|---:|"]
     for g in groups:
         new, old, grid = errors(g, "new"), errors(g, "old"), _grid(g)
         if not new:
             continue
         best = max(grid, key=grid.get)
         lines.append(f"| {g['B']} | {g['T']:g} | {statistics.median(abs(e) for e in new.values()):.0%} | "
-                     f"{new[best]:+.0%} | {statistics.median(abs(e) for e in old.values()):.0%} | "
+                     f"{new[best]:+.0%} | {new[g['rl_chosen']]:+.0%} | "
+                     f"{statistics.median(abs(e) for e in old.values()):.0%} | "
                      f"{g['rest_error']:+.0%} |")
     return "\n".join(lines)
 

@@ -9,10 +9,15 @@ Terms (K = speculation depth, R = rows decoding, p the target's distribution, q 
                 2606.12370 Eq. 12; Leviathan et al. 2023); a verify step emits 1 + E[L] tokens.
     step cost   seconds of one engine decode step: plain_s for ``none``; K c_draft + c_verify(K) for
                 ``to``/``rs``, from steps and their drafting timed by the engine (``StepCosts``).
-    predicted   tokens/s = R (1 + E[L]) / step cost (``none``: R / plain_s).
+    predicted   tokens/s of the rest of the call, its tail priced (``bebop.spec.tail``): the rows'
+                remaining tokens drawn from the run's completion lengths, the steps each row needs at
+                1 + L tokens a step, every step at the cost of its active rows, the call lasting until
+                its longest row ends; times a per-family calibration (``AutoChooser``). Without the
+                rows' state (``none_could_win``): R (1 + E[L]) / step cost (``none``: R / plain_s).
 
 ``generate_auto`` runs one engine call (``bebop.spec.engine.Decoder``) that switches settings
-between decode steps, every token kept: steps at the deepest K and a shallower one alternately
+between decode steps, every token kept: one untimed step at the shallow K (a call's first step also
+feeds the head the prompt's hidden states; priced as prefill), steps at the deepest K and a shallower one alternately
 (both alphas at every depth; c_draft, and c_verify at two depths), plain steps unless plain
 decoding cannot win (``AutoChooser.none_could_win``), then the rest at the setting with the highest
 predicted tokens/s (``probe_plan``). An RL run (``bebop.rollout``) re-decides every ``auto_every``
@@ -32,8 +37,10 @@ Deviations from the paper's speedup formula:
     2) alpha_TO recorded while ``rs`` runs (and alpha_RS while ``to`` runs) is measured on the other
        rule's accepted prefixes, a small bias at depths >= 2.
     3) Depths with too few recorded positions are extrapolated conservatively (``Acceptance``).
-    4) The prediction ignores a batch's tail (rows end at different steps, the batch decodes in
-       lockstep), so it overestimates tokens/s at large B; ``bench/auto.py`` reports the error.
+    4) The tail is priced from the completion lengths of earlier calls; a run's first call has none,
+       so its rows are assumed to run to max_new_tokens (no tail: an overestimate, reported by
+       ``bench/auto.py``). The calibration is learned against the tokens the rows really had left,
+       so it corrects the cost and acceptance models only.
     5) The probe steps run settings that may be slower than the chosen one: the price of a
        one-shot call (``bebop generate``); an RL run pays it once every ``auto_every`` steps.
 """
