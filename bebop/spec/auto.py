@@ -16,10 +16,9 @@ Terms (K = speculation depth, R = rows decoding, p the target's distribution, q 
                 rows' state (``none_could_win``): R (1 + E[L]) / step cost (``none``: R / plain_s).
 
 ``generate_auto`` runs one engine call (``bebop.spec.engine.Decoder``) that switches settings
-between decode steps, every token kept: one untimed step at the shallow K (a call's first step also
-feeds the head the prompt's hidden states; priced as prefill), steps at the deepest K and a shallower one alternately
-(both alphas at every depth; c_draft, and c_verify at two depths), plain steps unless plain
-decoding cannot win (``AutoChooser.none_could_win``), then the rest at the setting with the highest
+between decode steps, every token kept: steps at the deepest K, then at a shallower one (both
+alphas at every depth; c_draft, and c_verify at two depths), plain steps unless plain decoding
+cannot win (``AutoChooser.none_could_win``), then the rest at the setting with the highest
 predicted tokens/s (``probe_plan``). An RL run (``bebop.rollout``) re-decides every ``auto_every``
 steps the same way and updates its models from every rollout in between.
 
@@ -61,7 +60,6 @@ from bebop.spec.stats import SpecStats
 from bebop.spec.tail import SCENARIOS, Lengths, call_rate
 from bebop.utils.io import BebopError
 
-WARM_STEP = True  # one untimed step (shallow K) before the probe: a call's first step also feeds the head the prompt
 PROBE_STEPS = 2  # decode steps of each probed setting: enough to time a step, few enough to cost little
 MIN_POSITIONS = 4.0  # weight of recorded positions below which a depth counts as unseen
 UNSEEN_DECAY = 0.9  # alpha ratio per unseen depth when only depth 1 was seen (alpha never rises with depth here)
@@ -181,6 +179,7 @@ class StepCosts:
 
     seconds: dict[int, float] = field(default_factory=dict)  # K -> median seconds per decode step / scale(rows)
     draft_s: float | None = None  # c_draft, seconds of one chained draft step / scale(rows) (None: never timed)
+    measured: dict = field(default_factory=dict, repr=False)  # K or "draft" -> (median rows, median seconds)
 
     row_slope: float | None = None  # gamma: a step at R rows costs (1 + gamma R) units (None: never fitted)
 
@@ -210,10 +209,15 @@ class StepCosts:
         if not step_times:
             return
         self.fit_rows(step_times)
-        self.seconds[k] = statistics.median(s / self.scale(r) for r, s, _ in step_times)
-        drafted = [d / self.scale(r) for r, _, d in step_times if d > 0]
+        self.measured[k] = (statistics.median(r for r, _, _ in step_times), statistics.median(s for _, s, _ in step_times))
+        drafted = [(r, d) for r, _, d in step_times if d > 0]
         if k >= 1 and drafted:
-            self.draft_s = statistics.median(drafted) / k
+            self.measured["draft"] = (statistics.median(r for r, _ in drafted), statistics.median(d for _, d in drafted) / k)
+        for key, (rows, seconds) in self.measured.items():  # NOTE: all re-read at the newest gamma
+            if key == "draft":
+                self.draft_s = seconds / self.scale(rows)
+            else:
+                self.seconds[key] = seconds / self.scale(rows)
 
     def verify_seconds(self, k: int) -> float | None:
         """c_verify(K), or None without a timed draft step and a measured depth."""
@@ -367,12 +371,15 @@ class AutoChooser:
 def probe_plan(options: list[tuple[str, int]]) -> tuple[list[tuple[str, int]], int]:
     """The probe: drafted steps (mode, K) in order, then the number of plain steps.
 
-    Drafted: the deepest K and a shallow one (a third of the way up) alternately, PROBE_STEPS each,
-    in ``rs`` when allowed (both alphas at every depth; c_draft, and c_verify at two depths). Plain: PROBE_STEPS steps when
-    ``none`` is a candidate besides others (``generate_auto`` skips them when plain cannot win).
+    Drafted: PROBE_STEPS steps at the deepest K, then PROBE_STEPS at a shallow one (a third of the way
+    up), in ``rs`` when allowed (both alphas at every depth; c_draft, and c_verify at two depths).
+    Plain: PROBE_STEPS steps when ``none`` is a candidate besides others (``generate_auto`` skips them
+    when plain cannot win). ``generate_auto`` times all but the first step of each block: that step
+    also feeds the head the positions the previous setting left pending (up to K+1 after a verify
+    step; the prompt after the prefill), so alternating depths would bias both costs.
 
     Example: probe_plan(candidates(SpecConfig("auto", "auto"))) ->
-        ([("rs", 4), ("rs", 2), ("rs", 4), ("rs", 2)], 2) with PROBE_STEPS = 2.
+        ([("rs", 4), ("rs", 4), ("rs", 2), ("rs", 2)], 2) with PROBE_STEPS = 2.
     """
     drafted = [(m, k) for m, k in options if m != "none"]
     steps = []
@@ -380,7 +387,7 @@ def probe_plan(options: list[tuple[str, int]]) -> tuple[list[tuple[str, int]], i
         mode = "rs" if any(m == "rs" for m, _ in drafted) else "to"
         deep, low = max(k for _, k in drafted), min(k for _, k in drafted)
         depths = dict.fromkeys((deep, low + (deep - low) // 3))  # NOTE: K=2 of 1-4: often the best, so cheap to probe
-        steps = [(mode, k) for _ in range(PROBE_STEPS) for k in depths]
+        steps = [(mode, k) for k in depths for _ in range(PROBE_STEPS)]
     return steps, PROBE_STEPS if ("none", 0) in options and len(options) > 1 else 0
 
 
@@ -422,14 +429,14 @@ def generate_auto(
     decoder = Decoder(model, tokenizer, prompts, mtp=mtp if max_k else None, sampling=sampling, spec=setting(*first),
                       seed=seed, step=step, row_ids=row_ids, max_speculate_k=max_k, time_drafts=True)
     times: dict[int, list[tuple[int, float, float]]] = {}
-    warm = None  # NOTE: a call's first step also feeds the prompt's hidden states to the head: slower
-    if drafted and WARM_STEP:
-        decoder.set_spec(setting(*drafted[-1]))
-        warm = (drafted[-1][1], decoder.step())
-    for mode, k in drafted:
+    first_step = None  # NOTE: a call's first step also feeds the head the prompt: priced as prefill
+    for i, (mode, k) in enumerate(drafted):
         if decoder.num_active:
             decoder.set_spec(setting(mode, k))
-            times.setdefault(k, []).append(decoder.step())
+            timed = decoder.step()
+            first_step = first_step or (k, timed)
+            if PROBE_STEPS < 2 or (i and drafted[i - 1] == (mode, k)):  # a block's first step: untimed
+                times.setdefault(k, []).append(timed)
     for k, step_times in times.items():
         chooser.costs.observe(k, step_times)
     if drafted:  # NOTE: the drafted probe runs first, so these statistics are its steps only
@@ -437,7 +444,8 @@ def generate_auto(
     # Plain decoding is probed only when it could win even at its bound; else its probe only costs time.
     if num_plain and decoder.num_active and chooser.none_could_win(options, decoder.num_active):
         decoder.set_spec(setting("none", 0))
-        chooser.costs.observe(0, [decoder.step() for _ in range(num_plain) if decoder.num_active])
+        plain = [decoder.step() for _ in range(num_plain) if decoder.num_active]
+        chooser.costs.observe(0, plain[1:] or plain)
     active = decoder.active_lengths() if decoder.num_active else None
     decision = chooser.choose(options, rows=max(decoder.num_active, 1), generated=active,
                               max_new=sampling.max_new_tokens)
@@ -455,5 +463,5 @@ def generate_auto(
     chooser.costs.observe(decision.speculate_k, rest)
     result = decoder.result()
     chooser.lengths.add(result.lengths)
-    chooser.prefill_s = result.prefill_seconds + (chooser.costs.excess(*warm) if warm else 0.0)
+    chooser.prefill_s = result.prefill_seconds + (chooser.costs.excess(*first_step) if first_step else 0.0)
     return result, decision

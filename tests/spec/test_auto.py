@@ -130,8 +130,8 @@ def test_candidates_and_probe_plan():
     assert candidates(SpecConfig("rs", "auto")) == [("rs", 1), ("rs", 2), ("rs", 3), ("rs", 4)]
     assert candidates(SpecConfig("auto", 3)) == [("none", 0), ("to", 3), ("rs", 3)]
     n = auto.PROBE_STEPS
-    assert auto.probe_plan(ALL) == ([("rs", 4), ("rs", 2)] * n, n)
-    assert auto.probe_plan(candidates(SpecConfig("to", "auto"))) == ([("to", 4), ("to", 2)] * n, 0)
+    assert auto.probe_plan(ALL) == ([("rs", 4)] * n + [("rs", 2)] * n, n)
+    assert auto.probe_plan(candidates(SpecConfig("to", "auto"))) == ([("to", 4)] * n + [("to", 2)] * n, 0)
     assert auto.probe_plan(candidates(SpecConfig("auto", 2))) == ([("rs", 2)] * n, n)
 
 
@@ -193,8 +193,7 @@ def test_auto_is_plain_greedy_at_temperature_zero(spec):
 
 
 def test_auto_probes_then_runs_the_choice(monkeypatch):
-    """After one untimed warm step at the shallow K (a call's first step also feeds the head the prompt),
-    the probe alternates the deepest K and a shallower one, then runs plain steps (when plain decoding
+    """The probe runs the deepest K, then a shallower one, then plain steps (when plain decoding
     could win: forced here, as it depends on timings), then every step runs the choice."""
     monkeypatch.setattr(AutoChooser, "none_could_win", lambda self, options, rows: True)
     model = peaked_model()
@@ -205,8 +204,8 @@ def test_auto_probes_then_runs_the_choice(monkeypatch):
     out, decision = generate_auto(model, ToyTokenizer(), _prompts((3, 4, 6)), mtp=head,
                                   sampling=SamplingParams(temperature=1.0, max_new_tokens=24))
     n = auto.PROBE_STEPS
-    assert ks[:1 + 3 * n] == [2] + [4, 2] * n + [0] * n and len(ks) > 1 + 3 * n
-    assert set(ks[1 + 3 * n:]) == {decision.speculate_k}
+    assert ks[:3 * n] == [4] * n + [2] * n + [0] * n and len(ks) > 3 * n
+    assert set(ks[3 * n:]) == {decision.speculate_k}
     assert out.stats.speculate_k == 4 and decision.measured_tok_s > 0
 
 
@@ -214,7 +213,6 @@ def test_auto_sampling_is_exact(monkeypatch):
     """One probe step per setting, so tokens 1-3 mix the rs K=4 and K=2 probes, the plain probe and
     the chosen setting: marginals and all three pairs against the exact joint of plain sampling."""
     monkeypatch.setattr(auto, "PROBE_STEPS", 1)
-    monkeypatch.setattr(auto, "WARM_STEP", False)
     model, head = _stat_model()
     sampling = SamplingParams(temperature=1.0, max_new_tokens=3)
     rows = 20_000

@@ -75,6 +75,18 @@ def test_step_cost_follows_the_active_rows():
     assert costs.row_slope == pytest.approx(0.1) and costs.seconds[0] == pytest.approx(0.003 / 1.8)
 
 
+def test_costs_timed_before_the_slope_is_known_are_reread_at_it():
+    """A probe runs at one row count (no slope yet); a later call's tail fits it: the probe's cost is then
+    a cost at its own rows, not a cost per row unit."""
+    costs = StepCosts()
+    costs.observe(4, [(16, 0.026, 0.008)] * 2)  # 26 ms at 16 rows, 2 ms a draft step
+    assert costs.row_slope is None and costs.seconds[4] == pytest.approx(0.026)
+    costs.observe(2, [(r, 0.001 * (1 + 0.1 * r), 0.0) for r in (16, 8, 4, 1)])  # gamma = 0.1
+    assert costs.row_slope == pytest.approx(0.1)
+    assert costs.seconds[4] * costs.scale(16) == pytest.approx(0.026)
+    assert costs.draft_s * costs.scale(16) == pytest.approx(0.002)
+
+
 def test_a_calls_first_step_is_priced_as_prefill():
     """The first step also feeds the head the prompt: it is not a step cost, its excess joins the prefill."""
     result = GenerationResult(prompt_ids=[[1]], token_ids=[[1, 2, 3]], texts=[""], lengths=[3],
