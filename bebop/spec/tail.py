@@ -24,7 +24,7 @@ from typing import Callable
 
 import numpy as np
 
-SCENARIOS = 64  # Monte Carlo draws per prediction
+SCENARIOS = 16  # Monte Carlo draws per prediction (common to all settings)
 HISTORY = 4096  # completion lengths kept (the newest)
 SEED = 0  # the draws' seed: a prediction is a function of the models only
 
@@ -40,12 +40,13 @@ class Lengths:
 
     def remaining(self, generated: list[int], max_new: int, rng: np.random.Generator) -> np.ndarray:
         """(SCENARIOS, R) tokens each row still emits, given what it has emitted so far."""
-        seen = np.minimum(np.asarray(self.seen, dtype=np.int64), max_new)
-        out = np.empty((SCENARIOS, len(generated)), dtype=np.int64)
-        for i, done in enumerate(generated):
-            pool = seen[seen > done]
-            out[:, i] = (rng.choice(pool, SCENARIOS) if pool.size else max_new) - done
-        return np.maximum(out, 1)
+        seen = np.sort(np.minimum(np.asarray(self.seen, dtype=np.int64), max_new))
+        done = np.asarray(generated, dtype=np.int64)  # (R,)
+        first = np.searchsorted(seen, done, side="right")  # (R,) the seen lengths > done start here
+        pool = len(seen) - first  # (R,)
+        pick = first + (rng.random((SCENARIOS, len(done))) * pool).astype(np.int64)  # (S, R)
+        drawn = seen[np.minimum(pick, len(seen) - 1)] if len(seen) else np.zeros_like(pick)
+        return np.maximum(np.where(pool > 0, drawn, max_new) - done, 1)  # (S, R)
 
 
 def steps_needed(remaining: np.ndarray, alphas: list[float], rng: np.random.Generator) -> np.ndarray:
@@ -53,8 +54,8 @@ def steps_needed(remaining: np.ndarray, alphas: list[float], rng: np.random.Gene
     if not alphas:
         return remaining.copy()
     n = int(remaining.max())
-    survival = np.cumprod(alphas)  # (K,) P(L >= j)
-    accepted = (rng.random(remaining.shape + (n, 1)) < survival).sum(-1)  # (S, R, n) L of each step
+    u = rng.random(remaining.shape + (n,))  # (S, R, n)
+    accepted = sum((u < p).astype(np.int64) for p in np.cumprod(alphas))  # (S, R, n) L = #{j: u < P(L >= j)}
     emitted = np.cumsum(1 + accepted, axis=-1)  # (S, R, n) tokens after each step
     return (emitted < remaining[..., None]).sum(-1) + 1
 
