@@ -64,6 +64,7 @@ PROBE_STEPS = 2  # decode steps of each probed setting: enough to time a step, f
 MIN_POSITIONS = 4.0  # weight of recorded positions below which a depth counts as unseen
 UNSEEN_DECAY = 0.9  # alpha ratio per unseen depth when only depth 1 was seen (alpha never rises with depth here)
 DECAY = 0.5  # weight kept by older acceptance evidence at each new decision (RL: the policy drifts)
+MIN_CALIBRATION_STEPS = 4  # fewer steps after a decision do not calibrate: the last, partial step dominates
 CALIBRATION = 0.3  # weight of the newest log(measured / predicted) in the running calibration (from 0)
 TAIL_SEED = 0  # seed of the remaining-length draws (bebop.spec.tail): the same for every setting
 RULES = ("rs", "to")  # acceptance rules, named as the modes that use them
@@ -288,8 +289,8 @@ def family(mode: str) -> str:
 class AutoChooser:
     """The run's acceptance, cost and length models and calibration; ``choose`` picks the best candidate.
 
-    Calibration: after each decision, log(measured / predicted tokens/s of the steps decoded at the
-    choice) updates a running log-ratio of the chosen family (``family``; starts at 0, weight CALIBRATION
+    Calibration: after each decision followed by at least MIN_CALIBRATION_STEPS steps, log(measured /
+    predicted tokens/s of the steps decoded at the choice) updates a running log-ratio of the chosen family (``family``; starts at 0, weight CALIBRATION
     on the newest); predictions are multiplied by exp of their family's ratio, or of the mean of the known
     ones for a family never chosen (no change of rank between unmeasured families).
     """
@@ -455,6 +456,7 @@ def generate_auto(
         rest.append(decoder.step())
     if rest:
         decision.measured_tok_s = (decoder.num_tokens() - before) / max(time.perf_counter() - start, 1e-9)
+    if len(rest) >= MIN_CALIBRATION_STEPS:
         # NOTE: calibrated against the tokens the rows really had left, so it corrects the cost and
         # acceptance models, not the length model (which knows nothing in a run's first call)
         left = np.array([len(decoder.runner.outputs[i]) - n for i, n in zip(rows, active)])

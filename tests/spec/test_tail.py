@@ -121,3 +121,19 @@ def test_calibration_per_family():
         assert calibrated.predictions[name] == pytest.approx(value * chooser.factor(fam))
     chooser.calibrate(Decision("rs", 2, 0.0, {}))  # nothing measured: no update
     assert math.log(chooser.factor("rs")) == pytest.approx((1 - w) * w * math.log(0.5) + w * math.log(0.5))
+
+
+@pytest.mark.parametrize("min_steps, calibrated", [(1, True), (10**6, False)])
+def test_generate_auto_calibrates_only_after_enough_steps(monkeypatch, min_steps, calibrated):
+    """A rest of a few steps is dominated by its last, partial step: no calibration from it."""
+    from bebop.spec.auto import generate_auto
+    from bebop.spec.engine import SamplingParams
+    from tests.spec.test_engine import ToyTokenizer, _prompts, peaked_model, perturbed_head
+
+    monkeypatch.setattr(auto, "MIN_CALIBRATION_STEPS", min_steps)
+    model = peaked_model()
+    chooser = AutoChooser()
+    _, decision = generate_auto(model, ToyTokenizer(), _prompts((3, 4, 6)), mtp=perturbed_head(model, 0.1),
+                                sampling=SamplingParams(temperature=1.0, max_new_tokens=24), chooser=chooser)
+    assert decision.measured_tok_s > 0 and bool(chooser.log_ratio) == calibrated
+    assert chooser.lengths.seen and chooser.prefill_s > 0
