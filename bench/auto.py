@@ -1,7 +1,7 @@
 """Automatic mode/K (``bebop.spec.auto``) against the best fixed setting found by grid search, same run.
 
-    PYTHONPATH=. .venv/bin/python bench/auto.py --threads 1     # T 0.3/0.7/1, B 1/16/64, 5 repeats: ~5-10 min
-    PYTHONPATH=. .venv/bin/python bench/auto.py --quick         # B 16, T 1, 3 repeats: ~30 s
+    PYTHONPATH=. .venv/bin/python bench/auto.py --threads 1     # T 0.3/0.7/1, B 1/16/64, 5 repeats: ~2-4 min
+    PYTHONPATH=. .venv/bin/python bench/auto.py --quick         # B 16, T 1, 3 repeats: ~15 s
 
 Defaults: the embedded model and its e2e-TV head (both trained and cached on first use), the
 embedded task's prompts, 48 new tokens.
@@ -10,17 +10,27 @@ At each (B, T) every setting runs once per repeat, in alternating order (A B C, 
 noisy phase of the machine hits all of them alike; tok/s are medians of the repeats:
     grid        none, to and rs at K = 1..4 (9 fixed settings).
     auto        ``generate_auto`` with mode and K auto and a fresh ``AutoChooser`` per call, as
-                ``bebop generate --mode auto --speculate-k auto`` runs: its probe chunks are part of
-                its time.
+                ``bebop generate --mode auto --speculate-k auto`` runs: its probe steps are part of
+                its time (one-shot).
+    RL-style    one ``AutoChooser`` across the group's calls, as ``bebop rl`` keeps it: a
+                ``generate_auto`` call (probe, decision) every ``--auto-every`` calls, the decision
+                fixed in between and every call observed; tok/s pooled over its calls (the probing
+                call included), against the best setting's pooled tok/s.
 Columns:
     best        the grid's fastest setting and its tok/s.
     auto/best   auto's tok/s over the best's (the target: >= 0.95).
     chosen      the setting auto picked (the most frequent over the repeats, and how often).
     chosen/best the grid tok/s of the chosen setting over the best's: the choice alone, without the
                 probes' cost.
-    pred. error predicted / measured - 1 for every grid setting, the prediction being that of the
-                auto calls' model at the decision (median over repeats), scaled to B rows; the
-                median of |error| over the 9 settings, and the chosen setting's own error.
+    noise       standard deviation / median of the best setting's repeats: the machine's noise.
+Prediction error, predicted / measured - 1:
+    tail model  before each RL-style call after the first, its chooser's forecast of a whole call of
+                each grid setting (``AutoChooser.predict_call``: tail, prefill, calibration; median
+                over the calls) against the grid's measured tok/s: median |error| over the 9
+                settings, and the error at the best setting and at RL-style's choice.
+    previous    the same chooser's B (1 + E[L]) / step cost (``predict``), the model before the tail.
+    one-shot    the one-shot auto's prediction of the rest of its call at the decision against the
+                tok/s it measured there (no length history: rows assumed to run to the cap).
 """
 
 from __future__ import annotations
@@ -39,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rollout import Method, header, load, make_prompts, run_bebop, warn_if_busy  # noqa: E402
 
 from bebop.spec import SamplingParams, SpecConfig  # noqa: E402
-from bebop.spec.auto import AUTO, candidates, config_name, generate_auto  # noqa: E402
+from bebop.spec.auto import AUTO, AutoChooser, candidates, config_name, generate_auto, predict  # noqa: E402
 
 SETTINGS = candidates(SpecConfig(AUTO, AUTO))  # none, to1..4, rs1..4
 SAMPLING_SEED = 0  # the same rows' randomness every repeat
@@ -54,6 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.3, 0.7, 1.0], help="T (> 0)")
     ap.add_argument("--max-new-tokens", type=int, default=48, help="completion tokens per row, EOS included")
     ap.add_argument("--repeats", type=int, default=5, help="timed calls per setting")
+    ap.add_argument("--auto-every", type=int, default=5, help="RL-style auto: re-decide every this many calls")
     ap.add_argument("--quick", action="store_true", help="B 16, T 1, 3 repeats; overrides those flags")
     ap.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
     ap.add_argument("--device", default="cpu", help="cpu, cuda or auto")
@@ -65,67 +76,143 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def run_auto(model, tok, head, prompts, temperature: float, max_new: int):
+def run_auto(model, tok, head, prompts, temperature: float, max_new: int, chooser=None):
     """One ``generate_auto`` call -> (seconds, tokens, decision)."""
     sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new)
     start = time.perf_counter()
-    result, decision = generate_auto(model, tok, prompts, mtp=head, sampling=sampling, seed=SAMPLING_SEED)
+    result, decision = generate_auto(model, tok, prompts, mtp=head, sampling=sampling, seed=SAMPLING_SEED,
+                                     chooser=chooser)
     if next(model.parameters()).device.type == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter() - start, sum(result.lengths), decision
 
 
-def run_group(model, tok, head, batch: int, temperature: float, args) -> dict:
-    """Every grid setting and auto at (B, T), interleaved; medians and auto's decisions."""
-    prompts = make_prompts(batch)
-    names = [config_name(m, k) for m, k in SETTINGS] + ["auto"]
-    rates: dict[str, list[float]] = {n: [] for n in names}
-    decisions = []
+class RlAuto:
+    """Auto as ``bebop rl`` runs it: one chooser across the calls, re-deciding every ``every`` calls."""
 
-    def call(name: str, max_new: int) -> float:
+    def __init__(self, every: int):
+        self.every, self.calls, self.chooser, self.decision = every, 0, AutoChooser(), None
+        self.forecasts: list[dict] = []  # per call after the first: {"new"|"old": {setting: tok/s}}
+
+    def forecast(self, batch: int, max_new: int) -> None:
+        """The chooser's whole-call predictions before a call: tail-priced and calibrated ("new"), and
+        rows (1 + E[L]) / step cost at B rows ("old", the previous model)."""
+        c = self.chooser
+        self.forecasts.append({
+            "new": {config_name(m, k): c.predict_call(m, k, batch, max_new) for m, k in SETTINGS},
+            "old": {config_name(m, k): predict(m, k, c.acceptance, c.costs, batch) for m, k in SETTINGS}})
+
+    def call(self, model, tok, head, prompts, temperature: float, max_new: int) -> tuple[float, int]:
+        if self.calls:
+            self.forecast(len(prompts), max_new)
+        if self.calls % self.every == 0:
+            seconds, tokens, self.decision = run_auto(model, tok, head, prompts, temperature, max_new, self.chooser)
+        else:
+            mode, k = self.decision.mode, self.decision.speculate_k
+            seconds, result, _ = run_bebop(model, tok, head, prompts, Method(mode, k), temperature, max_new)
+            self.chooser.observe(result, mode, max(k, 1), temperature == 0)
+            tokens = sum(result.lengths)
+        self.calls += 1
+        return seconds, tokens
+
+
+def run_group(model, tok, head, batch: int, temperature: float, args) -> dict:
+    """Every grid setting, one-shot auto and RL-style auto at (B, T), interleaved."""
+    prompts = make_prompts(batch)
+    names = [config_name(m, k) for m, k in SETTINGS] + ["auto", "auto_rl"]
+    rates: dict[str, list[float]] = {n: [] for n in names}
+    totals = {n: [0.0, 0] for n in names}  # seconds, tokens over the repeats
+    decisions, rl = [], RlAuto(args.auto_every)
+
+    def call(name: str, max_new: int) -> tuple[float, int]:
         if name == "auto":
             seconds, tokens, decision = run_auto(model, tok, head, prompts, temperature, max_new)
             decisions.append(decision)
-            return tokens / seconds
+            return seconds, tokens
+        if name == "auto_rl":
+            return rl.call(model, tok, head, prompts, temperature, max_new)
         mode, k = next((m, k) for m, k in SETTINGS if config_name(m, k) == name)
         seconds, result, _ = run_bebop(model, tok, head, prompts, Method(mode, k), temperature, max_new)
-        return sum(result.lengths) / seconds
+        return seconds, sum(result.lengths)
 
-    for name in names:
-        call(name, 4)  # warmup
+    for name in names[:-1]:
+        call(name, 4)  # warmup (RL-style auto runs the same code as auto and the grid)
     decisions.clear()
     for r in range(args.repeats):
         for name in names if r % 2 == 0 else names[::-1]:
-            rates[name].append(call(name, args.max_new_tokens))
+            seconds, tokens = call(name, args.max_new_tokens)
+            rates[name].append(tokens / seconds)
+            totals[name][0] += seconds
+            totals[name][1] += tokens
     tok_s = {n: statistics.median(v) for n, v in rates.items()}
-    predicted = {n: statistics.median(d.predictions[n] * batch / d.rows for d in decisions) for n in names[:-1]}
+    pooled = {n: t / s for n, (s, t) in totals.items()}
+    forecast = {kind: {n: statistics.median(f[kind][n] for f in rl.forecasts) for n in names[:-2]}
+                for kind in ("new", "old")} if rl.forecasts else None
     chosen, count = collections.Counter(config_name(d.mode, d.speculate_k) for d in decisions).most_common(1)[0]
-    return {"B": batch, "T": temperature, "tok_s": tok_s, "predicted": predicted, "chosen": chosen,
-            "chosen_count": count, "decisions": [config_name(d.mode, d.speculate_k) for d in decisions]}
+    return {"B": batch, "T": temperature, "tok_s": tok_s, "pooled": pooled, "rates": rates, "chosen": chosen,
+            "chosen_count": count, "decisions": [config_name(d.mode, d.speculate_k) for d in decisions],
+            "rest_error": statistics.median(d.predicted_tok_s / d.measured_tok_s - 1 for d in decisions
+                                            if d.measured_tok_s > 0),
+            "rl_chosen": config_name(rl.decision.mode, rl.decision.speculate_k), "forecast": forecast}
+
+
+def _grid(g: dict, key: str = "tok_s") -> dict:
+    return {n: v for n, v in g[key].items() if not n.startswith("auto")}
+
+
+def noise(g: dict) -> float:
+    """Spread of the best fixed setting's repeats: standard deviation / median."""
+    grid = _grid(g)
+    runs = g["rates"][max(grid, key=grid.get)]
+    return statistics.stdev(runs) / statistics.median(runs) if len(runs) > 1 else float("nan")
 
 
 def format_table(groups: list[dict], repeats: int) -> str:
     lines = ["| B | T | best fixed | best tok/s | auto tok/s | auto/best | chosen (of %d) | chosen/best | "
-             "pred. error, median over settings | pred. error, chosen |" % repeats,
-             "|---:|---:|:---|---:|---:|---:|:---|---:|---:|---:|"]
+             "RL-style auto/best (pooled) | RL-style chose | noise (best's sd/median) |" % repeats,
+             "|---:|---:|:---|---:|---:|---:|:---|---:|---:|:---|---:|"]
     for g in groups:
-        grid = {n: v for n, v in g["tok_s"].items() if n != "auto"}
-        best = max(grid, key=grid.get)
-        errors = {n: g["predicted"][n] / grid[n] - 1 for n in grid}
+        grid, pooled = _grid(g), _grid(g, "pooled")
+        best, best_pooled = max(grid, key=grid.get), max(pooled.values())
         lines.append(
             f"| {g['B']} | {g['T']:g} | {best} | {grid[best]:.0f} | {g['tok_s']['auto']:.0f} | "
             f"{g['tok_s']['auto'] / grid[best]:.2f} | {g['chosen']} ({g['chosen_count']}) | "
-            f"{grid[g['chosen']] / grid[best]:.2f} | {statistics.median(abs(e) for e in errors.values()):.0%} | "
-            f"{errors[g['chosen']]:+.0%} |")
+            f"{grid[g['chosen']] / grid[best]:.2f} | {g['pooled']['auto_rl'] / best_pooled:.2f} | "
+            f"{g['rl_chosen']} | {noise(g):.0%} |")
+    return "\n".join(lines)
+
+
+def errors(g: dict, kind: str) -> dict[str, float]:
+    """predicted / measured - 1 per grid setting, the RL-style chooser's forecasts (median) against the grid."""
+    grid = _grid(g)
+    return {n: g["forecast"][kind][n] / grid[n] - 1 for n in grid} if g["forecast"] else {}
+
+
+def format_errors(groups: list[dict]) -> str:
+    lines = ["| B | T | tail model: median abs. error over settings | at the best | at RL-style's choice | "
+             "previous model: median abs. error | one-shot, chosen, rest of call |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
+    for g in groups:
+        new, old, grid = errors(g, "new"), errors(g, "old"), _grid(g)
+        if not new:
+            continue
+        best = max(grid, key=grid.get)
+        lines.append(f"| {g['B']} | {g['T']:g} | {statistics.median(abs(e) for e in new.values()):.0%} | "
+                     f"{new[best]:+.0%} | {new[g['rl_chosen']]:+.0%} | "
+                     f"{statistics.median(abs(e) for e in old.values()):.0%} | "
+                     f"{g['rest_error']:+.0%} |")
     return "\n".join(lines)
 
 
 def format_grid(groups: list[dict]) -> str:
     names = [config_name(m, k) for m, k in SETTINGS]
-    lines = ["| B | T | " + " | ".join(names) + " | auto |", "|---:|---:|" + "---:|" * (len(names) + 1)]
+    lines = ["| B | T | " + " | ".join(names) + " | auto | RL-style auto |",
+             "|---:|---:|" + "---:|" * (len(names) + 2)]
     for g in groups:
-        cells = [f"{g['tok_s'][n]:.0f} ({g['predicted'][n]:.0f})" for n in names]
-        lines.append(f"| {g['B']} | {g['T']:g} | " + " | ".join(cells) + f" | {g['tok_s']['auto']:.0f} |")
+        pred = g["forecast"]["new"] if g["forecast"] else {}
+        cells = [f"{g['tok_s'][n]:.0f} ({pred.get(n, float('nan')):.0f})" for n in names]
+        lines.append(f"| {g['B']} | {g['T']:g} | " + " | ".join(cells) +
+                     f" | {g['tok_s']['auto']:.0f} | {g['tok_s']['auto_rl']:.0f} |")
     return "\n".join(lines)
 
 
@@ -142,11 +229,16 @@ def main(argv: list[str] | None = None) -> None:
             groups.append(run_group(model, tok, head, batch, temperature, args))
             print(f"[{time.perf_counter() - start:.0f}s] done B={batch} T={temperature:g}: auto chose "
                   f"{groups[-1]['decisions']}", file=sys.stderr, flush=True)
-    ratios = [g["tok_s"]["auto"] / max(v for n, v in g["tok_s"].items() if n != "auto") for g in groups]
-    print("### auto vs the best fixed setting (tok/s, medians)\n\n" + format_table(groups, args.repeats))
-    print(f"\nauto/best: median {statistics.median(ratios):.2f}, min {min(ratios):.2f}; within 5% in "
-          f"{sum(r >= 0.95 for r in ratios)} of {len(ratios)} groups")
-    print("\n### Every setting: measured tok/s (predicted by auto's model at the decision)\n\n" + format_grid(groups))
+    ratios = [g["tok_s"]["auto"] / max(_grid(g).values()) for g in groups]
+    rl_ratios = [g["pooled"]["auto_rl"] / max(_grid(g, "pooled").values()) for g in groups]
+    print("### auto vs the best fixed setting (tok/s, medians; RL-style pooled)\n\n" + format_table(groups, args.repeats))
+    for label, r in (("auto (one-shot)/best", ratios), (f"auto (RL-style, every {args.auto_every})/best", rl_ratios)):
+        print(f"\n{label}: median {statistics.median(r):.2f}, min {min(r):.2f}; within 5% in "
+              f"{sum(x >= 0.95 for x in r)} of {len(r)} groups")
+    print(f"\nnoise: sd / median of the best fixed setting's {args.repeats} repeats, median over groups "
+          f"{statistics.median(noise(g) for g in groups):.0%}")
+    print("\n### Prediction error (predicted / measured - 1)\n\n" + format_errors(groups))
+    print("\n### Every setting: measured tok/s (RL-style chooser's forecast)\n\n" + format_grid(groups))
     print(f"\ntotal {time.perf_counter() - start:.0f}s, load {os.getloadavg()[0]:.1f} at the end")
 
 

@@ -9,12 +9,16 @@ Terms (K = speculation depth, R = rows decoding, p the target's distribution, q 
                 2606.12370 Eq. 12; Leviathan et al. 2023); a verify step emits 1 + E[L] tokens.
     step cost   seconds of one engine decode step: plain_s for ``none``; K c_draft + c_verify(K) for
                 ``to``/``rs``, from steps and their drafting timed by the engine (``StepCosts``).
-    predicted   tokens/s = R (1 + E[L]) / step cost (``none``: R / plain_s).
+    predicted   tokens/s of the rest of the call, its tail priced (``bebop.spec.tail``): the rows'
+                remaining tokens drawn from the run's completion lengths, the steps each row needs at
+                1 + L tokens a step, every step at the cost of its active rows, the call lasting until
+                its longest row ends; times a per-family calibration (``AutoChooser``). Without the
+                rows' state (``none_could_win``): R (1 + E[L]) / step cost (``none``: R / plain_s).
 
 ``generate_auto`` runs one engine call (``bebop.spec.engine.Decoder``) that switches settings
-between decode steps, every token kept: steps at the deepest K and a shallower one alternately
-(both alphas at every depth; c_draft, and c_verify at two depths), plain steps unless plain
-decoding cannot win (``AutoChooser.none_could_win``), then the rest at the setting with the highest
+between decode steps, every token kept: steps at the deepest K, then at a shallower one (both
+alphas at every depth; c_draft, and c_verify at two depths), plain steps unless plain decoding
+cannot win (``AutoChooser.none_could_win``), then the rest at the setting with the highest
 predicted tokens/s (``probe_plan``). An RL run (``bebop.rollout``) re-decides every ``auto_every``
 steps the same way and updates its models from every rollout in between.
 
@@ -32,8 +36,10 @@ Deviations from the paper's speedup formula:
     2) alpha_TO recorded while ``rs`` runs (and alpha_RS while ``to`` runs) is measured on the other
        rule's accepted prefixes, a small bias at depths >= 2.
     3) Depths with too few recorded positions are extrapolated conservatively (``Acceptance``).
-    4) The prediction ignores a batch's tail (rows end at different steps, the batch decodes in
-       lockstep), so it overestimates tokens/s at large B; ``bench/auto.py`` reports the error.
+    4) The tail is priced from the completion lengths of earlier calls; a run's first call has none,
+       so its rows are assumed to run to max_new_tokens (no tail: an overestimate, reported by
+       ``bench/auto.py``). The calibration is learned against the tokens the rows really had left,
+       so it corrects the cost and acceptance models only.
     5) The probe steps run settings that may be slower than the chosen one: the price of a
        one-shot call (``bebop generate``); an RL run pays it once every ``auto_every`` steps.
 """
@@ -41,20 +47,26 @@ Deviations from the paper's speedup formula:
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 
 from bebop.config import AUTO, AUTO_MAX_K
 from bebop.spec.engine import Decoder, GenerationResult, SamplingParams, SpecConfig
 from bebop.spec.stats import SpecStats
+from bebop.spec.tail import SCENARIOS, Lengths, call_rate
 from bebop.utils.io import BebopError
 
 PROBE_STEPS = 2  # decode steps of each probed setting: enough to time a step, few enough to cost little
 MIN_POSITIONS = 4.0  # weight of recorded positions below which a depth counts as unseen
 UNSEEN_DECAY = 0.9  # alpha ratio per unseen depth when only depth 1 was seen (alpha never rises with depth here)
 DECAY = 0.5  # weight kept by older acceptance evidence at each new decision (RL: the policy drifts)
+MIN_CALIBRATION_STEPS = 4  # fewer steps after a decision do not calibrate: the last, partial step dominates
+CALIBRATION = 0.3  # weight of the newest log(measured / predicted) in the running calibration (from 0)
+TAIL_SEED = 0  # seed of the remaining-length draws (bebop.spec.tail): the same for every setting
 RULES = ("rs", "to")  # acceptance rules, named as the modes that use them
 
 
@@ -158,23 +170,55 @@ class StepCosts:
 
     step(K) = K c_draft + c_verify(K): c_draft from drafting timed inside the steps, c_verify(K) =
     step - K c_draft at the measured depths, linear in K between and past them (least squares,
-    slope >= 0; constant when one depth was measured).
+    slope >= 0; constant when one depth was measured). A step at R rows costs scale(R) = 1 + gamma R
+    times ``seconds`` (the batch's tail runs few rows): gamma fitted on calls whose steps ran at
+    several row counts, 0 until then.
 
     Example: steps of 9 ms at K=1 and 16 ms at K=4 with c_draft = 2 ms give c_verify = 6.67 + K/3 ms,
     so step(2) = 4 + 7.33 = 11.33 ms.
     """
 
-    seconds: dict[int, float] = field(default_factory=dict)  # K -> median seconds per decode step
-    draft_s: float | None = None  # c_draft, seconds of one chained draft step (None: never timed)
+    seconds: dict[int, float] = field(default_factory=dict)  # K -> median seconds per decode step / scale(rows)
+    draft_s: float | None = None  # c_draft, seconds of one chained draft step / scale(rows) (None: never timed)
+    measured: dict = field(default_factory=dict, repr=False)  # K or "draft" -> (median rows, median seconds)
+
+    row_slope: float | None = None  # gamma: a step at R rows costs (1 + gamma R) units (None: never fitted)
+
+    def scale(self, rows):
+        """1 + gamma rows: the cost of a step at ``rows`` rows in the units of ``seconds``."""
+        return 1.0 + (self.row_slope or 0.0) * rows
+
+    def fit_rows(self, step_times: list[tuple[int, float, float]]) -> None:
+        """Updates gamma from steps at several row counts (least squares a + b R, gamma = b / a in [0, 1])."""
+        rows = [float(r) for r, _, _ in step_times]
+        if max(rows, default=0) - min(rows, default=0) < 2:
+            return
+        mean_r, mean_s = statistics.fmean(rows), statistics.fmean(s for _, s, _ in step_times)
+        b = sum((r - mean_r) * (s - mean_s) for r, (_, s, _) in zip(rows, step_times)) \
+            / sum((r - mean_r) ** 2 for r in rows)
+        a = mean_s - b * mean_r
+        gamma = 0.0 if b <= 0 else (1.0 if a <= b else b / a)
+        self.row_slope = gamma if self.row_slope is None else (self.row_slope + gamma) / 2
+
+    def excess(self, k: int, step_time: tuple[int, float, float]) -> float:
+        """Seconds a call's first step (at depth k) took beyond a step's predicted cost, at least 0."""
+        base = self.step_seconds(k)
+        return max(0.0, step_time[1] - base * self.scale(step_time[0])) if base else 0.0
 
     def observe(self, k: int, step_times: list[tuple[int, float, float]]) -> None:
         """Learns from a call's ``GenerationResult.step_times`` at depth k (0 = plain)."""
         if not step_times:
             return
-        self.seconds[k] = statistics.median(s for _, s, _ in step_times)
-        drafted = [d for _, _, d in step_times if d > 0]
+        self.fit_rows(step_times)
+        self.measured[k] = (statistics.median(r for r, _, _ in step_times), statistics.median(s for _, s, _ in step_times))
+        drafted = [(r, d) for r, _, d in step_times if d > 0]
         if k >= 1 and drafted:
-            self.draft_s = statistics.median(drafted) / k
+            self.measured["draft"] = (statistics.median(r for r, _ in drafted), statistics.median(d for _, d in drafted) / k)
+        for key, (rows, seconds) in self.measured.items():  # NOTE: all re-read at the newest gamma
+            if key == "draft":
+                self.draft_s = seconds / self.scale(rows)
+            else:
+                self.seconds[key] = seconds / self.scale(rows)
 
     def verify_seconds(self, k: int) -> float | None:
         """c_verify(K), or None without a timed draft step and a measured depth."""
@@ -213,7 +257,7 @@ def predict(mode: str, k: int, acceptance: Acceptance, costs: StepCosts, rows: f
     if not seconds:
         return 0.0
     tokens = 1.0 if mode == "none" else 1.0 + expected_accepted(acceptance.alphas(mode, k))
-    return rows * tokens / seconds
+    return rows * tokens / (seconds * costs.scale(rows))
 
 
 @dataclass
@@ -223,9 +267,10 @@ class Decision:
     mode: str
     speculate_k: int  # 0 for none
     predicted_tok_s: float
-    predictions: dict[str, float]  # "none", "to3", "rs1", ... -> predicted tokens/s
+    predictions: dict[str, float]  # "none", "to3", "rs1", ... -> predicted tokens/s (calibrated)
     rows: float = 1.0  # decoding rows the predictions are for (tokens/s scales with them)
     measured_tok_s: float = float("nan")  # tokens/s of the steps decoded at the chosen setting
+    raw_tok_s: float = float("nan")  # the chosen prediction before calibration
 
     def to_metrics(self) -> dict:
         return {"auto/mode": self.mode, "auto/speculate_k": self.speculate_k,
@@ -236,18 +281,66 @@ def config_name(mode: str, k: int) -> str:
     return mode if mode == "none" else f"{mode}{k}"
 
 
+def family(mode: str) -> str:
+    """Calibration family: plain steps, or drafted ones (to and rs share step costs)."""
+    return "none" if mode == "none" else "spec"
+
+
 class AutoChooser:
-    """The acceptance and cost models of one run; ``choose`` picks the best candidate."""
+    """The run's acceptance, cost and length models and calibration; ``choose`` picks the best candidate.
+
+    Calibration: after each decision followed by at least MIN_CALIBRATION_STEPS steps, log(measured /
+    predicted tokens/s of the steps decoded at the choice) updates a running log-ratio of the chosen family (``family``; starts at 0, weight CALIBRATION
+    on the newest); predictions are multiplied by exp of their family's ratio, or of the mean of the known
+    ones for a family never chosen (no change of rank between unmeasured families).
+    """
 
     def __init__(self) -> None:
         self.acceptance = Acceptance()
         self.costs = StepCosts()
+        self.lengths = Lengths()
+        self.prefill_s: float = 0.0  # seconds of the latest call's prefill
+        self.log_ratio: dict[str, float] = {}  # family -> running log(measured / predicted)
 
     def observe(self, result: GenerationResult, mode: str, k: int, greedy: bool) -> None:
-        """Learns from a call decoded at (mode, K): its step times and, when it drafted, its alphas."""
-        self.costs.observe(0 if mode == "none" else k, result.step_times)
+        """Learns from a call decoded at (mode, K): step times, lengths, prefill and, when it drafted, alphas.
+
+        The call's first step is priced as part of the prefill (``StepCosts.excess``), not as a step.
+        """
+        depth, times = 0 if mode == "none" else k, result.step_times
+        self.costs.observe(depth, times[1:] or times)
+        self.lengths.add(result.lengths)
+        self.prefill_s = result.prefill_seconds + (self.costs.excess(depth, times[0]) if times else 0.0)
         if mode != "none":
             self.acceptance.observe(result.stats, greedy)
+
+    def factor(self, mode: str) -> float:
+        known = self.log_ratio.get(family(mode))
+        if known is None and self.log_ratio:
+            known = statistics.fmean(self.log_ratio.values())
+        return math.exp(known or 0.0)
+
+    def calibrate(self, decision: Decision) -> None:
+        """Updates the chosen family's ratio from the decision's measured tokens/s."""
+        if not (decision.measured_tok_s > 0 and decision.raw_tok_s > 0):
+            return
+        new = math.log(decision.measured_tok_s / decision.raw_tok_s)
+        old = self.log_ratio.get(family(decision.mode), 0.0)  # NOTE: starts at 0 (shrinks one noisy call's ratio)
+        self.log_ratio[family(decision.mode)] = (1 - CALIBRATION) * old + CALIBRATION * new
+
+    def rate(self, mode: str, k: int, remaining: np.ndarray, prefill_s: float = 0.0) -> float:
+        """Uncalibrated tokens/s of (mode, K) over ``remaining`` (S, R) tokens per row, the tail priced
+        (``bebop.spec.tail.call_rate``); 0 when the costs cannot say."""
+        base = self.costs.step_seconds(0 if mode == "none" else k)
+        if not base:
+            return 0.0
+        alphas = [] if mode == "none" else self.acceptance.alphas(mode, k)
+        return call_rate(remaining, alphas, lambda rows: base * self.costs.scale(rows), prefill_s)
+
+    def predict_call(self, mode: str, k: int, batch: int, max_new: int) -> float:
+        """Calibrated tokens/s of a whole call of ``batch`` fresh rows at (mode, K), prefill included."""
+        remaining = self.lengths.remaining([0] * batch, max_new, np.random.default_rng(TAIL_SEED))
+        return self.rate(mode, k, remaining, self.prefill_s) * self.factor(mode)
 
     def none_could_win(self, options: list[tuple[str, int]], rows: float) -> bool:
         """Whether ``none``, at its bound (``StepCosts.step_seconds(0)``) when never timed, beats every
@@ -257,22 +350,37 @@ class AutoChooser:
             return True
         return predict("none", 0, self.acceptance, self.costs, rows) >= max(drafted)
 
-    def choose(self, options: list[tuple[str, int]], rows: float) -> Decision:
-        """The candidate with the highest predicted tokens/s (the first of equals)."""
-        predictions = {config_name(m, k): predict(m, k, self.acceptance, self.costs, rows) for m, k in options}
+    def choose(self, options: list[tuple[str, int]], rows: float, generated: list[int] | None = None,
+               max_new: int = 0) -> Decision:
+        """The candidate with the highest predicted tokens/s (the first of equals).
+
+        With ``generated`` (tokens each active row has emitted) and ``max_new``, the rest of the call
+        is priced with its tail (``rate``) and calibrated; without, rows (1 + E[L]) / step cost.
+        """
+        if generated is None:
+            raw = {config_name(m, k): predict(m, k, self.acceptance, self.costs, rows) for m, k in options}
+            predictions = dict(raw)
+        else:
+            remaining = self.lengths.remaining(generated, max_new, np.random.default_rng(TAIL_SEED))
+            raw = {config_name(m, k): self.rate(m, k, remaining) for m, k in options}
+            predictions = {config_name(m, k): raw[config_name(m, k)] * self.factor(m) for m, k in options}
         mode, k = max(options, key=lambda c: predictions[config_name(*c)])
-        return Decision(mode, k, predictions[config_name(mode, k)], predictions, rows)
+        name = config_name(mode, k)
+        return Decision(mode, k, predictions[name], predictions, rows, raw_tok_s=raw[name])
 
 
 def probe_plan(options: list[tuple[str, int]]) -> tuple[list[tuple[str, int]], int]:
     """The probe: drafted steps (mode, K) in order, then the number of plain steps.
 
-    Drafted: the deepest K and a shallow one (a third of the way up) alternately, PROBE_STEPS each,
-    in ``rs`` when allowed (both alphas at every depth; c_draft, and c_verify at two depths). Plain: PROBE_STEPS steps when
-    ``none`` is a candidate besides others (``generate_auto`` skips them when plain cannot win).
+    Drafted: PROBE_STEPS steps at the deepest K, then PROBE_STEPS at a shallow one (a third of the way
+    up), in ``rs`` when allowed (both alphas at every depth; c_draft, and c_verify at two depths).
+    Plain: PROBE_STEPS steps when ``none`` is a candidate besides others (``generate_auto`` skips them
+    when plain cannot win). ``generate_auto`` times all but the first step of each block: that step
+    also feeds the head the positions the previous setting left pending (up to K+1 after a verify
+    step; the prompt after the prefill), so alternating depths would bias both costs.
 
     Example: probe_plan(candidates(SpecConfig("auto", "auto"))) ->
-        ([("rs", 4), ("rs", 2), ("rs", 4), ("rs", 2)], 2) with PROBE_STEPS = 2.
+        ([("rs", 4), ("rs", 4), ("rs", 2), ("rs", 2)], 2) with PROBE_STEPS = 2.
     """
     drafted = [(m, k) for m, k in options if m != "none"]
     steps = []
@@ -280,7 +388,7 @@ def probe_plan(options: list[tuple[str, int]]) -> tuple[list[tuple[str, int]], i
         mode = "rs" if any(m == "rs" for m, _ in drafted) else "to"
         deep, low = max(k for _, k in drafted), min(k for _, k in drafted)
         depths = dict.fromkeys((deep, low + (deep - low) // 3))  # NOTE: K=2 of 1-4: often the best, so cheap to probe
-        steps = [(mode, k) for _ in range(PROBE_STEPS) for k in depths]
+        steps = [(mode, k) for k in depths for _ in range(PROBE_STEPS)]
     return steps, PROBE_STEPS if ("none", 0) in options and len(options) > 1 else 0
 
 
@@ -322,10 +430,14 @@ def generate_auto(
     decoder = Decoder(model, tokenizer, prompts, mtp=mtp if max_k else None, sampling=sampling, spec=setting(*first),
                       seed=seed, step=step, row_ids=row_ids, max_speculate_k=max_k, time_drafts=True)
     times: dict[int, list[tuple[int, float, float]]] = {}
-    for mode, k in drafted:
+    first_step = None  # NOTE: a call's first step also feeds the head the prompt: priced as prefill
+    for i, (mode, k) in enumerate(drafted):
         if decoder.num_active:
             decoder.set_spec(setting(mode, k))
-            times.setdefault(k, []).append(decoder.step())
+            timed = decoder.step()
+            first_step = first_step or (k, timed)
+            if PROBE_STEPS < 2 or (i and drafted[i - 1] == (mode, k)):  # a block's first step: untimed
+                times.setdefault(k, []).append(timed)
     for k, step_times in times.items():
         chooser.costs.observe(k, step_times)
     if drafted:  # NOTE: the drafted probe runs first, so these statistics are its steps only
@@ -333,13 +445,25 @@ def generate_auto(
     # Plain decoding is probed only when it could win even at its bound; else its probe only costs time.
     if num_plain and decoder.num_active and chooser.none_could_win(options, decoder.num_active):
         decoder.set_spec(setting("none", 0))
-        chooser.costs.observe(0, [decoder.step() for _ in range(num_plain) if decoder.num_active])
-    decision = chooser.choose(options, rows=max(decoder.num_active, 1))
+        plain = [decoder.step() for _ in range(num_plain) if decoder.num_active]
+        chooser.costs.observe(0, plain[1:] or plain)
+    active = decoder.active_lengths() if decoder.num_active else None
+    decision = chooser.choose(options, rows=max(decoder.num_active, 1), generated=active,
+                              max_new=sampling.max_new_tokens)
     decoder.set_spec(setting(decision.mode, decision.speculate_k))
-    start, before, rest = time.perf_counter(), decoder.num_tokens(), []
+    start, before, rest, rows = time.perf_counter(), decoder.num_tokens(), [], list(decoder.rows.index)
     while decoder.num_active:
         rest.append(decoder.step())
-    chooser.costs.observe(decision.speculate_k, rest)
     if rest:
         decision.measured_tok_s = (decoder.num_tokens() - before) / max(time.perf_counter() - start, 1e-9)
-    return decoder.result(), decision
+    if len(rest) >= MIN_CALIBRATION_STEPS:
+        # NOTE: calibrated against the tokens the rows really had left, so it corrects the cost and
+        # acceptance models, not the length model (which knows nothing in a run's first call)
+        left = np.array([len(decoder.runner.outputs[i]) - n for i, n in zip(rows, active)])
+        decision.raw_tok_s = chooser.rate(decision.mode, decision.speculate_k, np.tile(left, (SCENARIOS, 1)))
+        chooser.calibrate(decision)
+    chooser.costs.observe(decision.speculate_k, rest)
+    result = decoder.result()
+    chooser.lengths.add(result.lengths)
+    chooser.prefill_s = result.prefill_seconds + (chooser.costs.excess(*first_step) if first_step else 0.0)
+    return result, decision

@@ -95,6 +95,7 @@ class GenerationResult:
     # 0 unless time_drafts). A step ends with the engine's host syncs, so the time is the step's on
     # any device (``bebop.spec.auto`` reads it).
     step_times: list[tuple[int, float, float]] = field(default_factory=list, repr=False)
+    prefill_seconds: float = 0.0  # wall time of the prefill (the prompts' forward and first tokens)
 
     def verifier_stats(self) -> SpecStats:
         """Statistics of every verify step as emitted, before the stop check: vLLM's way of counting."""
@@ -238,8 +239,10 @@ class Decoder:
             counters=torch.zeros(batch, dtype=torch.long, device=device), last_token=ids.new_zeros(batch),
         )
         self.step_times: list[tuple[int, float, float]] = []
+        start = time.perf_counter()
         with torch.no_grad():
             self.runner.prefill(self.rows, self.prompt_ids)
+        self.prefill_seconds = time.perf_counter() - start
 
     @property
     def num_active(self) -> int:
@@ -249,6 +252,10 @@ class Decoder:
     def num_tokens(self) -> int:
         """Tokens emitted so far, all rows."""
         return sum(len(t) for t in self.runner.outputs)
+
+    def active_lengths(self) -> list[int]:
+        """Tokens emitted so far by each row still decoding."""
+        return [len(self.runner.outputs[i]) for i in self.rows.index]
 
     def set_spec(self, spec: SpecConfig) -> None:
         """Decodes the next steps at ``spec`` (mode and K; its other fields must stay the same)."""
@@ -280,7 +287,7 @@ class Decoder:
         return GenerationResult(
             prompt_ids=self.prompt_ids, token_ids=runner.outputs, texts=texts,
             lengths=lengths, finish_reasons=runner.finish, stats=runner.log.to_stats(lengths), log=runner.log,
-            step_times=self.step_times,
+            step_times=self.step_times, prefill_seconds=self.prefill_seconds,
         )
 
 

@@ -130,8 +130,8 @@ def test_candidates_and_probe_plan():
     assert candidates(SpecConfig("rs", "auto")) == [("rs", 1), ("rs", 2), ("rs", 3), ("rs", 4)]
     assert candidates(SpecConfig("auto", 3)) == [("none", 0), ("to", 3), ("rs", 3)]
     n = auto.PROBE_STEPS
-    assert auto.probe_plan(ALL) == ([("rs", 4), ("rs", 2)] * n, n)
-    assert auto.probe_plan(candidates(SpecConfig("to", "auto"))) == ([("to", 4), ("to", 2)] * n, 0)
+    assert auto.probe_plan(ALL) == ([("rs", 4)] * n + [("rs", 2)] * n, n)
+    assert auto.probe_plan(candidates(SpecConfig("to", "auto"))) == ([("to", 4)] * n + [("to", 2)] * n, 0)
     assert auto.probe_plan(candidates(SpecConfig("auto", 2))) == ([("rs", 2)] * n, n)
 
 
@@ -193,7 +193,7 @@ def test_auto_is_plain_greedy_at_temperature_zero(spec):
 
 
 def test_auto_probes_then_runs_the_choice(monkeypatch):
-    """The probe alternates the deepest K and a shallower one, then runs plain steps (when plain decoding
+    """The probe runs the deepest K, then a shallower one, then plain steps (when plain decoding
     could win: forced here, as it depends on timings), then every step runs the choice."""
     monkeypatch.setattr(AutoChooser, "none_could_win", lambda self, options, rows: True)
     model = peaked_model()
@@ -204,7 +204,7 @@ def test_auto_probes_then_runs_the_choice(monkeypatch):
     out, decision = generate_auto(model, ToyTokenizer(), _prompts((3, 4, 6)), mtp=head,
                                   sampling=SamplingParams(temperature=1.0, max_new_tokens=24))
     n = auto.PROBE_STEPS
-    assert ks[:3 * n] == [4, 2] * n + [0] * n and len(ks) > 3 * n
+    assert ks[:3 * n] == [4] * n + [2] * n + [0] * n and len(ks) > 3 * n
     assert set(ks[3 * n:]) == {decision.speculate_k}
     assert out.stats.speculate_k == 4 and decision.measured_tok_s > 0
 
