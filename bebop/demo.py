@@ -41,7 +41,7 @@ SEEDED_RUNS = ("to+ce", "rs+ce", "rs+e2e_tv")  # the key comparison (paper Figs.
 
 @dataclass(frozen=True)
 class DemoConfig:
-    """Budgets of the demo (defaults: well under 15 CPU minutes once the model is cached; see the README)."""
+    """Budgets of the demo (defaults: about 13 minutes on 2 CPU cores once the model is cached; see the README)."""
 
     out: str = "demo_out"  # output directory (report, plots, evaluations, RL runs)
     quick: bool = False  # smoke-test budgets, everything under ``out``
