@@ -323,21 +323,16 @@ def test_stop_string_cuts_the_completion(mode):
 # ----------------------------------------------------------------------------- MTP cache
 
 
-@pytest.mark.parametrize("mode", ["to", "rs"])
-def test_depth1_drafts_equal_teacher_forced_head(mode, monkeypatch):
-    """At every verify step the depth-1 draft logits of each row equal ``head.unroll`` depth 1 at the
-    row's frontier in the final sequence: the per-row rollback of both KV caches is right."""
-    model = peaked_model()
-    head = perturbed_head(model, 0.1)
-    prompts = _prompts((2, 5, 9, 3))
-    records: list[tuple[int, int, torch.Tensor]] = []  # (row, frontier position t, depth-1 logits (V,))
+def _record_depth1_drafts(monkeypatch, prompts: list[list[int]]) -> list[tuple[int, int, torch.Tensor]]:
+    """Spies on the engine's draft blocks; returns the list it fills with (row, frontier position t,
+    depth-1 draft logits (V,)) for every row of every verify step."""
+    records: list[tuple[int, int, torch.Tensor]] = []
     draft = engine._Runner._draft
 
     def spy(self, rows):
         # The target has committed prompt + completion[:-1]; the frontier pair is (h_t, last token).
         frontier = [len(prompts[r]) + len(self.outputs[r]) - 2 for r in rows.index]
-        seen: list[torch.Tensor] = []
-        real_logits = self.mtp.logits
+        real_logits, seen = self.mtp.logits, []
 
         def record(hidden, step=0):
             logits = real_logits(hidden, step=step)
@@ -354,17 +349,33 @@ def test_depth1_drafts_equal_teacher_forced_head(mode, monkeypatch):
         return result
 
     monkeypatch.setattr(engine._Runner, "_draft", spy)
-    out = _sampled(model, head, prompts, mode, k=3, max_new_tokens=12)
-    assert out.stats.num_drafts > 2 * len(prompts)  # several verify steps per row
-    assert 0 < out.stats.num_accepted_tokens < out.stats.num_draft_tokens
+    return records
+
+
+def _assert_drafts_match_teacher_forced_head(model, head, prompts, completions, records) -> None:
+    """Every recorded depth-1 draft equals ``head.unroll`` depth 1 at its row's frontier in the final sequence."""
     references = []
-    for prompt, completion in zip(prompts, out.token_ids):
+    for prompt, completion in zip(prompts, completions):
         ids = torch.tensor([prompt + completion])
         with torch.no_grad():
             hidden = model.get_decoder()(input_ids=ids).last_hidden_state
             references.append(head.unroll(hidden, ids, 1)[0][0])  # (T, V)
     for row, t, logits in records:
         torch.testing.assert_close(logits, references[row][t], atol=MTP_ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("mode", ["to", "rs"])
+def test_depth1_drafts_equal_teacher_forced_head(mode, monkeypatch):
+    """At every verify step the depth-1 draft logits of each row equal ``head.unroll`` depth 1 at the
+    row's frontier in the final sequence: the per-row rollback of both KV caches is right."""
+    model = peaked_model()
+    head = perturbed_head(model, 0.1)
+    prompts = _prompts((2, 5, 9, 3))
+    records = _record_depth1_drafts(monkeypatch, prompts)
+    out = _sampled(model, head, prompts, mode, k=3, max_new_tokens=12)
+    assert out.stats.num_drafts > 2 * len(prompts)  # several verify steps per row
+    assert 0 < out.stats.num_accepted_tokens < out.stats.num_draft_tokens
+    _assert_drafts_match_teacher_forced_head(model, head, prompts, out.token_ids, records)
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -450,34 +461,13 @@ def test_switching_settings_keeps_greedy_and_the_head_cache(monkeypatch):
     model = peaked_model()
     head = perturbed_head(model, 0.1)
     prompts = _prompts((2, 5, 9, 3))
-    records: list[tuple[int, int, torch.Tensor]] = []  # (row, frontier position t, depth-1 logits (V,))
-    draft = engine._Runner._draft
-
-    def spy(self, rows):
-        frontier = [len(prompts[r]) + len(self.outputs[r]) - 2 for r in rows.index]
-        real_logits, seen = self.mtp.logits, []
-        self.mtp.logits = lambda hidden, step=0: seen.append(real_logits(hidden, step=step)) or seen[-1]
-        try:
-            result = draft(self, rows)
-        finally:
-            del self.mtp.logits
-        records.extend(zip(rows.index, frontier, seen[0]))
-        return result
-
-    monkeypatch.setattr(engine._Runner, "_draft", spy)
+    records = _record_depth1_drafts(monkeypatch, prompts)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=16)
     out, ks = _decode_switching(model, head, prompts, greedy)
     assert out.token_ids == generate(model, ToyTokenizer(), prompts, sampling=greedy).token_ids
     assert out.stats.num_draft_tokens == sum(ks[i] * n for i, (n, _, _) in enumerate(out.step_times))
     assert 0 < out.stats.num_accepted_tokens and len(records) > 2 * len(prompts)
-    references = []
-    for prompt, completion in zip(prompts, out.token_ids):
-        ids = torch.tensor([prompt + completion])
-        with torch.no_grad():
-            hidden = model.get_decoder()(input_ids=ids).last_hidden_state
-            references.append(head.unroll(hidden, ids, 1)[0][0])  # (T, V)
-    for row, t, logits in records:
-        torch.testing.assert_close(logits, references[row][t], atol=MTP_ATOL, rtol=0)
+    _assert_drafts_match_teacher_forced_head(model, head, prompts, out.token_ids, records)
 
 
 def test_switch_deeper_than_max_speculate_k_is_refused():
