@@ -12,7 +12,8 @@ tokens (running sums, punctuation). That spread of next-token entropy is what ac
 versus entropy needs; a task answered token-for-token deterministically would have none.
 
 Pretraining also shows a second, careless solver (``make_guess``): it opens with a word of its
-own (``guess``, ``say``, ``maybe``) and writes random running sums, so it is almost never right::
+own (``guess``, ``say``, ``maybe``) and writes random numbers (the terms after the first and every
+running sum), so it is almost never right::
 
     completion:  guess 7 . add 2 gives 131 . plus 4 makes 55 . A 55
 
