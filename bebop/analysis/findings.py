@@ -50,7 +50,7 @@ import numpy as np
 
 from bebop.analysis import bootstrap
 from bebop.analysis.bootstrap import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, decide
-from bebop.analysis.report import MISSING, Run, _as_float, _column, _table, summarize_run
+from bebop.analysis.report import MISSING, WARMUP_STEPS, Run, _as_float, _column, _table, summarize_run
 from bebop.analysis.roles import CE_LOSS, TV_LOSS, none_runs, runs_with
 from bebop.analysis.slopes import (
     SlopeEstimate,
@@ -298,8 +298,9 @@ def _speedup_finding(runs: Sequence[Run]) -> Finding:
     b, f = summarize_run(base[0]), summarize_run(frozen[0])
     if not (b["step_s"] > 0 and f["step_s"] > 0):
         return Finding(*args, MISSING, NOT_COMPARABLE, "a run logged no step_s")
-    nb, nb_draws = bootstrap.steps_mean([_column(r.metrics, "step_s") for r in base])
-    tv, tv_draws = bootstrap.steps_mean([_column(r.metrics, "step_s") for r in frozen])
+    timed = [[_column(r.metrics[WARMUP_STEPS:], "step_s") for r in rs] for rs in (base, frozen)]  # no warm-up
+    nb, nb_draws = bootstrap.steps_mean(timed[0])
+    tv, tv_draws = bootstrap.steps_mean(timed[1])
     with np.errstate(invalid="ignore", divide="ignore"):
         ratio = bootstrap.percentile_interval(nb.estimate / tv.estimate, nb_draws / tv_draws, nb.n + tv.n, "RL steps")
     lo, hi = ratio.ci

@@ -311,6 +311,14 @@ def test_finding7_slow_rl_step_reports_the_number_and_the_rollout_bound():
     assert g[7].verdict == NOT_COMPARABLE and "no none run" in g[7].note
 
 
+def test_finding7_leaves_out_the_warm_up_step_like_the_step_times():
+    """A slow first step (engine start, caches) changes neither the speed-up nor its interval."""
+    runs = _runs(none_step_s=1.5)  # rs+e2e_tv steps take 1.0 s: 1.5x, the paper's lower end
+    runs[3].metrics[0]["step_s"] = 60.0  # rs+e2e_tv's warm-up step
+    f = _by_number(compute_findings({}, [], runs))
+    assert "1.50× [1.50, 1.50]" in f[7].ours
+
+
 def test_runs_loaded_from_directories(tmp_path):
     paths = []
     for i, run in enumerate(_runs()):
