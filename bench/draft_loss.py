@@ -1,8 +1,9 @@
 """Peak memory and time of the draft losses: fused with the lm_head, chunked, plain autograd.
 
-    PYTHONPATH=. .venv/bin/python bench/draft_loss.py                     # N 256/512, D 2048, ~4 min on 2 CPU cores
+    PYTHONPATH=. .venv/bin/python bench/draft_loss.py                     # N 256/512/1024, D 2048, ~5 min on 2 CPU cores
     PYTHONPATH=. .venv/bin/python bench/draft_loss.py --hidden-size 0     # logits inputs: plain vs chunked
     PYTHONPATH=. .venv/bin/python bench/draft_loss.py --search            # largest N plain survives
+    PYTHONPATH=. .venv/bin/python bench/draft_loss.py --n 4096 --methods fused   # beyond plain's reach here: ~4.5 min
     PYTHONPATH=. .venv/bin/python bench/draft_loss.py --n 1024 4096 --device cuda
 
 Methods, all from the same inputs: ``plain`` (logits = hidden @ weight.T, then full (N, K, V)
@@ -40,7 +41,7 @@ from bebop.losses import draft_loss, draft_loss_from_hidden
 
 # NOTE: with logits inputs (--hidden-size 0), --search on the 24 GiB, 2-core development machine
 # (other jobs running): plain survived N=512 (9.9 GB peak) and failed at N=1024 (~16.6 GB projected).
-DEFAULT_N = [256, 512]  # hidden inputs at D = 2048: plain fits (N = 512: ~10 GB peak), ~4 min in all
+DEFAULT_N = [256, 512, 1024]  # hidden inputs at D = 2048: plain fits (N = 1024: 16.4 GB peak), ~5 min in all
 
 
 def _logits(draft, target, weight):

@@ -8,22 +8,29 @@ given directly as logits); every objective of ``DRAFT_LOSSES`` is then exactly `
 entry_stats.py). What changes is what is held in memory (the paper's App. F memory argument,
 carried through the lm_head):
 
-* a *row chunk* of entries computes its (rows, V) logits with one matmul (a hidden target's rows
-  join the draft's, so the weight is read once), walks them ``vocab_chunk`` columns at a time with
-  the statistic functions of `entry_stats`, and is dropped;
-* the analytic per-row gradient g = d statistic / d z (rows, V) is contracted with the weight in
-  the same pass, d statistic / d hidden = (g / T) @ weight (rows, D), and kept. The loss's
-  backward only scales these rows by the upstream gradient, because each statistic depends on its
-  own row's hidden state alone: no logits are recomputed for the hidden states' gradient;
+* a *row chunk* of entries computes its (rows, V) logits with one matmul into a buffer every chunk
+  reuses (a hidden target's rows join the draft's, so the weight is read once per chunk);
+* the statistics walk the chunk in small tiles (``entry_stats.TILE_ELEMENTS``: whole rows, then
+  ``vocab_chunk`` columns at a time) with the statistic functions of `entry_stats`; as soon as a
+  tile's rows are summed, their analytic gradient g = d statistic / dz overwrites their draft
+  logits, and one (rows, V) @ (V, D) matmul gives d statistic / d hidden = (g / T) @ weight, kept
+  (rows, D). The loss's backward only scales these rows by the upstream gradient, because each
+  statistic depends on its own row's hidden state alone: no logits are recomputed for the hidden
+  states' gradient;
 * a trainable weight (``weight.requires_grad``) gets its gradient in the backward, which
-  recomputes each row chunk's logits once: sum over rows of scale_r g_r^T hidden_r (V, D).
+  recomputes each row chunk's logits and gradient once: sum over rows of scale_r g_r^T hidden_r (V, D).
+
+The row chunk is the speed/memory trade-off: each chunk reads the whole (V, D) weight, so wider
+chunks run the matmuls faster, and the working set is one chunk's logits (see FUSED_TILE_ELEMENTS).
 
 Where this deviates from `draft_loss`:
 1) Entries outside ``mask`` are never computed (they carry no loss and no gradient there either);
    ``with_alpha``'s alpha is 0 on them.
 2) Logits are computed in the inputs' dtype (bfloat16 inputs give the bfloat16 logits the model's
    own lm_head gives), then upcast: statistics accumulate in float32, float64 for float64 inputs.
-   Gradients are accumulated in that dtype and cast to the inputs' dtype at the end.
+   d statistic / dz meets the weight in the inputs' dtype, as autograd through the lm_head would:
+   the hidden states' gradient is one matmul per row chunk in that dtype, the weight's is summed
+   over chunks in the accumulation dtype; both are cast to the inputs' dtype at the end.
 3) Inputs are checked here and refused with `BebopError` (one line), not ValueError.
 """
 
@@ -33,7 +40,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from bebop.losses.draft import DRAFT_LOSSES, _e2e_tv_from_alpha, _masked_mean, _resolve_mask
@@ -46,14 +52,19 @@ from bebop.losses.entry_stats import (
     _row_logsumexp,
     _row_slices,
     compute_dtype,
+    resolve_row_chunk,
 )
 from bebop.utils.io import BebopError
 
-# NOTE: a row chunk holds about seven float32 (rows, V) buffers. 2**23 elements (32 MiB each, 55
-# rows of a 152k vocabulary; the forward matmul runs draft and target rows together, 110) keeps the
-# matmuls wide enough for a CPU's full FLOP rate (27 rows ran at half of it: every chunk re-reads
-# the whole weight) and the working set under 1/8 of the plain loss's from N*K = 1,280 entries up.
-FUSED_TILE_ELEMENTS = 2**23  # default row chunk = FUSED_TILE_ELEMENTS // V
+# NOTE: a row chunk's matmul writes draft and target logits into one (2 * rows, V) buffer that every
+# chunk reuses (a fresh one per chunk would page-fault every time and briefly hold two), its
+# statistics walk it in entry_stats' small tiles (TILE_ELEMENTS), and the gradient overwrites the
+# draft half, so the working set is that buffer plus a few tiles. Each chunk reads the whole
+# (V, D) weight, so the chunk sets the matmuls' width: on 2 CPU cores (V = 152k, D = 2,048) the
+# logits matmul ran at ~90 GFLOP/s with 55 rows, ~150 with 220 and ~185 with plain autograd's
+# 1,280. 2**25 elements (220 rows of a 152k vocabulary) keeps the working set under 1/8 of the
+# plain loss's from N*K = 1,280 entries up.
+FUSED_TILE_ELEMENTS = 2**25  # default row chunk = FUSED_TILE_ELEMENTS // V
 
 # loss name -> (per-entry statistic, reduction of the (N, K) statistic under the (N, K) mask)
 FUSED_LOSSES: dict[str, tuple[str, Callable[[Tensor, Tensor], Tensor]]] = {
@@ -71,7 +82,8 @@ class _Setup:
 
     statistic: Statistic
     temperature: float
-    row_chunk: int
+    row_chunk: int  # entries per logits matmul
+    tile_rows: int  # entries per statistics tile (whole rows, walked vocab_chunk columns at a time)
     vocab_chunk: int
     dtype: torch.dtype  # accumulation dtype (float32, or float64 for float64 inputs)
     target_is_hidden: bool
@@ -84,15 +96,23 @@ def _logit_rows(
     target: Tensor,  # (r, D) hidden or (r, V) logits
     weight: Tensor,  # (V, D)
     setup: _Setup,
+    out: Tensor,  # (>= 2r, V) scratch in the weight's dtype, overwritten
 ) -> tuple[Tensor, Tensor]:  # (r, V) draft logits, (r, V) target logits, inputs' dtypes
     """The row chunk's logits; a hidden target shares the draft's matmul (one read of the weight)."""
+    rows = hidden.shape[0]
     if not setup.target_is_hidden:
-        return F.linear(hidden, weight), target
-    both = F.linear(torch.cat([hidden, target]), weight)  # (2r, V)
-    draft_logits, target_logits = both.split(hidden.shape[0])
+        return torch.mm(hidden, weight.T, out=out[:rows]), target
+    both = torch.mm(torch.cat([hidden, target]), weight.T, out=out[: 2 * rows])  # (2r, V)
+    draft_logits, target_logits = both.split(rows)
     if setup.target_softcap is not None:  # as bebop.spec.attention.final_logits
-        target_logits = torch.tanh(target_logits / setup.target_softcap) * setup.target_softcap
+        target_logits.div_(setup.target_softcap).tanh_().mul_(setup.target_softcap)
     return draft_logits, target_logits
+
+
+def _logits_buffer(hidden: Tensor, weight: Tensor, setup: _Setup) -> Tensor:  # (2 * row chunk, V)
+    """Scratch for `_logit_rows`, sized for the largest chunk (draft and hidden target rows)."""
+    rows = min(setup.row_chunk, hidden.shape[0]) * (2 if setup.target_is_hidden else 1)
+    return weight.new_empty(rows, weight.shape[0])
 
 
 def _log_norms(draft_logits: Tensor, target_logits: Tensor, log: bool, setup: _Setup):
@@ -133,11 +153,25 @@ def _row_sums(
     return value, aux, (value if not log else alpha), norms
 
 
-def _logit_grad_tiles(draft_logits, target_logits, norms, value, aux, scale, setup):
-    """(columns, scale * d statistic / dz tile (r, C)) across the vocabulary; scale (r,) holds 1/T."""
+def _overwrite_with_logit_grad(draft_logits, target_logits, norms, value, aux, scale, setup) -> None:
+    """draft_logits (r, V) <- scale * d statistic / dz, tile by tile; scale (r,) holds 1/T."""
     statistic, log = setup.statistic, setup.statistic.in_log_space
     for cols, tile_q, tile_p in _tiles(draft_logits, target_logits, norms, log, setup):
-        yield cols, statistic.tile_grad(tile_q, tile_p, value, aux, scale)
+        # The tiles are fresh tensors: overwriting the logits they came from is safe.
+        draft_logits[:, cols] = statistic.tile_grad(tile_q, tile_p, value, aux, scale)
+
+
+def _chunk_pass(z, t, out: slice, value, aux, alpha, scale, setup) -> None:
+    """Statistics of a row chunk (written to value, aux, alpha at out) and, given scale, its gradient.
+
+    The statistics walk the chunk tile_rows whole rows at a time; with a scale (r,), each tile's
+    rows of z are overwritten by scale * d statistic / dz as soon as their statistics are known.
+    """
+    for tile in _row_slices(z.shape[0], setup.tile_rows):
+        at = slice(out.start + tile.start, out.start + tile.stop)
+        value[at], aux[at], alpha[at], norms = _row_sums(z[tile], t[tile], setup)
+        if scale is not None:
+            _overwrite_with_logit_grad(z[tile], t[tile], norms, value[at], aux[at], scale[at], setup)
 
 
 class _FusedStatisticFunction(torch.autograd.Function):
@@ -152,15 +186,15 @@ class _FusedStatisticFunction(torch.autograd.Function):
         value, aux, alpha = (hidden.new_zeros(num_rows, dtype=dtype) for _ in range(3))
         need_hidden_grad = ctx.needs_input_grad[0]
         jac = hidden.new_zeros(hidden.shape, dtype=dtype) if need_hidden_grad else None  # (R, D)
+        scale = value.new_full((num_rows,), 1.0 / setup.temperature) if need_hidden_grad else None
+        buffer = _logits_buffer(hidden, weight, setup)
         for rows in _row_slices(num_rows, setup.row_chunk):
-            z, t = _logit_rows(hidden[rows], target[target_rows[rows]], weight, setup)  # (r, V) each
-            value[rows], aux[rows], alpha[rows], norms = _row_sums(z, t, setup)
-            if not need_hidden_grad:
-                continue
-            scale = value.new_full((z.shape[0],), 1.0 / setup.temperature)  # d/dz = (d/du) / T
-            for cols, grad in _logit_grad_tiles(z, t, norms, value[rows], aux[rows], scale, setup):
-                # (r, C) @ (C, D): the chain rule through z = hidden @ weight.T, in the weight's dtype
-                jac[rows] += (grad.to(weight.dtype) @ weight[cols]).to(dtype)
+            z, t = _logit_rows(hidden[rows], target[target_rows[rows]], weight, setup, buffer)  # (r, V)
+            _chunk_pass(z, t, rows, value, aux, alpha, scale, setup)
+            if need_hidden_grad:
+                # z now holds d statistic / dz: the chain rule through z = hidden @ weight.T, one
+                # (r, V) @ (V, D) matmul in the weight's dtype.
+                jac[rows] = z @ weight
         keep = ctx.needs_input_grad[3]  # the weight's gradient recomputes the logits
         ctx.save_for_backward(jac, value, aux, *((hidden, target, target_rows, weight) if keep else ()))
         ctx.setup, ctx.hidden_dtype = setup, hidden.dtype
@@ -176,21 +210,25 @@ class _FusedStatisticFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_hidden = (jac * grad_value[:, None]).to(ctx.hidden_dtype)
         if ctx.needs_input_grad[3]:
-            grad_weight = _weight_grad(*inputs, value, aux, grad_value, setup)
+            grad_weight = _weight_grad(*inputs, grad_value, setup)
         return grad_hidden, None, None, grad_weight, None
 
 
-def _weight_grad(hidden, target, target_rows, weight, value, aux, grad_value, setup) -> Tensor:  # (V, D)
+def _weight_grad(hidden, target, target_rows, weight, grad_value, setup) -> Tensor:  # (V, D)
     """sum_r grad_value_r * d statistic_r / d weight, one recomputed row chunk at a time."""
     grad_weight = weight.new_zeros(weight.shape, dtype=setup.dtype)  # (V, D)
     scale = grad_value / setup.temperature  # (R,)
+    value, aux, alpha = (torch.empty_like(scale) for _ in range(3))  # recomputed, as the logits
+    buffer = _logits_buffer(hidden, weight, setup)
     for rows in _row_slices(hidden.shape[0], setup.row_chunk):
-        z, t = _logit_rows(hidden[rows], target[target_rows[rows]], weight, setup)
-        norms = _log_norms(z, t, setup.statistic.in_log_space, setup)
-        tiles = _logit_grad_tiles(z, t, norms, value[rows], aux[rows], scale[rows], setup)
-        for cols, grad in tiles:
-            # (C, r) @ (r, D): z_rc = hidden_r . weight_c, so d/d weight_c = sum_r g_rc hidden_r
-            grad_weight[cols] += (grad.to(weight.dtype).T @ hidden[rows]).to(setup.dtype)
+        z, t = _logit_rows(hidden[rows], target[target_rows[rows]], weight, setup, buffer)
+        _chunk_pass(z, t, rows, value, aux, alpha, scale, setup)
+        # (V, r) @ (r, D): z_rc = hidden_r . weight_c, so d/d weight_c = sum_r g_rc hidden_r
+        if weight.dtype == setup.dtype:
+            grad_weight.addmm_(z.T, hidden[rows])
+            continue
+        for cols in _row_slices(weight.shape[0], setup.vocab_chunk):  # (C, D) products, upcast
+            grad_weight[cols] += (z[:, cols].T @ hidden[rows]).to(setup.dtype)
     return grad_weight.to(weight.dtype)
 
 
@@ -276,8 +314,8 @@ def draft_loss_from_hidden(
         target_softcap: Soft-capping c of a hidden target's logits, t <- c tanh(t / c) (Gemma's
             ``final_logit_softcapping``); None for none.
         with_alpha: Also return alpha = sum_v min(p, q) per entry (N, K), detached, 0 outside mask.
-        row_chunk: Entries per row chunk; None fills FUSED_TILE_ELEMENTS.
-        vocab_chunk: Vocabulary columns per statistics tile.
+        row_chunk: Entries per logits matmul; None fills FUSED_TILE_ELEMENTS.
+        vocab_chunk: Vocabulary columns per statistics tile (their rows fill entry_stats.TILE_ELEMENTS).
 
     Returns:
         The scalar loss in float32 (float64 for float64 inputs), and alpha if ``with_alpha``.
@@ -302,7 +340,8 @@ def draft_loss_from_hidden(
     vocab, (num, depth, width) = weight.shape[0], draft_hidden.shape
     setup = _Setup(
         STATISTICS[statistic], float(temperature),
-        row_chunk or max(1, FUSED_TILE_ELEMENTS // vocab), vocab_chunk,
+        row_chunk or max(1, FUSED_TILE_ELEMENTS // vocab), resolve_row_chunk(None, vocab, vocab_chunk),
+        vocab_chunk,
         compute_dtype(draft_hidden.dtype, target.dtype, weight.dtype), target_is_hidden,
         None if target_softcap is None else float(target_softcap), with_alpha,
     )

@@ -8,6 +8,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from bebop.losses import DRAFT_LOSSES, acceptance_stats, draft_loss, draft_loss_from_hidden
+from bebop.losses import entry_stats
 from bebop.losses.fused import FUSED_LOSSES
 from bebop.spec.attention import final_logits
 from bebop.utils.io import BebopError
@@ -145,6 +146,23 @@ class _LargestOutput(TorchDispatchMode):
             if isinstance(x, torch.Tensor) and x.untyped_storage().data_ptr() not in shared:
                 self.largest = max(self.largest, x.numel())
         return out
+
+
+@pytest.mark.parametrize("target_as", ["hidden", "logits"])
+@pytest.mark.parametrize("name", NAMES)
+def test_statistics_tiles_inside_a_row_chunk(name, target_as, monkeypatch):
+    """Statistics tiles of 2 rows inside matmul chunks of 5 (the last tile of each chunk short), 3
+    vocab tiles: the gradient written over a tile's logits must not reach the next tile's."""
+    monkeypatch.setattr(entry_stats, "TILE_ELEMENTS", 2 * 9)  # 2 rows of 9 columns per tile
+    gen = torch.Generator().manual_seed(11 + NAMES.index(name))
+    hidden, target_hidden = (torch.randn(N, K, D, generator=gen) for _ in range(2))
+    weight = torch.randn(V, D, generator=gen)
+    (fused, fused_h, fused_w), (plain, plain_h, plain_w) = fused_and_plain(
+        name, hidden, target_hidden, weight, make_mask("cut", gen), 0.7, target_as,
+        {"row_chunk": 5, "vocab_chunk": 9})
+    torch.testing.assert_close(fused, plain, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fused_h, plain_h, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fused_w, plain_w, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("target_as", ["hidden", "logits"])
