@@ -1,6 +1,6 @@
 """Automatic mode/K (``bebop.spec.auto``) against the best fixed setting found by grid search, same run.
 
-    PYTHONPATH=. .venv/bin/python bench/auto.py --threads 1     # T 0.3/0.7/1, B 1/16/64, 5 repeats: ~2-4 min
+    PYTHONPATH=. .venv/bin/python bench/auto.py --threads 1     # T 0.3/0.7/1, B 1/16/64, 10 repeats: ~2.5 min
     PYTHONPATH=. .venv/bin/python bench/auto.py --quick         # B 16, T 1, 3 repeats: ~15 s
 
 Defaults: the embedded model and its e2e-TV head (both trained and cached on first use), the
@@ -12,10 +12,10 @@ noisy phase of the machine hits all of them alike; tok/s are medians of the repe
     auto        ``generate_auto`` with mode and K auto and a fresh ``AutoChooser`` per call, as
                 ``bebop generate --mode auto --speculate-k auto`` runs: its probe steps are part of
                 its time (one-shot).
-    RL-style    one ``AutoChooser`` across the group's calls, as ``bebop rl`` keeps it: a
-                ``generate_auto`` call (probe, decision) every ``--auto-every`` calls, the decision
-                fixed in between and every call observed; tok/s pooled over its calls (the probing
-                call included), against the best setting's pooled tok/s.
+    RL-style    one ``AutoChooser`` across the group's calls, as ``bebop rl`` keeps it: a probing
+                ``generate_auto`` call every ``--auto-every`` calls, ``probe=False`` (a choice from
+                what earlier calls measured, no probe steps) in the others; tok/s pooled over its
+                calls (the probing call included), against the best setting's pooled tok/s.
 Columns:
     best        the grid's fastest setting and its tok/s.
     auto/best   auto's tok/s over the best's (the target: >= 0.95).
@@ -63,8 +63,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64], help="rows B per call")
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.3, 0.7, 1.0], help="T (> 0)")
     ap.add_argument("--max-new-tokens", type=int, default=48, help="completion tokens per row, EOS included")
-    ap.add_argument("--repeats", type=int, default=5, help="timed calls per setting")
-    ap.add_argument("--auto-every", type=int, default=5, help="RL-style auto: re-decide every this many calls")
+    ap.add_argument("--repeats", type=int, default=10, help="timed calls per setting")
+    ap.add_argument("--auto-every", type=int, default=10, help="RL-style auto: probe every this many calls (bebop rl's default)")
     ap.add_argument("--quick", action="store_true", help="B 16, T 1, 3 repeats; overrides those flags")
     ap.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
     ap.add_argument("--device", default="cpu", help="cpu, cuda or auto")
@@ -76,22 +76,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def run_auto(model, tok, head, prompts, temperature: float, max_new: int, chooser=None):
+def run_auto(model, tok, head, prompts, temperature: float, max_new: int, chooser=None, probe=True):
     """One ``generate_auto`` call -> (seconds, tokens, decision)."""
     sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new)
     start = time.perf_counter()
     result, decision = generate_auto(model, tok, prompts, mtp=head, sampling=sampling, seed=SAMPLING_SEED,
-                                     chooser=chooser)
+                                     chooser=chooser, probe=probe)
     if next(model.parameters()).device.type == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter() - start, sum(result.lengths), decision
 
 
 class RlAuto:
-    """Auto as ``bebop rl`` runs it: one chooser across the calls, re-deciding every ``every`` calls."""
+    """Auto as ``bebop rl`` runs it: one chooser across the calls, probing every ``every`` calls and
+    choosing without a probe in the others."""
 
     def __init__(self, every: int):
         self.every, self.calls, self.chooser, self.decision = every, 0, AutoChooser(), None
+        self.choices: list[str] = []  # the setting each call ran after its decision
         self.forecasts: list[dict] = []  # per call after the first: {"new"|"old": {setting: tok/s}}
 
     def forecast(self, batch: int, max_new: int) -> None:
@@ -105,13 +107,9 @@ class RlAuto:
     def call(self, model, tok, head, prompts, temperature: float, max_new: int) -> tuple[float, int]:
         if self.calls:
             self.forecast(len(prompts), max_new)
-        if self.calls % self.every == 0:
-            seconds, tokens, self.decision = run_auto(model, tok, head, prompts, temperature, max_new, self.chooser)
-        else:
-            mode, k = self.decision.mode, self.decision.speculate_k
-            seconds, result, _ = run_bebop(model, tok, head, prompts, Method(mode, k), temperature, max_new)
-            self.chooser.observe(result, mode, max(k, 1), temperature == 0)
-            tokens = sum(result.lengths)
+        probe = self.calls % self.every == 0
+        seconds, tokens, self.decision = run_auto(model, tok, head, prompts, temperature, max_new, self.chooser, probe)
+        self.choices.append(config_name(self.decision.mode, self.decision.speculate_k))
         self.calls += 1
         return seconds, tokens
 
@@ -151,8 +149,8 @@ def run_group(model, tok, head, batch: int, temperature: float, args) -> dict:
     chosen, count = collections.Counter(config_name(d.mode, d.speculate_k) for d in decisions).most_common(1)[0]
     return {"B": batch, "T": temperature, "tok_s": tok_s, "pooled": pooled, "rates": rates, "chosen": chosen,
             "chosen_count": count, "decisions": [config_name(d.mode, d.speculate_k) for d in decisions],
-            "rest_error": statistics.median(d.predicted_tok_s / d.measured_tok_s - 1 for d in decisions
-                                            if d.measured_tok_s > 0),
+            "rest_error": statistics.median([d.predicted_tok_s / d.measured_tok_s - 1 for d in decisions
+                                             if d.measured_tok_s > 0] or [float("nan")]),  # nan: ended in the probe
             "rl_chosen": config_name(rl.decision.mode, rl.decision.speculate_k), "forecast": forecast}
 
 

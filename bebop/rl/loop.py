@@ -47,9 +47,11 @@ Deviations from textbook GRPO (beyond the numbered list in ``bebop.rl.grpo``):
      alone writes the run directory.
   9) ``mode``/``speculate_k`` ``auto`` (``bebop.spec.auto``): every ``auto_every`` steps (and on the
      first step after a resume) the rollout probes settings for a few decode steps each and then
-     runs the one with the highest predicted tokens/s; the steps in between run it too. Tokens stay exactly the policy's, but
-     the choice depends on timings, so such a run does not repeat bit for bit. Each row logs
-     ``auto/mode``, ``auto/speculate_k``, ``auto/predicted_tok_s`` and ``auto/measured_tok_s``.
+     runs the one with the highest predicted tokens/s; every step in between chooses again from what
+     the earlier rollouts measured, without probe steps. Tokens stay exactly the policy's, but the
+     choice depends on timings, so such a run does not repeat bit for bit. Each row logs
+     ``auto/mode``, ``auto/speculate_k``, ``auto/predicted_tok_s``, ``auto/measured_tok_s`` (the
+     decode steps after the choice) and ``auto/probed``.
      Under torchrun auto is refused (each rank would time, hence choose, on its own).
 """
 
@@ -232,11 +234,8 @@ def step_metrics(cfg: RLConfig, rollout: Rollout, rewards: torch.Tensor, update:
         **seconds,
         "tokens_per_s": num_tokens / max(rollout.seconds, 1e-9),
     }
-    if rollout.decision is not None:  # mode/K auto: the setting in force, its prediction beside tokens_per_s
-        decided = rollout.result.decision is not None  # this rollout probed and decided: its rate after the probe
-        row.update(rollout.decision.to_metrics(), **{
-            "auto/decided": decided,
-            "auto/measured_tok_s": rollout.decision.measured_tok_s if decided else row["tokens_per_s"]})
+    if rollout.decision is not None:  # mode/K auto: the setting chosen, its prediction beside its measured rate
+        row.update(rollout.decision.to_metrics(), **{"auto/measured_tok_s": rollout.decision.measured_tok_s})
     return _json_safe(row)
 
 

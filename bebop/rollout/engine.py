@@ -8,9 +8,10 @@ from bebop.rollout.base import Completions, RolloutBackend, repeat_prompts
 class EngineBackend(RolloutBackend):
     """Samples with ``bebop.spec.generate`` on the modules it was last given (no copy: ``sync`` rebinds).
 
-    A spec with mode or K ``auto`` runs ``bebop.spec.auto.generate_auto`` (probe, choose, decode the
-    rest); from then on every call also feeds its step times and alphas to the same ``AutoChooser``,
-    so the next decision of a run sees the running acceptance.
+    A spec with mode or K ``auto`` runs ``bebop.spec.auto.generate_auto`` with the run's one
+    ``AutoChooser`` (probe and choose, or with ``probe=False`` choose from what earlier calls
+    measured); every call, fixed settings' too, feeds its step times and alphas to that chooser, so
+    each decision sees the running acceptance.
     """
 
     name = "engine"
@@ -24,7 +25,7 @@ class EngineBackend(RolloutBackend):
         if head is not None:
             self.head = head
 
-    def rollout(self, prompts, sampling, spec, group_size=1, seed=0, step=0, first_row=0) -> Completions:
+    def rollout(self, prompts, sampling, spec, group_size=1, seed=0, step=0, first_row=0, probe=True) -> Completions:
         from bebop.spec.auto import AutoChooser, generate_auto, is_auto
         from bebop.spec.engine import generate
 
@@ -33,7 +34,8 @@ class EngineBackend(RolloutBackend):
         if is_auto(spec):
             self.chooser = self.chooser or AutoChooser()
             result, decision = generate_auto(self.model, self.tokenizer, rows, mtp=self.head, sampling=sampling,
-                                             spec=spec, seed=seed, step=step, row_ids=row_ids, chooser=self.chooser)
+                                             spec=spec, seed=seed, step=step, row_ids=row_ids, chooser=self.chooser,
+                                             probe=probe)
             completions = Completions.from_generation(result)
             completions.decision = decision
             return completions

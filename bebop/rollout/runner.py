@@ -38,7 +38,7 @@ class Rollout:
     batch: object  # the PromptBatch answered (prompts, prompt_ids, fields, step)
     result: Completions  # (B*G,) rows, with the backend's SpecStats
     seconds: float  # wall time of the backend call (measured in the background thread when async)
-    decision: object = None  # mode/K auto: the bebop.spec.auto.Decision in force (made by this rollout or earlier)
+    decision: object = None  # mode/K auto: the bebop.spec.auto.Decision this rollout ran
 
 
 def frozen_copy(obj):
@@ -87,7 +87,7 @@ class RolloutRunner:
         self.executor: ThreadPoolExecutor | None = None
         self.pending: tuple[int, Future] | None = None
         self.auto = "auto" in (cfg.mode, cfg.speculate_k) and cfg.mode != "none"
-        self.decision = None  # the last auto decision (None: the next rollout decides; also after a resume)
+        self.decision = None  # the last auto decision (None: the next rollout probes; also after a resume)
         if cfg.async_rollout:
             self.sampler = frozen_copy((policy, head))
             self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bebop-rollout")
@@ -102,13 +102,13 @@ class RolloutRunner:
         cfg = self.cfg
         sampling = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p, cfg.max_new_tokens)
         spec = SpecConfig(cfg.mode, cfg.speculate_k)
-        if self.auto and self.decision is not None and batch.step % cfg.auto_every:
-            spec = SpecConfig(self.decision.mode, max(self.decision.speculate_k, 1))  # between decisions: fixed
+        # auto: probe every auto_every steps (and first after a resume); in between, choose from the models
+        probe = not (self.auto and self.decision is not None and batch.step % cfg.auto_every)
         prompts = batch.prompt_ids or batch.prompts
         first, last = distributed.shard_range(len(prompts), "prompts_per_step")  # this rank's prompts
         start = time.perf_counter()
         result = self.backend.rollout(prompts[first:last], sampling, spec, group_size=cfg.group_size,
-                                      seed=cfg.seed, step=batch.step, first_row=first * cfg.group_size)
+                                      seed=cfg.seed, step=batch.step, first_row=first * cfg.group_size, probe=probe)
         seconds = time.perf_counter() - start
         self.decision = result.decision or self.decision
         return Rollout(batch, result, seconds, self.decision)

@@ -209,7 +209,7 @@ class VllmBackend(RolloutBackend):
         self._llm = None
 
     # ------------------------------------------------------------------ sampling
-    def rollout(self, prompts, sampling, spec, group_size=1, seed=0, step=0, first_row=0) -> Completions:
+    def rollout(self, prompts, sampling, spec, group_size=1, seed=0, step=0, first_row=0, probe=True) -> Completions:
         from bebop.spec.stats import SpecStats
 
         llm = self._engine(spec)

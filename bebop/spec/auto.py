@@ -16,11 +16,12 @@ Terms (K = speculation depth, R = rows decoding, p the target's distribution, q 
                 rows' state (``none_could_win``): R (1 + E[L]) / step cost (``none``: R / plain_s).
 
 ``generate_auto`` runs one engine call (``bebop.spec.engine.Decoder``) that switches settings
-between decode steps, every token kept: steps at the deepest K, then at a shallower one (both
-alphas at every depth; c_draft, and c_verify at two depths), plain steps unless plain decoding
-cannot win (``AutoChooser.none_could_win``), then the rest at the setting with the highest
-predicted tokens/s (``probe_plan``). An RL run (``bebop.rollout``) re-decides every ``auto_every``
-steps the same way and updates its models from every rollout in between.
+between decode steps, every token kept: a probe (``_probe``: steps at the deepest K; then plain
+steps if plain decoding could win, else steps at a shallower K if one could), then the rest at the
+setting with the highest predicted tokens/s. A setting that cannot win is not probed, so a call whose
+best is the deepest K pays nothing for the probe. An RL run (``bebop.rollout``) probes every
+``auto_every`` steps and, in between, re-decides at every step from what the earlier calls measured
+(``probe=False``: no probe steps); it updates its models from every call.
 
 Exactness: each step is an exact step of its setting, drawn from its rows' randomness at a counter
 no other step uses, and the setting of a step depends only on the steps before it (and on
@@ -31,11 +32,11 @@ Deviations from the paper's speedup formula:
     1) Costs are whole engine decode steps (drafting, verify forward, verification, bookkeeping) as
        the engine times them (``GenerationResult.step_times``), not forwards alone: the overhead
        around the forwards decides the choice on a small model. c_verify(K) is what a step costs
-       besides its drafting, linear in K between the two probed depths. ``to`` and ``rs`` share
+       besides its drafting, a line in K (``StepCosts.verify_seconds``). ``to`` and ``rs`` share
        the costs (they differ only in sampling drafts from q).
     2) alpha_TO recorded while ``rs`` runs (and alpha_RS while ``to`` runs) is measured on the other
        rule's accepted prefixes, a small bias at depths >= 2.
-    3) Depths with too few recorded positions are extrapolated conservatively (``Acceptance``).
+    3) A depth with few recorded positions leans on the depth above it (``Acceptance.alphas``).
     4) The tail is priced from the completion lengths of earlier calls; a run's first call has none,
        so its rows are assumed to run to max_new_tokens (no tail: an overestimate, reported by
        ``bench/auto.py``). The calibration is learned against the tokens the rows really had left,
@@ -46,6 +47,7 @@ Deviations from the paper's speedup formula:
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import statistics
@@ -61,8 +63,10 @@ from bebop.spec.tail import SCENARIOS, Lengths, call_rate
 from bebop.utils.io import BebopError
 
 PROBE_STEPS = 2  # decode steps of each probed setting: enough to time a step, few enough to cost little
-MIN_POSITIONS = 4.0  # weight of recorded positions below which a depth counts as unseen
-UNSEEN_DECAY = 0.9  # alpha ratio per unseen depth when only depth 1 was seen (alpha never rises with depth here)
+# NOTE: a completion's first tokens are its least predictable (the embedded task's opener: alpha_RS ~0.1
+# at depth 1 at T = 0.3, ~0.9 later), so a B = 1 probe of 2 steps mistakes them for the whole call.
+PROBE_POSITIONS = 8  # rows x steps of the deep probe at least: its alphas' evidence
+PRIOR_POSITIONS = 4.0  # weight of depth j-1's alpha in depth j's estimate (``Acceptance.alphas``)
 DECAY = 0.5  # weight kept by older acceptance evidence at each new decision (RL: the policy drifts)
 MIN_CALIBRATION_STEPS = 4  # fewer steps after a decision do not calibrate: the last, partial step dominates
 CALIBRATION = 0.3  # weight of the newest log(measured / predicted) in the running calibration (from 0)
@@ -144,24 +148,25 @@ class Acceptance:
         self.sums = {r: [s * factor for s in v] for r, v in self.sums.items()}
 
     def alphas(self, rule: str, k: int) -> list[float]:
-        """alpha_1..alpha_K of a rule; unseen depths extrapolated conservatively.
+        """alpha_1..alpha_K of a rule, each depth's mean shrunk toward the depth above it.
 
-        Depth 1 is seen when anything was recorded there, a deeper one when its positions weigh at
-        least MIN_POSITIONS. Past the last seen depth J,
-        alpha_j = alpha_J * rho^(j - J) with rho = min(1, alpha_J / alpha_{J-1}) (the last observed
-        fall, never a rise), or UNSEEN_DECAY when only depth 1 was seen; nothing seen gives 0.
+        alpha_1 is depth 1's mean (0 when nothing was recorded). A deeper depth j with recorded
+        weight w_j and alpha sum s_j gives alpha_j = (s_j + m alpha_{j-1}) / (w_j + m), m =
+        PRIOR_POSITIONS: a depth seen a few times (a short probe at B = 1) leans on the one above
+        it, a well-seen one speaks for itself, an unseen one repeats the one above (the conditional
+        acceptance of a trained head is about flat in depth: README, served chains).
 
-        Example: seen [0.8, 0.6] -> alphas(rule, 4) = [0.8, 0.6, 0.45, 0.3375].
+        Example: seen [0.8, 0.6] with 100 positions each -> alphas(rule, 3) ~ [0.8, 0.601, 0.601].
         """
-        seen = []
-        for j, (w, s) in enumerate(zip(self.weights, self.sums[rule])):
-            if w < MIN_POSITIONS and not (j == 0 and w > 0):  # NOTE: depth 1 always counts (B=1 probes are short)
-                break
-            seen.append(s / w)
-        if not seen:
-            return [0.0] * k
-        rho = min(1.0, seen[-1] / seen[-2]) if len(seen) >= 2 and seen[-2] > 0 else UNSEEN_DECAY
-        return [seen[j] if j < len(seen) else seen[-1] * rho ** (j + 1 - len(seen)) for j in range(k)]
+        out: list[float] = []
+        for j in range(k):
+            w = self.weights[j] if j < len(self.weights) else 0.0
+            total = self.sums[rule][j] if j < len(self.weights) else 0.0
+            if j == 0:
+                out.append(total / w if w > 0 else 0.0)
+            else:
+                out.append((total + PRIOR_POSITIONS * out[-1]) / (w + PRIOR_POSITIONS))
+        return out
 
 
 @dataclass
@@ -183,6 +188,7 @@ class StepCosts:
     measured: dict = field(default_factory=dict, repr=False)  # K or "draft" -> (median rows, median seconds)
 
     row_slope: float | None = None  # gamma: a step at R rows costs (1 + gamma R) units (None: never fitted)
+    prefill_slope: float | None = None  # c_verify per extra depth from the prefill, / scale (``fit_prefill``)
 
     def scale(self, rows):
         """1 + gamma rows: the cost of a step at ``rows`` rows in the units of ``seconds``."""
@@ -221,17 +227,37 @@ class StepCosts:
                 self.seconds[key] = seconds / self.scale(rows)
 
     def verify_seconds(self, k: int) -> float | None:
-        """c_verify(K), or None without a timed draft step and a measured depth."""
+        """c_verify(K), or None without a timed draft step and a measured depth.
+
+        A line through the measured depths (least squares, slope >= 0); with one drafted depth, the
+        plain step is the line's K = 0 point (a verify pass over one token per row: on the same line
+        within ~0.4 ms here, bench/auto.py), else the slope comes from ``prefill_slope``, else 0.
+        """
         points = sorted((j, s - j * self.draft_s) for j, s in self.seconds.items() if j >= 1) \
             if self.draft_s is not None else []
         if not points:
             return None
+        if len(points) == 1 and 0 in self.seconds:
+            points.insert(0, (0, self.seconds[0]))
         if len(points) == 1:
-            return points[0][1]
+            (j, v), = points
+            return v + (self.prefill_slope or 0.0) * (k - j)
         mean_k = sum(j for j, _ in points) / len(points)
         mean_v = sum(v for _, v in points) / len(points)
         slope = sum((j - mean_k) * (v - mean_v) for j, v in points) / sum((j - mean_k) ** 2 for j, _ in points)
         return mean_v + max(0.0, slope) * (k - mean_k)
+
+    def fit_prefill(self, k: int, rows: int, prompt_len: float, prefill_s: float) -> None:
+        """``prefill_slope`` from a prefill of ``prompt_len`` tokens per row beside verify steps at depth k.
+
+        The prefill is a forward over prompt_len tokens per row, a verify pass one over k + 1: the
+        difference over the extra tokens estimates the verify cost of one more draft depth (it also
+        holds the head's prefill, so it errs high: toward shallower K). Unchanged when it cannot say.
+        """
+        verify = self.verify_seconds(k) if k in self.seconds else None
+        if verify is None or prompt_len <= k + 1:
+            return
+        self.prefill_slope = max(0.0, (prefill_s / self.scale(rows) - verify) / (prompt_len - (k + 1)))
 
     def step_seconds(self, k: int) -> float | None:
         """Predicted seconds of a step at depth k (0 = plain), or None when nothing predicts it.
@@ -271,10 +297,11 @@ class Decision:
     rows: float = 1.0  # decoding rows the predictions are for (tokens/s scales with them)
     measured_tok_s: float = float("nan")  # tokens/s of the steps decoded at the chosen setting
     raw_tok_s: float = float("nan")  # the chosen prediction before calibration
+    probed: bool = True  # the call probed settings before deciding (else: decided from earlier calls)
 
     def to_metrics(self) -> dict:
         return {"auto/mode": self.mode, "auto/speculate_k": self.speculate_k,
-                "auto/predicted_tok_s": self.predicted_tok_s}
+                "auto/predicted_tok_s": self.predicted_tok_s, "auto/probed": self.probed}
 
 
 def config_name(mode: str, k: int) -> str:
@@ -350,6 +377,19 @@ class AutoChooser:
             return True
         return predict("none", 0, self.acceptance, self.costs, rows) >= max(drafted)
 
+    def shallow_could_win(self, options: list[tuple[str, int]], rows: float) -> int | None:
+        """The shallower K worth probing after the deepest: the drafted depth below the deepest with the
+        highest predicted tokens/s, when that beats the deepest's; None when none does. With one
+        drafted depth measured, c_verify's slope is the prefill's (``StepCosts.fit_prefill``), which
+        errs toward shallower K, so "beats" here means "could beat"."""
+        rule = probe_rule(options)
+        depths = sorted(k for m, k in options if m == rule)
+        if len(depths) < 2:
+            return None
+        rates = {k: predict(rule, k, self.acceptance, self.costs, rows) for k in depths}
+        best = max(depths[:-1], key=rates.get)
+        return best if rates[best] > rates[depths[-1]] else None
+
     def choose(self, options: list[tuple[str, int]], rows: float, generated: list[int] | None = None,
                max_new: int = 0) -> Decision:
         """The candidate with the highest predicted tokens/s (the first of equals).
@@ -369,27 +409,51 @@ class AutoChooser:
         return Decision(mode, k, predictions[name], predictions, rows, raw_tok_s=raw[name])
 
 
-def probe_plan(options: list[tuple[str, int]]) -> tuple[list[tuple[str, int]], int]:
-    """The probe: drafted steps (mode, K) in order, then the number of plain steps.
+def probe_rule(options: list[tuple[str, int]]) -> str | None:
+    """The rule of drafted probe steps: ``rs`` when allowed (its steps record both alphas), else ``to``."""
+    modes = {m for m, _ in options if m != "none"}
+    return "rs" if "rs" in modes else ("to" if modes else None)
 
-    Drafted: PROBE_STEPS steps at the deepest K, then PROBE_STEPS at a shallow one (a third of the way
-    up), in ``rs`` when allowed (both alphas at every depth; c_draft, and c_verify at two depths).
-    Plain: PROBE_STEPS steps when ``none`` is a candidate besides others (``generate_auto`` skips them
-    when plain cannot win). ``generate_auto`` times all but the first step of each block: that step
-    also feeds the head the positions the previous setting left pending (up to K+1 after a verify
-    step; the prompt after the prefill), so alternating depths would bias both costs.
 
-    Example: probe_plan(candidates(SpecConfig("auto", "auto"))) ->
-        ([("rs", 4), ("rs", 4), ("rs", 2), ("rs", 2)], 2) with PROBE_STEPS = 2.
+def _probe(decoder: Decoder, chooser: AutoChooser, options, setting, greedy: bool, prompt_len: float):
+    """The probe's steps; returns (depth, step time) of the call's first step (None: no step).
+
+    1. PROBE_STEPS at the deepest K (``probe_rule``), more until PROBE_POSITIONS rows were drafted
+       for: both alphas at every depth, c_draft, c_verify(K).
+    2. PROBE_STEPS plain, when plain decoding could win at its bound (``none_could_win``); they also
+       give the verify line its K = 0 point.
+    3. Otherwise PROBE_STEPS at the shallower K predicted best, when it could win (``shallow_could_win``,
+       the verify slope estimated from the prefill): a second depth for the verify line.
+    Each block's first step is not timed (it also feeds the head what the previous setting left
+    pending: up to K+1 positions after a verify step, the prompt after the prefill) unless
+    PROBE_STEPS is 1. A setting that cannot win is never probed, so a call whose best setting is the
+    deepest pays no probe at all (B = 1 at high acceptance: the whole call is a few steps).
     """
-    drafted = [(m, k) for m, k in options if m != "none"]
-    steps = []
-    if drafted:
-        mode = "rs" if any(m == "rs" for m, _ in drafted) else "to"
-        deep, low = max(k for _, k in drafted), min(k for _, k in drafted)
-        depths = dict.fromkeys((deep, low + (deep - low) // 3))  # NOTE: K=2 of 1-4: often the best, so cheap to probe
-        steps = [(mode, k) for k in depths for _ in range(PROBE_STEPS)]
-    return steps, PROBE_STEPS if ("none", 0) in options and len(options) > 1 else 0
+    first_step = None
+
+    def run(mode: str, k: int, positions: int = 0) -> None:
+        nonlocal first_step
+        decoder.set_spec(setting(mode, k))
+        steps = []
+        while decoder.num_active and (len(steps) < PROBE_STEPS or sum(r for r, _, _ in steps) < positions):
+            steps.append(decoder.step())
+        first_step = first_step or (k, steps[0]) if steps else first_step
+        chooser.costs.observe(k, steps if PROBE_STEPS < 2 else steps[1:])
+
+    rule = probe_rule(options)
+    depths = sorted(k for m, k in options if m != "none")
+    if rule is not None and decoder.num_active:
+        run(rule, depths[-1], PROBE_POSITIONS)
+        chooser.acceptance.observe(decoder.stats_so_far(), greedy)  # NOTE: only the deep probe's positions
+        chooser.costs.fit_prefill(depths[-1], decoder.num_active, prompt_len, decoder.prefill_seconds)
+    rows = max(decoder.num_active, 1)
+    if ("none", 0) in options and len(options) > 1 and decoder.num_active and chooser.none_could_win(options, rows):
+        run("none", 0)
+    elif rule is not None and decoder.num_active:
+        shallow = chooser.shallow_could_win(options, rows)
+        if shallow is not None:
+            run(rule, shallow)
+    return first_step
 
 
 def generate_auto(
@@ -404,6 +468,7 @@ def generate_auto(
     step: int = 0,
     row_ids: list[int] | None = None,
     chooser: AutoChooser | None = None,
+    probe: bool = True,
 ) -> tuple[GenerationResult, Decision]:
     """``generate`` with the mode and/or K chosen within the call: probe steps, a decision, the rest.
 
@@ -411,6 +476,8 @@ def generate_auto(
         model, tokenizer, prompts, mtp, sampling, seed, step, row_ids: as for ``generate``.
         spec: mode and/or speculate_k ``"auto"``; the other fields as for ``generate``.
         chooser: the run's models (RL keeps one across steps); a fresh one when None.
+        probe: probe settings first (``_probe``); False decides before the first step from what the
+            chooser learned in earlier calls (RL between probes), or probes when it knows no costs.
 
     Returns:
         ``(result, decision)``: the completions (every probe token kept) with the statistics of the
@@ -423,35 +490,33 @@ def generate_auto(
         raise BebopError(f"mode {spec.mode!r} needs an MTP head (--mtp)")
     chooser = chooser if chooser is not None else AutoChooser()
     chooser.acceptance.decay(DECAY)
+    prior = copy.deepcopy(chooser.acceptance)  # the evidence of earlier calls
     greedy = sampling.temperature == 0
-    drafted, num_plain = probe_plan(options)
     setting = (lambda mode, k: dataclasses.replace(spec, mode=mode, speculate_k=max(k, 1)))
-    first = drafted[0] if drafted else options[0]
+    probe = probe or not all(chooser.costs.step_seconds(0 if m == "none" else k) for m, k in options)
+    decision = None
+    if probe:
+        rule = probe_rule(options)
+        first = (rule, max_k) if rule is not None else options[0]
+    else:
+        decision = chooser.choose(options, rows=len(prompts), generated=[0] * len(prompts),
+                                  max_new=sampling.max_new_tokens)
+        first = (decision.mode, decision.speculate_k)
     decoder = Decoder(model, tokenizer, prompts, mtp=mtp if max_k else None, sampling=sampling, spec=setting(*first),
                       seed=seed, step=step, row_ids=row_ids, max_speculate_k=max_k, time_drafts=True)
-    times: dict[int, list[tuple[int, float, float]]] = {}
-    first_step = None  # NOTE: a call's first step also feeds the head the prompt: priced as prefill
-    for i, (mode, k) in enumerate(drafted):
-        if decoder.num_active:
-            decoder.set_spec(setting(mode, k))
-            timed = decoder.step()
-            first_step = first_step or (k, timed)
-            if PROBE_STEPS < 2 or (i and drafted[i - 1] == (mode, k)):  # a block's first step: untimed
-                times.setdefault(k, []).append(timed)
-    for k, step_times in times.items():
-        chooser.costs.observe(k, step_times)
-    if drafted:  # NOTE: the drafted probe runs first, so these statistics are its steps only
-        chooser.acceptance.observe(decoder.stats_so_far(), greedy)
-    # Plain decoding is probed only when it could win even at its bound; else its probe only costs time.
-    if num_plain and decoder.num_active and chooser.none_could_win(options, decoder.num_active):
-        decoder.set_spec(setting("none", 0))
-        plain = [decoder.step() for _ in range(num_plain) if decoder.num_active]
-        chooser.costs.observe(0, plain[1:] or plain)
-    active = decoder.active_lengths() if decoder.num_active else None
-    decision = chooser.choose(options, rows=max(decoder.num_active, 1), generated=active,
-                              max_new=sampling.max_new_tokens)
+    first_step = None
+    if probe:
+        prompt_len = statistics.fmean(len(p) for p in decoder.prompt_ids)
+        first_step = _probe(decoder, chooser, options, setting, greedy, prompt_len)
+        active = decoder.active_lengths() if decoder.num_active else None
+        decision = chooser.choose(options, rows=max(decoder.num_active, 1), generated=active,
+                                  max_new=sampling.max_new_tokens)
+    decision.probed = probe
     decoder.set_spec(setting(decision.mode, decision.speculate_k))
+    if not probe and decoder.num_active:  # NOTE: the first step also feeds the head the prompt: priced as prefill
+        first_step = (decision.speculate_k, decoder.step())
     start, before, rest, rows = time.perf_counter(), decoder.num_tokens(), [], list(decoder.rows.index)
+    generated = decoder.active_lengths()
     while decoder.num_active:
         rest.append(decoder.step())
     if rest:
@@ -459,11 +524,13 @@ def generate_auto(
     if len(rest) >= MIN_CALIBRATION_STEPS:
         # NOTE: calibrated against the tokens the rows really had left, so it corrects the cost and
         # acceptance models, not the length model (which knows nothing in a run's first call)
-        left = np.array([len(decoder.runner.outputs[i]) - n for i, n in zip(rows, active)])
+        left = np.array([len(decoder.runner.outputs[i]) - n for i, n in zip(rows, generated)])
         decision.raw_tok_s = chooser.rate(decision.mode, decision.speculate_k, np.tile(left, (SCENARIOS, 1)))
         chooser.calibrate(decision)
     chooser.costs.observe(decision.speculate_k, rest)
     result = decoder.result()
+    chooser.acceptance = prior  # every drafted position of the call, once
+    chooser.acceptance.observe(result.stats, greedy)
     chooser.lengths.add(result.lengths)
     chooser.prefill_s = result.prefill_seconds + (chooser.costs.excess(*first_step) if first_step else 0.0)
     return result, decision
