@@ -93,7 +93,6 @@ class RlAuto:
 
     def __init__(self, every: int):
         self.every, self.calls, self.chooser, self.decision = every, 0, AutoChooser(), None
-        self.choices: list[str] = []  # the setting each call ran after its decision
         self.forecasts: list[dict] = []  # per call after the first: {"new"|"old": {setting: tok/s}}
 
     def forecast(self, batch: int, max_new: int) -> None:
@@ -109,7 +108,6 @@ class RlAuto:
             self.forecast(len(prompts), max_new)
         probe = self.calls % self.every == 0
         seconds, tokens, self.decision = run_auto(model, tok, head, prompts, temperature, max_new, self.chooser, probe)
-        self.choices.append(config_name(self.decision.mode, self.decision.speculate_k))
         self.calls += 1
         return seconds, tokens
 
