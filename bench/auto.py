@@ -7,7 +7,8 @@ Defaults: the embedded model and its e2e-TV head (both trained and cached on fir
 embedded task's prompts, 48 new tokens.
 
 At each (B, T) every setting runs once per repeat, in alternating order (A B C, C B A, ...), so a
-noisy phase of the machine hits all of them alike; tok/s are medians of the repeats:
+noisy phase of the machine hits all of them alike, repeat r with sampling seed r in every setting
+(each repeat a new draw of the completions and their acceptance); tok/s are medians of the repeats:
     grid        none, to and rs at K = 1..4 (9 fixed settings).
     auto        ``generate_auto`` with mode and K auto and a fresh ``AutoChooser`` per call, as
                 ``bebop generate --mode auto --speculate-k auto`` runs: its probe steps are part of
@@ -52,7 +53,9 @@ from bebop.spec import SamplingParams, SpecConfig  # noqa: E402
 from bebop.spec.auto import AUTO, AutoChooser, candidates, config_name, generate_auto, predict  # noqa: E402
 
 SETTINGS = candidates(SpecConfig(AUTO, AUTO))  # none, to1..4, rs1..4
-SAMPLING_SEED = 0  # the same rows' randomness every repeat
+# NOTE: repeat r samples with seed r in every setting. One seed for all repeats would re-time a single
+# draw of each setting's acceptance: at B = 1 a setting's "speed" was then the luck of its one draw
+# (rs4 emitting 21 tokens in 4 steps where the expectation is 5.4), which no choice can predict.
 QUICK = {"batch_sizes": [16], "temperatures": [1.0], "repeats": 3}
 
 
@@ -76,11 +79,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def run_auto(model, tok, head, prompts, temperature: float, max_new: int, chooser=None, probe=True):
+def run_auto(model, tok, head, prompts, temperature: float, max_new: int, chooser=None, probe=True, seed=0):
     """One ``generate_auto`` call -> (seconds, tokens, decision)."""
     sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new)
     start = time.perf_counter()
-    result, decision = generate_auto(model, tok, prompts, mtp=head, sampling=sampling, seed=SAMPLING_SEED,
+    result, decision = generate_auto(model, tok, prompts, mtp=head, sampling=sampling, seed=seed,
                                      chooser=chooser, probe=probe)
     if next(model.parameters()).device.type == "cuda":
         torch.cuda.synchronize()
@@ -103,11 +106,12 @@ class RlAuto:
             "new": {config_name(m, k): c.predict_call(m, k, batch, max_new) for m, k in SETTINGS},
             "old": {config_name(m, k): predict(m, k, c.acceptance, c.costs, batch) for m, k in SETTINGS}})
 
-    def call(self, model, tok, head, prompts, temperature: float, max_new: int) -> tuple[float, int]:
+    def call(self, model, tok, head, prompts, temperature: float, max_new: int, seed: int = 0) -> tuple[float, int]:
         if self.calls:
             self.forecast(len(prompts), max_new)
         probe = self.calls % self.every == 0
-        seconds, tokens, self.decision = run_auto(model, tok, head, prompts, temperature, max_new, self.chooser, probe)
+        seconds, tokens, self.decision = run_auto(model, tok, head, prompts, temperature, max_new, self.chooser, probe,
+                                                  seed)
         self.calls += 1
         return seconds, tokens
 
@@ -120,15 +124,15 @@ def run_group(model, tok, head, batch: int, temperature: float, args) -> dict:
     totals = {n: [0.0, 0] for n in names}  # seconds, tokens over the repeats
     decisions, rl = [], RlAuto(args.auto_every)
 
-    def call(name: str, max_new: int) -> tuple[float, int]:
+    def call(name: str, max_new: int, seed: int = 0) -> tuple[float, int]:
         if name == "auto":
-            seconds, tokens, decision = run_auto(model, tok, head, prompts, temperature, max_new)
+            seconds, tokens, decision = run_auto(model, tok, head, prompts, temperature, max_new, seed=seed)
             decisions.append(decision)
             return seconds, tokens
         if name == "auto_rl":
-            return rl.call(model, tok, head, prompts, temperature, max_new)
+            return rl.call(model, tok, head, prompts, temperature, max_new, seed)
         mode, k = next((m, k) for m, k in SETTINGS if config_name(m, k) == name)
-        seconds, result, _ = run_bebop(model, tok, head, prompts, Method(mode, k), temperature, max_new)
+        seconds, result, _ = run_bebop(model, tok, head, prompts, Method(mode, k), temperature, max_new, seed=seed)
         return seconds, sum(result.lengths)
 
     for name in names[:-1]:
@@ -136,7 +140,7 @@ def run_group(model, tok, head, batch: int, temperature: float, args) -> dict:
     decisions.clear()
     for r in range(args.repeats):
         for name in names if r % 2 == 0 else names[::-1]:
-            seconds, tokens = call(name, args.max_new_tokens)
+            seconds, tokens = call(name, args.max_new_tokens, seed=r)
             rates[name].append(tokens / seconds)
             totals[name][0] += seconds
             totals[name][1] += tokens

@@ -208,7 +208,7 @@ def count_decode_steps():
 
 
 def run_bebop(model, tok, head, prompts, method: Method, temperature: float, max_new: int,
-              top_k: int = 0, top_p: float = 1.0):
+              top_k: int = 0, top_p: float = 1.0, seed: int = SAMPLING_SEED):
     """One ``generate`` call -> (seconds, result, decode steps)."""
     device = next(model.parameters()).device
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new)
@@ -216,7 +216,7 @@ def run_bebop(model, tok, head, prompts, method: Method, temperature: float, max
     with count_decode_steps() as steps:
         _sync(device)
         start = time.perf_counter()
-        result = generate(model, tok, prompts, mtp=head, sampling=sampling, spec=spec, seed=SAMPLING_SEED)
+        result = generate(model, tok, prompts, mtp=head, sampling=sampling, spec=spec, seed=seed)
         _sync(device)
         seconds = time.perf_counter() - start
     return seconds, result, steps[0]

@@ -67,7 +67,7 @@ PROBE_STEPS = 2  # decode steps of each probed setting: enough to time a step, f
 # at depth 1 at T = 0.3, ~0.9 later), so a B = 1 probe of 2 steps mistakes them for the whole call.
 PROBE_POSITIONS = 8  # rows x steps of the deep probe at least: its alphas' evidence
 PRIOR_POSITIONS = 4.0  # weight of depth j-1's alpha in depth j's estimate (``Acceptance.alphas``)
-DECAY = 0.5  # weight kept by older acceptance evidence at each new decision (RL: the policy drifts)
+DECAY = 0.9  # weight kept by older acceptance evidence at each call (RL: the policy drifts; ~10 calls of memory)
 MIN_CALIBRATION_STEPS = 4  # fewer steps after a decision do not calibrate: the last, partial step dominates
 CALIBRATION = 0.3  # weight of the newest log(measured / predicted) in the running calibration (from 0)
 TAIL_SEED = 0  # seed of the remaining-length draws (bebop.spec.tail): the same for every setting

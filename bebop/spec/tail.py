@@ -19,6 +19,7 @@ Example: two rows with 2 and 10 tokens left, plain, 1 ms a step at any rows: 10 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -49,12 +50,24 @@ class Lengths:
         return np.maximum(np.where(pool > 0, drawn, max_new) - done, 1)  # (S, R)
 
 
-def steps_needed(remaining: np.ndarray, alphas: list[float], rng: np.random.Generator) -> np.ndarray:
-    """(S, R) decode steps that emit ``remaining`` tokens; ``alphas`` empty for plain steps."""
+@functools.lru_cache(maxsize=8)
+def _uniforms(shape: tuple[int, ...]) -> np.ndarray:
+    """The draws of ``call_rate`` for one (S, R, n) shape: the same for every setting, so made once (read-only)."""
+    u = np.random.default_rng(SEED + 1).random(shape)
+    u.setflags(write=False)
+    return u
+
+
+def steps_needed(remaining: np.ndarray, alphas: list[float], rng: np.random.Generator | None = None) -> np.ndarray:
+    """(S, R) decode steps that emit ``remaining`` tokens; ``alphas`` empty for plain steps.
+
+    The acceptance draws come from ``rng``, or (None) are ``call_rate``'s common ones.
+    """
     if not alphas:
         return remaining.copy()
     n = int(remaining.max())
-    u = rng.random(remaining.shape + (n,))  # (S, R, n)
+    shape = remaining.shape + (n,)
+    u = rng.random(shape) if rng is not None else _uniforms(shape)  # (S, R, n)
     accepted = sum((u < p).astype(np.int64) for p in np.cumprod(alphas))  # (S, R, n) L = #{j: u < P(L >= j)}
     emitted = np.cumsum(1 + accepted, axis=-1)  # (S, R, n) tokens after each step
     return (emitted < remaining[..., None]).sum(-1) + 1
@@ -70,8 +83,7 @@ def call_rate(remaining: np.ndarray, alphas: list[float], step_seconds: Callable
         step_seconds: seconds of one step at an array of active-row counts.
         prefill_s: seconds before the first step (0 for the rest of a started call).
     """
-    rng = np.random.default_rng(SEED + 1)
-    steps = steps_needed(remaining, alphas, rng)  # (S, R)
+    steps = steps_needed(remaining, alphas)  # (S, R), the same draws for every setting
     active = (steps[:, :, None] > np.arange(int(steps.max()))).sum(1)  # (S, n) rows in each step
     seconds = np.where(active > 0, step_seconds(np.maximum(active, 1)), 0.0).sum(-1)  # (S,)
     total = prefill_s + float(seconds.mean())
