@@ -166,10 +166,14 @@ def _chunk_pass(z, t, out: slice, value, aux, alpha, scale, setup) -> None:
 
     The statistics walk the chunk tile_rows whole rows at a time; with a scale (r,), each tile's
     rows of z are overwritten by scale * d statistic / dz as soon as their statistics are known.
+    alpha None: value and aux are already known (the backward), only the tiles' log norms are made.
     """
     for tile in _row_slices(z.shape[0], setup.tile_rows):
         at = slice(out.start + tile.start, out.start + tile.stop)
-        value[at], aux[at], alpha[at], norms = _row_sums(z[tile], t[tile], setup)
+        if alpha is None:
+            norms = _log_norms(z[tile], t[tile], setup.statistic.in_log_space, setup)
+        else:
+            value[at], aux[at], alpha[at], norms = _row_sums(z[tile], t[tile], setup)
         if scale is not None:
             _overwrite_with_logit_grad(z[tile], t[tile], norms, value[at], aux[at], scale[at], setup)
 
@@ -210,19 +214,18 @@ class _FusedStatisticFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_hidden = (jac * grad_value[:, None]).to(ctx.hidden_dtype)
         if ctx.needs_input_grad[3]:
-            grad_weight = _weight_grad(*inputs, grad_value, setup)
+            grad_weight = _weight_grad(*inputs, value, aux, grad_value, setup)
         return grad_hidden, None, None, grad_weight, None
 
 
-def _weight_grad(hidden, target, target_rows, weight, grad_value, setup) -> Tensor:  # (V, D)
+def _weight_grad(hidden, target, target_rows, weight, value, aux, grad_value, setup) -> Tensor:  # (V, D)
     """sum_r grad_value_r * d statistic_r / d weight, one recomputed row chunk at a time."""
     grad_weight = weight.new_zeros(weight.shape, dtype=setup.dtype)  # (V, D)
     scale = grad_value / setup.temperature  # (R,)
-    value, aux, alpha = (torch.empty_like(scale) for _ in range(3))  # recomputed, as the logits
     buffer = _logits_buffer(hidden, weight, setup)
     for rows in _row_slices(hidden.shape[0], setup.row_chunk):
         z, t = _logit_rows(hidden[rows], target[target_rows[rows]], weight, setup, buffer)
-        _chunk_pass(z, t, rows, value, aux, alpha, scale, setup)
+        _chunk_pass(z, t, rows, value, aux, None, scale, setup)  # the forward's statistics, not recomputed
         # (V, r) @ (r, D): z_rc = hidden_r . weight_c, so d/d weight_c = sum_r g_rc hidden_r
         if weight.dtype == setup.dtype:
             grad_weight.addmm_(z.T, hidden[rows])

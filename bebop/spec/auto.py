@@ -445,7 +445,7 @@ def _probe(decoder: Decoder, chooser: AutoChooser, options, setting, greedy: boo
     if rule is not None and decoder.num_active:
         run(rule, depths[-1], PROBE_POSITIONS)
         chooser.acceptance.observe(decoder.stats_so_far(), greedy)  # NOTE: only the deep probe's positions
-        chooser.costs.fit_prefill(depths[-1], decoder.num_active, prompt_len, decoder.prefill_seconds)
+        chooser.costs.fit_prefill(depths[-1], len(decoder.prompt_ids), prompt_len, decoder.prefill_seconds)
     rows = max(decoder.num_active, 1)
     if ("none", 0) in options and len(options) > 1 and decoder.num_active and chooser.none_could_win(options, rows):
         run("none", 0)
