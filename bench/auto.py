@@ -1,6 +1,6 @@
 """Automatic mode/K (``bebop.spec.auto``) against the best fixed setting found by grid search, same run.
 
-    PYTHONPATH=. .venv/bin/python bench/auto.py --threads 1     # T 0.3/0.7/1, B 1/16/64, 10 repeats: ~2.5 min
+    PYTHONPATH=. .venv/bin/python bench/auto.py --threads 1     # T 0.3/0.7/1, B 1/16/64, 20 repeats: ~5 min
     PYTHONPATH=. .venv/bin/python bench/auto.py --quick         # B 16, T 1, 3 repeats: ~15 s
 
 Defaults: the embedded model and its e2e-TV head (both trained and cached on first use), the
@@ -19,10 +19,14 @@ noisy phase of the machine hits all of them alike, repeat r with sampling seed r
                 calls (the probing call included), against the best setting's pooled tok/s.
 Columns:
     best        the grid's fastest setting and its tok/s.
-    auto/best   auto's tok/s over the best's (the target: >= 0.95).
+    auto/best   auto's tok/s over the best's (the target: >= 0.95), with a 90% bootstrap interval
+                (``interval``: the repeats resampled, the best re-picked in each resample).
     chosen      the setting auto picked (the most frequent over the repeats, and how often).
     chosen/best the grid tok/s of the chosen setting over the best's: the choice alone, without the
                 probes' cost.
+    RL-style/its choice
+                median over the repeats of RL-style's call / the grid's call of the setting it chose,
+                same repeat (same seed): what its probes, decisions and bookkeeping cost.
     noise       standard deviation / median of the best setting's repeats: the machine's noise.
 Prediction error, predicted / measured - 1:
     tail model  before each RL-style call after the first, its chooser's forecast of a whole call of
@@ -44,6 +48,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -57,6 +62,7 @@ SETTINGS = candidates(SpecConfig(AUTO, AUTO))  # none, to1..4, rs1..4
 # draw of each setting's acceptance: at B = 1 a setting's "speed" was then the luck of its one draw
 # (rs4 emitting 21 tokens in 4 steps where the expectation is 5.4), which no choice can predict.
 QUICK = {"batch_sizes": [16], "temperatures": [1.0], "repeats": 3}
+BOOTSTRAP = 2000  # resamples of the repeats behind each 90% interval
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -66,7 +72,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64], help="rows B per call")
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.3, 0.7, 1.0], help="T (> 0)")
     ap.add_argument("--max-new-tokens", type=int, default=48, help="completion tokens per row, EOS included")
-    ap.add_argument("--repeats", type=int, default=10, help="timed calls per setting")
+    ap.add_argument("--repeats", type=int, default=20, help="timed calls per setting")
     ap.add_argument("--auto-every", type=int, default=10, help="RL-style auto: probe every this many calls (bebop rl's default)")
     ap.add_argument("--quick", action="store_true", help="B 16, T 1, 3 repeats; overrides those flags")
     ap.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
@@ -96,6 +102,7 @@ class RlAuto:
 
     def __init__(self, every: int):
         self.every, self.calls, self.chooser, self.decision = every, 0, AutoChooser(), None
+        self.choices: list[str] = []  # the setting each call chose
         self.forecasts: list[dict] = []  # per call after the first: {"new"|"old": {setting: tok/s}}
 
     def forecast(self, batch: int, max_new: int) -> None:
@@ -113,6 +120,7 @@ class RlAuto:
         seconds, tokens, self.decision = run_auto(model, tok, head, prompts, temperature, max_new, self.chooser, probe,
                                                   seed)
         self.calls += 1
+        self.choices.append(config_name(self.decision.mode, self.decision.speculate_k))
         return seconds, tokens
 
 
@@ -121,7 +129,7 @@ def run_group(model, tok, head, batch: int, temperature: float, args) -> dict:
     prompts = make_prompts(batch)
     names = [config_name(m, k) for m, k in SETTINGS] + ["auto", "auto_rl"]
     rates: dict[str, list[float]] = {n: [] for n in names}
-    totals = {n: [0.0, 0] for n in names}  # seconds, tokens over the repeats
+    calls: dict[str, list[tuple[float, int]]] = {n: [] for n in names}  # (seconds, tokens) per repeat
     decisions, rl = [], RlAuto(args.auto_every)
 
     def call(name: str, max_new: int, seed: int = 0) -> tuple[float, int]:
@@ -142,22 +150,44 @@ def run_group(model, tok, head, batch: int, temperature: float, args) -> dict:
         for name in names if r % 2 == 0 else names[::-1]:
             seconds, tokens = call(name, args.max_new_tokens, seed=r)
             rates[name].append(tokens / seconds)
-            totals[name][0] += seconds
-            totals[name][1] += tokens
+            calls[name].append((seconds, tokens))
     tok_s = {n: statistics.median(v) for n, v in rates.items()}
-    pooled = {n: t / s for n, (s, t) in totals.items()}
+    pooled = {n: sum(t for _, t in v) / sum(s for s, _ in v) for n, v in calls.items()}
     forecast = {kind: {n: statistics.median(f[kind][n] for f in rl.forecasts) for n in names[:-2]}
                 for kind in ("new", "old")} if rl.forecasts else None
+    # RL-style's calls against the grid's call of the setting each chose, same repeat (same seed): its own cost
+    own = [rate / rates[choice][r] for r, (rate, choice) in enumerate(zip(rates["auto_rl"], rl.choices))]
     chosen, count = collections.Counter(config_name(d.mode, d.speculate_k) for d in decisions).most_common(1)[0]
-    return {"B": batch, "T": temperature, "tok_s": tok_s, "pooled": pooled, "rates": rates, "chosen": chosen,
+    return {"B": batch, "T": temperature, "tok_s": tok_s, "pooled": pooled, "rates": rates, "calls": calls,
+            "chosen": chosen,
             "chosen_count": count, "decisions": [config_name(d.mode, d.speculate_k) for d in decisions],
             "rest_error": statistics.median([d.predicted_tok_s / d.measured_tok_s - 1 for d in decisions
                                              if d.measured_tok_s > 0] or [float("nan")]),  # nan: ended in the probe
-            "rl_chosen": config_name(rl.decision.mode, rl.decision.speculate_k), "forecast": forecast}
+            "rl_chosen": config_name(rl.decision.mode, rl.decision.speculate_k), "rl_choices": rl.choices,
+            "rl_own": statistics.median(own),
+            "forecast": forecast}
 
 
 def _grid(g: dict, key: str = "tok_s") -> dict:
     return {n: v for n, v in g[key].items() if not n.startswith("auto")}
+
+
+def interval(g: dict, name: str, resamples: int = BOOTSTRAP) -> tuple[float, float]:
+    """90% bootstrap interval of ``name``'s ratio to the best fixed setting: the repeats resampled with
+    replacement (the same indices for every setting, as they ran side by side), the best re-picked in
+    each resample. One-shot auto: medians; RL-style: pooled tokens / seconds. The RL-style chooser's
+    calls are treated as independent, which they are not quite (it learns across them)."""
+    names = [n for n in g["rates"] if not n.startswith("auto")] + [name]
+    rates = np.array([g["rates"][n] for n in names])  # (settings, repeats)
+    seconds = np.array([[c[0] for c in g["calls"][n]] for n in names])
+    tokens = np.array([[c[1] for c in g["calls"][n]] for n in names])
+    idx = np.random.default_rng(0).integers(0, rates.shape[1], (resamples, rates.shape[1]))  # (S, repeats)
+    if name == "auto":
+        stat = np.median(rates[:, idx], axis=-1)  # (settings, S)
+    else:
+        stat = tokens[:, idx].sum(-1) / seconds[:, idx].sum(-1)
+    ratio = stat[-1] / stat[:-1].max(0)
+    return float(np.quantile(ratio, 0.05)), float(np.quantile(ratio, 0.95))
 
 
 def noise(g: dict) -> float:
@@ -168,17 +198,18 @@ def noise(g: dict) -> float:
 
 
 def format_table(groups: list[dict], repeats: int) -> str:
-    lines = ["| B | T | best fixed | best tok/s | auto tok/s | auto/best | chosen (of %d) | chosen/best | "
-             "RL-style auto/best (pooled) | RL-style chose | noise (best's sd/median) |" % repeats,
-             "|---:|---:|:---|---:|---:|---:|:---|---:|---:|:---|---:|"]
+    lines = ["| B | T | best fixed | best tok/s | auto tok/s | auto/best [90%%] | chosen (of %d) | chosen/best | "
+             "RL-style auto/best (pooled) [90%%] | RL-style chose | RL-style/its choice | noise (best's sd/median) |"
+             % repeats, "|---:|---:|:---|---:|---:|---:|:---|---:|---:|:---|---:|---:|"]
     for g in groups:
         grid, pooled = _grid(g), _grid(g, "pooled")
         best, best_pooled = max(grid, key=grid.get), max(pooled.values())
+        (lo, hi), (rl_lo, rl_hi) = interval(g, "auto"), interval(g, "auto_rl")
         lines.append(
             f"| {g['B']} | {g['T']:g} | {best} | {grid[best]:.0f} | {g['tok_s']['auto']:.0f} | "
-            f"{g['tok_s']['auto'] / grid[best]:.2f} | {g['chosen']} ({g['chosen_count']}) | "
-            f"{grid[g['chosen']] / grid[best]:.2f} | {g['pooled']['auto_rl'] / best_pooled:.2f} | "
-            f"{g['rl_chosen']} | {noise(g):.0%} |")
+            f"{g['tok_s']['auto'] / grid[best]:.2f} [{lo:.2f}, {hi:.2f}] | {g['chosen']} ({g['chosen_count']}) | "
+            f"{grid[g['chosen']] / grid[best]:.2f} | {g['pooled']['auto_rl'] / best_pooled:.2f} "
+            f"[{rl_lo:.2f}, {rl_hi:.2f}] | {g['rl_chosen']} | {g['rl_own']:.2f} | {noise(g):.0%} |")
     return "\n".join(lines)
 
 
@@ -228,13 +259,16 @@ def main(argv: list[str] | None = None) -> None:
         for temperature in args.temperatures:
             groups.append(run_group(model, tok, head, batch, temperature, args))
             print(f"[{time.perf_counter() - start:.0f}s] done B={batch} T={temperature:g}: auto chose "
-                  f"{groups[-1]['decisions']}", file=sys.stderr, flush=True)
+                  f"{groups[-1]['decisions']}, RL-style {groups[-1]['rl_choices']} (its calls / the grid's call of its "
+                  f"choice, same repeat: median {groups[-1]['rl_own']:.3f})", file=sys.stderr, flush=True)
     ratios = [g["tok_s"]["auto"] / max(_grid(g).values()) for g in groups]
     rl_ratios = [g["pooled"]["auto_rl"] / max(_grid(g, "pooled").values()) for g in groups]
     print("### auto vs the best fixed setting (tok/s, medians; RL-style pooled)\n\n" + format_table(groups, args.repeats))
-    for label, r in (("auto (one-shot)/best", ratios), (f"auto (RL-style, every {args.auto_every})/best", rl_ratios)):
+    for label, name, r in (("auto (one-shot)/best", "auto", ratios),
+                           (f"auto (RL-style, every {args.auto_every})/best", "auto_rl", rl_ratios)):
+        reach = sum(interval(g, name)[1] >= 0.95 for g in groups)
         print(f"\n{label}: median {statistics.median(r):.2f}, min {min(r):.2f}; within 5% in "
-              f"{sum(x >= 0.95 for x in r)} of {len(r)} groups")
+              f"{sum(x >= 0.95 for x in r)} of {len(r)} groups; 90% interval reaching 0.95 in {reach} of {len(r)}")
     print(f"\nnoise: sd / median of the best fixed setting's {args.repeats} repeats, median over groups "
           f"{statistics.median(noise(g) for g in groups):.0%}")
     print("\n### Prediction error (predicted / measured - 1)\n\n" + format_errors(groups))

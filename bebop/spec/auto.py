@@ -16,10 +16,11 @@ Terms (K = speculation depth, R = rows decoding, p the target's distribution, q 
                 rows' state (``none_could_win``): R (1 + E[L]) / step cost (``none``: R / plain_s).
 
 ``generate_auto`` runs one engine call (``bebop.spec.engine.Decoder``) that switches settings
-between decode steps, every token kept: a probe (``_probe``: steps at the deepest K; then plain
-steps if plain decoding could win, else steps at a shallower K if one could), then the rest at the
-setting with the highest predicted tokens/s. A setting that cannot win is not probed, so a call whose
-best is the deepest K pays nothing for the probe. An RL run (``bebop.rollout``) probes every
+between decode steps, every token kept: a probe (``_probe``: one plain step when plain steps were
+never timed; steps at the deepest K; then plain steps if plain decoding could win at its measured
+cost, else steps at a shallower K if one could), then the rest at the setting with the highest
+predicted tokens/s. A setting that cannot win is not probed, so once plain steps are timed a call
+whose best is the deepest K pays nothing for the probe. An RL run (``bebop.rollout``) probes every
 ``auto_every`` steps and, in between, re-decides at every step from what the earlier calls measured
 (``probe=False``: no probe steps); it updates its models from every call.
 
@@ -47,7 +48,6 @@ Deviations from the paper's speedup formula:
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 import statistics
@@ -58,8 +58,8 @@ import numpy as np
 
 from bebop.config import AUTO, AUTO_MAX_K
 from bebop.spec.engine import Decoder, GenerationResult, SamplingParams, SpecConfig
-from bebop.spec.stats import SpecStats
-from bebop.spec.tail import SCENARIOS, Lengths, call_rate
+from bebop.spec.stats import EmissionLog
+from bebop.spec.tail import OFFSET_EDGES, SCENARIOS, Lengths, call_rates
 from bebop.utils.io import BebopError
 
 PROBE_STEPS = 2  # decode steps of each probed setting: enough to time a step, few enough to cost little
@@ -70,6 +70,8 @@ PRIOR_POSITIONS = 4.0  # weight of depth j-1's alpha in depth j's estimate (``Ac
 DECAY = 0.9  # weight kept by older acceptance evidence at each call (RL: the policy drifts; ~10 calls of memory)
 MIN_CALIBRATION_STEPS = 4  # fewer steps after a decision do not calibrate: the last, partial step dominates
 CALIBRATION = 0.3  # weight of the newest log(measured / predicted) in the running calibration (from 0)
+MAX_CALIBRATION_STEP = math.log(1.25)  # a call's log(measured / predicted) is clipped to +-this
+COST_HISTORY = 32  # step-cost measurements kept per depth (``StepCosts``), the newest
 TAIL_SEED = 0  # seed of the remaining-length draws (bebop.spec.tail): the same for every setting
 RULES = ("rs", "to")  # acceptance rules, named as the modes that use them
 
@@ -109,12 +111,35 @@ def expected_accepted(alphas: list[float]) -> float:
     return total
 
 
+def draft_positions(log: EmissionLog, lengths: list[int]) -> dict[str, np.ndarray]:
+    """Every kept draft position of a call (as ``EmissionLog.to_stats`` keeps them), as flat arrays:
+    depth (1-based), offset (tokens its row had emitted before the step), alpha_rs, alpha_to, and
+    accepted (the draft was accepted)."""
+    cols: dict[str, list[np.ndarray]] = {n: [] for n in ("depth", "offset", "alpha_rs", "alpha_to", "accepted")}
+    for block in log.blocks:
+        if block.drafts is None:
+            continue
+        alpha_rs, alpha_to = (d.float().cpu().numpy() for d in block.drafts[1:])  # (R, K)
+        starts = np.asarray(block.starts)
+        kept = np.clip(np.minimum(block.widths, np.asarray(lengths)[block.rows] - starts), 0, None)  # (R,)
+        depth = np.broadcast_to(np.arange(1, alpha_rs.shape[1] + 1), alpha_rs.shape)  # (R, K)
+        mask = depth <= kept[:, None]  # depth j is kept when the step kept >= j tokens
+        cols["depth"].append(depth[mask])
+        cols["offset"].append(np.broadcast_to(starts[:, None], mask.shape)[mask])
+        cols["alpha_rs"].append(alpha_rs[mask])
+        cols["alpha_to"].append(alpha_to[mask])
+        cols["accepted"].append((depth < kept[:, None])[mask])  # a token follows draft j
+    return {n: np.concatenate(v) if v else np.zeros(0) for n, v in cols.items()}
+
+
 @dataclass
 class Acceptance:
-    """Running per-depth acceptance of both rules: weighted sums of alpha and their weights."""
+    """Running per-depth acceptance of both rules: weighted sums of alpha and their weights, over all
+    positions and per offset bucket (``by_offset``, ``bebop.spec.tail.OFFSET_EDGES``)."""
 
     sums: dict[str, list[float]] = field(default_factory=lambda: {r: [] for r in RULES})
     weights: list[float] = field(default_factory=list)  # (J,) recorded positions per depth
+    by_offset: list[Acceptance] = field(default_factory=list)  # the same per offset bucket (empty: never observed)
 
     def _grow(self, depth: int) -> None:
         while len(self.weights) < depth:
@@ -129,32 +154,43 @@ class Acceptance:
         self.sums["rs"][depth - 1] += alpha_rs
         self.sums["to"][depth - 1] += alpha_to
 
-    def observe(self, stats: SpecStats, greedy: bool) -> None:
-        """Adds a call's kept draft positions (counterfactual alphas; accept counts at T = 0)."""
-        if greedy:  # both rules accept iff argmax q = argmax p; the recorded alphas are T=1 numbers
-            reached = [sum(stats.accept_length_hist[j:]) for j in range(stats.speculate_k)]
-            for j, (n, a) in enumerate(zip(reached, stats.accepted_per_pos)):
-                if n:
-                    self.add(j + 1, n, a, a)
-            return
-        arrays = stats.token_arrays()
-        for j in range(1, stats.speculate_k + 1):
-            sel = arrays["position"] == j
-            if sel.any():
-                self.add(j, float(sel.sum()), float(arrays["alpha_rs"][sel].sum()), float(arrays["alpha_to"][sel].sum()))
+    def observe(self, log: EmissionLog, lengths: list[int], greedy: bool) -> None:
+        """Adds a call's kept draft positions (counterfactual alphas; at T = 0 whether each was accepted:
+        both rules accept iff argmax q = argmax p, and the recorded alphas are T = 1 numbers)."""
+        pos = draft_positions(log, lengths)
+        rs, to = (pos["accepted"], pos["accepted"]) if greedy else (pos["alpha_rs"], pos["alpha_to"])
+        bucket = np.searchsorted(OFFSET_EDGES, pos["offset"], side="right")
+        if not self.by_offset:
+            self.by_offset = [Acceptance() for _ in range(len(OFFSET_EDGES) + 1)]
+        for j in np.unique(pos["depth"]).tolist():
+            at = pos["depth"] == j
+            self.add(j, float(at.sum()), float(rs[at].sum()), float(to[at].sum()))
+            for b, sub in enumerate(self.by_offset):
+                sel = at & (bucket == b)
+                if sel.any():
+                    sub.add(j, float(sel.sum()), float(rs[sel].sum()), float(to[sel].sum()))
+
+    def copy(self) -> Acceptance:
+        return Acceptance({r: list(v) for r, v in self.sums.items()}, list(self.weights),
+                          [sub.copy() for sub in self.by_offset])
 
     def decay(self, factor: float) -> None:
         self.weights = [w * factor for w in self.weights]
         self.sums = {r: [s * factor for s in v] for r, v in self.sums.items()}
+        for sub in self.by_offset:
+            sub.decay(factor)
 
-    def alphas(self, rule: str, k: int) -> list[float]:
-        """alpha_1..alpha_K of a rule, each depth's mean shrunk toward the depth above it.
+    def alphas(self, rule: str, k: int, bucket: int | None = None) -> list[float]:
+        """alpha_1..alpha_K of a rule, each depth's mean shrunk toward the depth above it; with
+        ``bucket``, that offset bucket's, each depth shrunk toward the all-offsets value.
 
         alpha_1 is depth 1's mean (0 when nothing was recorded). A deeper depth j with recorded
         weight w_j and alpha sum s_j gives alpha_j = (s_j + m alpha_{j-1}) / (w_j + m), m =
         PRIOR_POSITIONS: a depth seen a few times (a short probe at B = 1) leans on the one above
-        it, a well-seen one speaks for itself, an unseen one repeats the one above (the conditional
-        acceptance of a trained head is about flat in depth: README, served chains).
+        it, a well-seen one speaks for itself, an unseen one repeats the one above. In a bucket,
+        alpha_j = (s_j + m a_j) / (w_j + m), a_j the all-offsets alpha_j: the depth profile is not
+        flat within a bucket (embedded task, rs K=4, B=64, offsets >= 8: 0.97, 0.74-0.80, 0.54-0.64,
+        0.83 at T 0.3-1), and an unseen bucket (a one-shot call's later offsets) is the all-offsets one.
 
         Example: seen [0.8, 0.6] with 100 positions each -> alphas(rule, 3) ~ [0.8, 0.601, 0.601].
         """
@@ -166,26 +202,61 @@ class Acceptance:
                 out.append(total / w if w > 0 else 0.0)
             else:
                 out.append((total + PRIOR_POSITIONS * out[-1]) / (w + PRIOR_POSITIONS))
-        return out
+        if bucket is None or not self.by_offset:
+            return out
+        sub = self.by_offset[bucket]
+        return [(sub.sums[rule][j] + PRIOR_POSITIONS * a) / (sub.weights[j] + PRIOR_POSITIONS)
+                if j < len(sub.weights) else a for j, a in enumerate(out)]
+
+    def offset_alphas(self, rule: str, k: int) -> list[list[float]]:
+        """``alphas`` of every offset bucket (``bebop.spec.tail.steps_needed``): all alike when never observed."""
+        return [self.alphas(rule, k, b) for b in range(len(OFFSET_EDGES) + 1)]
+
+
+def _line(points: list[tuple[float, float, float]], drafting: bool = False) -> tuple[float, float]:
+    """(a, b) of y = a + b x by weighted least squares over (x, y, weight) points, b >= 0.
+
+    ``drafting``: a >= 0, and y proportional to x (a = 0) from a single x or where the fit's a came
+    out below 0. Otherwise a single x gives y constant.
+
+    Example: _line([(1, 3.0, 1.0), (3, 7.0, 1.0)]) -> (1.0, 2.0).
+    """
+    total = sum(w for _, _, w in points)
+    mean_x, mean_y = sum(w * x for x, _, w in points) / total, sum(w * y for _, y, w in points) / total
+    spread = sum(w * (x - mean_x) ** 2 for x, _, w in points)
+    slope = max(0.0, sum(w * (x - mean_x) * (y - mean_y) for x, y, w in points) / spread) if spread else 0.0
+    if drafting and (not spread or mean_y - slope * mean_x < 0):
+        return 0.0, max(0.0, sum(w * x * y for x, y, w in points) / sum(w * x * x for x, _, w in points))
+    return mean_y - slope * mean_x, slope
 
 
 @dataclass
 class StepCosts:
-    """Seconds of engine decode steps by K (0 = plain), and of one chained draft step; latest measurements.
+    """Seconds of engine decode steps by K (0 = plain), and of their drafting.
 
-    step(K) = K c_draft + c_verify(K): c_draft from drafting timed inside the steps, c_verify(K) =
-    step - K c_draft at the measured depths, linear in K between and past them (least squares,
-    slope >= 0; constant when one depth was measured). A step at R rows costs scale(R) = 1 + gamma R
-    times ``seconds`` (the batch's tail runs few rows): gamma fitted on calls whose steps ran at
-    several row counts, 0 until then.
+    step(K) = draft(K) + c_verify(K). draft(K) = d_0 + K c_draft, the drafting timed inside the
+    steps: a line through the drafted depths' times (d_0 >= 0: the head's pass over the positions
+    the last step left pending, paid once per step whatever K; at B = 64 here ~0.6 ms beside ~1.3 ms
+    per chained step), through 0 when one depth was timed. c_verify(K) = step - draft(K) at the
+    measured depths, linear in K between and past them (least squares weighted by each depth's
+    timed steps, slope >= 0; constant when one depth was measured). A step at R rows costs
+    scale(R) = 1 + gamma R times ``seconds`` (the batch's tail runs few rows): gamma fitted on
+    calls whose steps ran at several row counts, 0 until then.
+
+    Each depth's cost is the mean of its measurements (the median step of a block of steps),
+    weighted by their timed steps, older ones decayed (``decay``, once per call): a depth an RL run
+    only probes (one or two timed steps every ``auto_every`` calls; one step's time varies by ~7% at
+    B = 64 here) is not re-set by each probe's one noisy step.
 
     Example: steps of 9 ms at K=1 and 16 ms at K=4 with c_draft = 2 ms give c_verify = 6.67 + K/3 ms,
     so step(2) = 4 + 7.33 = 11.33 ms.
     """
 
-    seconds: dict[int, float] = field(default_factory=dict)  # K -> median seconds per decode step / scale(rows)
-    draft_s: float | None = None  # c_draft, seconds of one chained draft step / scale(rows) (None: never timed)
-    measured: dict = field(default_factory=dict, repr=False)  # K or "draft" -> (median rows, median seconds)
+    seconds: dict[int, float] = field(default_factory=dict)  # K -> seconds per decode step / scale(rows)
+    draft_s: float | None = None  # c_draft, seconds per draft depth / scale(rows) (None: never timed)
+    draft_fixed: float = 0.0  # d_0, seconds of drafting per step whatever K / scale(rows)
+    weights: dict[int, float] = field(default_factory=dict)  # K -> timed steps behind ``seconds`` (decayed)
+    measured: dict = field(default_factory=dict, repr=False)  # K or ("draft", K) -> [(median rows, median seconds, steps)]
 
     row_slope: float | None = None  # gamma: a step at R rows costs (1 + gamma R) units (None: never fitted)
     prefill_slope: float | None = None  # c_verify per extra depth from the prefill, / scale (``fit_prefill``)
@@ -211,41 +282,61 @@ class StepCosts:
         base = self.step_seconds(k)
         return max(0.0, step_time[1] - base * self.scale(step_time[0])) if base else 0.0
 
+    def decay(self, factor: float) -> None:
+        """Older measurements weigh ``factor`` times less (the newest COST_HISTORY kept per depth)."""
+        self.measured = {key: [(r, s, w * factor) for r, s, w in entries][-COST_HISTORY:]
+                         for key, entries in self.measured.items()}
+        self._refresh()
+
     def observe(self, k: int, step_times: list[tuple[int, float, float]]) -> None:
         """Learns from a call's ``GenerationResult.step_times`` at depth k (0 = plain)."""
         if not step_times:
             return
         self.fit_rows(step_times)
-        self.measured[k] = (statistics.median(r for r, _, _ in step_times), statistics.median(s for _, s, _ in step_times))
+        self.measured.setdefault(k, []).append((statistics.median(r for r, _, _ in step_times),
+                                                statistics.median(s for _, s, _ in step_times), len(step_times)))
         drafted = [(r, d) for r, _, d in step_times if d > 0]
         if k >= 1 and drafted:
-            self.measured["draft"] = (statistics.median(r for r, _ in drafted), statistics.median(d for _, d in drafted) / k)
-        for key, (rows, seconds) in self.measured.items():  # NOTE: all re-read at the newest gamma
-            if key == "draft":
-                self.draft_s = seconds / self.scale(rows)
+            self.measured.setdefault(("draft", k), []).append(
+                (statistics.median(r for r, _ in drafted), statistics.median(d for _, d in drafted), len(drafted)))
+        self._refresh()
+
+    def _refresh(self) -> None:
+        """``seconds``, ``weights`` and the drafting line from the measurements, all re-read at the newest gamma."""
+        drafts = []  # (K, seconds of drafting per step, weight)
+        for key, entries in self.measured.items():
+            total = sum(w for _, _, w in entries)
+            value = sum(w * s / self.scale(r) for r, s, w in entries) / total
+            if isinstance(key, tuple):
+                drafts.append((key[1], value, total))
             else:
-                self.seconds[key] = seconds / self.scale(rows)
+                self.seconds[key], self.weights[key] = value, total
+        if drafts:
+            self.draft_fixed, self.draft_s = _line(drafts, drafting=True)
+
+    def draft_seconds(self, k: int) -> float:
+        """draft(K) = d_0 + K c_draft (0 for plain steps)."""
+        return self.draft_fixed + k * self.draft_s if k else 0.0
 
     def verify_seconds(self, k: int) -> float | None:
         """c_verify(K), or None without a timed draft step and a measured depth.
 
-        A line through the measured depths (least squares, slope >= 0); with one drafted depth, the
+        A line through the measured depths (least squares weighted by their timed steps, slope >= 0;
+        two depths: the line through them); with one drafted depth, the
         plain step is the line's K = 0 point (a verify pass over one token per row: on the same line
         within ~0.4 ms here, bench/auto.py), else the slope comes from ``prefill_slope``, else 0.
         """
-        points = sorted((j, s - j * self.draft_s) for j, s in self.seconds.items() if j >= 1) \
-            if self.draft_s is not None else []
+        points = sorted((j, s - self.draft_seconds(j), self.weights.get(j, 1.0)) for j, s in self.seconds.items()
+                        if j >= 1) if self.draft_s is not None else []
         if not points:
             return None
         if len(points) == 1 and 0 in self.seconds:
-            points.insert(0, (0, self.seconds[0]))
+            points.insert(0, (0, self.seconds[0], self.weights.get(0, 1.0)))
         if len(points) == 1:
-            (j, v), = points
+            (j, v, _), = points
             return v + (self.prefill_slope or 0.0) * (k - j)
-        mean_k = sum(j for j, _ in points) / len(points)
-        mean_v = sum(v for _, v in points) / len(points)
-        slope = sum((j - mean_k) * (v - mean_v) for j, v in points) / sum((j - mean_k) ** 2 for j, _ in points)
-        return mean_v + max(0.0, slope) * (k - mean_k)
+        intercept, slope = _line(points)
+        return intercept + slope * k
 
     def fit_prefill(self, k: int, rows: int, prompt_len: float, prefill_s: float) -> None:
         """``prefill_slope`` from a prefill of ``prompt_len`` tokens per row beside verify steps at depth k.
@@ -262,16 +353,15 @@ class StepCosts:
     def step_seconds(self, k: int) -> float | None:
         """Predicted seconds of a step at depth k (0 = plain), or None when nothing predicts it.
 
-        A plain step never timed is bounded below by the cheapest c_verify(K) measured: it is a
-        verify step's work over 1 token instead of K+1, with no verification.
+        A plain step is only ever measured: c_verify(K) does not bound it (a verify step also
+        verifies, logs and samples K+1 positions; at B = 64 here c_verify(1) ~ 1.3 plain steps).
         """
         if k in self.seconds:
             return self.seconds[k]
         if k == 0:
-            bounds = [self.verify_seconds(j) for j in self.seconds if j >= 1]
-            return min(bounds) if bounds and bounds[0] is not None else None
+            return None
         verify = self.verify_seconds(k)
-        return None if verify is None else verify + k * self.draft_s
+        return None if verify is None else verify + self.draft_seconds(k)
 
 
 def predict(mode: str, k: int, acceptance: Acceptance, costs: StepCosts, rows: float) -> float:
@@ -317,9 +407,12 @@ class AutoChooser:
     """The run's acceptance, cost and length models and calibration; ``choose`` picks the best candidate.
 
     Calibration: after each decision followed by at least MIN_CALIBRATION_STEPS steps, log(measured /
-    predicted tokens/s of the steps decoded at the choice) updates a running log-ratio of the chosen family (``family``; starts at 0, weight CALIBRATION
-    on the newest); predictions are multiplied by exp of their family's ratio, or of the mean of the known
-    ones for a family never chosen (no change of rank between unmeasured families).
+    predicted tokens/s of the steps decoded at the choice), clipped to +-MAX_CALIBRATION_STEP, updates
+    a running log-ratio of the chosen family (``family``; starts at 0, weight CALIBRATION on the
+    newest); predictions are multiplied by exp of their family's ratio, or of the mean of the known
+    ones for a family never chosen (no change of rank between unmeasured families). Per family, not
+    per setting: one call's ratio varies by ~7% (sd, B = 16 here), more than the settings' models
+    differ in error, and a setting measured once on an unlucky call would not be chosen again.
     """
 
     def __init__(self) -> None:
@@ -338,8 +431,8 @@ class AutoChooser:
         self.costs.observe(depth, times[1:] or times)
         self.lengths.add(result.lengths)
         self.prefill_s = result.prefill_seconds + (self.costs.excess(depth, times[0]) if times else 0.0)
-        if mode != "none":
-            self.acceptance.observe(result.stats, greedy)
+        if mode != "none" and result.log is not None:
+            self.acceptance.observe(result.log, result.lengths, greedy)
 
     def factor(self, mode: str) -> float:
         known = self.log_ratio.get(family(mode))
@@ -351,27 +444,41 @@ class AutoChooser:
         """Updates the chosen family's ratio from the decision's measured tokens/s."""
         if not (decision.measured_tok_s > 0 and decision.raw_tok_s > 0):
             return
-        new = math.log(decision.measured_tok_s / decision.raw_tok_s)
+        # NOTE: clipped: a call whose last row decoded alone for its last steps measured 0.63 of its
+        # prediction (B = 16, T = 1; 29 others 0.82-1.38); unclipped it moved every drafted forecast by 13%
+        new = min(max(math.log(decision.measured_tok_s / decision.raw_tok_s), -MAX_CALIBRATION_STEP),
+                  MAX_CALIBRATION_STEP)
         old = self.log_ratio.get(family(decision.mode), 0.0)  # NOTE: starts at 0 (shrinks one noisy call's ratio)
         self.log_ratio[family(decision.mode)] = (1 - CALIBRATION) * old + CALIBRATION * new
 
-    def rate(self, mode: str, k: int, remaining: np.ndarray, prefill_s: float = 0.0) -> float:
-        """Uncalibrated tokens/s of (mode, K) over ``remaining`` (S, R) tokens per row, the tail priced
-        (``bebop.spec.tail.call_rate``); 0 when the costs cannot say."""
-        base = self.costs.step_seconds(0 if mode == "none" else k)
-        if not base:
-            return 0.0
-        alphas = [] if mode == "none" else self.acceptance.alphas(mode, k)
-        return call_rate(remaining, alphas, lambda rows: base * self.costs.scale(rows), prefill_s)
+    def rates(self, options: list[tuple[str, int]], remaining: np.ndarray, done: list[int],
+              prefill_s: float = 0.0) -> dict[str, float]:
+        """Uncalibrated tokens/s of each (mode, K) over ``remaining`` (S, R) tokens per row that have
+        emitted ``done`` (R,), the tail priced (``bebop.spec.tail.call_rates``, alphas per offset
+        bucket, every setting on the same draws); 0 where the costs cannot say."""
+        names = [config_name(m, k) for m, k in options]
+        bases = [self.costs.step_seconds(0 if m == "none" else k) for m, k in options]
+        known = [i for i, b in enumerate(bases) if b]
+        out = dict.fromkeys(names, 0.0)
+        if known:
+            base = np.array([bases[i] for i in known])[:, None, None]
+            alphas = [[] if options[i][0] == "none" else self.acceptance.offset_alphas(*options[i]) for i in known]
+            found = call_rates(remaining, alphas, lambda rows: base * self.costs.scale(rows), prefill_s, np.asarray(done))
+            out.update({names[i]: float(r) for i, r in zip(known, found)})
+        return out
+
+    def rate(self, mode: str, k: int, remaining: np.ndarray, done: list[int], prefill_s: float = 0.0) -> float:
+        """``rates`` of one setting."""
+        return self.rates([(mode, k)], remaining, done, prefill_s)[config_name(mode, k)]
 
     def predict_call(self, mode: str, k: int, batch: int, max_new: int) -> float:
         """Calibrated tokens/s of a whole call of ``batch`` fresh rows at (mode, K), prefill included."""
         remaining = self.lengths.remaining([0] * batch, max_new, np.random.default_rng(TAIL_SEED))
-        return self.rate(mode, k, remaining, self.prefill_s) * self.factor(mode)
+        return self.rate(mode, k, remaining, [0] * batch, self.prefill_s) * self.factor(mode)
 
     def none_could_win(self, options: list[tuple[str, int]], rows: float) -> bool:
-        """Whether ``none``, at its bound (``StepCosts.step_seconds(0)``) when never timed, beats every
-        drafted candidate; True when nothing bounds it."""
+        """Whether ``none``, at its measured step cost, beats every drafted candidate; True when plain
+        steps were never timed."""
         drafted = [predict(m, k, self.acceptance, self.costs, rows) for m, k in options if m != "none"]
         if self.costs.step_seconds(0) is None or not drafted:
             return True
@@ -402,7 +509,7 @@ class AutoChooser:
             predictions = dict(raw)
         else:
             remaining = self.lengths.remaining(generated, max_new, np.random.default_rng(TAIL_SEED))
-            raw = {config_name(m, k): self.rate(m, k, remaining) for m, k in options}
+            raw = self.rates(options, remaining, generated)
             predictions = {config_name(m, k): raw[config_name(m, k)] * self.factor(m) for m, k in options}
         mode, k = max(options, key=lambda c: predictions[config_name(*c)])
         name = config_name(mode, k)
@@ -416,44 +523,50 @@ def probe_rule(options: list[tuple[str, int]]) -> str | None:
 
 
 def _probe(decoder: Decoder, chooser: AutoChooser, options, setting, greedy: bool, prompt_len: float):
-    """The probe's steps; returns (depth, step time) of the call's first step (None: no step).
+    """The probe's steps; returns (depth, step time) of the call's first drafted step, else of its first
+    step (None: no step): its excess over a step's cost is the head's prefill (``StepCosts.excess``).
 
+    0. One plain step first when plain decoding is allowed and was never timed (a fresh chooser): the
+       call's first step, so nothing pending inflates it; the verify line's K = 0 point.
     1. PROBE_STEPS at the deepest K (``probe_rule``), more until PROBE_POSITIONS rows were drafted
        for: both alphas at every depth, c_draft, c_verify(K).
-    2. PROBE_STEPS plain, when plain decoding could win at its bound (``none_could_win``); they also
-       give the verify line its K = 0 point.
-    3. Otherwise PROBE_STEPS at the shallower K predicted best, when it could win (``shallow_could_win``,
-       the verify slope estimated from the prefill): a second depth for the verify line.
-    Each block's first step is not timed (it also feeds the head what the previous setting left
-    pending: up to K+1 positions after a verify step, the prompt after the prefill) unless
-    PROBE_STEPS is 1. A setting that cannot win is never probed, so a call whose best setting is the
-    deepest pays no probe at all (B = 1 at high acceptance: the whole call is a few steps).
+    2. PROBE_STEPS plain, when plain was timed in an earlier call and could win at that cost
+       (``none_could_win``).
+    3. Otherwise PROBE_STEPS at the shallower K predicted best, when it could win (``shallow_could_win``):
+       a second depth for the verify line.
+    A drafted block's first step is not timed (it also feeds the head what was left pending: the
+    prompt after the prefill, every plain step's position after plain steps) unless it is the
+    block's only step; plain steps run no head and are all timed.
     """
-    first_step = None
+    firsts: list[tuple[int, tuple[int, float, float]]] = []  # (depth, first step) of each block
 
-    def run(mode: str, k: int, positions: int = 0) -> None:
-        nonlocal first_step
+    def run(mode: str, k: int, steps_at_least: int = PROBE_STEPS, positions: int = 0) -> None:
         decoder.set_spec(setting(mode, k))
         steps = []
-        while decoder.num_active and (len(steps) < PROBE_STEPS or sum(r for r, _, _ in steps) < positions):
+        while decoder.num_active and (len(steps) < steps_at_least or sum(r for r, _, _ in steps) < positions):
             steps.append(decoder.step())
-        first_step = first_step or (k, steps[0]) if steps else first_step
-        chooser.costs.observe(k, steps if PROBE_STEPS < 2 else steps[1:])
+        if steps:
+            firsts.append((k, steps[0]))
+            chooser.costs.observe(k, steps if k == 0 or len(steps) < 2 else steps[1:])
 
     rule = probe_rule(options)
     depths = sorted(k for m, k in options if m != "none")
+    plain = ("none", 0) in options and len(options) > 1
+    plain_first = plain and chooser.costs.step_seconds(0) is None
+    if plain_first and decoder.num_active:
+        run("none", 0, steps_at_least=1)
     if rule is not None and decoder.num_active:
-        run(rule, depths[-1], PROBE_POSITIONS)
-        chooser.acceptance.observe(decoder.stats_so_far(), greedy)  # NOTE: only the deep probe's positions
+        run(rule, depths[-1], positions=PROBE_POSITIONS)
+        chooser.acceptance.observe(decoder.runner.log, [len(t) for t in decoder.runner.outputs], greedy)  # NOTE: only the deep probe's positions
         chooser.costs.fit_prefill(depths[-1], len(decoder.prompt_ids), prompt_len, decoder.prefill_seconds)
     rows = max(decoder.num_active, 1)
-    if ("none", 0) in options and len(options) > 1 and decoder.num_active and chooser.none_could_win(options, rows):
+    if plain and not plain_first and decoder.num_active and chooser.none_could_win(options, rows):
         run("none", 0)
     elif rule is not None and decoder.num_active:
         shallow = chooser.shallow_could_win(options, rows)
         if shallow is not None:
             run(rule, shallow)
-    return first_step
+    return next((f for f in firsts if f[0] > 0), firsts[0] if firsts else None)
 
 
 def generate_auto(
@@ -490,7 +603,8 @@ def generate_auto(
         raise BebopError(f"mode {spec.mode!r} needs an MTP head (--mtp)")
     chooser = chooser if chooser is not None else AutoChooser()
     chooser.acceptance.decay(DECAY)
-    prior = copy.deepcopy(chooser.acceptance)  # the evidence of earlier calls
+    chooser.costs.decay(DECAY)
+    prior = chooser.acceptance.copy()  # the evidence of earlier calls
     greedy = sampling.temperature == 0
     setting = (lambda mode, k: dataclasses.replace(spec, mode=mode, speculate_k=max(k, 1)))
     probe = probe or not all(chooser.costs.step_seconds(0 if m == "none" else k) for m, k in options)
@@ -525,12 +639,12 @@ def generate_auto(
         # NOTE: calibrated against the tokens the rows really had left, so it corrects the cost and
         # acceptance models, not the length model (which knows nothing in a run's first call)
         left = np.array([len(decoder.runner.outputs[i]) - n for i, n in zip(rows, generated)])
-        decision.raw_tok_s = chooser.rate(decision.mode, decision.speculate_k, np.tile(left, (SCENARIOS, 1)))
+        decision.raw_tok_s = chooser.rate(decision.mode, decision.speculate_k, np.tile(left, (SCENARIOS, 1)), generated)
         chooser.calibrate(decision)
     chooser.costs.observe(decision.speculate_k, rest)
     result = decoder.result()
     chooser.acceptance = prior  # every drafted position of the call, once
-    chooser.acceptance.observe(result.stats, greedy)
+    chooser.acceptance.observe(result.log, result.lengths, greedy)
     chooser.lengths.add(result.lengths)
     chooser.prefill_s = result.prefill_seconds + (chooser.costs.excess(*first_step) if first_step else 0.0)
     return result, decision

@@ -275,10 +275,6 @@ class Decoder:
         self.step_times.append((num_rows, time.perf_counter() - start, self.runner.draft_seconds))
         return self.step_times[-1]
 
-    def stats_so_far(self) -> SpecStats:
-        """The statistics of the steps so far, every emitted token counted as kept."""
-        return self.runner.log.to_stats([len(t) for t in self.runner.outputs])
-
     def result(self) -> GenerationResult:
         """The completions and statistics; call once every row has finished."""
         runner = self.runner

@@ -127,7 +127,23 @@ def test_step_costs_by_hand_and_decay_halves_the_evidence():
     assert StepCosts(seconds={0: 0.004, 3: 0.01}).step_seconds(2) is None  # drafting never timed
     observed = StepCosts()
     observed.observe(4, [(8, 0.010, 0.004), (8, 0.012, 0.004), (5, 0.020, 0.008)])
-    assert observed.seconds == {4: 0.012} and observed.draft_s == pytest.approx(0.001)
+    assert observed.seconds == {4: pytest.approx(0.012)} and observed.draft_s == pytest.approx(0.001)
+    weighted = StepCosts(seconds={1: 0.009, 2: 0.012, 4: 0.016}, weights={1: 10.0, 2: 1.0, 4: 1.0}, draft_s=0.002)
+    slope, intercept = np.polyfit([1, 2, 4], [0.007, 0.008, 0.008], 1, w=np.sqrt([10.0, 1.0, 1.0]))
+    assert weighted.verify_seconds(3) == pytest.approx(intercept + 3 * slope)  # depth 1's many steps pull the line
+    # drafting = a part paid once per step (the head's pass over what the last step left pending) + K chained steps
+    drafts = StepCosts()
+    drafts.observe(1, [(64, 0.011, 0.0019)] * 3)
+    assert (drafts.draft_fixed, drafts.draft_s) == (0.0, pytest.approx(0.0019))  # one depth: proportional
+    drafts.observe(4, [(64, 0.019, 0.0059)] * 3)
+    assert drafts.draft_fixed == pytest.approx(0.0019 - 0.004 / 3) and drafts.draft_s == pytest.approx(0.004 / 3)
+    assert drafts.step_seconds(2) == pytest.approx(drafts.verify_seconds(2) + drafts.draft_fixed + 2 * drafts.draft_s)
+    assert drafts.verify_seconds(1) == pytest.approx(0.011 - 0.0019) and drafts.verify_seconds(4) == pytest.approx(0.019 - 0.0059)
+    assert auto._line([(1, 0.001, 1.0), (4, 0.008, 1.0)], drafting=True)[0] == 0.0  # never a negative fixed part
+    observed.decay(0.5)  # a later call: the first block weighs 3 * 0.5 steps, the new one 1
+    observed.observe(4, [(8, 0.017, 0.004)])
+    assert observed.seconds[4] == pytest.approx((1.5 * 0.012 + 0.017) / 2.5) and observed.weights[4] == 2.5
+    assert observed.draft_s == pytest.approx(0.001)
     acc = _acceptance([0.8], [0.5], weight=10)
     acc.decay(0.5)
     assert acc.weights == [5.0] and acc.alphas("rs", 1) == pytest.approx([0.8])
@@ -183,7 +199,7 @@ def test_acceptance_reads_the_engines_statistics(temperature):
         decoder.step()
     out = decoder.result()
     acc = Acceptance()
-    acc.observe(out.stats, greedy=temperature == 0)
+    acc.observe(out.log, out.lengths, greedy=temperature == 0)
     means = {rule: [total / w for total, w in zip(acc.sums[rule], acc.weights)] for rule in ("rs", "to")}
     if temperature:
         engine = out.stats.per_position_means()
@@ -193,6 +209,28 @@ def test_acceptance_reads_the_engines_statistics(temperature):
         hist, per_pos = out.stats.accept_length_hist, out.stats.accepted_per_pos
         assert means["rs"] == pytest.approx([per_pos[j] / sum(hist[j:]) for j in range(3)])
     assert len(out.step_times) > 0 and all(r >= 1 and s > d > 0 for r, s, d in out.step_times)
+    for j in range(3):  # the offset buckets split the positions
+        assert sum(sub.weights[j] for sub in acc.by_offset if j < len(sub.weights)) == pytest.approx(acc.weights[j])
+        assert sum(sub.sums["rs"][j] for sub in acc.by_offset if j < len(sub.weights)) == pytest.approx(acc.sums["rs"][j])
+
+
+def test_acceptance_by_offset_of_a_short_call():
+    """Every step of a 4-token call starts below 4 tokens emitted: all in the first offset bucket."""
+    model = peaked_model()
+    out = generate(model, ToyTokenizer(), _prompts((3, 5, 8, 2)), mtp=perturbed_head(model, 0.1),
+                   sampling=SamplingParams(temperature=1.0, max_new_tokens=4), spec=SpecConfig("rs", 2))
+    acc = Acceptance()
+    acc.observe(out.log, out.lengths, greedy=False)
+    first, *later = acc.by_offset
+    assert first.weights == acc.weights and all(sum(sub.weights) == 0 for sub in later)
+    engine = out.stats.per_position_means()["alpha_rs"]
+    assert [total / w for total, w in zip(first.sums["rs"], first.weights)] == pytest.approx(engine, rel=1e-5)
+    m = auto.PRIOR_POSITIONS  # a bucket's alpha leans on the all-offsets one; an unseen bucket is it
+    pooled = acc.alphas("rs", 2)
+    assert acc.alphas("rs", 2, 0) == pytest.approx([(first.sums["rs"][j] + m * pooled[j]) / (first.weights[j] + m)
+                                                    for j in range(2)])
+    assert acc.alphas("rs", 2, 2) == pytest.approx(pooled) and acc.offset_alphas("rs", 2)[2] == pytest.approx(pooled)
+    assert Acceptance().offset_alphas("rs", 2) == [[0.0, 0.0]] * 3
 
 
 # ----------------------------------------------------------------------------- generate_auto
@@ -212,28 +250,57 @@ def test_auto_is_plain_greedy_at_temperature_zero(spec):
     assert decision.predicted_tok_s == max(decision.predictions.values()) > 0
 
 
-@pytest.mark.parametrize(("plain", "shallow", "probes"), [
-    (True, 2, [4, 0]),  # plain could win: plain steps (they also fix the verify line), no shallow probe
-    (False, 2, [4, 2]),  # plain cannot, a shallower K could
-    (False, None, [4]),  # neither: the deepest K's steps are the whole probe
+def _plain_known() -> AutoChooser:
+    """A chooser that timed plain steps in an earlier call (1 ms at 3 rows)."""
+    chooser = AutoChooser()
+    chooser.costs.observe(0, [(3, 0.001, 0.0)])
+    return chooser
+
+
+@pytest.mark.parametrize(("known", "plain", "shallow", "probes"), [
+    (False, False, 2, [(0, 1), (4, 2), (2, 2)]),  # a fresh chooser: one plain step first, then as below
+    (False, True, None, [(0, 1), (4, 2)]),  # ... plain is not probed twice in a call
+    (True, True, 2, [(4, 2), (0, 2)]),  # plain could win at its measured cost: plain steps, no shallow probe
+    (True, False, 2, [(4, 2), (2, 2)]),  # plain cannot, a shallower K could
+    (True, False, None, [(4, 2)]),  # neither: the deepest K's steps are the whole probe
 ])
-def test_auto_probes_then_runs_the_choice(monkeypatch, plain, shallow, probes):
-    """The probe runs the deepest K, then plain steps or a shallower K when they could win (forced
-    here, as it depends on timings), then every step runs the choice."""
+def test_auto_probes_then_runs_the_choice(monkeypatch, known, plain, shallow, probes):
+    """The probe runs one plain step when plain was never timed, the deepest K, then plain steps or a
+    shallower K when they could win (forced here, as it depends on timings), then every step runs
+    the choice."""
     monkeypatch.setattr(AutoChooser, "none_could_win", lambda self, options, rows: plain)
     monkeypatch.setattr(AutoChooser, "shallow_could_win", lambda self, options, rows: shallow)
     monkeypatch.setattr(auto, "PROBE_POSITIONS", 0)  # PROBE_STEPS each (the next test pins it)
+    assert auto.PROBE_STEPS == 2
     model = peaked_model()
     head = perturbed_head(model, 0.1)
     ks = []
     step = Decoder.step
     monkeypatch.setattr(Decoder, "step", lambda self: ks.append(self.runner.k) or step(self))
     out, decision = generate_auto(model, ToyTokenizer(), _prompts((3, 4, 6)), mtp=head,
-                                  sampling=SamplingParams(temperature=1.0, max_new_tokens=24))
-    n, probed = auto.PROBE_STEPS, len(probes) * auto.PROBE_STEPS
-    assert ks[:probed] == [k for k in probes for _ in range(n)] and len(ks) > probed
-    assert set(ks[probed:]) == {decision.speculate_k} and decision.probed
+                                  sampling=SamplingParams(temperature=1.0, max_new_tokens=24),
+                                  chooser=_plain_known() if known else None)
+    expected = [k for k, n in probes for _ in range(n)]
+    assert ks[:len(expected)] == expected and len(ks) > len(expected)
+    assert set(ks[len(expected):]) == {decision.speculate_k} and decision.probed
     assert out.stats.speculate_k == 4 and decision.measured_tok_s > 0
+
+
+def test_a_fresh_probe_times_its_plain_step_and_prices_the_heads_prompt_as_prefill(monkeypatch):
+    """The plain first step is a clean plain step (no head input pending is fed): timed as a plain
+    cost. The first drafted step feeds the head the whole prompt: not a step cost; its excess joins
+    the prefill."""
+    monkeypatch.setattr(AutoChooser, "choose", lambda self, options, rows, generated=None, max_new=0:
+                        auto.Decision("rs", 1, 1.0, {"rs1": 1.0}, rows))
+    model = peaked_model()
+    chooser = AutoChooser()
+    out, _ = generate_auto(model, ToyTokenizer(), _prompts((3, 4, 6)), mtp=perturbed_head(model, 0.1),
+                           sampling=SamplingParams(temperature=1.0, max_new_tokens=24), chooser=chooser)
+    plain_step, first_drafted = out.step_times[0], out.step_times[1]
+    assert plain_step[2] == 0.0 and first_drafted[2] > 0  # no drafting, then drafting
+    assert chooser.costs.measured[0] == [(plain_step[0], plain_step[1], 1)]
+    excess = chooser.costs.excess(4, first_drafted)
+    assert chooser.prefill_s == pytest.approx(out.prefill_seconds + excess)
 
 
 def test_a_batch_of_one_probes_until_enough_positions(monkeypatch):
@@ -247,7 +314,7 @@ def test_a_batch_of_one_probes_until_enough_positions(monkeypatch):
     monkeypatch.setattr(AutoChooser, "choose", lambda self, options, rows, generated=None, max_new=0:
                         auto.Decision("rs", 1, 1.0, {"rs1": 1.0}, rows))
     generate_auto(model, ToyTokenizer(), _prompts((3,)), mtp=perturbed_head(model, 0.1),
-                  sampling=SamplingParams(temperature=1.0, max_new_tokens=200))
+                  sampling=SamplingParams(temperature=1.0, max_new_tokens=200), chooser=_plain_known())
     assert auto.PROBE_POSITIONS > auto.PROBE_STEPS
     assert ks[:auto.PROBE_POSITIONS] == [4] * auto.PROBE_POSITIONS and ks[auto.PROBE_POSITIONS] == 1
 
@@ -277,15 +344,17 @@ def test_without_probe_the_call_runs_the_choice_from_earlier_calls(monkeypatch):
 
 @pytest.mark.parametrize("second", ["plain", "shallow"])
 def test_auto_sampling_is_exact(monkeypatch, second):
-    """One probe step per setting, so tokens 1-3 mix the rs K=4 probe, a plain or a K=2 probe and the
-    chosen setting: marginals and all three pairs against the exact joint of plain sampling."""
+    """One probe step per setting, so tokens 1-3 mix the probe's settings and the chosen one: rs K=4
+    then plain (plain timed before), or plain, rs K=4 then K=2 (a fresh chooser): marginals and all
+    three pairs against the exact joint of plain sampling."""
     monkeypatch.setattr(auto, "PROBE_STEPS", 1)
-    monkeypatch.setattr(AutoChooser, "none_could_win", lambda self, options, rows: second == "plain")
+    monkeypatch.setattr(AutoChooser, "none_could_win", lambda self, options, rows: True)
     monkeypatch.setattr(AutoChooser, "shallow_could_win", lambda self, options, rows: 2)
     model, head = _stat_model()
     sampling = SamplingParams(temperature=1.0, max_new_tokens=3)
     rows = 20_000
-    out, _ = generate_auto(model, ToyTokenizer(), [STAT_PROMPT] * rows, mtp=head, sampling=sampling, seed=2)
+    out, _ = generate_auto(model, ToyTokenizer(), [STAT_PROMPT] * rows, mtp=head, sampling=sampling, seed=2,
+                           chooser=_plain_known() if second == "plain" else None)
     tokens = np.array(out.token_ids)
     assert tokens.shape == (rows, 3)
     joint, v = exact_joint(model, STAT_PROMPT, sampling), STAT_VOCAB
@@ -297,12 +366,13 @@ def test_auto_sampling_is_exact(monkeypatch, second):
 
 
 def test_plain_probe_is_skipped_only_when_plain_cannot_win():
-    costs = StepCosts(seconds={4: 0.014}, draft_s=0.002)  # c_verify = 6 ms bounds a plain step from below
-    assert costs.step_seconds(0) == pytest.approx(0.006)
+    # c_verify(K) does not bound a plain step (it was once taken as a lower bound: at B = 64 here a
+    # plain step costs ~0.6 c_verify(1), and plain decoding was never probed where it was best)
+    assert StepCosts(seconds={4: 0.014}, draft_s=0.002).step_seconds(0) is None
     chooser = AutoChooser()
-    chooser.costs = costs
+    chooser.costs = StepCosts(seconds={0: 0.006, 4: 0.014}, draft_s=0.002)
     chooser.acceptance = _acceptance([0.9] * 4, [0.8] * 4)  # rs4: 4.10 tokens / 14 ms > 1 token / 6 ms
     assert not chooser.none_could_win(ALL, rows=4)
     chooser.acceptance = _acceptance([0.2] * 4, [0.1] * 4)  # rs1: 1.2 tokens / 8 ms < 1 / 6 ms
     assert chooser.none_could_win(ALL, rows=4)
-    assert AutoChooser().none_could_win(ALL, rows=4)  # nothing measured: probe it
+    assert AutoChooser().none_could_win(ALL, rows=4)  # never timed: probe it

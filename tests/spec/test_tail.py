@@ -41,6 +41,19 @@ def test_steps_per_row_by_hand():
     assert (tail.steps_needed(rem, [0.0, 0.0], rng) == rem).all()
 
 
+def test_steps_by_offset_bucket_by_hand():
+    """Alphas per offset bucket: a step draws from the bucket of the tokens its row emitted before it."""
+    assert tail.OFFSET_EDGES == (4, 8)
+    never, always = [0.0, 0.0], [1.0, 1.0]
+    rem = _remaining([20, 20, 3])
+    done = np.array([0, 8, 6])
+    steps = tail.steps_needed(rem, [never, never, always], done=done)
+    assert (steps == _remaining([8 + 4, 7, 3])).all()  # 8 single tokens, then 3 a step; 20 / 3; 1 at 6, 7 and 8
+    steps = tail.steps_needed(rem, [always, never, always], done=np.array([0, 0, 0]))
+    assert (steps == _remaining([2 + 2 + 4, 2 + 2 + 4, 1])).all()  # 0-2, 3-5; 6, 7 single; then 12 at 3 a step
+    assert (tail.steps_needed(rem, [always] * 3, done=done) == tail.steps_needed(rem, always)).all()
+
+
 def test_call_rate_prices_the_lockstep_tail_by_hand():
     """The module's example: rows with 2 and 10 tokens left take 10 plain steps."""
     assert tail.call_rate(_remaining([2, 10]), [], lambda r: 0.001 + 0 * r) == pytest.approx(1200)
@@ -72,8 +85,8 @@ def test_step_cost_follows_the_active_rows():
     assert costs.row_slope == pytest.approx(0.1) and costs.seconds[0] == pytest.approx(0.001)
     assert costs.scale(10) == pytest.approx(2.0)
     assert auto.predict("none", 0, None, costs, rows=10) == pytest.approx(10 / 0.002)
-    costs.observe(0, [(8, 0.003, 0.0)] * 3)  # one row count: the slope stays
-    assert costs.row_slope == pytest.approx(0.1) and costs.seconds[0] == pytest.approx(0.003 / 1.8)
+    costs.observe(0, [(8, 0.003, 0.0)] * 3)  # one row count: the slope stays; the cost joins the first's (6 steps)
+    assert costs.row_slope == pytest.approx(0.1) and costs.seconds[0] == pytest.approx((6 * 0.001 + 3 * 0.003 / 1.8) / 9)
 
 
 def test_costs_timed_before_the_slope_is_known_are_reread_at_it():
@@ -108,19 +121,23 @@ def test_calibration_per_family():
     options = candidates(SpecConfig("auto", "auto"))
     raw = chooser.choose(options, rows=8, generated=[0] * 8, max_new=20).predictions
     w = auto.CALIBRATION
-    chooser.calibrate(Decision("rs", 2, 0.0, {}, measured_tok_s=50.0, raw_tok_s=100.0))
-    assert chooser.factor("to") == pytest.approx(0.5 ** w)
-    assert chooser.factor("none") == pytest.approx(0.5 ** w)  # never measured: the known families' mean
-    chooser.calibrate(Decision("none", 0, 0.0, {}, measured_tok_s=200.0, raw_tok_s=100.0))
-    assert chooser.factor("none") == pytest.approx(2 ** w) and chooser.factor("rs") == pytest.approx(0.5 ** w)
-    chooser.calibrate(Decision("rs", 2, 0.0, {}, measured_tok_s=50.0, raw_tok_s=100.0))
-    assert math.log(chooser.factor("rs")) == pytest.approx((1 - w) * w * math.log(0.5) + w * math.log(0.5))
+    chooser.calibrate(Decision("rs", 2, 0.0, {}, measured_tok_s=90.0, raw_tok_s=100.0))
+    assert chooser.factor("to") == pytest.approx(0.9 ** w)
+    assert chooser.factor("none") == pytest.approx(0.9 ** w)  # never measured: the known families' mean
+    chooser.calibrate(Decision("none", 0, 0.0, {}, measured_tok_s=120.0, raw_tok_s=100.0))
+    assert chooser.factor("none") == pytest.approx(1.2 ** w) and chooser.factor("rs") == pytest.approx(0.9 ** w)
+    chooser.calibrate(Decision("rs", 2, 0.0, {}, measured_tok_s=90.0, raw_tok_s=100.0))
+    rs = (1 - w) * w * math.log(0.9) + w * math.log(0.9)
+    assert math.log(chooser.factor("rs")) == pytest.approx(rs)
     calibrated = chooser.choose(options, rows=8, generated=[0] * 8, max_new=20)
     for name, value in raw.items():
         fam = "none" if name == "none" else "rs"
         assert calibrated.predictions[name] == pytest.approx(value * chooser.factor(fam))
     chooser.calibrate(Decision("rs", 2, 0.0, {}))  # nothing measured: no update
-    assert math.log(chooser.factor("rs")) == pytest.approx((1 - w) * w * math.log(0.5) + w * math.log(0.5))
+    assert math.log(chooser.factor("rs")) == pytest.approx(rs)
+    chooser.calibrate(Decision("rs", 2, 0.0, {}, measured_tok_s=10.0, raw_tok_s=100.0))  # one outlying call: clipped
+    assert math.log(chooser.factor("rs")) == pytest.approx((1 - w) * rs - w * auto.MAX_CALIBRATION_STEP)
+    assert 0.1 < math.exp(-auto.MAX_CALIBRATION_STEP) < 0.9
 
 
 @pytest.mark.parametrize("min_steps, calibrated", [(1, True), (10**6, False)])
