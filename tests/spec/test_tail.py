@@ -54,6 +54,18 @@ def test_steps_by_offset_bucket_by_hand():
     assert (tail.steps_needed(rem, [always] * 3, done=done) == tail.steps_needed(rem, always)).all()
 
 
+def test_all_settings_priced_at_once_as_one_by_one():
+    """``call_rates`` pads every setting to the deepest K and shares the draws: with alphas of 0 or 1
+    (no randomness) each setting's rate is the one it gets alone, and equal settings get equal rates."""
+    rem, cost = _remaining([2, 10]), (lambda rows: 0.001 + 0.0 * rows)
+    settings = [[], [1.0, 1.0], [0.0], [[1.0], [0.0], [1.0]], [1.0, 1.0]]
+    together = tail.call_rates(rem, settings, cost, done=np.array([0, 0]))
+    alone = [tail.call_rate(rem, a, cost, done=np.array([0, 0])) for a in settings]
+    assert together == pytest.approx(alone)
+    assert together[0] == pytest.approx(1200) and together[1] == pytest.approx(12 / 0.004)  # 10 steps; 4 at 3 a step
+    assert together[1] == together[4] and together[2] == together[0]  # alpha 0: one token a step, as plain
+
+
 def test_call_rate_prices_the_lockstep_tail_by_hand():
     """The module's example: rows with 2 and 10 tokens left take 10 plain steps."""
     assert tail.call_rate(_remaining([2, 10]), [], lambda r: 0.001 + 0 * r) == pytest.approx(1200)
