@@ -4,11 +4,12 @@ Terms (K = speculation depth, R = rows decoding, p the target's distribution, q 
     alpha_j     acceptance at draft depth j given drafts 1..j-1 were accepted. Estimated by the mean
                 of the counterfactual alpha_RS = sum min(p_j, q_j) and alpha_TO = p_j(argmax q_j) that
                 the engine records at every kept draft position (``bebop.spec.stats``), whichever mode
-                ran; at T = 0 by the accepted / reached counts (both rules are then greedy matching).
+                ran; at T = 0 by the accepted / reached counts (both rules are then greedy matching);
+                per offset in the completion and leaning on the steps run at that K (``Acceptance``).
     E[L]        expected accepted drafts per verify step, sum_{j<=K} prod_{i<=j} alpha_i (arXiv
                 2606.12370 Eq. 12; Leviathan et al. 2023); a verify step emits 1 + E[L] tokens.
-    step cost   seconds of one engine decode step: plain_s for ``none``; K c_draft + c_verify(K) for
-                ``to``/``rs``, from steps and their drafting timed by the engine (``StepCosts``).
+    step cost   seconds of one engine decode step: plain_s for ``none``; d_0 + K c_draft + c_verify(K)
+                for ``to``/``rs``, from steps and their drafting timed by the engine (``StepCosts``).
     predicted   tokens/s of the rest of the call, its tail priced (``bebop.spec.tail``): the rows'
                 remaining tokens drawn from the run's completion lengths, the steps each row needs at
                 1 + L tokens a step, every step at the cost of its active rows, the call lasting until
@@ -38,6 +39,9 @@ Deviations from the paper's speedup formula:
     2) alpha_TO recorded while ``rs`` runs (and alpha_RS while ``to`` runs) is measured on the other
        rule's accepted prefixes, a small bias at depths >= 2.
     3) A depth with few recorded positions leans on the depth above it (``Acceptance.alphas``).
+       The paper's alphas are one per depth; here they also differ by offset in the completion and
+       by the K whose steps drafted them (measured: ``Acceptance``), so a K never run at later
+       offsets is forecast from the other K's steps there.
     4) The tail is priced from the completion lengths of earlier calls; a run's first call has none,
        so its rows are assumed to run to max_new_tokens (no tail: an overestimate, reported by
        ``bench/auto.py``). The calibration is learned against the tokens the rows really had left,
@@ -113,9 +117,9 @@ def expected_accepted(alphas: list[float]) -> float:
 
 def draft_positions(log: EmissionLog, lengths: list[int]) -> dict[str, np.ndarray]:
     """Every kept draft position of a call (as ``EmissionLog.to_stats`` keeps them), as flat arrays:
-    depth (1-based), offset (tokens its row had emitted before the step), alpha_rs, alpha_to, and
-    accepted (the draft was accepted)."""
-    cols: dict[str, list[np.ndarray]] = {n: [] for n in ("depth", "offset", "alpha_rs", "alpha_to", "accepted")}
+    depth (1-based), offset (tokens its row had emitted before the step), k (the step's K), alpha_rs,
+    alpha_to, and accepted (the draft was accepted)."""
+    cols: dict[str, list[np.ndarray]] = {n: [] for n in ("depth", "offset", "k", "alpha_rs", "alpha_to", "accepted")}
     for block in log.blocks:
         if block.drafts is None:
             continue
@@ -126,20 +130,34 @@ def draft_positions(log: EmissionLog, lengths: list[int]) -> dict[str, np.ndarra
         mask = depth <= kept[:, None]  # depth j is kept when the step kept >= j tokens
         cols["depth"].append(depth[mask])
         cols["offset"].append(np.broadcast_to(starts[:, None], mask.shape)[mask])
+        cols["k"].append(np.full(int(mask.sum()), alpha_rs.shape[1]))
         cols["alpha_rs"].append(alpha_rs[mask])
         cols["alpha_to"].append(alpha_to[mask])
         cols["accepted"].append((depth < kept[:, None])[mask])  # a token follows draft j
     return {n: np.concatenate(v) if v else np.zeros(0) for n, v in cols.items()}
 
 
+def _shrunk(table: Acceptance, rule: str, prior: list[float]) -> list[float]:
+    """Each depth's mean in ``table`` shrunk toward ``prior`` with the weight of PRIOR_POSITIONS positions."""
+    return [(table.sums[rule][j] + PRIOR_POSITIONS * a) / (table.weights[j] + PRIOR_POSITIONS)
+            if j < len(table.weights) else a for j, a in enumerate(prior)]
+
+
 @dataclass
 class Acceptance:
     """Running per-depth acceptance of both rules: weighted sums of alpha and their weights, over all
-    positions and per offset bucket (``by_offset``, ``bebop.spec.tail.OFFSET_EDGES``)."""
+    positions and per offset bucket (``by_offset``, ``bebop.spec.tail.OFFSET_EDGES``), and the same
+    per K of the steps that drafted them (``by_k``): a K's alphas lean on its own steps (``alphas``).
+    Which tokens depth j drafts depends on K (a K = 1 run drafts depth 1 at every token, hard ones
+    included; a K = 4 run where its steps start, after accepted runs or rejections): at offsets >= 8
+    depth 1's alpha_RS was 0.75 / 0.94 / 0.87 / 0.97 under rs1 / rs2 / rs3 / rs4 (B = 64, T = 0.3).
+    From one pool, a run at K = 1 forecast every deeper K too low and stayed at K = 1.
+    """
 
     sums: dict[str, list[float]] = field(default_factory=lambda: {r: [] for r in RULES})
     weights: list[float] = field(default_factory=list)  # (J,) recorded positions per depth
     by_offset: list[Acceptance] = field(default_factory=list)  # the same per offset bucket (empty: never observed)
+    by_k: dict[int, Acceptance] = field(default_factory=dict)  # the same per K of the drafting steps
 
     def _grow(self, depth: int) -> None:
         while len(self.weights) < depth:
@@ -160,10 +178,16 @@ class Acceptance:
         pos = draft_positions(log, lengths)
         rs, to = (pos["accepted"], pos["accepted"]) if greedy else (pos["alpha_rs"], pos["alpha_to"])
         bucket = np.searchsorted(OFFSET_EDGES, pos["offset"], side="right")
+        self._add_positions(pos["depth"], bucket, rs, to)
+        for k in np.unique(pos["k"]).tolist():
+            sel = pos["k"] == k
+            self.by_k.setdefault(k, Acceptance())._add_positions(pos["depth"][sel], bucket[sel], rs[sel], to[sel])
+
+    def _add_positions(self, depth: np.ndarray, bucket: np.ndarray, rs: np.ndarray, to: np.ndarray) -> None:
         if not self.by_offset:
             self.by_offset = [Acceptance() for _ in range(len(OFFSET_EDGES) + 1)]
-        for j in np.unique(pos["depth"]).tolist():
-            at = pos["depth"] == j
+        for j in np.unique(depth).tolist():
+            at = depth == j
             self.add(j, float(at.sum()), float(rs[at].sum()), float(to[at].sum()))
             for b, sub in enumerate(self.by_offset):
                 sel = at & (bucket == b)
@@ -172,12 +196,12 @@ class Acceptance:
 
     def copy(self) -> Acceptance:
         return Acceptance({r: list(v) for r, v in self.sums.items()}, list(self.weights),
-                          [sub.copy() for sub in self.by_offset])
+                          [sub.copy() for sub in self.by_offset], {k: t.copy() for k, t in self.by_k.items()})
 
     def decay(self, factor: float) -> None:
         self.weights = [w * factor for w in self.weights]
         self.sums = {r: [s * factor for s in v] for r, v in self.sums.items()}
-        for sub in self.by_offset:
+        for sub in self.by_offset + list(self.by_k.values()):
             sub.decay(factor)
 
     def alphas(self, rule: str, k: int, bucket: int | None = None) -> list[float]:
@@ -202,11 +226,12 @@ class Acceptance:
                 out.append(total / w if w > 0 else 0.0)
             else:
                 out.append((total + PRIOR_POSITIONS * out[-1]) / (w + PRIOR_POSITIONS))
-        if bucket is None or not self.by_offset:
-            return out
-        sub = self.by_offset[bucket]
-        return [(sub.sums[rule][j] + PRIOR_POSITIONS * a) / (sub.weights[j] + PRIOR_POSITIONS)
-                if j < len(sub.weights) else a for j, a in enumerate(out)]
+        if bucket is not None and self.by_offset:
+            out = _shrunk(self.by_offset[bucket], rule, out)
+        own = self.by_k.get(k)  # NOTE: the steps run at this K (class docstring), leaning on all steps'
+        if own is not None:
+            out = _shrunk(own.by_offset[bucket] if bucket is not None and own.by_offset else own, rule, out)
+        return out
 
     def offset_alphas(self, rule: str, k: int) -> list[list[float]]:
         """``alphas`` of every offset bucket (``bebop.spec.tail.steps_needed``): all alike when never observed."""

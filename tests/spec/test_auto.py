@@ -225,12 +225,39 @@ def test_acceptance_by_offset_of_a_short_call():
     assert first.weights == acc.weights and all(sum(sub.weights) == 0 for sub in later)
     engine = out.stats.per_position_means()["alpha_rs"]
     assert [total / w for total, w in zip(first.sums["rs"], first.weights)] == pytest.approx(engine, rel=1e-5)
-    m = auto.PRIOR_POSITIONS  # a bucket's alpha leans on the all-offsets one; an unseen bucket is it
-    pooled = acc.alphas("rs", 2)
-    assert acc.alphas("rs", 2, 0) == pytest.approx([(first.sums["rs"][j] + m * pooled[j]) / (first.weights[j] + m)
-                                                    for j in range(2)])
+    m = auto.PRIOR_POSITIONS  # a bucket's alpha leans on the all-offsets one, then the K's own steps' on that
+    a1 = acc.sums["rs"][0] / acc.weights[0]
+    pooled = [a1, (acc.sums["rs"][1] + m * a1) / (acc.weights[1] + m)]
+
+    def lean(table, prior):
+        return [(table.sums["rs"][j] + m * prior[j]) / (table.weights[j] + m) for j in range(2)]
+
+    own = acc.by_k[2]  # every step ran at K = 2
+    assert acc.alphas("rs", 2, 0) == pytest.approx(lean(own.by_offset[0], lean(first, pooled)))
+    assert acc.alphas("rs", 2) == pytest.approx(lean(own, pooled))
     assert acc.alphas("rs", 2, 2) == pytest.approx(pooled) and acc.offset_alphas("rs", 2)[2] == pytest.approx(pooled)
     assert Acceptance().offset_alphas("rs", 2) == [[0.0, 0.0]] * 3
+
+
+def test_a_settings_alphas_lean_on_its_own_steps():
+    """Depth j drafts different tokens at different K: K's alphas lean on the steps run at K."""
+    model = peaked_model()
+    head = perturbed_head(model, 0.1)
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=12)
+    acc, alone = Acceptance(), {}
+    for k in (1, 3):
+        out = generate(model, ToyTokenizer(), _prompts((3, 5, 8, 2)), mtp=head, sampling=sampling,
+                       spec=SpecConfig("rs", k), seed=k)
+        acc.observe(out.log, out.lengths, greedy=False)
+        alone[k] = Acceptance()
+        alone[k].observe(out.log, out.lengths, greedy=False)
+    assert set(acc.by_k) == {1, 3} and acc.weights[0] == pytest.approx(alone[1].weights[0] + alone[3].weights[0])
+    m = auto.PRIOR_POSITIONS
+    pooled = Acceptance(acc.sums, acc.weights).alphas("rs", 3)  # every step's, no per-K record
+    own = alone[3]
+    assert acc.alphas("rs", 3) == pytest.approx([(own.sums["rs"][j] + m * pooled[j]) / (own.weights[j] + m)
+                                                 for j in range(3)])
+    assert acc.alphas("rs", 2) == pytest.approx(pooled[:2])  # K = 2 never ran: every step's
 
 
 # ----------------------------------------------------------------------------- generate_auto
