@@ -215,6 +215,8 @@ class Acceptance:
         alpha_j = (s_j + m a_j) / (w_j + m), a_j the all-offsets alpha_j: the depth profile is not
         flat within a bucket (embedded task, rs K=4, B=64, offsets >= 8: 0.97, 0.74-0.80, 0.54-0.64,
         0.83 at T 0.3-1), and an unseen bucket (a one-shot call's later offsets) is the all-offsets one.
+        Last, when steps ran at this K, the same again with that value as the prior and the K's own
+        steps (in the bucket) as the evidence (``by_k``).
 
         Example: seen [0.8, 0.6] with 100 positions each -> alphas(rule, 3) ~ [0.8, 0.601, 0.601].
         """
