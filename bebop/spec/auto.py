@@ -59,6 +59,7 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
 from bebop.config import AUTO, AUTO_MAX_K
 from bebop.spec.engine import Decoder, GenerationResult, SamplingParams, SpecConfig
@@ -120,10 +121,16 @@ def draft_positions(log: EmissionLog, lengths: list[int]) -> dict[str, np.ndarra
     depth (1-based), offset (tokens its row had emitted before the step), k (the step's K), alpha_rs,
     alpha_to, and accepted (the draft was accepted)."""
     cols: dict[str, list[np.ndarray]] = {n: [] for n in ("depth", "offset", "k", "alpha_rs", "alpha_to", "accepted")}
-    for block in log.blocks:
-        if block.drafts is None:
-            continue
-        alpha_rs, alpha_to = (d.float().cpu().numpy() for d in block.drafts[1:])  # (R, K)
+    blocks = [b for b in log.blocks if b.drafts is not None]
+    if not blocks:
+        return {n: np.zeros(0) for n in cols}
+    # NOTE: every block's alphas in one transfer (one host sync on CUDA, not one per block)
+    flat = torch.cat([torch.stack(b.drafts[1:]).flatten(1).float() for b in blocks], 1).cpu().numpy()  # (2, sum R K)
+    start = 0
+    for block in blocks:
+        shape = block.drafts[1].shape  # (R, K)
+        alpha_rs, alpha_to = flat[:, start: start + shape[0] * shape[1]].reshape(2, *shape)
+        start += shape[0] * shape[1]
         starts = np.asarray(block.starts)
         kept = np.clip(np.minimum(block.widths, np.asarray(lengths)[block.rows] - starts), 0, None)  # (R,)
         depth = np.broadcast_to(np.arange(1, alpha_rs.shape[1] + 1), alpha_rs.shape)  # (R, K)
@@ -134,7 +141,7 @@ def draft_positions(log: EmissionLog, lengths: list[int]) -> dict[str, np.ndarra
         cols["alpha_rs"].append(alpha_rs[mask])
         cols["alpha_to"].append(alpha_to[mask])
         cols["accepted"].append((depth < kept[:, None])[mask])  # a token follows draft j
-    return {n: np.concatenate(v) if v else np.zeros(0) for n, v in cols.items()}
+    return {n: np.concatenate(v) for n, v in cols.items()}
 
 
 def _shrunk(table: Acceptance, rule: str, prior: list[float]) -> list[float]:

@@ -157,8 +157,3 @@ def call_rates(remaining: np.ndarray, alphas: list, step_seconds: Callable[[np.n
     total = prefill_s + seconds.mean(-1)
     return np.where(total > 0, remaining.sum(-1).mean() / np.maximum(total, 1e-30), 0.0)
 
-
-def call_rate(remaining: np.ndarray, alphas, step_seconds: Callable[[np.ndarray], np.ndarray],
-              prefill_s: float = 0.0, done: np.ndarray | None = None) -> float:
-    """``call_rates`` of one setting; ``step_seconds`` maps active-row counts to seconds elementwise."""
-    return float(call_rates(remaining, [alphas], step_seconds, prefill_s, done)[0])

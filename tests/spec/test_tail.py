@@ -60,7 +60,7 @@ def test_all_settings_priced_at_once_as_one_by_one():
     rem, cost = _remaining([2, 10]), (lambda rows: 0.001 + 0.0 * rows)
     settings = [[], [1.0, 1.0], [0.0], [[1.0], [0.0], [1.0]], [1.0, 1.0]]
     together = tail.call_rates(rem, settings, cost, done=np.array([0, 0]))
-    alone = [tail.call_rate(rem, a, cost, done=np.array([0, 0])) for a in settings]
+    alone = [tail.call_rates(rem, [a], cost, done=np.array([0, 0]))[0] for a in settings]
     assert together == pytest.approx(alone)
     assert together[0] == pytest.approx(1200) and together[1] == pytest.approx(12 / 0.004)  # 10 steps; 4 at 3 a step
     assert together[1] == together[4] and together[2] == together[0]  # alpha 0: one token a step, as plain
@@ -68,10 +68,10 @@ def test_all_settings_priced_at_once_as_one_by_one():
 
 def test_call_rate_prices_the_lockstep_tail_by_hand():
     """The module's example: rows with 2 and 10 tokens left take 10 plain steps."""
-    assert tail.call_rate(_remaining([2, 10]), [], lambda r: 0.001 + 0 * r) == pytest.approx(1200)
+    assert tail.call_rates(_remaining([2, 10]), [[]], lambda r: 0.001 + 0 * r)[0] == pytest.approx(1200)
     # 1 ms per active row: 2 steps at 2 rows, 8 at 1 -> 12 tokens / 12 ms; plus 3 ms prefill -> 15 ms
-    assert tail.call_rate(_remaining([2, 10]), [], lambda r: 0.001 * r) == pytest.approx(1000)
-    assert tail.call_rate(_remaining([2, 10]), [], lambda r: 0.001 * r, prefill_s=0.003) == pytest.approx(800)
+    assert tail.call_rates(_remaining([2, 10]), [[]], lambda r: 0.001 * r)[0] == pytest.approx(1000)
+    assert tail.call_rates(_remaining([2, 10]), [[]], lambda r: 0.001 * r, prefill_s=0.003)[0] == pytest.approx(800)
 
 
 def test_the_tail_changes_the_best_choice():
