@@ -1,6 +1,6 @@
 """Automatic mode/K (``bebop.spec.auto``) against the best fixed setting found by grid search, same run.
 
-    PYTHONPATH=. .venv/bin/python bench/auto.py --threads 1     # T 0.3/0.7/1, B 1/16/64, 20 repeats: ~5 min
+    PYTHONPATH=. .venv/bin/python bench/auto.py --threads 1     # T 0.3/0.7/1, B 1/16/64, 20 repeats (80 at B = 1): ~8 min
     PYTHONPATH=. .venv/bin/python bench/auto.py --quick         # B 16, T 1, 3 repeats: ~15 s
 
 Defaults: the embedded model and its e2e-TV head (both trained and cached on first use), the
@@ -20,13 +20,17 @@ noisy phase of the machine hits all of them alike, repeat r with sampling seed r
 Columns:
     best        the grid's fastest setting and its tok/s.
     auto/best   auto's tok/s over the best's (the target: >= 0.95), with a 90% bootstrap interval
-                (``interval``: the repeats resampled, the best re-picked in each resample).
+                (``interval``: the repeats resampled, the best re-picked in each resample). The
+                summary lines add the ratio to the best picked on the other half of the repeats
+                (``held_out``), free of the winner's curse of picking the best of 9 noisy medians.
     chosen      the setting auto picked (the most frequent over the repeats, and how often).
     chosen/best the grid tok/s of the chosen setting over the best's: the choice alone, without the
                 probes' cost.
     RL-style/its choice
                 median over the repeats of RL-style's call / the grid's call of the setting it chose,
-                same repeat (same seed): what its probes, decisions and bookkeeping cost.
+                same repeat (same seed): what its probes, decisions and bookkeeping cost. The
+                summary adds RL-style's choices alone: the grid's calls of the setting it chose at
+                each call, pooled, over the best's (what it would reach at no cost of its own).
     noise       standard deviation / median of the best setting's repeats: the machine's noise.
 Prediction error, predicted / measured - 1:
     tail model  before each RL-style call after the first, its chooser's forecast of a whole call of
@@ -62,6 +66,11 @@ SETTINGS = candidates(SpecConfig(AUTO, AUTO))  # none, to1..4, rs1..4
 # draw of each setting's acceptance: at B = 1 a setting's "speed" was then the luck of its one draw
 # (rs4 emitting 21 tokens in 4 steps where the expectation is 5.4), which no choice can predict.
 QUICK = {"batch_sizes": [16], "temperatures": [1.0], "repeats": 3}
+# NOTE: a B = 1 call lasts ~50 ms and its tok/s varies 11-29% from draw to draw (one row's acceptance),
+# against 3-11% at B >= 16: 20 repeats left B = 1's ratios +-5 points from run to run, and RL-style's
+# chooser 20 calls (two probes) to tell apart settings ~10% apart. Below SMALL_BATCH rows a group runs
+# SMALL_BATCH // B times the repeats, at most SMALL_BATCH_MAX times (B = 1: 4x, ~1 min a group).
+SMALL_BATCH, SMALL_BATCH_MAX = 16, 4
 BOOTSTRAP = 2000  # resamples of the repeats behind each 90% interval
 
 
@@ -72,7 +81,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64], help="rows B per call")
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.3, 0.7, 1.0], help="T (> 0)")
     ap.add_argument("--max-new-tokens", type=int, default=48, help="completion tokens per row, EOS included")
-    ap.add_argument("--repeats", type=int, default=20, help="timed calls per setting")
+    ap.add_argument("--repeats", type=int, default=20, help="timed calls per setting (more below 16 rows: SMALL_BATCH)")
     ap.add_argument("--auto-every", type=int, default=10, help="RL-style auto: probe every this many calls (bebop rl's default)")
     ap.add_argument("--quick", action="store_true", help="B 16, T 1, 3 repeats; overrides those flags")
     ap.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
@@ -146,7 +155,7 @@ def run_group(model, tok, head, batch: int, temperature: float, args) -> dict:
     for name in names[:-1]:
         call(name, 4)  # warmup (RL-style auto runs the same code as auto and the grid)
     decisions.clear()
-    for r in range(args.repeats):
+    for r in range(repeats_at(batch, args.repeats)):
         for name in names if r % 2 == 0 else names[::-1]:
             seconds, tokens = call(name, args.max_new_tokens, seed=r)
             rates[name].append(tokens / seconds)
@@ -157,6 +166,8 @@ def run_group(model, tok, head, batch: int, temperature: float, args) -> dict:
                 for kind in ("new", "old")} if rl.forecasts else None
     # RL-style's calls against the grid's call of the setting each chose, same repeat (same seed): its own cost
     own = [rate / rates[choice][r] for r, (rate, choice) in enumerate(zip(rates["auto_rl"], rl.choices))]
+    # the grid's calls of the settings RL-style chose, same repeats, pooled: its choices without its own cost
+    chosen_calls = [calls[choice][r] for r, choice in enumerate(rl.choices)]
     chosen, count = collections.Counter(config_name(d.mode, d.speculate_k) for d in decisions).most_common(1)[0]
     return {"B": batch, "T": temperature, "tok_s": tok_s, "pooled": pooled, "rates": rates, "calls": calls,
             "chosen": chosen,
@@ -165,6 +176,7 @@ def run_group(model, tok, head, batch: int, temperature: float, args) -> dict:
                                              if d.measured_tok_s > 0] or [float("nan")]),  # nan: ended in the probe
             "rl_chosen": config_name(rl.decision.mode, rl.decision.speculate_k), "rl_choices": rl.choices,
             "rl_own": statistics.median(own),
+            "rl_choices_tok_s": sum(t for _, t in chosen_calls) / sum(s for s, _ in chosen_calls),
             "forecast": forecast}
 
 
@@ -190,6 +202,28 @@ def interval(g: dict, name: str, resamples: int = BOOTSTRAP) -> tuple[float, flo
     return float(np.quantile(ratio, 0.05)), float(np.quantile(ratio, 0.95))
 
 
+def held_out(g: dict, name: str) -> float:
+    """``name``'s ratio to the best fixed setting picked on the other half of the repeats (even / odd
+    repeats, both ways, the two ratios averaged): the best of 9 noisy medians measures high on the
+    repeats that picked it (the winner's curse); on the other half it measures what picking it gives."""
+    names = [n for n in g["rates"] if not n.startswith("auto")]
+    ratios = []
+    for half in (0, 1):
+        pick, test = ([r for r in range(len(g["rates"][name])) if r % 2 == h] for h in (half, 1 - half))
+        best = max(names, key=lambda n: _stat(g, n, pick, name))
+        ratios.append(_stat(g, name, test, name) / _stat(g, best, test, name))
+    return statistics.fmean(ratios)
+
+
+def _stat(g: dict, setting: str, repeats: list[int], kind: str) -> float:
+    """The tok/s of ``setting`` over some repeats as the ratio for ``kind`` reads it: medians for
+    one-shot auto, pooled tokens / seconds for RL-style."""
+    if kind == "auto":
+        return statistics.median(g["rates"][setting][r] for r in repeats)
+    calls = [g["calls"][setting][r] for r in repeats]
+    return sum(t for _, t in calls) / sum(s for s, _ in calls)
+
+
 def noise(g: dict) -> float:
     """Spread of the best fixed setting's repeats: standard deviation / median."""
     grid = _grid(g)
@@ -197,16 +231,22 @@ def noise(g: dict) -> float:
     return statistics.stdev(runs) / statistics.median(runs) if len(runs) > 1 else float("nan")
 
 
-def format_table(groups: list[dict], repeats: int) -> str:
-    lines = ["| B | T | best fixed | best tok/s | auto tok/s | auto/best [90%%] | chosen (of %d) | chosen/best | "
-             "RL-style auto/best (pooled) [90%%] | RL-style chose | RL-style/its choice | noise (best's sd/median) |"
-             % repeats, "|---:|---:|:---|---:|---:|---:|:---|---:|---:|:---|---:|---:|"]
+def repeats_at(batch: int, repeats: int) -> int:
+    """Repeats of a group of ``batch`` rows: ``repeats``, times SMALL_BATCH // batch (at most
+    SMALL_BATCH_MAX) below SMALL_BATCH rows."""
+    return repeats * min(SMALL_BATCH_MAX, max(1, SMALL_BATCH // batch))
+
+
+def format_table(groups: list[dict]) -> str:
+    lines = ["| B | T | repeats | best fixed | best tok/s | auto tok/s | auto/best [90%] | chosen (times) | chosen/best | "
+             "RL-style auto/best (pooled) [90%] | RL-style chose | RL-style/its choice | noise (best's sd/median) |",
+             "|---:|---:|---:|:---|---:|---:|---:|:---|---:|---:|:---|---:|---:|"]
     for g in groups:
         grid, pooled = _grid(g), _grid(g, "pooled")
         best, best_pooled = max(grid, key=grid.get), max(pooled.values())
         (lo, hi), (rl_lo, rl_hi) = interval(g, "auto"), interval(g, "auto_rl")
         lines.append(
-            f"| {g['B']} | {g['T']:g} | {best} | {grid[best]:.0f} | {g['tok_s']['auto']:.0f} | "
+            f"| {g['B']} | {g['T']:g} | {len(g['decisions'])} | {best} | {grid[best]:.0f} | {g['tok_s']['auto']:.0f} | "
             f"{g['tok_s']['auto'] / grid[best]:.2f} [{lo:.2f}, {hi:.2f}] | {g['chosen']} ({g['chosen_count']}) | "
             f"{grid[g['chosen']] / grid[best]:.2f} | {g['pooled']['auto_rl'] / best_pooled:.2f} "
             f"[{rl_lo:.2f}, {rl_hi:.2f}] | {g['rl_chosen']} | {g['rl_own']:.2f} | {noise(g):.0%} |")
@@ -263,13 +303,21 @@ def main(argv: list[str] | None = None) -> None:
                   f"choice, same repeat: median {groups[-1]['rl_own']:.3f})", file=sys.stderr, flush=True)
     ratios = [g["tok_s"]["auto"] / max(_grid(g).values()) for g in groups]
     rl_ratios = [g["pooled"]["auto_rl"] / max(_grid(g, "pooled").values()) for g in groups]
-    print("### auto vs the best fixed setting (tok/s, medians; RL-style pooled)\n\n" + format_table(groups, args.repeats))
+    print("### auto vs the best fixed setting (tok/s, medians; RL-style pooled)\n\n" + format_table(groups))
     for label, name, r in (("auto (one-shot)/best", "auto", ratios),
                            (f"auto (RL-style, every {args.auto_every})/best", "auto_rl", rl_ratios)):
         reach = sum(interval(g, name)[1] >= 0.95 for g in groups)
+        held = [held_out(g, name) for g in groups]
         print(f"\n{label}: median {statistics.median(r):.2f}, min {min(r):.2f}; within 5% in "
-              f"{sum(x >= 0.95 for x in r)} of {len(r)} groups; 90% interval reaching 0.95 in {reach} of {len(r)}")
-    print(f"\nnoise: sd / median of the best fixed setting's {args.repeats} repeats, median over groups "
+              f"{sum(x >= 0.95 for x in r)} of {len(r)} groups; 90% interval reaching 0.95 in {reach} of {len(r)}; "
+              f"against the best picked on the other half of the repeats: median {statistics.median(held):.2f}, "
+              f"min {min(held):.2f}, within 5% in {sum(x >= 0.95 for x in held)} of {len(held)} "
+              f"({', '.join(f'{x:.2f}' for x in held)})")
+    choices = [g["rl_choices_tok_s"] / max(_grid(g, "pooled").values()) for g in groups]
+    print(f"\nRL-style's choices alone (the grid's calls of the setting it chose at each call, pooled)/best: "
+          f"median {statistics.median(choices):.2f}, min {min(choices):.2f}; within 5% in "
+          f"{sum(x >= 0.95 for x in choices)} of {len(choices)} ({', '.join(f'{x:.2f}' for x in choices)})")
+    print(f"\nnoise: sd / median of the best fixed setting's repeats, median over groups "
           f"{statistics.median(noise(g) for g in groups):.0%}")
     print("\n### Prediction error (predicted / measured - 1)\n\n" + format_errors(groups))
     print("\n### Every setting: measured tok/s (RL-style chooser's forecast)\n\n" + format_grid(groups))

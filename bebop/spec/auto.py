@@ -11,9 +11,10 @@ Terms (K = speculation depth, R = rows decoding, p the target's distribution, q 
     step cost   seconds of one engine decode step: plain_s for ``none``; d_0 + K c_draft + c_verify(K)
                 for ``to``/``rs``, from steps and their drafting timed by the engine (``StepCosts``).
     predicted   tokens/s of the rest of the call, its tail priced (``bebop.spec.tail``): the rows'
-                remaining tokens drawn from the run's completion lengths, the steps each row needs at
-                1 + L tokens a step, every step at the cost of its active rows, the call lasting until
-                its longest row ends; times a per-family calibration (``AutoChooser``). Without the
+                remaining tokens distributed as the run's completion lengths, the steps each row needs
+                at 1 + L tokens a step, every step at the cost of its active rows, the call lasting
+                until its longest row ends, all as exact expectations; times a per-family calibration
+                (``AutoChooser``). Without the
                 rows' state (``none_could_win``): R (1 + E[L]) / step cost (``none``: R / plain_s).
 
 ``generate_auto`` runs one engine call (``bebop.spec.engine.Decoder``) that switches settings
@@ -22,8 +23,9 @@ never timed; steps at the deepest K; then plain steps if plain decoding could wi
 cost, else steps at a shallower K if one could), then the rest at the setting with the highest
 predicted tokens/s. A setting that cannot win is not probed, so once plain steps are timed a call
 whose best is the deepest K pays nothing for the probe. An RL run (``bebop.rollout``) probes every
-``auto_every`` steps and, in between, re-decides at every step from what the earlier calls measured
-(``probe=False``: no probe steps); it updates its models from every call.
+``auto_every`` steps, its probes also re-timing settings timed too little (``under_timed``), and,
+in between, re-decides at every step from what the earlier calls measured (``probe=False``: no
+probe steps); it updates its models from every call.
 
 Exactness: each step is an exact step of its setting, drawn from its rows' randomness at a counter
 no other step uses, and the setting of a step depends only on the steps before it (and on
@@ -53,6 +55,7 @@ Deviations from the paper's speedup formula:
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import statistics
 import time
@@ -64,20 +67,21 @@ import torch
 from bebop.config import AUTO, AUTO_MAX_K
 from bebop.spec.engine import Decoder, GenerationResult, SamplingParams, SpecConfig
 from bebop.spec.stats import EmissionLog
-from bebop.spec.tail import OFFSET_EDGES, SCENARIOS, Lengths, call_rates
+from bebop.spec.tail import OFFSET_EDGES, Lengths, Rows, call_rates
 from bebop.utils.io import BebopError
 
 PROBE_STEPS = 2  # decode steps of each probed setting: enough to time a step, few enough to cost little
 # NOTE: a completion's first tokens are its least predictable (the embedded task's opener: alpha_RS ~0.1
 # at depth 1 at T = 0.3, ~0.9 later), so a B = 1 probe of 2 steps mistakes them for the whole call.
 PROBE_POSITIONS = 8  # rows x steps of the deep probe at least: its alphas' evidence
+EXPLORE_WEIGHT = 1.0  # an RL probe re-times a setting whose cost rests on fewer timed steps (decayed)
+EXPLORE_SETTINGS = 2  # settings an RL probe re-times at most (``AutoChooser.under_timed``)
 PRIOR_POSITIONS = 4.0  # weight of depth j-1's alpha in depth j's estimate (``Acceptance.alphas``)
 DECAY = 0.9  # weight kept by older acceptance evidence at each call (RL: the policy drifts; ~10 calls of memory)
 MIN_CALIBRATION_STEPS = 4  # fewer steps after a decision do not calibrate: the last, partial step dominates
 CALIBRATION = 0.3  # weight of the newest log(measured / predicted) in the running calibration (from 0)
 MAX_CALIBRATION_STEP = math.log(1.25)  # a call's log(measured / predicted) is clipped to +-this
 COST_HISTORY = 32  # step-cost measurements kept per depth (``StepCosts``), the newest
-TAIL_SEED = 0  # seed of the remaining-length draws (bebop.spec.tail): the same for every setting
 RULES = ("rs", "to")  # acceptance rules, named as the modes that use them
 
 
@@ -119,29 +123,23 @@ def expected_accepted(alphas: list[float]) -> float:
 def draft_positions(log: EmissionLog, lengths: list[int]) -> dict[str, np.ndarray]:
     """Every kept draft position of a call (as ``EmissionLog.to_stats`` keeps them), as flat arrays:
     depth (1-based), offset (tokens its row had emitted before the step), k (the step's K), alpha_rs,
-    alpha_to, and accepted (the draft was accepted)."""
-    cols: dict[str, list[np.ndarray]] = {n: [] for n in ("depth", "offset", "k", "alpha_rs", "alpha_to", "accepted")}
+    alpha_to, and accepted (the draft was accepted). Blocks in order, rows in order, depths in order."""
     blocks = [b for b in log.blocks if b.drafts is not None]
     if not blocks:
-        return {n: np.zeros(0) for n in cols}
+        return {n: np.zeros(0) for n in ("depth", "offset", "k", "alpha_rs", "alpha_to", "accepted")}
     # NOTE: every block's alphas in one transfer (one host sync on CUDA, not one per block)
     flat = torch.cat([torch.stack(b.drafts[1:]).flatten(1).float() for b in blocks], 1).cpu().numpy()  # (2, sum R K)
-    start = 0
-    for block in blocks:
-        shape = block.drafts[1].shape  # (R, K)
-        alpha_rs, alpha_to = flat[:, start: start + shape[0] * shape[1]].reshape(2, *shape)
-        start += shape[0] * shape[1]
-        starts = np.asarray(block.starts)
-        kept = np.clip(np.minimum(block.widths, np.asarray(lengths)[block.rows] - starts), 0, None)  # (R,)
-        depth = np.broadcast_to(np.arange(1, alpha_rs.shape[1] + 1), alpha_rs.shape)  # (R, K)
-        mask = depth <= kept[:, None]  # depth j is kept when the step kept >= j tokens
-        cols["depth"].append(depth[mask])
-        cols["offset"].append(np.broadcast_to(starts[:, None], mask.shape)[mask])
-        cols["k"].append(np.full(int(mask.sum()), alpha_rs.shape[1]))
-        cols["alpha_rs"].append(alpha_rs[mask])
-        cols["alpha_to"].append(alpha_to[mask])
-        cols["accepted"].append((depth < kept[:, None])[mask])  # a token follows draft j
-    return {n: np.concatenate(v) for n, v in cols.items()}
+    k = np.repeat([b.drafts[1].shape[1] for b in blocks], [len(b.rows) for b in blocks])  # (sum R,) each row's K
+    rows, starts, widths = (np.fromiter(itertools.chain.from_iterable(getattr(b, name) for b in blocks), np.int64)
+                            for name in ("rows", "starts", "widths"))
+    kept = np.clip(np.minimum(widths, np.asarray(lengths)[rows] - starts), 0, None)  # tokens each row kept
+    count = np.minimum(kept, k)  # depth j is kept when the step kept >= j tokens
+    first = np.cumsum(k) - k  # each row's first alpha in ``flat``
+    depth = np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count) + 1
+    at = np.repeat(first, count) + depth - 1
+    return {"depth": depth, "offset": np.repeat(starts, count), "k": np.repeat(k, count),
+            "alpha_rs": flat[0, at], "alpha_to": flat[1, at],
+            "accepted": depth < np.repeat(kept, count)}  # a token follows draft j
 
 
 def _shrunk(table: Acceptance, rule: str, prior: list[float]) -> list[float]:
@@ -179,36 +177,47 @@ class Acceptance:
         self.sums["rs"][depth - 1] += alpha_rs
         self.sums["to"][depth - 1] += alpha_to
 
-    def observe(self, log: EmissionLog, lengths: list[int], greedy: bool) -> None:
+    def observe(self, log: EmissionLog, lengths: list[int], greedy: bool, age: float = 1.0) -> None:
         """Adds a call's kept draft positions (counterfactual alphas; at T = 0 whether each was accepted:
-        both rules accept iff argmax q = argmax p, and the recorded alphas are T = 1 numbers)."""
+        both rules accept iff argmax q = argmax p, and the recorded alphas are T = 1 numbers). The
+        tables of the K's that ran are first decayed by ``age`` (``decay``)."""
         pos = draft_positions(log, lengths)
         rs, to = (pos["accepted"], pos["accepted"]) if greedy else (pos["alpha_rs"], pos["alpha_to"])
         bucket = np.searchsorted(OFFSET_EDGES, pos["offset"], side="right")
         self._add_positions(pos["depth"], bucket, rs, to)
         for k in np.unique(pos["k"]).tolist():
-            sel = pos["k"] == k
-            self.by_k.setdefault(k, Acceptance())._add_positions(pos["depth"][sel], bucket[sel], rs[sel], to[sel])
+            sel, own = pos["k"] == k, self.by_k.setdefault(k, Acceptance())
+            own.decay(age)
+            own._add_positions(pos["depth"][sel], bucket[sel], rs[sel], to[sel])
 
     def _add_positions(self, depth: np.ndarray, bucket: np.ndarray, rs: np.ndarray, to: np.ndarray) -> None:
         if not self.by_offset:
             self.by_offset = [Acceptance() for _ in range(len(OFFSET_EDGES) + 1)]
-        for j in np.unique(depth).tolist():
-            at = depth == j
-            self.add(j, float(at.sum()), float(rs[at].sum()), float(to[at].sum()))
-            for b, sub in enumerate(self.by_offset):
-                sel = at & (bucket == b)
-                if sel.any():
-                    sub.add(j, float(sel.sum()), float(rs[sel].sum()), float(to[sel].sum()))
+        if not len(depth):
+            return
+        buckets, size = len(self.by_offset), int(depth.max()) * len(self.by_offset)
+        key = (depth - 1) * buckets + bucket  # (depth, bucket) cells, summed at once
+        sums = [np.bincount(key, w, size).reshape(-1, buckets).tolist() for w in (None, rs, to)]
+        for j, (weight, alpha_rs, alpha_to) in enumerate(zip(*sums), start=1):
+            if sum(weight):
+                self.add(j, sum(weight), sum(alpha_rs), sum(alpha_to))
+            for sub, w, a_rs, a_to in zip(self.by_offset, weight, alpha_rs, alpha_to):
+                if w:
+                    sub.add(j, w, a_rs, a_to)
 
     def copy(self) -> Acceptance:
         return Acceptance({r: list(v) for r, v in self.sums.items()}, list(self.weights),
                           [sub.copy() for sub in self.by_offset], {k: t.copy() for k, t in self.by_k.items()})
 
     def decay(self, factor: float) -> None:
+        """Older evidence weighs ``factor`` times less: all steps' and each offset bucket's. A K's own
+        steps (``by_k``) age only in calls that run that K (``observe``'s ``age``): at B = 1 a call
+        drafts ~5 steps, and a K an RL run only probes lost its deep alphas to the prior within a few
+        calls (rs4's depth 3 at offsets >= 8 read 0.48-0.54 against 0.62 measured over 40 calls at
+        T = 1; the run chose rs2 at 0.84x rs4)."""
         self.weights = [w * factor for w in self.weights]
         self.sums = {r: [s * factor for s in v] for r, v in self.sums.items()}
-        for sub in self.by_offset + list(self.by_k.values()):
+        for sub in self.by_offset:
             sub.decay(factor)
 
     def alphas(self, rule: str, k: int, bucket: int | None = None) -> list[float]:
@@ -273,9 +282,13 @@ class StepCosts:
     the last step left pending, paid once per step whatever K; at B = 64 here ~0.6 ms beside ~1.3 ms
     per chained step), through 0 when one depth was timed. c_verify(K) = step - draft(K) at the
     measured depths, linear in K between and past them (least squares weighted by each depth's
-    timed steps, slope >= 0; constant when one depth was measured). A step at R rows costs
-    scale(R) = 1 + gamma R times ``seconds`` (the batch's tail runs few rows): gamma fitted on
-    calls whose steps ran at several row counts, 0 until then.
+    timed steps, slope >= 0; constant when one depth was measured). A step at R rows and depth K
+    costs scale(R, K) = 1 + gamma_K R times ``seconds`` (the batch's tail runs few rows): gamma_K
+    fitted per depth on the steps of calls that ran at several row counts (``fit_rows``), as the cost
+    of a row grows with the tokens a step runs per row (B = 16 here: gamma 0.007 plain, 0.012 /
+    0.014 / 0.023 at K = 1 / 2 / 4). With one gamma for all, a chooser that had timed every setting
+    over 10 calls priced a B = 16 step of rs2 at 9.6 ms (7.9 measured) and forecast rs2 7% low, rs4
+    3% high at T = 0.3, where rs2 is the fastest; per depth, every forecast was within 3%.
 
     Each depth's cost is the mean of its measurements (the median step of a block of steps),
     weighted by their timed steps, older ones decayed (``decay``, once per call): a depth an RL run
@@ -292,41 +305,57 @@ class StepCosts:
     weights: dict[int, float] = field(default_factory=dict)  # K -> timed steps behind ``seconds`` (decayed)
     measured: dict = field(default_factory=dict, repr=False)  # K or ("draft", K) -> [(median rows, median seconds, steps)]
 
-    row_slope: float | None = None  # gamma: a step at R rows costs (1 + gamma R) units (None: never fitted)
+    row_slope: dict[int, float] = field(default_factory=dict)  # K -> gamma_K, fitted (``gamma``)
+    row_stats: dict = field(default_factory=dict, repr=False)  # K -> decayed [n, sum R, sum s, sum R^2, sum R s]
     prefill_slope: float | None = None  # c_verify per extra depth from the prefill, / scale (``fit_prefill``)
 
-    def scale(self, rows):
-        """1 + gamma rows: the cost of a step at ``rows`` rows in the units of ``seconds``."""
-        return 1.0 + (self.row_slope or 0.0) * rows
+    def scale(self, rows, k: int):
+        """1 + gamma_K rows: the cost of a step at ``rows`` rows and depth k in the units of ``seconds``."""
+        return 1.0 + self.gamma(k) * rows
 
-    def fit_rows(self, step_times: list[tuple[int, float, float]]) -> None:
-        """Updates gamma from steps at several row counts (least squares a + b R, gamma = b / a in [0, 1])."""
-        rows = [float(r) for r, _, _ in step_times]
-        if max(rows, default=0) - min(rows, default=0) < 2:
+    def gamma(self, k: int) -> float:
+        """gamma_K: depth k's own fit; else a line in K through the fitted drafted depths' (one: its
+        value), at least 0, for a drafted k; else the mean of those fitted; 0 when none was."""
+        if k in self.row_slope:
+            return self.row_slope[k]
+        drafted = [(j, g, 1.0) for j, g in self.row_slope.items() if j >= 1]
+        if k >= 1 and len(drafted) > 1:
+            a, b = _line(drafted)
+            return max(0.0, a + b * k)
+        known = [g for _, g, _ in drafted] if k >= 1 and drafted else list(self.row_slope.values())
+        return statistics.fmean(known) if known else 0.0
+
+    def fit_rows(self, k: int, step_times: list[tuple[int, float, float]]) -> None:
+        """Adds depth k's steps to its row fit when they ran at several row counts: gamma_K = b / a of
+        the least squares a + b R over all such steps at depth k (older calls decayed), in [0, 1]."""
+        rows = np.array([r for r, _, _ in step_times], dtype=float)
+        if not len(rows) or np.ptp(rows) < 2:
             return
-        mean_r, mean_s = statistics.fmean(rows), statistics.fmean(s for _, s, _ in step_times)
-        b = sum((r - mean_r) * (s - mean_s) for r, (_, s, _) in zip(rows, step_times)) \
-            / sum((r - mean_r) ** 2 for r in rows)
-        a = mean_s - b * mean_r
-        gamma = 0.0 if b <= 0 else (1.0 if a <= b else b / a)
-        self.row_slope = gamma if self.row_slope is None else (self.row_slope + gamma) / 2
+        secs = np.array([s for _, s, _ in step_times])
+        self.row_stats[k] = self.row_stats.get(k, 0.0) + np.array(
+            [len(rows), rows.sum(), secs.sum(), rows @ rows, rows @ secs])
+        n, sum_r, sum_s, sum_rr, sum_rs = self.row_stats[k]
+        b = (sum_rs - sum_r * sum_s / n) / (sum_rr - sum_r * sum_r / n)
+        a = (sum_s - b * sum_r) / n
+        self.row_slope[k] = 0.0 if b <= 0 else (1.0 if a <= b else float(b / a))
 
     def excess(self, k: int, step_time: tuple[int, float, float]) -> float:
         """Seconds a call's first step (at depth k) took beyond a step's predicted cost, at least 0."""
         base = self.step_seconds(k)
-        return max(0.0, step_time[1] - base * self.scale(step_time[0])) if base else 0.0
+        return max(0.0, step_time[1] - base * self.scale(step_time[0], k)) if base else 0.0
 
     def decay(self, factor: float) -> None:
         """Older measurements weigh ``factor`` times less (the newest COST_HISTORY kept per depth)."""
         self.measured = {key: [(r, s, w * factor) for r, s, w in entries][-COST_HISTORY:]
                          for key, entries in self.measured.items()}
+        self.row_stats = {k: stats * factor for k, stats in self.row_stats.items()}
         self._refresh()
 
     def observe(self, k: int, step_times: list[tuple[int, float, float]]) -> None:
         """Learns from a call's ``GenerationResult.step_times`` at depth k (0 = plain)."""
         if not step_times:
             return
-        self.fit_rows(step_times)
+        self.fit_rows(k, step_times)
         self.measured.setdefault(k, []).append((statistics.median(r for r, _, _ in step_times),
                                                 statistics.median(s for _, s, _ in step_times), len(step_times)))
         drafted = [(r, d) for r, _, d in step_times if d > 0]
@@ -340,7 +369,8 @@ class StepCosts:
         drafts = []  # (K, seconds of drafting per step, weight)
         for key, entries in self.measured.items():
             total = sum(w for _, _, w in entries)
-            value = sum(w * s / self.scale(r) for r, s, w in entries) / total
+            depth = key[1] if isinstance(key, tuple) else key
+            value = sum(w * s / self.scale(r, depth) for r, s, w in entries) / total
             if isinstance(key, tuple):
                 drafts.append((key[1], value, total))
             else:
@@ -382,7 +412,7 @@ class StepCosts:
         verify = self.verify_seconds(k) if k in self.seconds else None
         if verify is None or prompt_len <= k + 1:
             return
-        self.prefill_slope = max(0.0, (prefill_s / self.scale(rows) - verify) / (prompt_len - (k + 1)))
+        self.prefill_slope = max(0.0, (prefill_s / self.scale(rows, k) - verify) / (prompt_len - (k + 1)))
 
     def step_seconds(self, k: int) -> float | None:
         """Predicted seconds of a step at depth k (0 = plain), or None when nothing predicts it.
@@ -407,7 +437,7 @@ def predict(mode: str, k: int, acceptance: Acceptance, costs: StepCosts, rows: f
     if not seconds:
         return 0.0
     tokens = 1.0 if mode == "none" else 1.0 + expected_accepted(acceptance.alphas(mode, k))
-    return rows * tokens / (seconds * costs.scale(rows))
+    return rows * tokens / (seconds * costs.scale(rows, 0 if mode == "none" else k))
 
 
 @dataclass
@@ -485,30 +515,27 @@ class AutoChooser:
         old = self.log_ratio.get(family(decision.mode), 0.0)  # NOTE: starts at 0 (shrinks one noisy call's ratio)
         self.log_ratio[family(decision.mode)] = (1 - CALIBRATION) * old + CALIBRATION * new
 
-    def rates(self, options: list[tuple[str, int]], remaining: np.ndarray, done: list[int],
-              prefill_s: float = 0.0) -> dict[str, float]:
-        """Uncalibrated tokens/s of each (mode, K) over ``remaining`` (S, R) tokens per row that have
-        emitted ``done`` (R,), the tail priced (``bebop.spec.tail.call_rates``, alphas per offset
-        bucket, every setting on the same draws); 0 where the costs cannot say."""
+    def rates(self, options: list[tuple[str, int]], rows: Rows, prefill_s: float = 0.0) -> dict[str, float]:
+        """Uncalibrated tokens/s of each (mode, K) over the rest of ``rows``, the tail priced
+        (``bebop.spec.tail.call_rates``, alphas per offset bucket); 0 where the costs cannot say."""
         names = [config_name(m, k) for m, k in options]
         bases = [self.costs.step_seconds(0 if m == "none" else k) for m, k in options]
         known = [i for i, b in enumerate(bases) if b]
         out = dict.fromkeys(names, 0.0)
         if known:
-            base = np.array([bases[i] for i in known])[:, None, None]
             alphas = [[] if options[i][0] == "none" else self.acceptance.offset_alphas(*options[i]) for i in known]
-            found = call_rates(remaining, alphas, lambda rows: base * self.costs.scale(rows), prefill_s, np.asarray(done))
+            slopes = [self.costs.gamma(0 if options[i][0] == "none" else options[i][1]) for i in known]
+            found = call_rates(rows, alphas, np.array([bases[i] for i in known]), np.array(slopes), prefill_s)
             out.update({names[i]: float(r) for i, r in zip(known, found)})
         return out
 
-    def rate(self, mode: str, k: int, remaining: np.ndarray, done: list[int], prefill_s: float = 0.0) -> float:
+    def rate(self, mode: str, k: int, rows: Rows, prefill_s: float = 0.0) -> float:
         """``rates`` of one setting."""
-        return self.rates([(mode, k)], remaining, done, prefill_s)[config_name(mode, k)]
+        return self.rates([(mode, k)], rows, prefill_s)[config_name(mode, k)]
 
     def predict_call(self, mode: str, k: int, batch: int, max_new: int) -> float:
         """Calibrated tokens/s of a whole call of ``batch`` fresh rows at (mode, K), prefill included."""
-        remaining = self.lengths.remaining([0] * batch, max_new, np.random.default_rng(TAIL_SEED))
-        return self.rate(mode, k, remaining, [0] * batch, self.prefill_s) * self.factor(mode)
+        return self.rate(mode, k, self.lengths.rows([0] * batch, max_new), self.prefill_s) * self.factor(mode)
 
     def none_could_win(self, options: list[tuple[str, int]], rows: float) -> bool:
         """Whether ``none``, at its measured step cost, beats every drafted candidate; True when plain
@@ -531,6 +558,21 @@ class AutoChooser:
         best = max(depths[:-1], key=rates.get)
         return best if rates[best] > rates[depths[-1]] else None
 
+    def under_timed(self, options: list[tuple[str, int]]) -> list[int]:
+        """The depths below the deepest (0: plain, when allowed) whose step cost rests on less than
+        EXPLORE_WEIGHT timed steps (decayed), the least timed first (the shallowest of equals). An RL
+        run's probe times EXPLORE_SETTINGS of them: a setting never chosen is otherwise priced for the
+        whole run from what was timed once, or from the c_verify line through the depths that were
+        (B = 16, T = 0.7: a run that timed K = 0, 3 and 4 forecast rs2 at 2,735 tok/s, measured
+        3,441, and kept rs4; a run's one plain step, timed at 8.1 ms in a cold process where plain
+        steps take ~5 ms, priced plain 40% low for the whole run)."""
+        rule = probe_rule(options)
+        depths = sorted(k for m, k in options if m == rule)[:-1]
+        if ("none", 0) in options and rule is not None:
+            depths.insert(0, 0)
+        return sorted((k for k in depths if self.costs.weights.get(k, 0.0) < EXPLORE_WEIGHT),
+                      key=lambda k: (self.costs.weights.get(k, 0.0), k))
+
     def choose(self, options: list[tuple[str, int]], rows: float, generated: list[int] | None = None,
                max_new: int = 0) -> Decision:
         """The candidate with the highest predicted tokens/s (the first of equals).
@@ -542,8 +584,7 @@ class AutoChooser:
             raw = {config_name(m, k): predict(m, k, self.acceptance, self.costs, rows) for m, k in options}
             predictions = dict(raw)
         else:
-            remaining = self.lengths.remaining(generated, max_new, np.random.default_rng(TAIL_SEED))
-            raw = self.rates(options, remaining, generated)
+            raw = self.rates(options, self.lengths.rows(generated, max_new))
             predictions = {config_name(m, k): raw[config_name(m, k)] * self.factor(m) for m, k in options}
         mode, k = max(options, key=lambda c: predictions[config_name(*c)])
         name = config_name(mode, k)
@@ -556,7 +597,8 @@ def probe_rule(options: list[tuple[str, int]]) -> str | None:
     return "rs" if "rs" in modes else ("to" if modes else None)
 
 
-def _probe(decoder: Decoder, chooser: AutoChooser, options, setting, greedy: bool, prompt_len: float):
+def _probe(decoder: Decoder, chooser: AutoChooser, options, setting, greedy: bool, prompt_len: float,
+           explore: bool = False):
     """The probe's steps; returns (depth, step time) of the call's first drafted step, else of its first
     step (None: no step): its excess over a step's cost is the head's prefill (``StepCosts.excess``).
 
@@ -568,6 +610,8 @@ def _probe(decoder: Decoder, chooser: AutoChooser, options, setting, greedy: boo
        (``none_could_win``).
     3. Otherwise PROBE_STEPS at the shallower K predicted best, when it could win (``shallow_could_win``):
        a second depth for the verify line.
+    4. With ``explore`` (a chooser that learned from earlier calls: RL's probing calls), PROBE_STEPS
+       at each of the EXPLORE_SETTINGS settings timed least, if timed too little (``under_timed``).
     A drafted block's first step is not timed (it also feeds the head what was left pending: the
     prompt after the prefill, every plain step's position after plain steps) unless it is the
     block's only step; plain steps run no head and are all timed.
@@ -591,7 +635,8 @@ def _probe(decoder: Decoder, chooser: AutoChooser, options, setting, greedy: boo
         run("none", 0, steps_at_least=1)
     if rule is not None and decoder.num_active:
         run(rule, depths[-1], positions=PROBE_POSITIONS)
-        chooser.acceptance.observe(decoder.runner.log, [len(t) for t in decoder.runner.outputs], greedy)  # NOTE: only the deep probe's positions
+        chooser.acceptance.observe(decoder.runner.log, [len(t) for t in decoder.runner.outputs], greedy,
+                                   age=DECAY)  # NOTE: only the deep probe's positions
         chooser.costs.fit_prefill(depths[-1], len(decoder.prompt_ids), prompt_len, decoder.prefill_seconds)
     rows = max(decoder.num_active, 1)
     if plain and not plain_first and decoder.num_active and chooser.none_could_win(options, rows):
@@ -600,6 +645,11 @@ def _probe(decoder: Decoder, chooser: AutoChooser, options, setting, greedy: boo
         shallow = chooser.shallow_could_win(options, rows)
         if shallow is not None:
             run(rule, shallow)
+    if explore:
+        ran = {k for k, _ in firsts}
+        for k in [k for k in chooser.under_timed(options) if k not in ran][:EXPLORE_SETTINGS]:
+            if decoder.num_active:
+                run("none" if k == 0 else rule, k)
     return next((f for f in firsts if f[0] > 0), firsts[0] if firsts else None)
 
 
@@ -636,12 +686,13 @@ def generate_auto(
     if mtp is None and max_k:
         raise BebopError(f"mode {spec.mode!r} needs an MTP head (--mtp)")
     chooser = chooser if chooser is not None else AutoChooser()
+    learned = bool(chooser.costs.seconds)  # costs from earlier calls: a probe also explores (``_probe``)
     chooser.acceptance.decay(DECAY)
     chooser.costs.decay(DECAY)
-    prior = chooser.acceptance.copy()  # the evidence of earlier calls
     greedy = sampling.temperature == 0
     setting = (lambda mode, k: dataclasses.replace(spec, mode=mode, speculate_k=max(k, 1)))
     probe = probe or not all(chooser.costs.step_seconds(0 if m == "none" else k) for m, k in options)
+    prior = chooser.acceptance.copy() if probe else None  # the evidence of earlier calls (a probe adds to a copy)
     decision = None
     if probe:
         rule = probe_rule(options)
@@ -655,7 +706,7 @@ def generate_auto(
     first_step = None
     if probe:
         prompt_len = statistics.fmean(len(p) for p in decoder.prompt_ids)
-        first_step = _probe(decoder, chooser, options, setting, greedy, prompt_len)
+        first_step = _probe(decoder, chooser, options, setting, greedy, prompt_len, explore=learned)
         active = decoder.active_lengths() if decoder.num_active else None
         decision = chooser.choose(options, rows=max(decoder.num_active, 1), generated=active,
                                   max_new=sampling.max_new_tokens)
@@ -673,12 +724,13 @@ def generate_auto(
         # NOTE: calibrated against the tokens the rows really had left, so it corrects the cost and
         # acceptance models, not the length model (which knows nothing in a run's first call)
         left = np.array([len(decoder.runner.outputs[i]) - n for i, n in zip(rows, generated)])
-        decision.raw_tok_s = chooser.rate(decision.mode, decision.speculate_k, np.tile(left, (SCENARIOS, 1)), generated)
+        decision.raw_tok_s = chooser.rate(decision.mode, decision.speculate_k, Rows.known(generated, left))
         chooser.calibrate(decision)
     chooser.costs.observe(decision.speculate_k, rest)
     result = decoder.result()
-    chooser.acceptance = prior  # every drafted position of the call, once
-    chooser.acceptance.observe(result.log, result.lengths, greedy)
+    if prior is not None:
+        chooser.acceptance = prior  # every drafted position of the call, once (not the probe's twice)
+    chooser.acceptance.observe(result.log, result.lengths, greedy, age=DECAY)
     chooser.lengths.add(result.lengths)
     chooser.prefill_s = result.prefill_seconds + (chooser.costs.excess(*first_step) if first_step else 0.0)
     return result, decision

@@ -260,6 +260,24 @@ def test_a_settings_alphas_lean_on_its_own_steps():
     assert acc.alphas("rs", 2) == pytest.approx(pooled[:2])  # K = 2 never ran: every step's
 
 
+def test_a_ks_own_steps_age_only_in_calls_that_run_it():
+    """``decay`` ages all steps' evidence; a K's own table ages when that K runs again (``observe``'s age)."""
+    model = peaked_model()
+    head = perturbed_head(model, 0.1)
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=12)
+    runs = {k: generate(model, ToyTokenizer(), _prompts((3, 5, 8, 2)), mtp=head, sampling=sampling,
+                        spec=SpecConfig("rs", k), seed=k) for k in (1, 3)}
+    acc = Acceptance()
+    acc.observe(runs[3].log, runs[3].lengths, greedy=False, age=0.5)
+    own3 = list(acc.by_k[3].weights)
+    acc.decay(0.5)
+    assert acc.weights == pytest.approx([w * 0.5 for w in own3]) and acc.by_k[3].weights == own3
+    acc.observe(runs[1].log, runs[1].lengths, greedy=False, age=0.5)
+    assert acc.by_k[3].weights == own3  # K = 1 ran: K = 3's evidence is as it was
+    acc.observe(runs[3].log, runs[3].lengths, greedy=False, age=0.5)
+    assert acc.by_k[3].weights == pytest.approx([1.5 * w for w in own3])  # aged once, then the same again
+
+
 # ----------------------------------------------------------------------------- generate_auto
 
 
@@ -287,9 +305,11 @@ def _plain_known() -> AutoChooser:
 @pytest.mark.parametrize(("known", "plain", "shallow", "probes"), [
     (False, False, 2, [(0, 1), (4, 2), (2, 2)]),  # a fresh chooser: one plain step first, then as below
     (False, True, None, [(0, 1), (4, 2)]),  # ... plain is not probed twice in a call
-    (True, True, 2, [(4, 2), (0, 2)]),  # plain could win at its measured cost: plain steps, no shallow probe
-    (True, False, 2, [(4, 2), (2, 2)]),  # plain cannot, a shallower K could
-    (True, False, None, [(4, 2)]),  # neither: the deepest K's steps are the whole probe
+    (False, False, None, [(0, 1), (4, 2)]),  # ... and nothing is explored (a one-shot call pays for every probe)
+    (True, True, 2, [(4, 2), (0, 2), (1, 2)]),  # plain could win at its measured cost: plain steps, no shallow
+    # probe; then the least timed setting not yet run (a chooser with earlier calls explores)
+    (True, False, 2, [(4, 2), (2, 2), (1, 2)]),  # plain cannot, a shallower K could
+    (True, False, None, [(4, 2), (1, 2)]),  # neither: the deepest K, then the least timed
 ])
 def test_auto_probes_then_runs_the_choice(monkeypatch, known, plain, shallow, probes):
     """The probe runs one plain step when plain was never timed, the deepest K, then plain steps or a
@@ -298,6 +318,7 @@ def test_auto_probes_then_runs_the_choice(monkeypatch, known, plain, shallow, pr
     monkeypatch.setattr(AutoChooser, "none_could_win", lambda self, options, rows: plain)
     monkeypatch.setattr(AutoChooser, "shallow_could_win", lambda self, options, rows: shallow)
     monkeypatch.setattr(auto, "PROBE_POSITIONS", 0)  # PROBE_STEPS each (the next test pins it)
+    monkeypatch.setattr(auto, "EXPLORE_SETTINGS", 1)
     assert auto.PROBE_STEPS == 2
     model = peaked_model()
     head = perturbed_head(model, 0.1)
@@ -311,6 +332,20 @@ def test_auto_probes_then_runs_the_choice(monkeypatch, known, plain, shallow, pr
     assert ks[:len(expected)] == expected and len(ks) > len(expected)
     assert set(ks[len(expected):]) == {decision.speculate_k} and decision.probed
     assert out.stats.speculate_k == 4 and decision.measured_tok_s > 0
+
+
+def test_settings_timed_too_little_are_explored():
+    """RL's probe re-times the settings below the deepest (plain included) whose cost rests on fewer
+    than EXPLORE_WEIGHT timed steps, the least timed first."""
+    chooser = AutoChooser()
+    assert chooser.under_timed(ALL) == [0, 1, 2, 3]  # nothing timed: the shallowest first
+    for k, steps in ((0, 1), (1, 5), (3, 3), (4, 9)):
+        chooser.costs.observe(k, [(8, 0.01 + 0.001 * k, 0.002 * k)] * steps)
+    assert auto.EXPLORE_WEIGHT == 1.0 and chooser.under_timed(ALL) == [2]
+    chooser.costs.decay(0.5)  # plain's one step now weighs 0.5
+    assert chooser.under_timed(ALL) == [2, 0]
+    assert chooser.under_timed(candidates(SpecConfig("rs", "auto"))) == [2]  # plain not allowed
+    assert chooser.under_timed(candidates(SpecConfig("auto", 3))) == [0]  # one drafted depth: plain alone
 
 
 def test_a_fresh_probe_times_its_plain_step_and_prices_the_heads_prompt_as_prefill(monkeypatch):

@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from bebop.spec import auto, tail
 from bebop.spec.auto import AutoChooser, Decision, StepCosts, candidates
@@ -19,48 +20,80 @@ from bebop.spec.engine import GenerationResult, SpecConfig
 from tests.spec.test_auto import _acceptance
 
 
-def _remaining(rows: list[int]) -> np.ndarray:
-    return np.tile(np.array(rows), (tail.SCENARIOS, 1))
+def _finish_steps(rows: tail.Rows, alphas) -> list[int]:
+    """Per group, the step after which its rows are finished, where that step is certain (alphas 0 or 1)."""
+    done_by = tail.finished(rows, [alphas])[0]  # (G, T + 1)
+    assert np.isin(done_by.round(12), (0.0, 1.0)).all()  # no randomness
+    return [int(np.argmax(f > 0.5)) for f in done_by]
 
 
 def test_remaining_lengths_follow_the_history_longer_than_each_row():
     lengths = tail.Lengths()
     lengths.add([5, 10])
-    out = lengths.remaining([0, 6, 12], max_new=20, rng=np.random.default_rng(0))  # (S, 3)
-    assert set(out[:, 0]) == {5, 10}  # both drawn (seeded; odds 2^-15 that a seed misses one)
-    assert set(out[:, 1]) == {4} and set(out[:, 2]) == {8}  # only 10 > 6; none > 12: the cap 20
-    nothing = tail.Lengths().remaining([3, 5], 20, np.random.default_rng(0))
-    assert nothing.shape == (tail.SCENARIOS, 2) and (nothing == [17, 15]).all()
+    rows = lengths.rows([0, 6, 12, 0], max_new=20)
+    assert rows.done.tolist() == [0, 6, 12] and rows.count.tolist() == [2, 1, 1]
+    assert rows.left[0, 5] == rows.left[0, 10] == 0.5 and rows.left[0].sum() == 1  # both seen lengths
+    assert rows.left[1, 4] == 1 and rows.left[2, 8] == 1  # only 10 > 6; none > 12: the cap 20
+    assert rows.tokens() == pytest.approx(2 * 7.5 + 4 + 8)
+    nothing = tail.Lengths().rows([3, 5], 20)
+    assert nothing.left[0, 17] == nothing.left[1, 15] == 1
+    known = tail.Rows.known([0, 0, 3], [4, 4, 0])  # a row with nothing left counts one token
+    assert known.done.tolist() == [0, 3] and known.count.tolist() == [2, 1] and known.left[1, 1] == 1
 
 
 def test_steps_per_row_by_hand():
-    rng = np.random.default_rng(0)
-    rem = _remaining([7, 1])
-    assert (tail.steps_needed(rem, [], rng) == rem).all()  # plain: a token a step
-    assert (tail.steps_needed(rem, [1.0, 1.0], rng) == _remaining([3, 1])).all()  # 3 tokens a step
-    assert (tail.steps_needed(rem, [0.0, 0.0], rng) == rem).all()
+    rows = tail.Rows.known([0, 0], [7, 1])
+    assert _finish_steps(rows, []) == [1, 7]  # plain: a token a step (groups sorted by tokens left)
+    assert _finish_steps(rows, [1.0, 1.0]) == [1, 3]  # 3 tokens a step
+    assert _finish_steps(rows, [0.0, 0.0]) == [1, 7]
 
 
 def test_steps_by_offset_bucket_by_hand():
     """Alphas per offset bucket: a step draws from the bucket of the tokens its row emitted before it."""
     assert tail.OFFSET_EDGES == (4, 8)
     never, always = [0.0, 0.0], [1.0, 1.0]
-    rem = _remaining([20, 20, 3])
-    done = np.array([0, 8, 6])
-    steps = tail.steps_needed(rem, [never, never, always], done=done)
-    assert (steps == _remaining([8 + 4, 7, 3])).all()  # 8 single tokens, then 3 a step; 20 / 3; 1 at 6, 7 and 8
-    steps = tail.steps_needed(rem, [always, never, always], done=np.array([0, 0, 0]))
-    assert (steps == _remaining([2 + 2 + 4, 2 + 2 + 4, 1])).all()  # 0-2, 3-5; 6, 7 single; then 12 at 3 a step
-    assert (tail.steps_needed(rem, [always] * 3, done=done) == tail.steps_needed(rem, always)).all()
+    rows = tail.Rows.known([0, 6, 8], [20, 3, 20])
+    assert _finish_steps(rows, [never, never, always]) == [8 + 4, 3, 7]  # 8 singles, 12 at 3 a step; 6, 7, 8; 20 / 3
+    assert _finish_steps(tail.Rows.known([0, 0], [20, 3]), [always, never, always]) == [1, 2 + 2 + 4]  # 0-2, 3-5; 6, 7
+    assert _finish_steps(rows, [always] * 3) == _finish_steps(rows, always)  # past the last edge: one chain for all
+
+
+def test_finished_matches_a_simulation():
+    """The chain's P(finished after t steps) against 20,000 simulated rows of three groups (two starting
+    in the opener, one past it), random alphas per bucket, remaining lengths from a history: a
+    chi-square test per group over the steps each row took, false alarm 1e-4 each."""
+    rng = np.random.default_rng(0)
+    alphas = rng.uniform(0.2, 0.95, (3, 3)).tolist()  # (bucket, depth)
+    lengths = tail.Lengths()
+    lengths.add(rng.integers(2, 30, 40).tolist())
+    rows = lengths.rows([0, 5, 11], max_new=30)
+    done_by = tail.finished(rows, [alphas])[0]  # (G, T + 1)
+    thresholds = np.cumprod(alphas, 1)  # (bucket, depth) P(L >= j)
+    seen = np.minimum(np.array(lengths.seen), 30)
+    n = 20_000
+    for g, start in enumerate(rows.done.tolist()):
+        left = rng.choice(seen[seen > start], n) - start
+        offset, steps = np.full(n, start), np.zeros(n, dtype=int)
+        while (active := offset < start + left).any():
+            bucket = np.searchsorted(tail.OFFSET_EDGES, offset, side="right")
+            accepted = (rng.random(n)[:, None] < thresholds[bucket]).sum(1)
+            offset, steps = offset + active * (1 + accepted), steps + active
+        expected = np.diff(done_by[g]) * n  # rows finishing at step t = 1..T
+        observed = np.bincount(steps, minlength=len(done_by[g]))[1:]
+        keep = expected >= 5
+        counts = np.append(observed[keep], observed[~keep].sum())
+        means = np.append(expected[keep], expected[~keep].sum())
+        chi2 = ((counts - means) ** 2 / np.maximum(means, 1e-9)).sum()
+        assert chi2 < stats.chi2.ppf(1 - 1e-4, len(counts) - 1), (g, chi2)
 
 
 def test_all_settings_priced_at_once_as_one_by_one():
-    """``call_rates`` pads every setting to the deepest K and shares the draws: with alphas of 0 or 1
-    (no randomness) each setting's rate is the one it gets alone, and equal settings get equal rates."""
-    rem, cost = _remaining([2, 10]), (lambda rows: 0.001 + 0.0 * rows)
-    settings = [[], [1.0, 1.0], [0.0], [[1.0], [0.0], [1.0]], [1.0, 1.0]]
-    together = tail.call_rates(rem, settings, cost, done=np.array([0, 0]))
-    alone = [tail.call_rates(rem, [a], cost, done=np.array([0, 0]))[0] for a in settings]
+    """``call_rates`` pads every setting to the deepest K: each setting's rate is the one it gets alone,
+    and equal settings get equal rates."""
+    rows, base = tail.Rows.known([0, 0], [2, 10]), 0.001
+    settings = [[], [1.0, 1.0], [0.0], [[1.0], [0.0], [1.0]], [1.0, 1.0], [0.5, 0.7, 0.2]]
+    together = tail.call_rates(rows, settings, np.full(len(settings), base))
+    alone = [tail.call_rates(rows, [a], np.array([base]))[0] for a in settings]
     assert together == pytest.approx(alone)
     assert together[0] == pytest.approx(1200) and together[1] == pytest.approx(12 / 0.004)  # 10 steps; 4 at 3 a step
     assert together[1] == together[4] and together[2] == together[0]  # alpha 0: one token a step, as plain
@@ -68,10 +101,36 @@ def test_all_settings_priced_at_once_as_one_by_one():
 
 def test_call_rate_prices_the_lockstep_tail_by_hand():
     """The module's example: rows with 2 and 10 tokens left take 10 plain steps."""
-    assert tail.call_rates(_remaining([2, 10]), [[]], lambda r: 0.001 + 0 * r)[0] == pytest.approx(1200)
-    # 1 ms per active row: 2 steps at 2 rows, 8 at 1 -> 12 tokens / 12 ms; plus 3 ms prefill -> 15 ms
-    assert tail.call_rates(_remaining([2, 10]), [[]], lambda r: 0.001 * r)[0] == pytest.approx(1000)
-    assert tail.call_rates(_remaining([2, 10]), [[]], lambda r: 0.001 * r, prefill_s=0.003)[0] == pytest.approx(800)
+    rows = tail.Rows.known([0, 0], [2, 10])
+    assert tail.call_rates(rows, [[]], np.array([0.001]))[0] == pytest.approx(1200)
+    # 1 ms x (1 + active rows): 2 steps at 2 rows (3 ms), 8 at 1 (2 ms) -> 12 tokens / 22 ms; plus 3 ms prefill
+    assert tail.call_rates(rows, [[]], np.array([0.001]), row_slope=1.0)[0] == pytest.approx(12 / 0.022)
+    assert tail.call_rates(rows, [[]], np.array([0.001]), row_slope=1.0, prefill_s=0.003)[0] == pytest.approx(12 / 0.025)
+
+
+def test_call_rate_matches_a_simulated_lockstep_call():
+    """Expected tokens / expected seconds of whole lockstep calls (4 rows, two in the opener, history
+    lengths, a row-count slope), 20,000 simulated, within 4.4 standard errors (false alarm ~1e-5)."""
+    rng = np.random.default_rng(1)
+    alphas = [[0.5, 0.6, 0.7], [0.8, 0.7, 0.6], [0.9, 0.8, 0.5]]
+    lengths = tail.Lengths()
+    lengths.add(rng.integers(3, 40, 50).tolist())
+    done = [0, 0, 5, 9]
+    rows = lengths.rows(done, max_new=40)
+    exact = tail.call_rates(rows, [alphas], np.array([0.01]), row_slope=0.1, prefill_s=0.02)[0]
+    seen, thresholds, n = np.minimum(np.array(lengths.seen), 40), np.cumprod(alphas, 1), 20_000
+    offset = np.array(done)[None].repeat(n, 0)  # (calls, rows)
+    end = np.stack([rng.choice(seen[seen > d], n) for d in done], 1)
+    tokens, seconds = (end - offset).sum(1), np.full(n, 0.02)
+    while (active := offset < end).any():
+        bucket = np.searchsorted(tail.OFFSET_EDGES, offset, side="right")
+        accepted = (rng.random(offset.shape)[..., None] < thresholds[bucket]).sum(-1)
+        seconds += np.where(active.any(1), 0.01 * (1 + 0.1 * active.sum(1)), 0.0)
+        offset = offset + active * (1 + accepted)
+    rate = tokens.mean() / seconds.mean()
+    # delta method: sd of mean(tokens) / mean(seconds)
+    se = rate * np.sqrt(np.var(tokens / tokens.mean() - seconds / seconds.mean()) / n)
+    assert abs(exact - rate) < 4.4 * se, (exact, rate, se)
 
 
 def test_the_tail_changes_the_best_choice():
@@ -94,11 +153,26 @@ def test_the_tail_changes_the_best_choice():
 def test_step_cost_follows_the_active_rows():
     costs = StepCosts()
     costs.observe(0, [(r, 0.001 * (1 + 0.1 * r), 0.0) for r in (16, 12, 8, 4, 2, 1)])
-    assert costs.row_slope == pytest.approx(0.1) and costs.seconds[0] == pytest.approx(0.001)
-    assert costs.scale(10) == pytest.approx(2.0)
+    assert costs.gamma(0) == pytest.approx(0.1) and costs.seconds[0] == pytest.approx(0.001)
+    assert costs.scale(10, 0) == pytest.approx(2.0)
     assert auto.predict("none", 0, None, costs, rows=10) == pytest.approx(10 / 0.002)
     costs.observe(0, [(8, 0.003, 0.0)] * 3)  # one row count: the slope stays; the cost joins the first's (6 steps)
-    assert costs.row_slope == pytest.approx(0.1) and costs.seconds[0] == pytest.approx((6 * 0.001 + 3 * 0.003 / 1.8) / 9)
+    assert costs.gamma(0) == pytest.approx(0.1) and costs.seconds[0] == pytest.approx((6 * 0.001 + 3 * 0.003 / 1.8) / 9)
+
+
+def test_the_row_slope_is_per_depth():
+    """A step's cost per row grows with the tokens it runs per row: gamma per depth, a line in K for a
+    depth never fitted (one fitted drafted depth: its gamma), plain's own."""
+    costs = StepCosts()
+    for k, gamma in ((0, 0.01), (1, 0.02), (3, 0.04)):
+        costs.observe(k, [(r, 0.001 * (1 + gamma * r), 0.0) for r in (16, 8, 4, 1)])
+    assert [costs.gamma(k) for k in (0, 1, 3)] == pytest.approx([0.01, 0.02, 0.04])
+    assert costs.gamma(2) == pytest.approx(0.03) and costs.gamma(4) == pytest.approx(0.05)
+    assert costs.scale(10, 4) == pytest.approx(1.5)
+    one = StepCosts()
+    one.observe(2, [(r, 0.001 * (1 + 0.03 * r), 0.0) for r in (16, 8, 4, 1)])
+    assert one.gamma(4) == pytest.approx(0.03) and one.gamma(0) == pytest.approx(0.03)
+    assert StepCosts().gamma(1) == 0.0
 
 
 def test_costs_timed_before_the_slope_is_known_are_reread_at_it():
@@ -106,11 +180,11 @@ def test_costs_timed_before_the_slope_is_known_are_reread_at_it():
     a cost at its own rows, not a cost per row unit."""
     costs = StepCosts()
     costs.observe(4, [(16, 0.026, 0.008)] * 2)  # 26 ms at 16 rows, 2 ms a draft step
-    assert costs.row_slope is None and costs.seconds[4] == pytest.approx(0.026)
-    costs.observe(2, [(r, 0.001 * (1 + 0.1 * r), 0.0) for r in (16, 8, 4, 1)])  # gamma = 0.1
-    assert costs.row_slope == pytest.approx(0.1)
-    assert costs.seconds[4] * costs.scale(16) == pytest.approx(0.026)
-    assert costs.draft_s * costs.scale(16) == pytest.approx(0.002)
+    assert not costs.row_slope and costs.seconds[4] == pytest.approx(0.026)
+    costs.observe(2, [(r, 0.001 * (1 + 0.1 * r), 0.0) for r in (16, 8, 4, 1)])  # gamma = 0.1 at K = 2
+    assert costs.gamma(4) == pytest.approx(0.1)  # the one fitted drafted depth's
+    assert costs.seconds[4] * costs.scale(16, 4) == pytest.approx(0.026)
+    assert costs.draft_s * costs.scale(16, 4) == pytest.approx(0.002)
 
 
 def test_a_calls_first_step_is_priced_as_prefill():
