@@ -313,8 +313,8 @@ def _plain_known() -> AutoChooser:
 ])
 def test_auto_probes_then_runs_the_choice(monkeypatch, known, plain, shallow, probes):
     """The probe runs one plain step when plain was never timed, the deepest K, then plain steps or a
-    shallower K when they could win (forced here, as it depends on timings), then every step runs
-    the choice."""
+    shallower K when they could win (forced here, as it depends on timings), then, for a chooser
+    that learned from earlier calls, the settings timed least; then every step runs the choice."""
     monkeypatch.setattr(AutoChooser, "none_could_win", lambda self, options, rows: plain)
     monkeypatch.setattr(AutoChooser, "shallow_could_win", lambda self, options, rows: shallow)
     monkeypatch.setattr(auto, "PROBE_POSITIONS", 0)  # PROBE_STEPS each (the next test pins it)
