@@ -100,7 +100,7 @@ def finished(rows: Rows, alphas: list) -> np.ndarray:
     A Markov chain per setting over o, the tokens a row has emitted (0..O, O absorbing): a step at o
     emits 1 + L, L drawn at the alphas of o's offset bucket. Past the last edge the chain is the
     same at every o, so a group that has emitted more starts at the edge, its target shifted with
-    it: at most len(OFFSET_EDGES) + 1 chains whatever the batch. The distributions after t = 0..T
+    it: at most OFFSET_EDGES[-1] + 1 chains (9) whatever the batch. The distributions after t = 0..T
     steps come from matrix products by doubling (T + 1 >= O + 1: a step emits at least one token,
     so every row is finished by then).
     """
