@@ -252,7 +252,7 @@ class Acceptance:
         return out
 
     def offset_alphas(self, rule: str, k: int) -> list[list[float]]:
-        """``alphas`` of every offset bucket (``bebop.spec.tail.steps_needed``): all alike when never observed."""
+        """``alphas`` of every offset bucket (``bebop.spec.tail.finished``): all alike when never observed."""
         return [self.alphas(rule, k, b) for b in range(len(OFFSET_EDGES) + 1)]
 
 
@@ -288,7 +288,7 @@ class StepCosts:
     of a row grows with the tokens a step runs per row (B = 16 here: gamma 0.007 plain, 0.012 /
     0.014 / 0.023 at K = 1 / 2 / 4). With one gamma for all, a chooser that had timed every setting
     over 10 calls priced a B = 16 step of rs2 at 9.6 ms (7.9 measured) and forecast rs2 7% low, rs4
-    3% high at T = 0.3, where rs2 is the fastest; per depth, every forecast was within 3%.
+    3% high at T = 0.3, where rs2 is the fastest; per depth, every forecast was within 3.4% (B = 16, 64).
 
     Each depth's cost is the mean of its measurements (the median step of a block of steps),
     weighted by their timed steps, older ones decayed (``decay``, once per call): a depth an RL run
@@ -369,8 +369,8 @@ class StepCosts:
         drafts = []  # (K, seconds of drafting per step, weight)
         for key, entries in self.measured.items():
             total = sum(w for _, _, w in entries)
-            depth = key[1] if isinstance(key, tuple) else key
-            value = sum(w * s / self.scale(r, depth) for r, s, w in entries) / total
+            gamma = self.gamma(key[1] if isinstance(key, tuple) else key)  # NOTE: once per key, not per entry
+            value = sum(w * s / (1.0 + gamma * r) for r, s, w in entries) / total
             if isinstance(key, tuple):
                 drafts.append((key[1], value, total))
             else:
