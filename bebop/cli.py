@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from bebop.architectures import supported_families
-from bebop.config import speculate_k_value
+from bebop.config import AUTO_EVERY, speculate_k_value
 from bebop.utils.io import BebopError
 
 
@@ -182,6 +182,23 @@ def cmd_eval_mtp(args) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- generate
+def _auto_profile(args, model, sampling, spec) -> tuple[Path, dict] | None:
+    """(path, key) of generate's auto profile (``bebop.spec.auto_profile``); None for --auto-profile none."""
+    from bebop import embedded
+    from bebop.spec import auto_profile as profiles
+    from bebop.utils.io import check_output_file
+
+    if args.auto_profile == "none":
+        return None
+    mtp = args.mtp or (embedded.embedded_head_dir("e2e_tv") if args.model is None else None)
+    param = next(model.parameters())
+    key = profiles.profile_key(args.model or embedded.embedded_model_dir(), mtp, param.device, param.dtype,
+                               sampling, spec)
+    path = Path(args.auto_profile) if args.auto_profile else profiles.default_path(key)
+    check_output_file(path, "--auto-profile file")
+    return path, key
+
+
 def cmd_generate(args) -> None:
     from bebop.rollout.base import backend_class, make_backend
     from bebop.spec import SamplingParams, SpecConfig
@@ -197,6 +214,8 @@ def cmd_generate(args) -> None:
         raise BebopError(f"speculate_k must be >= 1 or auto, got {args.speculate_k}")
     if auto and args.backend != "engine":
         raise BebopError("--mode/--speculate-k auto needs --backend engine (it reads the engine's step times)")
+    if args.auto_profile and not auto:
+        raise BebopError("--auto-profile needs --mode auto or --speculate-k auto")
     check_output_file(args.out, "--out file")
     if args.stats_json:
         check_output_file(args.stats_json, "--stats-json file")
@@ -206,10 +225,20 @@ def cmd_generate(args) -> None:
     spec = SpecConfig(mode=args.mode, speculate_k=args.speculate_k, filter_drafts=args.filter_drafts)
     prompt_ids = [encode_prompt(tok, p) for p in prompts]
     backend = make_backend(args.backend, model, tok, head, seed=args.seed)
+    profile = _auto_profile(args, model, sampling, spec) if auto else None
+    calls = 0
+    if profile is not None:
+        from bebop.spec import auto_profile as profiles
+
+        backend.chooser, calls = profiles.load(profile[0], profile[1])
+        print(f"auto: profile {profile[0]}, call {calls + 1}: " +
+              ("probing" if calls % AUTO_EVERY == 0 else "choosing from the earlier calls, no probe"))
     try:
-        result = backend.rollout(prompt_ids, sampling, spec, seed=args.seed)
+        result = backend.rollout(prompt_ids, sampling, spec, seed=args.seed, probe=calls % AUTO_EVERY == 0)
     finally:
         backend.close()
+    if profile is not None:
+        profiles.save(profile[0], profile[1], backend.chooser, calls + 1)
     # NOTE: token_ids is the whole sequence and start its first completion index, so this file is
     # train-mtp/eval-mtp --data as is (the policy's own samples, the recommended training data).
     lines = [json.dumps({"prompt": p, "completion": c, "token_ids": i + t, "start": len(i), "finish_reason": f})
@@ -523,6 +552,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output JSONL, one line per completion (prompt, completion, "
                                                 "token_ids = prompt + completion ids, start): train-mtp --data as is")
     p.add_argument("--stats-json", help="write speculative-decoding statistics here")
+    p.add_argument("--auto-profile",
+                   help="with mode or K auto: JSON file that keeps what auto learned between calls; a call with a "
+                        f"profile probes every {AUTO_EVERY}th call and chooses from the earlier ones in between "
+                        "(default: one per model, head, device and sampling under $BEBOP_CACHE_DIR/auto-profiles; "
+                        "none: start from nothing)")
     _add_backend_arg(p)
     p.set_defaults(func=cmd_generate)
 

@@ -1,6 +1,6 @@
 """Automatic mode/K (``bebop.spec.auto``) against the best fixed setting found by grid search, same run.
 
-    PYTHONPATH=. .venv/bin/python bench/auto.py --threads 1     # T 0.3/0.7/1, B 1/16/64, 20 repeats (80 at B = 1): ~8 min
+    PYTHONPATH=. .venv/bin/python bench/auto.py --threads 1     # T 0.3/0.7/1, B 1/16/64, 40 repeats (80 at B = 1): ~12 min
     PYTHONPATH=. .venv/bin/python bench/auto.py --quick         # B 16, T 1, 3 repeats: ~15 s
 
 Defaults: the embedded model and its e2e-TV head (both trained and cached on first use), the
@@ -17,6 +17,10 @@ noisy phase of the machine hits all of them alike, repeat r with sampling seed r
                 ``generate_auto`` call every ``--auto-every`` calls, ``probe=False`` (a choice from
                 what earlier calls measured, no probe steps) in the others; tok/s pooled over its
                 calls (the probing call included), against the best setting's pooled tok/s.
+    profiled    ``bebop generate`` with an auto profile (``bebop.spec.auto_profile``): each call starts
+                from the chooser the previous call saved (its JSON state read back: nothing held
+                in memory), probing every AUTO_EVERY calls; the profile's file I/O is not timed
+                (a CLI call's model load dwarfs it). Pooled like RL-style.
 Columns:
     best        the grid's fastest setting and its tok/s.
     auto/best   auto's tok/s over the best's (the target: >= 0.95), with a 90% bootstrap interval
@@ -46,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import os
 import statistics
 import sys
@@ -58,6 +63,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rollout import Method, header, load, make_prompts, run_bebop, warn_if_busy  # noqa: E402
 
+from bebop.config import AUTO_EVERY  # noqa: E402
 from bebop.spec import SamplingParams, SpecConfig  # noqa: E402
 from bebop.spec.auto import AUTO, AutoChooser, candidates, config_name, generate_auto, predict  # noqa: E402
 
@@ -69,8 +75,10 @@ QUICK = {"batch_sizes": [16], "temperatures": [1.0], "repeats": 3}
 # NOTE: a B = 1 call lasts ~50 ms and its tok/s varies 11-29% from draw to draw (one row's acceptance),
 # against 3-11% at B >= 16: 20 repeats left B = 1's ratios +-5 points from run to run, and RL-style's
 # chooser 20 calls (two probes) to tell apart settings ~10% apart. Below SMALL_BATCH rows a group runs
-# SMALL_BATCH // B times the repeats, at most SMALL_BATCH_MAX times (B = 1: 4x, ~1 min a group).
-SMALL_BATCH, SMALL_BATCH_MAX = 16, 4
+# SMALL_BATCH // B times the repeats, at most SMALL_BATCH_MAX times (B = 1: 2x, ~1 min a group).
+# NOTE: 40 repeats, not 20: at B >= 16 a group's ratio moved by 3-5 points between runs of the same code
+# with 20, and 20 calls (two probes) are a short RL run: its first probe's models ruled half of it.
+SMALL_BATCH, SMALL_BATCH_MAX = 16, 2
 BOOTSTRAP = 2000  # resamples of the repeats behind each 90% interval
 
 
@@ -81,7 +89,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64], help="rows B per call")
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.3, 0.7, 1.0], help="T (> 0)")
     ap.add_argument("--max-new-tokens", type=int, default=48, help="completion tokens per row, EOS included")
-    ap.add_argument("--repeats", type=int, default=20, help="timed calls per setting (more below 16 rows: SMALL_BATCH)")
+    ap.add_argument("--repeats", type=int, default=40, help="timed calls per setting (more below 16 rows: SMALL_BATCH)")
     ap.add_argument("--auto-every", type=int, default=10, help="RL-style auto: probe every this many calls (bebop rl's default)")
     ap.add_argument("--quick", action="store_true", help="B 16, T 1, 3 repeats; overrides those flags")
     ap.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
@@ -133,13 +141,28 @@ class RlAuto:
         return seconds, tokens
 
 
+class ProfiledAuto:
+    """Auto as ``bebop generate`` runs it with a profile: every call restores the chooser from the state
+    the previous call saved (JSON text), probing every AUTO_EVERY calls."""
+
+    def __init__(self):
+        self.state, self.calls = None, 0
+
+    def call(self, model, tok, head, prompts, temperature: float, max_new: int, seed: int = 0) -> tuple[float, int]:
+        chooser = AutoChooser.from_state(json.loads(self.state)) if self.state else AutoChooser()
+        seconds, tokens, _ = run_auto(model, tok, head, prompts, temperature, max_new, chooser,
+                                      self.calls % AUTO_EVERY == 0, seed)
+        self.state, self.calls = json.dumps(chooser.to_state()), self.calls + 1
+        return seconds, tokens
+
+
 def run_group(model, tok, head, batch: int, temperature: float, args) -> dict:
     """Every grid setting, one-shot auto and RL-style auto at (B, T), interleaved."""
     prompts = make_prompts(batch)
-    names = [config_name(m, k) for m, k in SETTINGS] + ["auto", "auto_rl"]
+    names = [config_name(m, k) for m, k in SETTINGS] + ["auto", "auto_profiled", "auto_rl"]
     rates: dict[str, list[float]] = {n: [] for n in names}
     calls: dict[str, list[tuple[float, int]]] = {n: [] for n in names}  # (seconds, tokens) per repeat
-    decisions, rl = [], RlAuto(args.auto_every)
+    decisions, rl, profiled = [], RlAuto(args.auto_every), ProfiledAuto()
 
     def call(name: str, max_new: int, seed: int = 0) -> tuple[float, int]:
         if name == "auto":
@@ -148,12 +171,14 @@ def run_group(model, tok, head, batch: int, temperature: float, args) -> dict:
             return seconds, tokens
         if name == "auto_rl":
             return rl.call(model, tok, head, prompts, temperature, max_new, seed)
+        if name == "auto_profiled":
+            return profiled.call(model, tok, head, prompts, temperature, max_new, seed)
         mode, k = next((m, k) for m, k in SETTINGS if config_name(m, k) == name)
         seconds, result, _ = run_bebop(model, tok, head, prompts, Method(mode, k), temperature, max_new, seed=seed)
         return seconds, sum(result.lengths)
 
-    for name in names[:-1]:
-        call(name, 4)  # warmup (RL-style auto runs the same code as auto and the grid)
+    for name in names[:-2]:
+        call(name, 4)  # warmup (RL-style and profiled auto run the same code as auto and the grid)
     decisions.clear()
     for r in range(repeats_at(batch, args.repeats)):
         for name in names if r % 2 == 0 else names[::-1]:
@@ -162,7 +187,7 @@ def run_group(model, tok, head, batch: int, temperature: float, args) -> dict:
             calls[name].append((seconds, tokens))
     tok_s = {n: statistics.median(v) for n, v in rates.items()}
     pooled = {n: sum(t for _, t in v) / sum(s for s, _ in v) for n, v in calls.items()}
-    forecast = {kind: {n: statistics.median(f[kind][n] for f in rl.forecasts) for n in names[:-2]}
+    forecast = {kind: {n: statistics.median(f[kind][n] for f in rl.forecasts) for n in names[:-3]}
                 for kind in ("new", "old")} if rl.forecasts else None
     # RL-style's calls against the grid's call of the setting each chose, same repeat (same seed): its own cost
     own = [rate / rates[choice][r] for r, (rate, choice) in enumerate(zip(rates["auto_rl"], rl.choices))]
@@ -239,16 +264,18 @@ def repeats_at(batch: int, repeats: int) -> int:
 
 def format_table(groups: list[dict]) -> str:
     lines = ["| B | T | repeats | best fixed | best tok/s | auto tok/s | auto/best [90%] | chosen (times) | chosen/best | "
-             "RL-style auto/best (pooled) [90%] | RL-style chose | RL-style/its choice | noise (best's sd/median) |",
-             "|---:|---:|---:|:---|---:|---:|---:|:---|---:|---:|:---|---:|---:|"]
+             "profiled auto/best (pooled) [90%] | RL-style auto/best (pooled) [90%] | RL-style chose | "
+             "RL-style/its choice | noise (best's sd/median) |",
+             "|---:|---:|---:|:---|---:|---:|---:|:---|---:|---:|---:|:---|---:|---:|"]
     for g in groups:
         grid, pooled = _grid(g), _grid(g, "pooled")
         best, best_pooled = max(grid, key=grid.get), max(pooled.values())
-        (lo, hi), (rl_lo, rl_hi) = interval(g, "auto"), interval(g, "auto_rl")
+        (lo, hi), (rl_lo, rl_hi), (pr_lo, pr_hi) = interval(g, "auto"), interval(g, "auto_rl"), interval(g, "auto_profiled")
         lines.append(
             f"| {g['B']} | {g['T']:g} | {len(g['decisions'])} | {best} | {grid[best]:.0f} | {g['tok_s']['auto']:.0f} | "
             f"{g['tok_s']['auto'] / grid[best]:.2f} [{lo:.2f}, {hi:.2f}] | {g['chosen']} ({g['chosen_count']}) | "
-            f"{grid[g['chosen']] / grid[best]:.2f} | {g['pooled']['auto_rl'] / best_pooled:.2f} "
+            f"{grid[g['chosen']] / grid[best]:.2f} | {g['pooled']['auto_profiled'] / best_pooled:.2f} "
+            f"[{pr_lo:.2f}, {pr_hi:.2f}] | {g['pooled']['auto_rl'] / best_pooled:.2f} "
             f"[{rl_lo:.2f}, {rl_hi:.2f}] | {g['rl_chosen']} | {g['rl_own']:.2f} | {noise(g):.0%} |")
     return "\n".join(lines)
 
@@ -277,13 +304,13 @@ def format_errors(groups: list[dict]) -> str:
 
 def format_grid(groups: list[dict]) -> str:
     names = [config_name(m, k) for m, k in SETTINGS]
-    lines = ["| B | T | " + " | ".join(names) + " | auto | RL-style auto |",
-             "|---:|---:|" + "---:|" * (len(names) + 2)]
+    lines = ["| B | T | " + " | ".join(names) + " | auto | profiled auto | RL-style auto |",
+             "|---:|---:|" + "---:|" * (len(names) + 3)]
     for g in groups:
         pred = g["forecast"]["new"] if g["forecast"] else {}
         cells = [f"{g['tok_s'][n]:.0f} ({pred.get(n, float('nan')):.0f})" for n in names]
         lines.append(f"| {g['B']} | {g['T']:g} | " + " | ".join(cells) +
-                     f" | {g['tok_s']['auto']:.0f} | {g['tok_s']['auto_rl']:.0f} |")
+                     f" | {g['tok_s']['auto']:.0f} | {g['tok_s']['auto_profiled']:.0f} | {g['tok_s']['auto_rl']:.0f} |")
     return "\n".join(lines)
 
 
@@ -303,8 +330,10 @@ def main(argv: list[str] | None = None) -> None:
                   f"choice, same repeat: median {groups[-1]['rl_own']:.3f})", file=sys.stderr, flush=True)
     ratios = [g["tok_s"]["auto"] / max(_grid(g).values()) for g in groups]
     rl_ratios = [g["pooled"]["auto_rl"] / max(_grid(g, "pooled").values()) for g in groups]
+    profiled_ratios = [g["pooled"]["auto_profiled"] / max(_grid(g, "pooled").values()) for g in groups]
     print("### auto vs the best fixed setting (tok/s, medians; RL-style pooled)\n\n" + format_table(groups))
     for label, name, r in (("auto (one-shot)/best", "auto", ratios),
+                           (f"auto (profiled generate, every {AUTO_EVERY})/best", "auto_profiled", profiled_ratios),
                            (f"auto (RL-style, every {args.auto_every})/best", "auto_rl", rl_ratios)):
         reach = sum(interval(g, name)[1] >= 0.95 for g in groups)
         held = [held_out(g, name) for g in groups]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -195,6 +196,41 @@ def test_generate_auto_logs_the_decision(use_cache, tmp_path, capsys):
     assert metrics["auto/predicted_tok_s"] == max(metrics["auto/predictions"].values()) > 0
     assert len(metrics["auto/predictions"]) == 9 and "auto: chose" in capsys.readouterr().out
     assert len(out.read_text().splitlines()) == 3
+
+
+def test_generate_auto_keeps_a_profile_between_calls(use_cache, tmp_path, capsys):
+    """The first call with a profile probes and writes it; the next starts from it and chooses without
+    probing; a profile of another setup or a corrupt one is refused in one line (exit 2) and left as
+    it was (tests/spec/test_auto_profile.py has the rest); none writes nothing; a fixed setting
+    refuses --auto-profile."""
+    from bebop.spec import auto_profile as profile
+
+    path, stats = tmp_path / "auto.json", tmp_path / "stats.json"
+    argv = ["generate", "--mode", "auto", "--speculate-k", "auto", "--num-prompts", "3", "--max-new-tokens", "8",
+            "--out", str(tmp_path / "out.jsonl"), "--stats-json", str(stats), "--auto-profile", str(path)]
+    assert main(argv) == 0 and "call 1: probing" in capsys.readouterr().out
+    saved = json.loads(path.read_text())
+    assert saved["version"] == profile.VERSION and saved["calls"] == 1 and saved["key"]["temperature"] == 1.0
+    assert json.loads(stats.read_text())["auto/probed"] is True
+    assert main(argv) == 0 and "call 2: choosing from the earlier calls, no probe" in capsys.readouterr().out
+    metrics = json.loads(stats.read_text())
+    assert metrics["auto/probed"] is False and metrics["auto/priced"] is True  # the call after a probe prices
+    assert json.loads(path.read_text())["calls"] == 2
+    good = path.read_text()
+    assert main([*argv, "--temperature", "0.5"]) == 2 and "temperature differ" in _error_line(capsys)
+    path.write_text("{not json")
+    assert main(argv) == 2 and f"auto profile {path}" in _error_line(capsys) and path.read_text() == "{not json"
+    path.write_text(good)
+
+    def written():  # every profile file and its text: the default ones and ours
+        root = use_cache / "auto-profiles"
+        return {f: f.read_text() for f in [path, *(root.iterdir() if root.exists() else [])]}
+
+    before = written()
+    assert main([*argv[:-1], "none"]) == 0 and "profile" not in capsys.readouterr().out
+    assert written() == before and not Path("none").exists()
+    fixed = ["generate", "--mode", "rs", "--speculate-k", "3", *argv[5:]]
+    assert main(fixed) == 2 and "--auto-profile needs" in _error_line(capsys)
 
 
 def test_rl_auto_probes_every_n_steps_and_chooses_at_each(use_cache, tmp_path):

@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from bebop.config import AUTO, AUTO_MAX_K, merge_sources, resolve, speculate_k_value
+from bebop.config import AUTO, AUTO_EVERY, AUTO_MAX_K, merge_sources, resolve, speculate_k_value
 from bebop.utils.io import BebopError
 
 # NOTE: nothing here imports torch (the CLI builds its --help from this module); the checks import
@@ -65,7 +65,7 @@ class RLConfig:
 
     mode: str = "rs"  # rollout decoding: none (plain) | to (target-only) | rs (rejection sampling) | auto
     speculate_k: int = 3  # K, drafts verified per target forward in the rollout; or auto (1-4)
-    auto_every: int = 10  # with mode or speculate_k auto: probe every this many steps (choose at every step)
+    auto_every: int = AUTO_EVERY  # with mode or speculate_k auto: probe every this many steps (choose in between)
     mtp_loss: str = "e2e_tv"  # loss the head was trained with (picks the embedded head; logged)
     task: str = "embedded"  # prompt source: embedded (built-in arithmetic) | math (--data file; implied by data)
     data: str = ""  # JSONL/parquet prompt file with a "prompt" field (task math)

@@ -23,9 +23,11 @@ never timed; steps at the deepest K; then plain steps if plain decoding could wi
 cost, else steps at a shallower K if one could), then the rest at the setting with the highest
 predicted tokens/s. A setting that cannot win is not probed, so once plain steps are timed a call
 whose best is the deepest K pays nothing for the probe. An RL run (``bebop.rollout``) probes every
-``auto_every`` steps, its probes also re-timing settings timed too little (``under_timed``), and,
-in between, re-decides at every step from what the earlier calls measured (``probe=False``: no
-probe steps); it updates its models from every call.
+``auto_every`` steps, its probes also running the runner-up and a setting timed too little
+(``to_explore``) once the rows are past the last offset edge (``_explore``), and,
+in between, re-decides from what the earlier calls measured (``probe=False``: no probe steps) at
+every step whose calls since the last pricing took 1 / PRICING_SHARE times that pricing
+(``AutoChooser.due``), keeping the last decision in the others; it updates its models from every call.
 
 Exactness: each step is an exact step of its setting, drawn from its rows' randomness at a counter
 no other step uses, and the setting of a step depends only on the steps before it (and on
@@ -47,9 +49,11 @@ Deviations from the paper's speedup formula:
     4) The tail is priced from the completion lengths of earlier calls; a run's first call has none,
        so its rows are assumed to run to max_new_tokens (no tail: an overestimate, reported by
        ``bench/auto.py``). The calibration is learned against the tokens the rows really had left,
-       so it corrects the cost and acceptance models only.
+       so it corrects the cost and acceptance models only. ``bebop generate`` keeps the chooser in
+       a profile between calls (``bebop.spec.auto_profile``), so only a model's first call has none.
     5) The probe steps run settings that may be slower than the chosen one: the price of a
-       one-shot call (``bebop generate``); an RL run pays it once every ``auto_every`` steps.
+       one-shot call; an RL run, or generate calls sharing a profile, pay it once every
+       ``auto_every`` (AUTO_EVERY) calls.
 """
 
 from __future__ import annotations
@@ -75,9 +79,19 @@ PROBE_STEPS = 2  # decode steps of each probed setting: enough to time a step, f
 # at depth 1 at T = 0.3, ~0.9 later), so a B = 1 probe of 2 steps mistakes them for the whole call.
 PROBE_POSITIONS = 8  # rows x steps of the deep probe at least: its alphas' evidence
 EXPLORE_WEIGHT = 1.0  # an RL probe re-times a setting whose cost rests on fewer timed steps (decayed)
-EXPLORE_SETTINGS = 2  # settings an RL probe re-times at most (``AutoChooser.under_timed``)
+EXPLORE_SETTINGS = 2  # settings an RL probe re-times at most (``AutoChooser.to_explore``)
+# NOTE: a drafted block's first step is not timed, so PROBE_STEPS = 2 timed one step of each explored
+# setting, and that one step stood for the depth until the next probe: rs2 at B = 16 priced at 8.9 ms from
+# one step, 8.4 ms over its next calls' steps; the run kept rs3 for 7 calls at 0.94x rs2.
+EXPLORE_STEPS = 4  # decode steps of each explored setting (3 timed)
 PRIOR_POSITIONS = 4.0  # weight of depth j-1's alpha in depth j's estimate (``Acceptance.alphas``)
 DECAY = 0.9  # weight kept by older acceptance evidence at each call (RL: the policy drifts; ~10 calls of memory)
+# NOTE: pricing 9 settings and calibrating take ~0.9 ms, 1.6% of a 55 ms B = 1 call of the embedded model
+# (RL-style calls between probes measured 0.957x the same setting's plain call, same seed; 0.982x
+# re-pricing every ~4th call). At 0.005, B = 16 kept each choice for 2 calls, also early in a run when
+# the forecasts still move by 10-15% a call (rs4 kept while rs2 was forecast 17% faster); at 0.01
+# B = 1 and 16 re-price every 2nd call, B = 64 every call, and a real model's calls (seconds) every call.
+PRICING_SHARE = 0.01  # a call between probes re-prices once the calls since the last pricing took 1/this times it
 MIN_CALIBRATION_STEPS = 4  # fewer steps after a decision do not calibrate: the last, partial step dominates
 CALIBRATION = 0.3  # weight of the newest log(measured / predicted) in the running calibration (from 0)
 MAX_CALIBRATION_STEP = math.log(1.25)  # a call's log(measured / predicted) is clipped to +-this
@@ -209,6 +223,21 @@ class Acceptance:
         return Acceptance({r: list(v) for r, v in self.sums.items()}, list(self.weights),
                           [sub.copy() for sub in self.by_offset], {k: t.copy() for k, t in self.by_k.items()})
 
+    def to_state(self) -> dict:
+        """A JSON-able copy (``from_state`` reads it back)."""
+        return {"sums": self.sums, "weights": self.weights, "by_offset": [sub.to_state() for sub in self.by_offset],
+                "by_k": {str(k): t.to_state() for k, t in self.by_k.items()}}
+
+    @classmethod
+    def from_state(cls, state: dict) -> Acceptance:
+        """The table ``to_state`` wrote; ValueError when it does not fit (other depths, buckets or rules)."""
+        weights = [float(w) for w in state["weights"]]
+        sums = {r: [float(x) for x in state["sums"][r]] for r in RULES}
+        by_offset = [cls.from_state(sub) for sub in state["by_offset"]]
+        if any(len(v) != len(weights) for v in sums.values()) or len(by_offset) not in (0, len(OFFSET_EDGES) + 1):
+            raise ValueError("acceptance tables of mismatched depths or offset buckets")
+        return cls(sums, weights, by_offset, {int(k): cls.from_state(t) for k, t in state["by_k"].items()})
+
     def decay(self, factor: float) -> None:
         """Older evidence weighs ``factor`` times less: all steps' and each offset bucket's. A K's own
         steps (``by_k``) age only in calls that run that K (``observe``'s ``age``): at B = 1 a call
@@ -339,6 +368,31 @@ class StepCosts:
         a = (sum_s - b * sum_r) / n
         self.row_slope[k] = 0.0 if b <= 0 else (1.0 if a <= b else float(b / a))
 
+    def to_state(self) -> dict:
+        """A JSON-able copy of the measurements (``from_state`` re-derives the rest)."""
+        return {"measured": [[key if isinstance(key, int) else list(key), [list(e) for e in entries]]
+                             for key, entries in self.measured.items()],
+                "row_slope": {str(k): g for k, g in self.row_slope.items()},
+                "row_stats": {str(k): stats.tolist() for k, stats in self.row_stats.items()},
+                "prefill_slope": self.prefill_slope}
+
+    @classmethod
+    def from_state(cls, state: dict) -> StepCosts:
+        """The costs ``to_state`` wrote; ValueError when an entry does not fit."""
+        measured = {}
+        for key, entries in state["measured"]:
+            key = int(key) if not isinstance(key, list) else ("draft", int(key[1]))
+            measured[key] = [tuple(float(x) for x in e) for e in entries]
+            if any(len(e) != 3 for e in measured[key]):
+                raise ValueError(f"a cost measurement of depth {key} is not (rows, seconds, steps)")
+        stats = {int(k): np.array(v, dtype=float) for k, v in state["row_stats"].items()}
+        if any(v.shape != (5,) for v in stats.values()):
+            raise ValueError("row statistics are not 5 sums")
+        costs = cls(measured=measured, row_slope={int(k): float(g) for k, g in state["row_slope"].items()},
+                    row_stats=stats, prefill_slope=state["prefill_slope"])
+        costs._refresh()
+        return costs
+
     def excess(self, k: int, step_time: tuple[int, float, float]) -> float:
         """Seconds a call's first step (at depth k) took beyond a step's predicted cost, at least 0."""
         base = self.step_seconds(k)
@@ -389,6 +443,7 @@ class StepCosts:
         two depths: the line through them); with one drafted depth, the
         plain step is the line's K = 0 point (a verify pass over one token per row: on the same line
         within ~0.4 ms here, bench/auto.py), else the slope comes from ``prefill_slope``, else 0.
+        Never below a plain step: a verify pass runs the plain step's forward over K + 1 tokens a row.
         """
         points = sorted((j, s - self.draft_seconds(j), self.weights.get(j, 1.0)) for j, s in self.seconds.items()
                         if j >= 1) if self.draft_s is not None else []
@@ -398,9 +453,21 @@ class StepCosts:
             points.insert(0, (0, self.seconds[0], self.weights.get(0, 1.0)))
         if len(points) == 1:
             (j, v, _), = points
-            return v + (self.prefill_slope or 0.0) * (k - j)
-        intercept, slope = _line(points)
-        return intercept + slope * k
+            line = v + (self.prefill_slope or 0.0) * (k - j)
+        else:
+            intercept, slope = _line(points)
+            line = intercept + slope * k
+        # NOTE: B = 16, K = 3 and 4 timed (K = 4 on fewer steps): the line through them priced a K = 1
+        # step at 4.2-5.2 ms against 7.3 measured (a plain step: 5.6 ms)
+        return max(line, self._plain_floor(k))
+
+    def _plain_floor(self, k: int) -> float:
+        """A plain step's seconds in depth k's units (``scale``) at the rows plain steps were timed at; 0
+        when never timed."""
+        if 0 not in self.seconds:
+            return 0.0
+        rows = statistics.median(r for r, _, _ in self.measured[0]) if self.measured.get(0) else 0.0
+        return self.seconds[0] * self.scale(rows, 0) / self.scale(rows, k)
 
     def fit_prefill(self, k: int, rows: int, prompt_len: float, prefill_s: float) -> None:
         """``prefill_slope`` from a prefill of ``prompt_len`` tokens per row beside verify steps at depth k.
@@ -452,10 +519,11 @@ class Decision:
     measured_tok_s: float = float("nan")  # tokens/s of the steps decoded at the chosen setting
     raw_tok_s: float = float("nan")  # the chosen prediction before calibration
     probed: bool = True  # the call probed settings before deciding (else: decided from earlier calls)
+    priced: bool = True  # the call priced the candidates (else: kept an earlier call's decision, ``AutoChooser.due``)
 
     def to_metrics(self) -> dict:
         return {"auto/mode": self.mode, "auto/speculate_k": self.speculate_k,
-                "auto/predicted_tok_s": self.predicted_tok_s, "auto/probed": self.probed}
+                "auto/predicted_tok_s": self.predicted_tok_s, "auto/probed": self.probed, "auto/priced": self.priced}
 
 
 def config_name(mode: str, k: int) -> str:
@@ -485,6 +553,45 @@ class AutoChooser:
         self.lengths = Lengths()
         self.prefill_s: float = 0.0  # seconds of the latest call's prefill
         self.log_ratio: dict[str, float] = {}  # family -> running log(measured / predicted)
+        self.held: Decision | None = None  # the latest priced decision, kept by calls between probes (``due``)
+        self.pricing_s = 0.0  # seconds a call's pricing takes (choice and calibration; mean of the latest two)
+        self.since_s = 0.0  # seconds of calls since the latest pricing (inf after a probe: the next call prices)
+
+    def to_state(self) -> dict:
+        """The chooser's state, JSON-able: a profile (``bebop.spec.auto_profile``) carries it across calls."""
+        held = dataclasses.asdict(self.held) if self.held is not None else None
+        return {"acceptance": self.acceptance.to_state(), "costs": self.costs.to_state(),
+                "lengths": self.lengths.seen, "prefill_s": self.prefill_s, "log_ratio": self.log_ratio,
+                "held": held and {k: v if v == v else None for k, v in held.items()},  # NOTE: nan is not JSON
+                "pricing_s": self.pricing_s, "since_s": self.since_s if math.isfinite(self.since_s) else None}
+
+    @classmethod
+    def from_state(cls, state: dict) -> AutoChooser:
+        """The chooser ``to_state`` wrote; KeyError, TypeError or ValueError when the state does not fit."""
+        chooser = cls()
+        chooser.acceptance = Acceptance.from_state(state["acceptance"])
+        chooser.costs = StepCosts.from_state(state["costs"])
+        chooser.lengths = Lengths([int(n) for n in state["lengths"]])
+        chooser.prefill_s = float(state["prefill_s"])
+        chooser.log_ratio = {str(f): float(r) for f, r in state["log_ratio"].items()}
+        held = state["held"]
+        if held is not None:
+            fields = {f.name for f in dataclasses.fields(Decision)}
+            if set(held) != fields:
+                raise ValueError(f"a held decision has fields {sorted(held)}, not {sorted(fields)}")
+            chooser.held = Decision(**{k: math.nan if v is None else v for k, v in held.items()})
+            chooser.held.predictions = {str(n): float(v) for n, v in chooser.held.predictions.items()}
+        chooser.pricing_s = float(state["pricing_s"])
+        chooser.since_s = math.inf if state["since_s"] is None else float(state["since_s"])
+        return chooser
+
+    def due(self, options: list[tuple[str, int]]) -> bool:
+        """Whether a call between probes re-prices (else keeps ``held``): once the calls since the last
+        pricing took 1 / PRICING_SHARE times what it cost, so pricing takes at most ~PRICING_SHARE of
+        the time (embedded model: B = 1 and 16 every 2nd call, B = 64 every call; a call of a second or
+        more: every call)."""
+        return (self.held is None or (self.held.mode, self.held.speculate_k) not in options
+                or self.since_s * PRICING_SHARE >= self.pricing_s)
 
     def observe(self, result: GenerationResult, mode: str, k: int, greedy: bool) -> None:
         """Learns from a call decoded at (mode, K): step times, lengths, prefill and, when it drafted, alphas.
@@ -573,6 +680,22 @@ class AutoChooser:
         return sorted((k for k in depths if self.costs.weights.get(k, 0.0) < EXPLORE_WEIGHT),
                       key=lambda k: (self.costs.weights.get(k, 0.0), k))
 
+    def to_explore(self, options: list[tuple[str, int]], decision: Decision, ran: set[int]) -> list[int]:
+        """The depths (0: plain) an RL probe explores after deciding, EXPLORE_SETTINGS at most, none
+        that the call runs anyway (the choice, ``ran`` by the probe): first the runner-up, the setting
+        predicted fastest after the choice, then the least timed (``under_timed``). The runner-up:
+        a setting's forecast is corrected only by its own steps, so one forecast low was never run
+        again (B = 16 and 64, T = 0.7: rs2 forecast 13-15% low, rs4 chosen for all 40 calls at
+        0.92-0.94x rs2, its probes re-timing plain and rs1 only, as rs2's timed steps still weighed
+        more than EXPLORE_WEIGHT)."""
+        rule = probe_rule(options)
+        skip = ran | {decision.speculate_k}
+        depths = [k for m, k in options if m in ("none", rule) and k not in skip]
+        ahead = sorted(depths, key=lambda k: -decision.predictions.get(config_name("none" if k == 0 else rule, k), 0.0))
+        explore = ahead[:1]
+        return explore + [k for k in self.under_timed(options) if k not in skip and k not in explore][
+            :EXPLORE_SETTINGS - len(explore)]
+
     def choose(self, options: list[tuple[str, int]], rows: float, generated: list[int] | None = None,
                max_new: int = 0) -> Decision:
         """The candidate with the highest predicted tokens/s (the first of equals).
@@ -597,10 +720,25 @@ def probe_rule(options: list[tuple[str, int]]) -> str | None:
     return "rs" if "rs" in modes else ("to" if modes else None)
 
 
-def _probe(decoder: Decoder, chooser: AutoChooser, options, setting, greedy: bool, prompt_len: float,
-           explore: bool = False):
-    """The probe's steps; returns (depth, step time) of the call's first drafted step, else of its first
-    step (None: no step): its excess over a step's cost is the head's prefill (``StepCosts.excess``).
+def _block(decoder: Decoder, chooser: AutoChooser, setting, mode: str, k: int, steps_at_least: int,
+           positions: int = 0) -> list[tuple[int, float, float]]:
+    """Decodes at (mode, K) for ``steps_at_least`` steps, more until ``positions`` rows were decoded, and
+    times them (``StepCosts.observe``). A drafted block's first step is not timed (it also feeds the
+    head what was left pending: the prompt after the prefill, every plain step's position after plain
+    steps) unless it is the block's only step; plain steps run no head and are all timed."""
+    decoder.set_spec(setting(mode, k))
+    steps = []
+    while decoder.num_active and (len(steps) < steps_at_least or sum(r for r, _, _ in steps) < positions):
+        steps.append(decoder.step())
+    if steps:
+        chooser.costs.observe(k, steps if k == 0 or len(steps) < 2 else steps[1:])
+    return steps
+
+
+def _probe(decoder: Decoder, chooser: AutoChooser, options, setting, greedy: bool, prompt_len: float):
+    """The probe's steps -> (depths it ran, first step): the first step is (depth, step time) of the
+    call's first drafted step, else of its first step (None: no step); its excess over a step's cost
+    is the head's prefill (``StepCosts.excess``).
 
     0. One plain step first when plain decoding is allowed and was never timed (a fresh chooser): the
        call's first step, so nothing pending inflates it; the verify line's K = 0 point.
@@ -610,22 +748,13 @@ def _probe(decoder: Decoder, chooser: AutoChooser, options, setting, greedy: boo
        (``none_could_win``).
     3. Otherwise PROBE_STEPS at the shallower K predicted best, when it could win (``shallow_could_win``):
        a second depth for the verify line.
-    4. With ``explore`` (a chooser that learned from earlier calls: RL's probing calls), PROBE_STEPS
-       at each of the EXPLORE_SETTINGS settings timed least, if timed too little (``under_timed``).
-    A drafted block's first step is not timed (it also feeds the head what was left pending: the
-    prompt after the prefill, every plain step's position after plain steps) unless it is the
-    block's only step; plain steps run no head and are all timed.
     """
     firsts: list[tuple[int, tuple[int, float, float]]] = []  # (depth, first step) of each block
 
     def run(mode: str, k: int, steps_at_least: int = PROBE_STEPS, positions: int = 0) -> None:
-        decoder.set_spec(setting(mode, k))
-        steps = []
-        while decoder.num_active and (len(steps) < steps_at_least or sum(r for r, _, _ in steps) < positions):
-            steps.append(decoder.step())
+        steps = _block(decoder, chooser, setting, mode, k, steps_at_least, positions)
         if steps:
             firsts.append((k, steps[0]))
-            chooser.costs.observe(k, steps if k == 0 or len(steps) < 2 else steps[1:])
 
     rule = probe_rule(options)
     depths = sorted(k for m, k in options if m != "none")
@@ -645,12 +774,23 @@ def _probe(decoder: Decoder, chooser: AutoChooser, options, setting, greedy: boo
         shallow = chooser.shallow_could_win(options, rows)
         if shallow is not None:
             run(rule, shallow)
-    if explore:
-        ran = {k for k, _ in firsts}
-        for k in [k for k in chooser.under_timed(options) if k not in ran][:EXPLORE_SETTINGS]:
-            if decoder.num_active:
-                run("none" if k == 0 else rule, k)
-    return next((f for f in firsts if f[0] > 0), firsts[0] if firsts else None)
+    return {k for k, _ in firsts}, next((f for f in firsts if f[0] > 0), firsts[0] if firsts else None)
+
+
+def _explore(decoder: Decoder, chooser: AutoChooser, setting, rule: str, depths: list[int]) -> tuple[float, int]:
+    """EXPLORE_STEPS at each depth (0: plain), for the chooser's later calls -> (seconds, tokens) they took.
+
+    An RL run's probing call runs the settings ``to_explore`` picks (a setting never chosen is
+    otherwise priced for the whole run from what was timed once, or from the c_verify line through
+    the depths that were), once its rows are past the last offset edge: there a K's own acceptance
+    differs most from the other K's (depth 1 at offsets >= 8: 0.75 / 0.94 / 0.87 / 0.97 under
+    rs1-rs4, B = 64, T = 0.3) and most tokens are drafted, and a probe at the call's start records
+    none of it.
+    """
+    start, tokens = time.perf_counter(), decoder.num_tokens()
+    for k in depths:
+        _block(decoder, chooser, setting, "none" if k == 0 else rule, k, EXPLORE_STEPS)
+    return time.perf_counter() - start, decoder.num_tokens() - tokens
 
 
 def generate_auto(
@@ -674,7 +814,8 @@ def generate_auto(
         spec: mode and/or speculate_k ``"auto"``; the other fields as for ``generate``.
         chooser: the run's models (RL keeps one across steps); a fresh one when None.
         probe: probe settings first (``_probe``); False decides before the first step from what the
-            chooser learned in earlier calls (RL between probes), or probes when it knows no costs.
+            chooser learned in earlier calls (RL between probes), or keeps its last decision when
+            re-pricing is not due (``AutoChooser.due``), or probes when it knows no costs.
 
     Returns:
         ``(result, decision)``: the completions (every probe token kept) with the statistics of the
@@ -686,46 +827,66 @@ def generate_auto(
     if mtp is None and max_k:
         raise BebopError(f"mode {spec.mode!r} needs an MTP head (--mtp)")
     chooser = chooser if chooser is not None else AutoChooser()
-    learned = bool(chooser.costs.seconds)  # costs from earlier calls: a probe also explores (``_probe``)
+    call_start = time.perf_counter()
+    learned = bool(chooser.costs.seconds)  # costs from earlier calls: a probe also explores (``explore``)
     chooser.acceptance.decay(DECAY)
     chooser.costs.decay(DECAY)
     greedy = sampling.temperature == 0
     setting = (lambda mode, k: dataclasses.replace(spec, mode=mode, speculate_k=max(k, 1)))
     probe = probe or not all(chooser.costs.step_seconds(0 if m == "none" else k) for m, k in options)
     prior = chooser.acceptance.copy() if probe else None  # the evidence of earlier calls (a probe adds to a copy)
-    decision = None
+    decision, pricing_s = None, 0.0
     if probe:
         rule = probe_rule(options)
         first = (rule, max_k) if rule is not None else options[0]
-    else:
+    elif chooser.due(options):
+        start = time.perf_counter()
         decision = chooser.choose(options, rows=len(prompts), generated=[0] * len(prompts),
                                   max_new=sampling.max_new_tokens)
+        pricing_s = time.perf_counter() - start
+        first = (decision.mode, decision.speculate_k)
+    else:
+        decision = dataclasses.replace(chooser.held, priced=False, measured_tok_s=math.nan, raw_tok_s=math.nan)
         first = (decision.mode, decision.speculate_k)
     decoder = Decoder(model, tokenizer, prompts, mtp=mtp if max_k else None, sampling=sampling, spec=setting(*first),
                       seed=seed, step=step, row_ids=row_ids, max_speculate_k=max_k, time_drafts=True)
-    first_step = None
+    first_step, explore = None, []
     if probe:
         prompt_len = statistics.fmean(len(p) for p in decoder.prompt_ids)
-        first_step = _probe(decoder, chooser, options, setting, greedy, prompt_len, explore=learned)
+        ran, first_step = _probe(decoder, chooser, options, setting, greedy, prompt_len)
         active = decoder.active_lengths() if decoder.num_active else None
+        start = time.perf_counter()
         decision = chooser.choose(options, rows=max(decoder.num_active, 1), generated=active,
                                   max_new=sampling.max_new_tokens)
+        pricing_s = time.perf_counter() - start
+        explore = chooser.to_explore(options, decision, ran) if learned else []
     decision.probed = probe
     decoder.set_spec(setting(decision.mode, decision.speculate_k))
     if not probe and decoder.num_active:  # NOTE: the first step also feeds the head the prompt: priced as prefill
         first_step = (decision.speculate_k, decoder.step())
     start, before, rest, rows = time.perf_counter(), decoder.num_tokens(), [], list(decoder.rows.index)
     generated = decoder.active_lengths()
+    explored = (0.0, 0)  # seconds and tokens of the exploring steps
     while decoder.num_active:
+        if explore and min(decoder.active_lengths()) >= OFFSET_EDGES[-1]:
+            explored = _explore(decoder, chooser, setting, probe_rule(options), explore)
+            explore = []
+            decoder.set_spec(setting(decision.mode, decision.speculate_k))
+            if decoder.num_active:
+                decoder.step()  # NOTE: fed the head what the exploring steps left pending: not a clean step
+            continue
         rest.append(decoder.step())
     if rest:
-        decision.measured_tok_s = (decoder.num_tokens() - before) / max(time.perf_counter() - start, 1e-9)
-    if len(rest) >= MIN_CALIBRATION_STEPS:
+        seconds = time.perf_counter() - start - explored[0]
+        decision.measured_tok_s = (decoder.num_tokens() - before - explored[1]) / max(seconds, 1e-9)
+    if decision.priced and explored == (0.0, 0) and len(rest) >= MIN_CALIBRATION_STEPS:
         # NOTE: calibrated against the tokens the rows really had left, so it corrects the cost and
         # acceptance models, not the length model (which knows nothing in a run's first call)
+        start = time.perf_counter()
         left = np.array([len(decoder.runner.outputs[i]) - n for i, n in zip(rows, generated)])
         decision.raw_tok_s = chooser.rate(decision.mode, decision.speculate_k, Rows.known(generated, left))
         chooser.calibrate(decision)
+        pricing_s += time.perf_counter() - start
     chooser.costs.observe(decision.speculate_k, rest)
     result = decoder.result()
     if prior is not None:
@@ -733,4 +894,9 @@ def generate_auto(
     chooser.acceptance.observe(result.log, result.lengths, greedy, age=DECAY)
     chooser.lengths.add(result.lengths)
     chooser.prefill_s = result.prefill_seconds + (chooser.costs.excess(*first_step) if first_step else 0.0)
+    if decision.priced:  # NOTE: a probe's decision priced the rest of its call: the next call prices anew
+        chooser.held, chooser.since_s = decision, math.inf if probe else 0.0
+        if not probe:  # a call's pricing, smoothed (one slow pricing would hold a choice for many calls)
+            chooser.pricing_s = pricing_s if not chooser.pricing_s else (chooser.pricing_s + pricing_s) / 2
+    chooser.since_s += time.perf_counter() - call_start - pricing_s
     return result, decision

@@ -149,6 +149,22 @@ def test_step_costs_by_hand_and_decay_halves_the_evidence():
     assert acc.weights == [5.0] and acc.alphas("rs", 1) == pytest.approx([0.8])
 
 
+def test_a_verify_pass_costs_at_least_a_plain_step():
+    """c_verify(K) from the line through the drafted depths is floored at a plain step's cost, taken at
+    the rows plain steps ran at and put in depth K's units (its own row slope)."""
+    costs = StepCosts()
+    costs.observe(0, [(16, 0.006, 0.0)] * 4)
+    costs.observe(3, [(16, 0.010, 0.002)] * 4)
+    costs.observe(4, [(16, 0.0125, 0.0025)] * 4)  # c_verify 8, 10 ms at K = 3, 4: 2 ms a depth
+    costs.row_slope = {0: 0.01, 1: 0.02}
+    costs._refresh()
+    line = 0.008 - 2 * 0.002  # c_verify(1) on the line: 4 ms, below a plain step's 6 ms
+    floor = costs.seconds[0] * costs.scale(16, 0) / costs.scale(16, 1)
+    assert costs.verify_seconds(2) == pytest.approx(0.006 / costs.scale(16, 2))  # 6 ms on the line: the floor
+    assert costs.verify_seconds(1) == pytest.approx(floor) and floor * costs.scale(16, 1) == pytest.approx(0.006)
+    assert costs.verify_seconds(1) > line and costs.verify_seconds(4) == pytest.approx(0.010 / costs.scale(16, 4))
+
+
 def test_candidates_and_probe_rule():
     assert candidates(SpecConfig("rs", "auto")) == [("rs", 1), ("rs", 2), ("rs", 3), ("rs", 4)]
     assert candidates(SpecConfig("auto", 3)) == [("none", 0), ("to", 3), ("rs", 3)]
@@ -302,35 +318,41 @@ def _plain_known() -> AutoChooser:
     return chooser
 
 
-@pytest.mark.parametrize(("known", "plain", "shallow", "probes"), [
-    (False, False, 2, [(0, 1), (4, 2), (2, 2)]),  # a fresh chooser: one plain step first, then as below
-    (False, True, None, [(0, 1), (4, 2)]),  # ... plain is not probed twice in a call
-    (False, False, None, [(0, 1), (4, 2)]),  # ... and nothing is explored (a one-shot call pays for every probe)
-    (True, True, 2, [(4, 2), (0, 2), (1, 2)]),  # plain could win at its measured cost: plain steps, no shallow
-    # probe; then the least timed setting not yet run (a chooser with earlier calls explores)
-    (True, False, 2, [(4, 2), (2, 2), (1, 2)]),  # plain cannot, a shallower K could
-    (True, False, None, [(4, 2), (1, 2)]),  # neither: the deepest K, then the least timed
+@pytest.mark.parametrize(("known", "plain", "shallow", "probes", "explored"), [
+    (False, False, 2, [(0, 1), (4, 2), (2, 2)], []),  # a fresh chooser: one plain step first, then as below
+    (False, True, None, [(0, 1), (4, 2)], []),  # ... plain is not probed twice in a call
+    (False, False, None, [(0, 1), (4, 2)], []),  # ... and nothing is explored (a one-shot call pays for every probe)
+    (True, True, 2, [(4, 2), (0, 2)], [1]),  # plain could win at its measured cost: plain steps, no shallow
+    # probe; later the settings ``to_explore`` picks (a chooser with earlier calls explores)
+    (True, False, 2, [(4, 2), (2, 2)], [1]),  # plain cannot, a shallower K could
+    (True, False, None, [(4, 2)], [1]),  # neither: the deepest K; later the least timed
 ])
-def test_auto_probes_then_runs_the_choice(monkeypatch, known, plain, shallow, probes):
+def test_auto_probes_then_runs_the_choice(monkeypatch, known, plain, shallow, probes, explored):
     """The probe runs one plain step when plain was never timed, the deepest K, then plain steps or a
-    shallower K when they could win (forced here, as it depends on timings), then, for a chooser
-    that learned from earlier calls, the settings timed least; then every step runs the choice."""
+    shallower K when they could win (forced here, as it depends on timings); then every step runs the
+    choice, except that a chooser that learned from earlier calls explores (``to_explore``; EXPLORE_STEPS
+    each) once every row has emitted OFFSET_EDGES[-1] tokens."""
     monkeypatch.setattr(AutoChooser, "none_could_win", lambda self, options, rows: plain)
     monkeypatch.setattr(AutoChooser, "shallow_could_win", lambda self, options, rows: shallow)
     monkeypatch.setattr(auto, "PROBE_POSITIONS", 0)  # PROBE_STEPS each (the next test pins it)
-    monkeypatch.setattr(auto, "EXPLORE_SETTINGS", 1)
-    assert auto.PROBE_STEPS == 2
+    monkeypatch.setattr(AutoChooser, "to_explore", lambda self, options, decision, ran: [1])  # (pinned below)
+    assert auto.PROBE_STEPS == 2 and auto.EXPLORE_STEPS == 4 and auto.OFFSET_EDGES[-1] == 8
     model = peaked_model()
     head = perturbed_head(model, 0.1)
-    ks = []
+    steps = []  # (K, fewest tokens an active row had emitted) of each step
     step = Decoder.step
-    monkeypatch.setattr(Decoder, "step", lambda self: ks.append(self.runner.k) or step(self))
+    monkeypatch.setattr(Decoder, "step", lambda self: steps.append((self.runner.k, min(self.active_lengths())))
+                        or step(self))
     out, decision = generate_auto(model, ToyTokenizer(), _prompts((3, 4, 6)), mtp=head,
                                   sampling=SamplingParams(temperature=1.0, max_new_tokens=24),
                                   chooser=_plain_known() if known else None)
+    ks = [k for k, _ in steps]
     expected = [k for k, n in probes for _ in range(n)]
-    assert ks[:len(expected)] == expected and len(ks) > len(expected)
-    assert set(ks[len(expected):]) == {decision.speculate_k} and decision.probed
+    assert ks[:len(expected)] == expected and len(ks) > len(expected) and decision.probed
+    late = next(i for i, (_, offset) in enumerate(steps) if i >= len(expected) and offset >= 8)
+    block = [k for k in explored for _ in range(auto.EXPLORE_STEPS)]
+    assert ks[late:late + len(block)] == block
+    assert set(ks[len(expected):late] + ks[late + len(block):]) == {decision.speculate_k}
     assert out.stats.speculate_k == 4 and decision.measured_tok_s > 0
 
 
@@ -346,6 +368,22 @@ def test_settings_timed_too_little_are_explored():
     assert chooser.under_timed(ALL) == [2, 0]
     assert chooser.under_timed(candidates(SpecConfig("rs", "auto"))) == [2]  # plain not allowed
     assert chooser.under_timed(candidates(SpecConfig("auto", 3))) == [0]  # one drafted depth: plain alone
+
+
+def test_a_probe_explores_the_runner_up_then_the_least_timed():
+    """to_explore: the setting predicted fastest after the choice, then the least timed, none that the
+    call runs anyway (the choice, the probe's depths), EXPLORE_SETTINGS at most."""
+    chooser = AutoChooser()
+    for k, steps in ((0, 1), (1, 5), (2, 9), (3, 3), (4, 9)):
+        chooser.costs.observe(k, [(8, 0.01 + 0.001 * k, 0.002 * k)] * steps)
+    chooser.costs.decay(0.5)  # plain's one step now weighs 0.5: under-timed
+    predictions = {"none": 5.0, "to1": 9.5, "rs1": 6.0, "rs2": 9.0, "rs3": 8.0, "rs4": 7.0}
+    decision = auto.Decision("rs", 2, 9.0, predictions)
+    assert auto.EXPLORE_SETTINGS == 2 and chooser.under_timed(ALL) == [0]
+    assert chooser.to_explore(ALL, decision, ran={4}) == [3, 0]  # rs3 runs up (to1 is not a probe rule's)
+    assert chooser.to_explore(ALL, decision, ran={4, 3}) == [1, 0]  # rs3 probed already: rs1, then plain
+    assert chooser.to_explore(ALL, decision, ran={4, 0, 1, 3}) == []  # all run in the call anyway
+    assert chooser.to_explore(ALL, auto.Decision("none", 0, 5.0, predictions), ran={4}) == [2]  # none: the choice
 
 
 def test_a_fresh_probe_times_its_plain_step_and_prices_the_heads_prompt_as_prefill(monkeypatch):
@@ -375,6 +413,7 @@ def test_a_batch_of_one_probes_until_enough_positions(monkeypatch):
     monkeypatch.setattr(Decoder, "step", lambda self: ks.append(self.runner.k) or step(self))
     monkeypatch.setattr(AutoChooser, "choose", lambda self, options, rows, generated=None, max_new=0:
                         auto.Decision("rs", 1, 1.0, {"rs1": 1.0}, rows))
+    monkeypatch.setattr(AutoChooser, "to_explore", lambda self, options, decision, ran: [])
     generate_auto(model, ToyTokenizer(), _prompts((3,)), mtp=perturbed_head(model, 0.1),
                   sampling=SamplingParams(temperature=1.0, max_new_tokens=200), chooser=_plain_known())
     assert auto.PROBE_POSITIONS > auto.PROBE_STEPS
@@ -385,6 +424,7 @@ def test_without_probe_the_call_runs_the_choice_from_earlier_calls(monkeypatch):
     """probe=False (RL between probes): no probe step, every step at a setting chosen before the first
     from what the chooser learned; the call's step costs and alphas update the chooser. A chooser
     that knows no costs probes anyway."""
+    monkeypatch.setattr(auto, "PRICING_SHARE", 1e9)  # every call re-prices (the next test pins ``due``)
     model = peaked_model()
     head = perturbed_head(model, 0.1)
     sampling = SamplingParams(temperature=1.0, max_new_tokens=24)
@@ -402,6 +442,44 @@ def test_without_probe_the_call_runs_the_choice_from_earlier_calls(monkeypatch):
     assert decision.predicted_tok_s == max(decision.predictions.values()) > 0
     if decision.mode != "none":  # the call's positions join the (decayed) evidence
         assert sum(chooser.acceptance.weights) > weight * auto.DECAY
+
+
+def test_between_probes_the_last_choice_is_kept_until_pricing_is_due(monkeypatch):
+    """probe=False keeps the last priced decision (no pricing, no calibration) until the calls since
+    it took 1 / PRICING_SHARE times its pricing; then it prices again. A kept setting the spec no
+    longer allows is re-priced."""
+    model = peaked_model()
+    head = perturbed_head(model, 0.1)
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=24)
+    chooser, priced = AutoChooser(), []
+    choose = AutoChooser.choose
+    monkeypatch.setattr(AutoChooser, "choose", lambda self, *a, **kw: priced.append(1) or choose(self, *a, **kw))
+    ks = []
+    step = Decoder.step
+    monkeypatch.setattr(Decoder, "step", lambda self: ks.append(self.runner.k) or step(self))
+
+    def call(seed, spec=SpecConfig("auto", "auto")):
+        ks.clear(), priced.clear()
+        return generate_auto(model, ToyTokenizer(), _prompts((3, 4, 6)), mtp=head, sampling=sampling, spec=spec,
+                             chooser=chooser, probe=False, seed=seed)[1]
+
+    probed = call(0)
+    assert probed.probed and probed.priced and chooser.held is probed and priced == [1]
+    assert chooser.since_s == np.inf  # a probe's decision priced its own call's rest: the next call prices
+    probed = call(1)
+    assert probed.priced and not probed.probed and priced == [1] and chooser.held is probed
+    assert chooser.pricing_s > 0 and chooser.since_s < 1.0
+    chooser.pricing_s, chooser.since_s, ratio = 1.0, 0.0, dict(chooser.log_ratio)  # pricing is not due
+    kept = call(1)
+    assert not kept.priced and not kept.probed and priced == [] and chooser.held is probed
+    assert (kept.mode, kept.speculate_k) == (probed.mode, probed.speculate_k) and set(ks) == {probed.speculate_k}
+    assert kept.measured_tok_s > 0 and np.isnan(kept.raw_tok_s) and chooser.log_ratio == ratio  # not calibrated
+    assert 0 < chooser.since_s < 1.0 / auto.PRICING_SHARE
+    chooser.since_s = chooser.pricing_s / auto.PRICING_SHARE  # due
+    again = call(2)
+    assert again.priced and priced == [1] and chooser.held is again and chooser.since_s < 1.0
+    chooser.pricing_s, chooser.held = 1.0, auto.Decision("to", 3, 1.0, {"to3": 1.0})  # not due, but not allowed
+    assert call(3, SpecConfig("rs", "auto")).priced and priced == [1]
 
 
 @pytest.mark.parametrize("second", ["plain", "shallow"])
