@@ -157,7 +157,7 @@ class ProfiledAuto:
 
 
 def run_group(model, tok, head, batch: int, temperature: float, args) -> dict:
-    """Every grid setting, one-shot auto and RL-style auto at (B, T), interleaved."""
+    """Every grid setting, one-shot, profiled and RL-style auto at (B, T), interleaved."""
     prompts = make_prompts(batch)
     names = [config_name(m, k) for m, k in SETTINGS] + ["auto", "auto_profiled", "auto_rl"]
     rates: dict[str, list[float]] = {n: [] for n in names}
