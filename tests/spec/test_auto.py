@@ -325,7 +325,7 @@ def _plain_known() -> AutoChooser:
     (True, True, 2, [(4, 2), (0, 2)], [1]),  # plain could win at its measured cost: plain steps, no shallow
     # probe; later the settings ``to_explore`` picks (a chooser with earlier calls explores)
     (True, False, 2, [(4, 2), (2, 2)], [1]),  # plain cannot, a shallower K could
-    (True, False, None, [(4, 2)], [1]),  # neither: the deepest K; later the least timed
+    (True, False, None, [(4, 2)], [1]),  # neither: the deepest K; later what to_explore picks
 ])
 def test_auto_probes_then_runs_the_choice(monkeypatch, known, plain, shallow, probes, explored):
     """The probe runs one plain step when plain was never timed, the deepest K, then plain steps or a
