@@ -202,6 +202,7 @@ def _auto_profile(args, model, sampling, spec) -> tuple[Path, dict] | None:
 def cmd_generate(args) -> None:
     from bebop.rollout.base import backend_class, make_backend
     from bebop.spec import SamplingParams, SpecConfig
+    from bebop.spec import auto_profile as profiles
     from bebop.spec.engine import check_sampling
     from bebop.utils.io import atomic_write_text, check_output_file, write_json
     from bebop.utils.tokens import encode_prompt
@@ -228,9 +229,7 @@ def cmd_generate(args) -> None:
     profile = _auto_profile(args, model, sampling, spec) if auto else None
     calls = 0
     if profile is not None:
-        from bebop.spec import auto_profile as profiles
-
-        backend.chooser, calls = profiles.load(profile[0], profile[1])
+        backend.chooser, calls = profiles.load(*profile)
         print(f"auto: profile {profile[0]}, call {calls + 1}: " +
               ("probing" if calls % AUTO_EVERY == 0 else "choosing from the earlier calls, no probe"))
     try:
@@ -238,7 +237,7 @@ def cmd_generate(args) -> None:
     finally:
         backend.close()
     if profile is not None:
-        profiles.save(profile[0], profile[1], backend.chooser, calls + 1)
+        profiles.save(*profile, backend.chooser, calls + 1)
     # NOTE: token_ids is the whole sequence and start its first completion index, so this file is
     # train-mtp/eval-mtp --data as is (the policy's own samples, the recommended training data).
     lines = [json.dumps({"prompt": p, "completion": c, "token_ids": i + t, "start": len(i), "finish_reason": f})

@@ -224,7 +224,8 @@ class Acceptance:
                           [sub.copy() for sub in self.by_offset], {k: t.copy() for k, t in self.by_k.items()})
 
     def to_state(self) -> dict:
-        """A JSON-able copy (``from_state`` reads it back)."""
+        """The tables as JSON-able lists and dicts (not copies: dump them before the next call; ``from_state``
+        reads them back)."""
         return {"sums": self.sums, "weights": self.weights, "by_offset": [sub.to_state() for sub in self.by_offset],
                 "by_k": {str(k): t.to_state() for k, t in self.by_k.items()}}
 
@@ -369,7 +370,7 @@ class StepCosts:
         self.row_slope[k] = 0.0 if b <= 0 else (1.0 if a <= b else float(b / a))
 
     def to_state(self) -> dict:
-        """A JSON-able copy of the measurements (``from_state`` re-derives the rest)."""
+        """The measurements as JSON-able lists (``from_state`` re-derives the rest)."""
         return {"measured": [[key if isinstance(key, int) else list(key), [list(e) for e in entries]]
                              for key, entries in self.measured.items()],
                 "row_slope": {str(k): g for k, g in self.row_slope.items()},
