@@ -96,6 +96,7 @@ MIN_CALIBRATION_STEPS = 4  # fewer steps after a decision do not calibrate: the 
 CALIBRATION = 0.3  # weight of the newest log(measured / predicted) in the running calibration (from 0)
 MAX_CALIBRATION_STEP = math.log(1.25)  # a call's log(measured / predicted) is clipped to +-this
 COST_HISTORY = 32  # step-cost measurements kept per depth (``StepCosts``), the newest
+GAMMA_PRIOR_STEPS = 30.0  # weight, in timed steps, of the other depths' gamma in a depth's (``StepCosts.gamma``)
 RULES = ("rs", "to")  # acceptance rules, named as the modes that use them
 
 
@@ -314,11 +315,12 @@ class StepCosts:
     measured depths, linear in K between and past them (least squares weighted by each depth's
     timed steps, slope >= 0; constant when one depth was measured). A step at R rows and depth K
     costs scale(R, K) = 1 + gamma_K R times ``seconds`` (the batch's tail runs few rows): gamma_K
-    fitted per depth on the steps of calls that ran at several row counts (``fit_rows``), as the cost
-    of a row grows with the tokens a step runs per row (B = 16 here: gamma 0.007 plain, 0.012 /
-    0.014 / 0.023 at K = 1 / 2 / 4). With one gamma for all, a chooser that had timed every setting
-    over 10 calls priced a B = 16 step of rs2 at 9.6 ms (7.9 measured) and forecast rs2 7% low, rs4
-    3% high at T = 0.3, where rs2 is the fastest; per depth, every forecast was within 3.4% (B = 16, 64).
+    fitted per depth on the tails of calls (``fit_rows``), as the cost of a row grows with the tokens
+    a step runs per row (B = 16 here: gamma 0.007 plain, 0.012 / 0.014 / 0.023 at K = 1 / 2 / 4),
+    and shrunk toward the other depths' (``gamma``). With one gamma for all, a chooser that had timed
+    every setting over 10 calls priced a B = 16 step of rs2 at 9.6 ms (7.9 measured) and forecast rs2
+    7% low, rs4 3% high at T = 0.3, where rs2 is the fastest; per depth, every forecast was within
+    3.4% (B = 16, 64).
 
     Each depth's cost is the mean of its measurements (the median step of a block of steps),
     weighted by their timed steps, older ones decayed (``decay``, once per call): a depth an RL run
@@ -344,22 +346,42 @@ class StepCosts:
         return 1.0 + self.gamma(k) * rows
 
     def gamma(self, k: int) -> float:
-        """gamma_K: depth k's own fit; else a line in K through the fitted drafted depths' (one: its
-        value), at least 0, for a drafted k; else the mean of those fitted; 0 when none was."""
-        if k in self.row_slope:
+        """gamma_K: depth k's own fit shrunk toward the other depths' (``_gamma_prior``) with the weight of
+        GAMMA_PRIOR_STEPS steps; without its own fit, the others'; 0 when no depth was fitted.
+
+        A call's tail is ~10 steps, and one call's fit is noise: rs2's first whole call at B = 16, T = 1
+        fitted 0.044 (0.012 over the grid's calls), its forecast fell from 2,879 to 2,573 tok/s (~3,300
+        measured), and the run went back to rs4."""
+        prior = self._gamma_prior(k)
+        if k not in self.row_slope:
+            return prior if prior is not None else 0.0
+        if prior is None or k not in self.row_stats:
             return self.row_slope[k]
-        drafted = [(j, g, 1.0) for j, g in self.row_slope.items() if j >= 1]
-        if k >= 1 and len(drafted) > 1:
+        steps = float(self.row_stats[k][0])
+        return (steps * self.row_slope[k] + GAMMA_PRIOR_STEPS * prior) / (steps + GAMMA_PRIOR_STEPS)
+
+    def _gamma_prior(self, k: int) -> float | None:
+        """The other fitted depths' gamma at k: for a drafted k, a line in K through the drafted depths'
+        fits weighted by their steps (one depth: its value), at least 0; else (or with no drafted fit)
+        the steps-weighted mean of the others; None when no other depth was fitted."""
+        others = [(j, g, float(self.row_stats[j][0]) if j in self.row_stats else 1.0)
+                  for j, g in self.row_slope.items() if j != k]
+        drafted = [o for o in others if o[0] >= 1]
+        if k >= 1 and len({j for j, _, _ in drafted}) > 1:
             a, b = _line(drafted)
             return max(0.0, a + b * k)
-        known = [g for _, g, _ in drafted] if k >= 1 and drafted else list(self.row_slope.values())
-        return statistics.fmean(known) if known else 0.0
+        known = drafted if k >= 1 and drafted else others
+        total = sum(w for _, _, w in known)
+        return sum(w * g for _, g, w in known) / total if known and total > 0 else None
 
     def fit_rows(self, k: int, step_times: list[tuple[int, float, float]]) -> None:
-        """Adds depth k's steps to its row fit when they ran at several row counts: gamma_K = b / a of
+        """Adds depth k's steps to its row fit when MIN_CALIBRATION_STEPS or more ran over rows spanning
+        half the most or more (a call's tail; 2 at least): gamma_K = b / a of
         the least squares a + b R over all such steps at depth k (older calls decayed), in [0, 1]."""
         rows = np.array([r for r, _, _ in step_times], dtype=float)
-        if not len(rows) or np.ptp(rows) < 2:
+        # NOTE: a call's tail, not a few steps a few rows apart: explored steps fitted gamma_2 = 0.059 at
+        # B = 64, T = 1 (0.015 over whole calls) and priced rs2 27% low
+        if len(rows) < MIN_CALIBRATION_STEPS or np.ptp(rows) < max(2.0, rows.max() / 2):
             return
         secs = np.array([s for _, s, _ in step_times])
         self.row_stats[k] = self.row_stats.get(k, 0.0) + np.array(

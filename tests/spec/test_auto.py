@@ -165,6 +165,41 @@ def test_a_verify_pass_costs_at_least_a_plain_step():
     assert costs.verify_seconds(1) > line and costs.verify_seconds(4) == pytest.approx(0.010 / costs.scale(16, 4))
 
 
+def _rows_steps(gamma: float, rows: list[int], base: float = 0.001) -> list[tuple[int, float, float]]:
+    """Steps whose seconds are exactly base * (1 + gamma * rows)."""
+    return [(r, base * (1 + gamma * r), 0.0) for r in rows]
+
+
+def test_only_a_calls_tail_fits_the_row_slope():
+    """gamma_K is fitted from MIN_CALIBRATION_STEPS or more steps whose rows span half the most or more
+    (a call's tail), not from a few steps a few rows apart (an explored block's)."""
+    costs = StepCosts()
+    assert auto.MIN_CALIBRATION_STEPS == 4
+    costs.fit_rows(2, _rows_steps(0.5, [64, 62, 60, 58, 40]))  # 24 rows apart, under 32: not a tail
+    costs.fit_rows(2, _rows_steps(0.5, [64, 8, 1]))  # a tail's span, 3 steps
+    assert costs.row_slope == {}
+    costs.fit_rows(2, _rows_steps(0.02, [64, 62, 44, 31, 17, 8]))
+    assert costs.row_slope[2] == pytest.approx(0.02)
+
+
+def test_a_depths_row_slope_leans_on_the_other_depths():
+    """A depth's own fit is shrunk toward the other depths' (a line in K through the drafted ones,
+    weighted by their steps) with the weight of GAMMA_PRIOR_STEPS steps; an unfitted depth takes theirs."""
+    costs = StepCosts()
+    tail = [16, 16, 12, 9, 5, 3, 1, 1]
+    for _ in range(10):
+        costs.fit_rows(4, _rows_steps(0.02, tail))  # 80 steps at K = 4
+    assert costs.gamma(4) == pytest.approx(0.02) and costs.gamma(2) == pytest.approx(0.02)  # its own; the only one
+    costs.fit_rows(2, _rows_steps(0.044, tail))  # one call at K = 2 (8 steps)
+    m = auto.GAMMA_PRIOR_STEPS
+    assert costs.row_slope[2] == pytest.approx(0.044)
+    assert costs.gamma(2) == pytest.approx((8 * 0.044 + m * 0.02) / (8 + m))
+    assert costs.gamma(4) == pytest.approx((80 * 0.02 + m * 0.044) / (80 + m))  # its prior: depth 2's fit
+    line = auto._line([(2, 0.044, 8.0), (4, 0.02, 80.0)])  # depth 3, unfitted: the line through both fits
+    assert costs.gamma(3) == pytest.approx(line[0] + 3 * line[1])
+    assert costs.gamma(0) == pytest.approx((8 * 0.044 + 80 * 0.02) / 88)  # plain: the drafted depths' mean
+
+
 def test_candidates_and_probe_rule():
     assert candidates(SpecConfig("rs", "auto")) == [("rs", 1), ("rs", 2), ("rs", 3), ("rs", 4)]
     assert candidates(SpecConfig("auto", 3)) == [("none", 0), ("to", 3), ("rs", 3)]

@@ -1,0 +1,117 @@
+"""RL-style auto's spread over independent choosers: how far one run's ratio to the best is from another's.
+
+    PYTHONPATH=. .venv/bin/python bench/auto_spread.py --threads 1                   # B 16/64 x T 0.3/1, 3 choosers, 30 calls: ~3 min
+    PYTHONPATH=. .venv/bin/python bench/auto_spread.py --settings none rs1 rs2 rs3 rs4 --choosers 5
+
+``bench/auto.py`` runs one RL-style chooser per (B, T): its ratio to the best fixed setting is one
+draw of a run's outcome (which setting the chooser held for which calls), and it moved 2-5 points
+between runs of the same code. Here each (B, T) runs the fixed settings and ``--choosers``
+independent RL-style choosers (``bench/auto.py``'s ``RlAuto``: a probing call every ``--auto-every``
+calls, a choice from the earlier calls in the others), every one once per repeat in alternating
+order, repeat r with sampling seed r everywhere. Printed per chooser: its tok/s pooled over its
+calls against the best setting's pooled tok/s; its choices alone (the settings' calls of what it
+chose, pooled, against the best); its own cost (those calls' seconds over its own); the setting it
+chose at each call. Then the mean and the smallest ratio over all choosers: compare two versions of
+the chooser on their means, not on one run's groups.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from auto import SETTINGS, RlAuto  # noqa: E402
+from rollout import Method, header, load, make_prompts, run_bebop, warn_if_busy  # noqa: E402
+
+from bebop.spec.auto import config_name  # noqa: E402
+
+NAMES = [config_name(m, k) for m, k in SETTINGS]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default=None, help="HF model directory (default: the embedded model)")
+    ap.add_argument("--mtp", default=None, help="MTP head directory (default: the embedded e2e_tv head)")
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[16, 64], help="rows B per call")
+    ap.add_argument("--temperatures", type=float, nargs="+", default=[0.3, 1.0], help="T (> 0)")
+    ap.add_argument("--settings", nargs="+", default=NAMES, choices=NAMES, help="the fixed settings (default: all 9)")
+    ap.add_argument("--choosers", type=int, default=3, help="independent RL-style choosers per (B, T)")
+    ap.add_argument("--repeats", type=int, default=30, help="calls per setting and per chooser")
+    ap.add_argument("--max-new-tokens", type=int, default=48, help="completion tokens per row, EOS included")
+    ap.add_argument("--auto-every", type=int, default=10, help="probe every this many calls (bebop rl's default)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
+    ap.add_argument("--device", default="cpu", help="cpu, cuda or auto")
+    ap.add_argument("--stat", default="pooled", help=argparse.SUPPRESS)  # read by rollout.header
+    args = ap.parse_args(argv)
+    if args.choosers < 1 or args.repeats < 1:
+        ap.error("--choosers and --repeats must be >= 1")
+    return args
+
+
+def pooled(calls: list[tuple[float, int]]) -> float:
+    """Tokens / seconds over (seconds, tokens) calls."""
+    return sum(t for _, t in calls) / sum(s for s, _ in calls)
+
+
+def run_group(model, tok, head, batch: int, temperature: float, args) -> list[dict]:
+    """The fixed settings and the choosers at (B, T), interleaved -> one summary per chooser."""
+    prompts = make_prompts(batch)
+    settings = {n: Method(*SETTINGS[NAMES.index(n)]) for n in args.settings}
+    choosers = [RlAuto(args.auto_every) for _ in range(args.choosers)]
+    names = list(settings) + [f"auto{i}" for i in range(args.choosers)]
+    calls: dict[str, list[tuple[float, int]]] = {n: [] for n in names}
+    for method in settings.values():  # warmup
+        run_bebop(model, tok, head, prompts, method, temperature, 4)
+    for r in range(args.repeats):
+        for name in names if r % 2 == 0 else names[::-1]:
+            if name in settings:
+                seconds, result, _ = run_bebop(model, tok, head, prompts, settings[name], temperature,
+                                               args.max_new_tokens, seed=r)
+                calls[name].append((seconds, sum(result.lengths)))
+            else:
+                calls[name].append(choosers[int(name[4:])].call(model, tok, head, prompts, temperature,
+                                                                args.max_new_tokens, seed=r))
+    best = max(settings, key=lambda n: pooled(calls[n]))
+    out = []
+    for i, rl in enumerate(choosers):
+        chosen = [calls[c][r] if c in settings else None for r, c in enumerate(rl.choices)]
+        known = [c for c in chosen if c is not None]  # a choice outside --settings has no fixed call to compare
+        own = [calls[f"auto{i}"][r] for r, c in enumerate(chosen) if c is not None]
+        out.append({"ratio": pooled(calls[f"auto{i}"]) / pooled(calls[best]),
+                    "choices_alone": pooled(known) / pooled(calls[best]) if known else float("nan"),
+                    "own": sum(s for s, _ in known) / sum(s for s, _ in own) if known else float("nan"),
+                    "choices": rl.choices})
+    return [{"B": batch, "T": temperature, "best": best, "best_tok_s": pooled(calls[best]), **o} for o in out]
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, tok, head = load(args)
+    print(f"# bench/auto_spread.py | {header(args, model, head, next(model.parameters()).device)} | "
+          f"{args.choosers} choosers x {args.repeats} calls\n", flush=True)
+    warn_if_busy()
+    print("| B | T | best fixed | best tok/s | chooser | RL-style/best | choices alone/best | its choices' calls / its calls (seconds) | chose, call by call |")
+    print("|---:|---:|:---|---:|---:|---:|---:|---:|:---|")
+    start, ratios = time.perf_counter(), []
+    for batch in args.batch_sizes:
+        for temperature in args.temperatures:
+            for i, row in enumerate(run_group(model, tok, head, batch, temperature, args)):
+                ratios.append(row["ratio"])
+                print(f"| {batch} | {temperature:g} | {row['best']} | {row['best_tok_s']:.0f} | {i} | {row['ratio']:.3f} | "
+                      f"{row['choices_alone']:.3f} | {row['own']:.3f} | {' '.join(row['choices'])} |", flush=True)
+    print(f"\nRL-style/best over {len(ratios)} choosers: mean {statistics.fmean(ratios):.3f}, "
+          f"sd {statistics.pstdev(ratios):.3f}, min {min(ratios):.3f}; within 5% in "
+          f"{sum(x >= 0.95 for x in ratios)} of {len(ratios)}")
+    print(f"\ntotal {time.perf_counter() - start:.0f}s")
+
+
+if __name__ == "__main__":
+    main()
