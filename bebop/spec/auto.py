@@ -97,6 +97,7 @@ CALIBRATION = 0.3  # weight of the newest log(measured / predicted) in the runni
 MAX_CALIBRATION_STEP = math.log(1.25)  # a call's log(measured / predicted) is clipped to +-this
 COST_HISTORY = 32  # step-cost measurements kept per depth (``StepCosts``), the newest
 GAMMA_PRIOR_STEPS = 30.0  # weight, in timed steps, of the other depths' gamma in a depth's (``StepCosts.gamma``)
+ROW_FIT_STEPS = 4  # fewest steps of a block that fits gamma (``StepCosts.fit_rows``), over rows spanning half the most
 RULES = ("rs", "to")  # acceptance rules, named as the modes that use them
 
 
@@ -375,13 +376,13 @@ class StepCosts:
         return sum(w * g for _, g, w in known) / total if known and total > 0 else None
 
     def fit_rows(self, k: int, step_times: list[tuple[int, float, float]]) -> None:
-        """Adds depth k's steps to its row fit when MIN_CALIBRATION_STEPS or more ran over rows spanning
-        half the most or more (a call's tail; 2 at least): gamma_K = b / a of
+        """Adds depth k's steps to its row fit when ROW_FIT_STEPS or more ran over rows spanning half the
+        most or more (a call's tail; 2 at least): gamma_K = b / a of
         the least squares a + b R over all such steps at depth k (older calls decayed), in [0, 1]."""
         rows = np.array([r for r, _, _ in step_times], dtype=float)
         # NOTE: a call's tail, not a few steps a few rows apart: explored steps fitted gamma_2 = 0.059 at
         # B = 64, T = 1 (0.015 over whole calls) and priced rs2 27% low
-        if len(rows) < MIN_CALIBRATION_STEPS or np.ptp(rows) < max(2.0, rows.max() / 2):
+        if len(rows) < ROW_FIT_STEPS or np.ptp(rows) < max(2.0, rows.max() / 2):
             return
         secs = np.array([s for _, s, _ in step_times])
         self.row_stats[k] = self.row_stats.get(k, 0.0) + np.array(
