@@ -161,12 +161,17 @@ def test_step_cost_follows_the_active_rows():
 
 
 def test_the_row_slope_is_per_depth():
-    """A step's cost per row grows with the tokens it runs per row: gamma per depth, a line in K for a
-    depth never fitted (one fitted drafted depth: its gamma), plain's own."""
+    """A step's cost per row grows with the tokens it runs per row: gamma per depth (each fit shrunk
+    toward the other depths', GAMMA_PRIOR_STEPS), a line in K for a depth never fitted (one fitted
+    drafted depth: its gamma)."""
     costs = StepCosts()
     for k, gamma in ((0, 0.01), (1, 0.02), (3, 0.04)):
-        costs.observe(k, [(r, 0.001 * (1 + gamma * r), 0.0) for r in (16, 8, 4, 1)])
-    assert [costs.gamma(k) for k in (0, 1, 3)] == pytest.approx([0.01, 0.02, 0.04])
+        costs.observe(k, [(r, 0.001 * (1 + gamma * r), 0.0) for r in (16, 8, 4, 1) * 25])  # 100 steps each
+    m = auto.GAMMA_PRIOR_STEPS
+    assert costs.row_slope == pytest.approx({0: 0.01, 1: 0.02, 3: 0.04})
+    assert costs.gamma(1) == pytest.approx((100 * 0.02 + m * 0.04) / (100 + m))  # toward depth 3, the other drafted
+    assert costs.gamma(0) == pytest.approx((100 * 0.01 + m * 0.03) / (100 + m))  # toward the drafted depths' mean
+    assert costs.gamma(0) < costs.gamma(1) < costs.gamma(3)
     assert costs.gamma(2) == pytest.approx(0.03) and costs.gamma(4) == pytest.approx(0.05)
     assert costs.scale(10, 4) == pytest.approx(1.5)
     one = StepCosts()
