@@ -90,7 +90,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.3, 0.7, 1.0], help="T (> 0)")
     ap.add_argument("--max-new-tokens", type=int, default=48, help="completion tokens per row, EOS included")
     ap.add_argument("--repeats", type=int, default=40, help="timed calls per setting (more below 16 rows: SMALL_BATCH)")
-    ap.add_argument("--auto-every", type=int, default=10, help="RL-style auto: probe every this many calls (bebop rl's default)")
+    ap.add_argument("--auto-every", type=int, default=AUTO_EVERY, help="RL-style auto: probe every this many calls (bebop rl's default)")
     ap.add_argument("--quick", action="store_true", help="B 16, T 1, 3 repeats; overrides those flags")
     ap.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
     ap.add_argument("--device", default="cpu", help="cpu, cuda or auto")

@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from auto import SETTINGS, RlAuto  # noqa: E402
 from rollout import Method, header, load, make_prompts, run_bebop, warn_if_busy  # noqa: E402
 
+from bebop.config import AUTO_EVERY  # noqa: E402
 from bebop.spec.auto import config_name  # noqa: E402
 
 NAMES = [config_name(m, k) for m, k in SETTINGS]
@@ -44,7 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--choosers", type=int, default=3, help="independent RL-style choosers per (B, T)")
     ap.add_argument("--repeats", type=int, default=30, help="calls per setting and per chooser")
     ap.add_argument("--max-new-tokens", type=int, default=48, help="completion tokens per row, EOS included")
-    ap.add_argument("--auto-every", type=int, default=10, help="probe every this many calls (bebop rl's default)")
+    ap.add_argument("--auto-every", type=int, default=AUTO_EVERY, help="probe every this many calls (bebop rl's default)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
     ap.add_argument("--device", default="cpu", help="cpu, cuda or auto")
     ap.add_argument("--stat", default="pooled", help=argparse.SUPPRESS)  # read by rollout.header
