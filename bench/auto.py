@@ -102,6 +102,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def pooled_tok_s(calls: list[tuple[float, int]]) -> float:
+    """Tokens / seconds over (seconds, tokens) calls: a run's throughput, not the mean of its calls'."""
+    return sum(t for _, t in calls) / sum(s for s, _ in calls)
+
+
 def run_auto(model, tok, head, prompts, temperature: float, max_new: int, chooser=None, probe=True, seed=0):
     """One ``generate_auto`` call -> (seconds, tokens, decision)."""
     sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new)
@@ -186,7 +191,7 @@ def run_group(model, tok, head, batch: int, temperature: float, args) -> dict:
             rates[name].append(tokens / seconds)
             calls[name].append((seconds, tokens))
     tok_s = {n: statistics.median(v) for n, v in rates.items()}
-    pooled = {n: sum(t for _, t in v) / sum(s for s, _ in v) for n, v in calls.items()}
+    pooled = {n: pooled_tok_s(v) for n, v in calls.items()}
     forecast = {kind: {n: statistics.median(f[kind][n] for f in rl.forecasts) for n in names[:-3]}
                 for kind in ("new", "old")} if rl.forecasts else None
     # RL-style's calls against the grid's call of the setting each chose, same repeat (same seed): its own cost
@@ -201,7 +206,7 @@ def run_group(model, tok, head, batch: int, temperature: float, args) -> dict:
                                              if d.measured_tok_s > 0] or [float("nan")]),  # nan: ended in the probe
             "rl_chosen": config_name(rl.decision.mode, rl.decision.speculate_k), "rl_choices": rl.choices,
             "rl_own": statistics.median(own),
-            "rl_choices_tok_s": sum(t for _, t in chosen_calls) / sum(s for s, _ in chosen_calls),
+            "rl_choices_tok_s": pooled_tok_s(chosen_calls),
             "forecast": forecast}
 
 
@@ -245,8 +250,7 @@ def _stat(g: dict, setting: str, repeats: list[int], kind: str) -> float:
     one-shot auto, pooled tokens / seconds for RL-style."""
     if kind == "auto":
         return statistics.median(g["rates"][setting][r] for r in repeats)
-    calls = [g["calls"][setting][r] for r in repeats]
-    return sum(t for _, t in calls) / sum(s for s, _ in calls)
+    return pooled_tok_s([g["calls"][setting][r] for r in repeats])
 
 
 def noise(g: dict) -> float:

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from auto import SETTINGS, RlAuto  # noqa: E402
+from auto import SETTINGS, RlAuto, pooled_tok_s as pooled  # noqa: E402
 from rollout import Method, header, load, make_prompts, run_bebop, warn_if_busy  # noqa: E402
 
 from bebop.config import AUTO_EVERY  # noqa: E402
@@ -55,11 +55,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.choosers < 1 or args.repeats < 1:
         ap.error("--choosers and --repeats must be >= 1")
     return args
-
-
-def pooled(calls: list[tuple[float, int]]) -> float:
-    """Tokens / seconds over (seconds, tokens) calls."""
-    return sum(t for _, t in calls) / sum(s for s, _ in calls)
 
 
 def run_group(model, tok, head, batch: int, temperature: float, args) -> list[dict]:

@@ -624,10 +624,15 @@ class AutoChooser:
         """
         depth, times = 0 if mode == "none" else k, result.step_times
         self.costs.observe(depth, times[1:] or times)
-        self.lengths.add(result.lengths)
-        self.prefill_s = result.prefill_seconds + (self.costs.excess(depth, times[0]) if times else 0.0)
+        self.end_call(result, (depth, times[0]) if times else None)
         if mode != "none" and result.log is not None:
             self.acceptance.observe(result.log, result.lengths, greedy)
+
+    def end_call(self, result: GenerationResult, first_step: tuple[int, tuple] | None) -> None:
+        """A call's completion lengths and prefill: its seconds plus what its first step (depth, step
+        time; None: no step) took beyond a step's cost (``StepCosts.excess``)."""
+        self.lengths.add(result.lengths)
+        self.prefill_s = result.prefill_seconds + (self.costs.excess(*first_step) if first_step else 0.0)
 
     def factor(self, mode: str) -> float:
         known = self.log_ratio.get(family(mode))
@@ -916,8 +921,7 @@ def generate_auto(
     if prior is not None:
         chooser.acceptance = prior  # every drafted position of the call, once (not the probe's twice)
     chooser.acceptance.observe(result.log, result.lengths, greedy, age=DECAY)
-    chooser.lengths.add(result.lengths)
-    chooser.prefill_s = result.prefill_seconds + (chooser.costs.excess(*first_step) if first_step else 0.0)
+    chooser.end_call(result, first_step)
     if decision.priced:  # NOTE: a probe's decision priced the rest of its call: the next call prices anew
         chooser.held, chooser.since_s = decision, math.inf if probe else 0.0
         if not probe:  # a call's pricing, smoothed (one slow pricing would hold a choice for many calls)
