@@ -104,7 +104,8 @@ def main(argv: list[str] | None = None) -> None:
     for batch in args.batch_sizes:
         for temperature in args.temperatures:
             for i, row in enumerate(run_group(model, tok, head, batch, temperature, args)):
-                ratios.append(row["ratio"]), lates.append(row["late"])
+                ratios.append(row["ratio"])
+                lates.append(row["late"])
                 groups.setdefault(f"B {batch} T {temperature:g}", []).append(row["ratio"])
                 print(f"| {batch} | {temperature:g} | {row['best']} | {row['best_tok_s']:.0f} | {i} | {row['ratio']:.3f} | "
                       f"{row['late']:.3f} | "
