@@ -97,6 +97,10 @@ CALIBRATION = 0.3  # weight of the newest log(measured / predicted) in the runni
 MAX_CALIBRATION_STEP = math.log(1.25)  # a call's log(measured / predicted) is clipped to +-this
 COST_HISTORY = 32  # step-cost measurements kept per depth (``StepCosts``), the newest
 GAMMA_PRIOR_STEPS = 30.0  # weight, in timed steps, of the other depths' gamma in a depth's (``StepCosts.gamma``)
+# NOTE: the prefill emits every row's first token, so a fresh call's decode steps start at offset 1. Priced
+# from offset 0, a whole call had a token too many per row (B = 16, T = 1, lengths known, 12 calls a
+# setting: plain priced 27 steps for its 26, rs1-rs4 3.3-4.1% more steps than from offset 1)
+PREFILL_TOKENS = 1  # tokens the prefill emits per row
 ROW_FIT_STEPS = 4  # fewest steps of a block that fits gamma (``StepCosts.fit_rows``), over rows spanning half the most
 RULES = ("rs", "to")  # acceptance rules, named as the modes that use them
 
@@ -670,8 +674,13 @@ class AutoChooser:
         return self.rates([(mode, k)], rows, prefill_s)[config_name(mode, k)]
 
     def predict_call(self, mode: str, k: int, batch: int, max_new: int) -> float:
-        """Calibrated tokens/s of a whole call of ``batch`` fresh rows at (mode, K), prefill included."""
-        return self.rate(mode, k, self.lengths.rows([0] * batch, max_new), self.prefill_s) * self.factor(mode)
+        """Calibrated tokens/s of a whole call of ``batch`` fresh rows at (mode, K), prefill included
+        (its seconds and the first token of every row)."""
+        rows = self.lengths.rows([PREFILL_TOKENS] * batch, max_new)
+        rate = self.rate(mode, k, rows, self.prefill_s)
+        if not rate:
+            return 0.0
+        return (rows.tokens() + PREFILL_TOKENS * batch) / (rows.tokens() / rate) * self.factor(mode)
 
     def none_could_win(self, options: list[tuple[str, int]], rows: float) -> bool:
         """Whether ``none``, at its measured step cost, beats every drafted candidate; True when plain
@@ -870,7 +879,7 @@ def generate_auto(
         first = (rule, max_k) if rule is not None else options[0]
     elif chooser.due(options):
         start = time.perf_counter()
-        decision = chooser.choose(options, rows=len(prompts), generated=[0] * len(prompts),
+        decision = chooser.choose(options, rows=len(prompts), generated=[PREFILL_TOKENS] * len(prompts),
                                   max_new=sampling.max_new_tokens)
         pricing_s = time.perf_counter() - start
         first = (decision.mode, decision.speculate_k)

@@ -265,6 +265,25 @@ def test_acceptance_reads_the_engines_statistics(temperature):
         assert sum(sub.sums["rs"][j] for sub in acc.by_offset if j < len(sub.weights)) == pytest.approx(acc.sums["rs"][j])
 
 
+def test_a_whole_call_is_priced_from_the_prefills_token_on():
+    """The prefill emits each row's first token: a plain call of known lengths runs max(length) - 1 decode
+    steps, and ``predict_call`` prices exactly those (from offset 0 it priced one step more)."""
+    model = peaked_model()
+    decoder = Decoder(model, ToyTokenizer(), _prompts((3, 5, 8, 2)), spec=SpecConfig("none"),
+                      sampling=SamplingParams(temperature=1.0, max_new_tokens=24))
+    assert decoder.active_lengths() == [auto.PREFILL_TOKENS] * 4
+    while decoder.num_active:
+        decoder.step()
+    out = decoder.result()
+    chooser = AutoChooser()
+    chooser.costs = StepCosts(seconds={0: 0.001})
+    chooser.lengths.add([max(out.lengths)] * 4)  # every row as long as the longest: the call's steps
+    chooser.prefill_s = 0.002
+    assert len(out.step_times) == max(out.lengths) - 1
+    tokens, seconds = 4 * max(out.lengths), 0.002 + 0.001 * len(out.step_times)
+    assert chooser.predict_call("none", 0, 4, 24) == pytest.approx(tokens / seconds)
+
+
 def test_acceptance_by_offset_of_a_short_call():
     """Every step of a 4-token call starts below 4 tokens emitted: all in the first offset bucket."""
     model = peaked_model()
