@@ -94,6 +94,11 @@ DECAY = 0.9  # weight kept by older acceptance evidence at each call (RL: the po
 PRICING_SHARE = 0.01  # a call between probes re-prices once the calls since the last pricing took 1/this times it
 MIN_CALIBRATION_STEPS = 4  # fewer steps after a decision do not calibrate: the last, partial step dominates
 CALIBRATION = 0.3  # weight of the newest log(measured / predicted) in the running calibration (from 0)
+# NOTE: a family's ratio moves only in calls that run it: B = 64, T = 1, three choosers whose drafted calls
+# ran slow for two calls (a phase of the machine) switched to plain at the same call and kept it for the
+# last 22 of 30 (0.84-0.86x rs2 there), the drafted family's ratio frozen low. Each calibration keeps this
+# share of another family's gap to the measured one (~10 calibrations of memory, as DECAY for evidence).
+STALE_CALIBRATION = 0.9
 MAX_CALIBRATION_STEP = math.log(1.25)  # a call's log(measured / predicted) is clipped to +-this
 COST_HISTORY = 32  # step-cost measurements kept per depth (``StepCosts``), the newest
 GAMMA_PRIOR_STEPS = 30.0  # weight, in timed steps, of the other depths' gamma in a depth's (``StepCosts.gamma``)
@@ -652,8 +657,12 @@ class AutoChooser:
         # prediction (B = 16, T = 1; 29 others 0.82-1.38); unclipped it moved every drafted forecast by 13%
         new = min(max(math.log(decision.measured_tok_s / decision.raw_tok_s), -MAX_CALIBRATION_STEP),
                   MAX_CALIBRATION_STEP)
-        old = self.log_ratio.get(family(decision.mode), 0.0)  # NOTE: starts at 0 (shrinks one noisy call's ratio)
-        self.log_ratio[family(decision.mode)] = (1 - CALIBRATION) * old + CALIBRATION * new
+        chosen = family(decision.mode)
+        old = self.log_ratio.get(chosen, 0.0)  # NOTE: starts at 0 (shrinks one noisy call's ratio)
+        self.log_ratio[chosen] = (1 - CALIBRATION) * old + CALIBRATION * new
+        for other in self.log_ratio.keys() - {chosen}:  # NOTE: a family not run ages toward the one measured
+            gap = self.log_ratio[other] - self.log_ratio[chosen]
+            self.log_ratio[other] = self.log_ratio[chosen] + STALE_CALIBRATION * gap
 
     def rates(self, options: list[tuple[str, int]], rows: Rows, prefill_s: float = 0.0) -> dict[str, float]:
         """Uncalibrated tokens/s of each (mode, K) over the rest of ``rows``, the tail priced

@@ -216,10 +216,13 @@ def test_calibration_per_family():
     assert chooser.factor("to") == pytest.approx(0.9 ** w)
     assert chooser.factor("none") == pytest.approx(0.9 ** w)  # never measured: the known families' mean
     chooser.calibrate(Decision("none", 0, 0.0, {}, measured_tok_s=120.0, raw_tok_s=100.0))
-    assert chooser.factor("none") == pytest.approx(1.2 ** w) and chooser.factor("rs") == pytest.approx(0.9 ** w)
+    none, stale = w * math.log(1.2), auto.STALE_CALIBRATION
+    rs = none + stale * (w * math.log(0.9) - none)  # not run: its gap to the measured family ages
+    assert math.log(chooser.factor("none")) == pytest.approx(none) and math.log(chooser.factor("rs")) == pytest.approx(rs)
     chooser.calibrate(Decision("rs", 2, 0.0, {}, measured_tok_s=90.0, raw_tok_s=100.0))
-    rs = (1 - w) * w * math.log(0.9) + w * math.log(0.9)
+    rs = (1 - w) * rs + w * math.log(0.9)
     assert math.log(chooser.factor("rs")) == pytest.approx(rs)
+    assert math.log(chooser.factor("none")) == pytest.approx(rs + stale * (none - rs))
     calibrated = chooser.choose(options, rows=8, generated=[0] * 8, max_new=20)
     for name, value in raw.items():
         fam = "none" if name == "none" else "rs"
@@ -229,6 +232,18 @@ def test_calibration_per_family():
     chooser.calibrate(Decision("rs", 2, 0.0, {}, measured_tok_s=10.0, raw_tok_s=100.0))  # one outlying call: clipped
     assert math.log(chooser.factor("rs")) == pytest.approx((1 - w) * rs - w * auto.MAX_CALIBRATION_STEP)
     assert 0.1 < math.exp(-auto.MAX_CALIBRATION_STEP) < 0.9
+
+
+def test_a_family_not_run_does_not_keep_a_stale_ratio():
+    """Drafted calls measured 30% slow in a bad phase, then plain held: the drafted ratio's gap to plain's
+    shrinks by STALE_CALIBRATION a calibration, so the drafted settings can win again (frozen, they never did)."""
+    chooser = AutoChooser()
+    chooser.log_ratio = {auto.family("rs"): math.log(0.7), auto.family("none"): 0.0}
+    for _ in range(10):
+        chooser.calibrate(Decision("none", 0, 0.0, {}, measured_tok_s=100.0, raw_tok_s=100.0))
+    assert chooser.factor("none") == pytest.approx(1.0)
+    assert math.log(chooser.factor("rs")) == pytest.approx(auto.STALE_CALIBRATION ** 10 * math.log(0.7))
+    assert 0.5 < auto.STALE_CALIBRATION < 1
 
 
 @pytest.mark.parametrize("min_steps, calibrated", [(1, True), (10**6, False)])
