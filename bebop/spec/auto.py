@@ -577,7 +577,9 @@ class AutoChooser:
     newest); predictions are multiplied by exp of their family's ratio, or of the mean of the known
     ones for a family never chosen (no change of rank between unmeasured families). Per family, not
     per setting: one call's ratio varies by ~7% (sd, B = 16 here), more than the settings' models
-    differ in error, and a setting measured once on an unlucky call would not be chosen again.
+    differ in error, and a setting measured once on an unlucky call would not be chosen again. The
+    other families' ratios keep STALE_CALIBRATION of their gap to the measured one at each
+    calibration: a ratio set in a slow phase does not outlive it in a family no longer run.
     """
 
     def __init__(self) -> None:
