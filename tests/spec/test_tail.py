@@ -218,7 +218,8 @@ def test_calibration_per_family():
     chooser.calibrate(Decision("none", 0, 0.0, {}, measured_tok_s=120.0, raw_tok_s=100.0))
     none, stale = w * math.log(1.2), auto.STALE_CALIBRATION
     rs = none + stale * (w * math.log(0.9) - none)  # not run: its gap to the measured family ages
-    assert math.log(chooser.factor("none")) == pytest.approx(none) and math.log(chooser.factor("rs")) == pytest.approx(rs)
+    assert math.log(chooser.factor("none")) == pytest.approx(none)
+    assert math.log(chooser.factor("rs")) == pytest.approx(rs)
     chooser.calibrate(Decision("rs", 2, 0.0, {}, measured_tok_s=90.0, raw_tok_s=100.0))
     rs = (1 - w) * rs + w * math.log(0.9)
     assert math.log(chooser.factor("rs")) == pytest.approx(rs)
