@@ -94,9 +94,9 @@ DECAY = 0.9  # weight kept by older acceptance evidence at each call (RL: the po
 PRICING_SHARE = 0.01  # a call between probes re-prices once the calls since the last pricing took 1/this times it
 MIN_CALIBRATION_STEPS = 4  # fewer steps after a decision do not calibrate: the last, partial step dominates
 CALIBRATION = 0.3  # weight of the newest log(measured / predicted) in the running calibration (from 0)
-# NOTE: a family's ratio moves only in calls that run it: B = 64, T = 1, three choosers whose drafted calls
-# ran slow for two calls (a phase of the machine) switched to plain at the same call and kept it for the
-# last 22 of 30 (0.84-0.86x rs2 there), the drafted family's ratio frozen low. Each calibration keeps this
+# NOTE: a family's ratio moves only in calls that run it: B = 64, T = 1, three choosers switched to plain at
+# the same call (by all appearances a slow phase of the machine) and kept it for the last 22 of 30
+# (0.84-0.86x rs2 there), the drafted family's ratio frozen low. Each calibration keeps this
 # share of another family's gap to the measured one (~10 calibrations of memory, as DECAY for evidence).
 STALE_CALIBRATION = 0.9
 MAX_CALIBRATION_STEP = math.log(1.25)  # a call's log(measured / predicted) is clipped to +-this
