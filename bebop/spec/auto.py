@@ -688,10 +688,11 @@ class AutoChooser:
         """Calibrated tokens/s of a whole call of ``batch`` fresh rows at (mode, K), prefill included
         (its seconds and the first token of every row)."""
         rows = self.lengths.rows([PREFILL_TOKENS] * batch, max_new)
-        rate = self.rate(mode, k, rows, self.prefill_s)
+        rate = self.rate(mode, k, rows, self.prefill_s)  # the decode steps' tokens over the call's seconds
         if not rate:
             return 0.0
-        return (rows.tokens() + PREFILL_TOKENS * batch) / (rows.tokens() / rate) * self.factor(mode)
+        decoded = rows.tokens()
+        return (decoded + PREFILL_TOKENS * batch) * rate / decoded * self.factor(mode)
 
     def none_could_win(self, options: list[tuple[str, int]], rows: float) -> bool:
         """Whether ``none``, at its measured step cost, beats every drafted candidate; True when plain
