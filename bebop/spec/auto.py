@@ -684,10 +684,15 @@ class AutoChooser:
         """``rates`` of one setting."""
         return self.rates([(mode, k)], rows, prefill_s)[config_name(mode, k)]
 
+    def fresh_rows(self, batch: int, max_new: int) -> Rows:
+        """The rows of a call about to start (``Lengths.fresh``): each emits PREFILL_TOKENS in the prefill,
+        and a completion seen to end there runs no decode step."""
+        return self.lengths.fresh(batch, PREFILL_TOKENS, max_new)
+
     def predict_call(self, mode: str, k: int, batch: int, max_new: int) -> float:
         """Calibrated tokens/s of a whole call of ``batch`` fresh rows at (mode, K), prefill included
         (its seconds and the first token of every row)."""
-        rows = self.lengths.rows([PREFILL_TOKENS] * batch, max_new)
+        rows = self.fresh_rows(batch, max_new)
         rate = self.rate(mode, k, rows, self.prefill_s)  # the decode steps' tokens over the call's seconds
         if not rate:
             return 0.0
@@ -746,18 +751,18 @@ class AutoChooser:
         return explore + [k for k in self.under_timed(options) if k not in skip and k not in explore][
             :EXPLORE_SETTINGS - len(explore)]
 
-    def choose(self, options: list[tuple[str, int]], rows: float, generated: list[int] | None = None,
-               max_new: int = 0) -> Decision:
+    def choose(self, options: list[tuple[str, int]], rows: float, tail: Rows | None = None) -> Decision:
         """The candidate with the highest predicted tokens/s (the first of equals).
 
-        With ``generated`` (tokens each active row has emitted) and ``max_new``, the rest of the call
-        is priced with its tail (``rate``) and calibrated; without, rows (1 + E[L]) / step cost.
+        With ``tail``, the rest of the call (its active rows and what they have left: ``Lengths.rows``
+        mid-call, ``fresh_rows`` before it) is priced with its tail (``rate``) and calibrated;
+        without, ``rows`` (1 + E[L]) / step cost.
         """
-        if generated is None:
+        if tail is None:
             raw = {config_name(m, k): predict(m, k, self.acceptance, self.costs, rows) for m, k in options}
             predictions = dict(raw)
         else:
-            raw = self.rates(options, self.lengths.rows(generated, max_new))
+            raw = self.rates(options, tail)
             predictions = {config_name(m, k): raw[config_name(m, k)] * self.factor(m) for m, k in options}
         mode, k = max(options, key=lambda c: predictions[config_name(*c)])
         name = config_name(mode, k)
@@ -891,8 +896,8 @@ def generate_auto(
         first = (rule, max_k) if rule is not None else options[0]
     elif chooser.due(options):
         start = time.perf_counter()
-        decision = chooser.choose(options, rows=len(prompts), generated=[PREFILL_TOKENS] * len(prompts),
-                                  max_new=sampling.max_new_tokens)
+        decision = chooser.choose(options, rows=len(prompts),
+                                  tail=chooser.fresh_rows(len(prompts), sampling.max_new_tokens))
         pricing_s = time.perf_counter() - start
         first = (decision.mode, decision.speculate_k)
     else:
@@ -904,10 +909,9 @@ def generate_auto(
     if probe:
         prompt_len = statistics.fmean(len(p) for p in decoder.prompt_ids)
         ran, first_step = _probe(decoder, chooser, options, setting, greedy, prompt_len)
-        active = decoder.active_lengths() if decoder.num_active else None
         start = time.perf_counter()
-        decision = chooser.choose(options, rows=max(decoder.num_active, 1), generated=active,
-                                  max_new=sampling.max_new_tokens)
+        tail = chooser.lengths.rows(decoder.active_lengths(), sampling.max_new_tokens) if decoder.num_active else None
+        decision = chooser.choose(options, rows=max(decoder.num_active, 1), tail=tail)
         pricing_s = time.perf_counter() - start
         explore = chooser.to_explore(options, decision, ran) if learned else []
     decision.probed = probe

@@ -48,11 +48,12 @@ class Rows:
     @classmethod
     def known(cls, done, left) -> Rows:
         """Rows whose remaining tokens are known (a finished call's, for calibration): point masses."""
-        pairs, count = np.unique(np.stack([np.asarray(done), np.maximum(np.asarray(left), 1)], 1), axis=0,
-                                 return_counts=True)
-        probs = np.zeros((len(pairs), int(pairs[:, 1].max(initial=1)) + 1))
-        probs[np.arange(len(pairs)), pairs[:, 1]] = 1.0
-        return cls(pairs[:, 0], count, probs)
+        done, left = np.asarray(done, dtype=np.int64), np.maximum(np.asarray(left, dtype=np.int64), 1)
+        span = int(left.max(initial=1)) + 1
+        pairs, count = np.unique(done * span + left, return_counts=True)  # NOTE: 1-D keys: np.unique(axis=0) is slow
+        probs = np.zeros((len(pairs), span))
+        probs[np.arange(len(pairs)), pairs % span] = 1.0
+        return cls(pairs // span, count, probs)
 
     def tokens(self) -> float:
         """E[tokens the rows still emit]."""
@@ -69,14 +70,24 @@ class Lengths:
         self.seen = (self.seen + [int(n) for n in lengths])[-HISTORY:]
 
     def rows(self, generated: list[int], max_new: int) -> Rows:
-        """``Rows`` of rows that have emitted ``generated`` tokens: each still emits a seen length longer
-        than that (capped at max_new) less what it emitted, uniform over the seen lengths; the cap less
-        what it emitted when none is longer."""
+        """``Rows`` of rows still decoding that have emitted ``generated`` tokens: each still emits a seen
+        length longer than that (capped at max_new) less what it emitted, uniform over the seen
+        lengths; the cap less what it emitted when none is longer."""
+        return self._rows(generated, max_new, may_have_ended=False)
+
+    def fresh(self, batch: int, emitted: int, max_new: int) -> Rows:
+        """``Rows`` of a call about to start, whose prefill will emit ``emitted`` tokens a row: each row
+        emits a seen length of at least that (capped at max_new) less ``emitted``, 0 for a completion
+        that ends within the prefill's tokens (it runs no step), uniform over the seen lengths; the
+        cap less ``emitted`` when none is that long."""
+        return self._rows([emitted] * batch, max_new, may_have_ended=True)
+
+    def _rows(self, generated: list[int], max_new: int, may_have_ended: bool) -> Rows:
         seen = np.minimum(np.asarray(self.seen, dtype=np.int64), max_new)
         done, count = np.unique(np.asarray(generated, dtype=np.int64), return_counts=True)
         left = np.zeros((len(done), max(max_new, 1) + 1))
         for g, d in enumerate(done.tolist()):
-            longer = seen[seen > d] - d
+            longer = seen[seen >= d] - d if may_have_ended else seen[seen > d] - d
             if len(longer):
                 left[g] = np.bincount(longer, minlength=left.shape[1]) / len(longer)
             else:
@@ -102,13 +113,17 @@ def finished(rows: Rows, alphas: list) -> np.ndarray:
     same at every o, so a group that has emitted more starts at the edge, its target shifted with
     it: at most OFFSET_EDGES[-1] + 1 chains (9) whatever the batch. The distributions after t = 0..T
     steps come from matrix products by doubling (T + 1 >= O + 1: a step emits at least one token,
-    so every row is finished by then).
+    so every row is finished by then). O stops at the most tokens any row can still emit, not at
+    max_new_tokens: for a fresh call at B = 16 here (completions of at most 26 tokens under a cap
+    of 48) the chain of 9 settings shrank from 50 states and 64 steps to 27 and 32, and pricing
+    them from 0.53 to 0.27 ms.
     """
     k = max([_depth(a) for a in alphas] + [1])  # every setting padded to the deepest K
     per = [_thresholds(a, k) for a in alphas]
     buckets = max(len(t) for t in per)
     thr = np.stack([np.repeat(t, buckets // len(t), axis=0) for t in per])  # (N, buckets, K)
-    n, width = len(per), rows.left.shape[1]
+    n = len(per)
+    width = int(np.flatnonzero(rows.left.any(0)).max(initial=0)) + 1  # NOTE: no row emits more: a smaller chain
     edge = np.ones((n, buckets, 1))
     p_len = -np.diff(np.concatenate([edge, thr, 0 * edge], -1), axis=-1)  # (N, buckets, K + 1) P(L = l)
     begin = np.minimum(rows.done, OFFSET_EDGES[-1])  # (G,) where each group's chain starts
@@ -132,7 +147,7 @@ def finished(rows: Rows, alphas: list) -> np.ndarray:
             power = power @ power
     finish = np.zeros((len(begin), last + 1))  # (G, O + 1) P(the row's last token is at or before o)
     for g, b in enumerate(begin.tolist()):
-        finish[g, b: b + width] = rows.left[g]
+        finish[g, b: b + width] = rows.left[g, :width]
     reached = dist.reshape(n, steps, chains, last + 1)[:, :, chain]  # (N, T + 1, G, O + 1)
     return np.einsum("ntgo,go->ngt", reached, np.cumsum(finish, -1))
 

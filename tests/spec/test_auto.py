@@ -444,7 +444,7 @@ def test_a_fresh_probe_times_its_plain_step_and_prices_the_heads_prompt_as_prefi
     """The plain first step is a clean plain step (no head input pending is fed): timed as a plain
     cost. The first drafted step feeds the head the whole prompt: not a step cost; its excess joins
     the prefill."""
-    monkeypatch.setattr(AutoChooser, "choose", lambda self, options, rows, generated=None, max_new=0:
+    monkeypatch.setattr(AutoChooser, "choose", lambda self, options, rows, tail=None:
                         auto.Decision("rs", 1, 1.0, {"rs1": 1.0}, rows))
     model = peaked_model()
     chooser = AutoChooser()
@@ -465,7 +465,7 @@ def test_a_batch_of_one_probes_until_enough_positions(monkeypatch):
     ks = []
     step = Decoder.step
     monkeypatch.setattr(Decoder, "step", lambda self: ks.append(self.runner.k) or step(self))
-    monkeypatch.setattr(AutoChooser, "choose", lambda self, options, rows, generated=None, max_new=0:
+    monkeypatch.setattr(AutoChooser, "choose", lambda self, options, rows, tail=None:
                         auto.Decision("rs", 1, 1.0, {"rs1": 1.0}, rows))
     monkeypatch.setattr(AutoChooser, "to_explore", lambda self, options, decision, ran: [])
     generate_auto(model, ToyTokenizer(), _prompts((3,)), mtp=perturbed_head(model, 0.1),

@@ -49,8 +49,8 @@ def test_a_restored_chooser_prices_as_the_saved_one(tmp_path):
     assert calls == 3 and [f.name for f in tmp_path.iterdir() if f.name.startswith(".")] == []  # no temp file left
     options = candidates(SpecConfig("auto", "auto"))
     for generated in ([0, 0, 0], [5, 2, 9]):
-        assert restored.choose(options, 3, generated, 24).predictions == \
-            chooser.choose(options, 3, generated, 24).predictions
+        assert restored.choose(options, 3, restored.lengths.rows(generated, 24)).predictions == \
+            chooser.choose(options, 3, chooser.lengths.rows(generated, 24)).predictions
     assert restored.costs.seconds == chooser.costs.seconds and restored.costs.weights == chooser.costs.weights
     assert json.loads(json.dumps(restored.to_state())) == json.loads(json.dumps(chooser.to_state()))  # held, pricing
     assert (restored.held.mode, restored.held.speculate_k, restored.pricing_s, restored.since_s) == \

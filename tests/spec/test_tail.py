@@ -41,6 +41,26 @@ def test_remaining_lengths_follow_the_history_longer_than_each_row():
     assert known.done.tolist() == [0, 3] and known.count.tolist() == [2, 1] and known.left[1, 1] == 1
 
 
+def test_a_fresh_calls_rows_may_end_with_the_prefill():
+    """Before a call, a row has not yet emitted its prefill token, so a completion of one token (EOS
+    first) is a row that runs no decode step, not a row known to be longer. History [1, 3], two plain
+    rows at 1 ms a step: each has 0 or 2 tokens left (1/2 each), so 2 tokens are expected over
+    1.5 steps (none when both end: 1/4), 1,333 tok/s; rows still decoding at offset 1 have 2 left."""
+    lengths = tail.Lengths()
+    lengths.add([1, 3])
+    fresh = lengths.fresh(2, 1, max_new=10)
+    assert fresh.done.tolist() == [1] and fresh.count.tolist() == [2]
+    assert fresh.left[0, 0] == fresh.left[0, 2] == 0.5 and fresh.tokens() == pytest.approx(2.0)
+    assert tail.call_rates(fresh, [[]], np.array([0.001]))[0] == pytest.approx(2 / 0.0015)
+    decoding = lengths.rows([1, 1], max_new=10)
+    assert decoding.left[0, 2] == 1 and tail.call_rates(decoding, [[]], np.array([0.001]))[0] == pytest.approx(2000)
+    assert tail.Lengths().fresh(3, 1, max_new=10).left[0, 9] == 1  # nothing seen: the cap
+    chooser = AutoChooser()
+    chooser.costs = StepCosts(seconds={0: 0.001})
+    chooser.lengths = lengths
+    assert chooser.predict_call("none", 0, 2, 10) == pytest.approx((2 + 2) / 0.0015)  # the prefill's 2 tokens too
+
+
 def test_steps_per_row_by_hand():
     rows = tail.Rows.known([0, 0], [7, 1])
     assert _finish_steps(rows, []) == [1, 7]  # plain: a token a step (groups sorted by tokens left)
@@ -108,6 +128,22 @@ def test_call_rate_prices_the_lockstep_tail_by_hand():
     assert tail.call_rates(rows, [[]], np.array([0.001]), row_slope=1.0, prefill_s=0.003)[0] == pytest.approx(12 / 0.025)
 
 
+def test_a_chain_cut_to_the_longest_remaining_row_prices_the_same():
+    """``finished`` runs its chain only as far as any row can still emit: rows whose remaining-token
+    table is padded with empty columns (a history of short completions under a large max_new_tokens)
+    price exactly as the same rows without the padding, at every setting."""
+    lengths = tail.Lengths()
+    lengths.add([6, 9, 12, 12, 15])
+    rows = lengths.rows([1, 1, 4, 9], max_new=200)
+    assert rows.left.shape[1] == 201 and not rows.left[:, 15:].any()
+    short = tail.Rows(rows.done, rows.count, rows.left[:, :15])
+    settings = [[], [0.9, 0.5], [[0.4, 0.9], [0.7, 0.6], [0.95, 0.8]]]
+    base, slope = np.array([0.001, 0.002, 0.003]), np.array([0.01, 0.02, 0.03])
+    assert tail.call_rates(rows, settings, base, slope, 0.004) == pytest.approx(
+        tail.call_rates(short, settings, base, slope, 0.004), rel=1e-12)
+    assert tail.finished(rows, settings).shape == tail.finished(short, settings).shape  # the same chain
+
+
 def test_call_rate_matches_a_simulated_lockstep_call():
     """Expected tokens / expected seconds of whole lockstep calls (4 rows, two in the opener, history
     lengths, a row-count slope), 20,000 simulated, within 4.4 standard errors (false alarm ~1e-5)."""
@@ -143,7 +179,7 @@ def test_the_tail_changes_the_best_choice():
     chooser.lengths.add([40] * 64)
     options = [("none", 0), ("rs", 2)]
     assert chooser.choose(options, rows=64).mode == "rs"
-    decision = chooser.choose(options, rows=64, generated=[0] * 64, max_new=48)
+    decision = chooser.choose(options, rows=64, tail=chooser.lengths.rows([0] * 64, 48))
     assert decision.mode == "none"
     assert decision.predictions["none"] == pytest.approx(64 / 0.001)  # plain: exactly 40 steps
     steps = 64 * 40 / decision.predictions["rs2"] / 0.0017
@@ -210,7 +246,7 @@ def test_calibration_per_family():
     chooser.costs = StepCosts(seconds={0: 0.001, 1: 0.0015, 4: 0.003}, draft_s=0.0004)
     chooser.lengths.add([20] * 8)
     options = candidates(SpecConfig("auto", "auto"))
-    raw = chooser.choose(options, rows=8, generated=[0] * 8, max_new=20).predictions
+    raw = chooser.choose(options, rows=8, tail=chooser.lengths.rows([0] * 8, 20)).predictions
     w = auto.CALIBRATION
     chooser.calibrate(Decision("rs", 2, 0.0, {}, measured_tok_s=90.0, raw_tok_s=100.0))
     assert chooser.factor("to") == pytest.approx(0.9 ** w)
@@ -224,7 +260,7 @@ def test_calibration_per_family():
     rs = (1 - w) * rs + w * math.log(0.9)
     assert math.log(chooser.factor("rs")) == pytest.approx(rs)
     assert math.log(chooser.factor("none")) == pytest.approx(rs + stale * (none - rs))
-    calibrated = chooser.choose(options, rows=8, generated=[0] * 8, max_new=20)
+    calibrated = chooser.choose(options, rows=8, tail=chooser.lengths.rows([0] * 8, 20))
     for name, value in raw.items():
         fam = "none" if name == "none" else "rs"
         assert calibrated.predictions[name] == pytest.approx(value * chooser.factor(fam))
