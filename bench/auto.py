@@ -6,8 +6,9 @@
 Defaults: the embedded model and its e2e-TV head (both trained and cached on first use), the
 embedded task's prompts, 48 new tokens.
 
-At each (B, T) every setting runs once per repeat, in alternating order (A B C, C B A, ...), so a
-noisy phase of the machine hits all of them alike, repeat r with sampling seed r in every setting
+At each (B, T) every setting runs once per repeat, in an order drawn anew for each repeat
+(``rollout.run_order``), so a noisy phase of the machine, or a slot's own bias, hits all of them
+alike, repeat r with sampling seed r in every setting
 (each repeat a new draw of the completions and their acceptance); tok/s are medians of the repeats:
     grid        none, to and rs at K = 1..4 (9 fixed settings).
     auto        ``generate_auto`` with mode and K auto and a fresh ``AutoChooser`` per call, as
@@ -61,7 +62,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rollout import Method, header, load, make_prompts, run_bebop, warn_if_busy  # noqa: E402
+from rollout import Method, header, load, make_prompts, run_bebop, run_order, warn_if_busy  # noqa: E402
 
 from bebop.config import AUTO_EVERY  # noqa: E402
 from bebop.spec import SamplingParams, SpecConfig  # noqa: E402
@@ -186,7 +187,7 @@ def run_group(model, tok, head, batch: int, temperature: float, args) -> dict:
         call(name, 4)  # warmup (RL-style and profiled auto run the same code as auto and the grid)
     decisions.clear()
     for r in range(repeats_at(batch, args.repeats)):
-        for name in names if r % 2 == 0 else names[::-1]:
+        for name in run_order(names, r):
             seconds, tokens = call(name, args.max_new_tokens, seed=r)
             rates[name].append(tokens / seconds)
             calls[name].append((seconds, tokens))

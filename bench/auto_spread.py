@@ -7,11 +7,12 @@
 draw of a run's outcome (which setting the chooser held for which calls), and it moved 2-5 points
 between runs of the same code. Here each (B, T) runs the fixed settings and ``--choosers``
 independent RL-style choosers (``bench/auto.py``'s ``RlAuto``: a probing call every ``--auto-every``
-calls, a choice from the earlier calls in the others), every one once per repeat in alternating
-order, repeat r with sampling seed r everywhere. Printed per chooser: its tok/s pooled over its
-calls against the best setting's pooled tok/s, and the same over the second half of the calls (a
-longer run's steady state: ``bebop rl`` runs 100 steps by default); its choices alone (the settings'
-calls of what it chose, pooled, against the best); its own cost (those calls' seconds over its own);
+calls, a choice from the earlier calls in the others), every one once per repeat in an order
+drawn anew for each repeat (``rollout.run_order``), repeat r with sampling seed r everywhere.
+Printed per chooser: its tok/s pooled over its calls against the best setting's pooled tok/s, and
+the same over the second half of the calls (a longer run's steady state: ``bebop rl`` runs 100
+steps by default); its choices alone (the settings' calls of what it chose, pooled, against the
+best); its own cost (those calls' seconds over its own);
 the setting it chose at each call. Then the mean and the smallest ratio over all choosers, and the
 mean per (B, T): compare two versions of the chooser on their means, not on one run's groups (the
 same code's 12-chooser mean moved between 0.945 and 0.976 over nine runs).
@@ -29,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from auto import SETTINGS, RlAuto, pooled_tok_s as pooled  # noqa: E402
-from rollout import Method, header, load, make_prompts, run_bebop, warn_if_busy  # noqa: E402
+from rollout import Method, header, load, make_prompts, run_bebop, run_order, warn_if_busy  # noqa: E402
 
 from bebop.config import AUTO_EVERY  # noqa: E402
 from bebop.spec.auto import config_name  # noqa: E402
@@ -67,7 +68,7 @@ def run_group(model, tok, head, batch: int, temperature: float, args) -> list[di
     for method in settings.values():  # warmup
         run_bebop(model, tok, head, prompts, method, temperature, 4)
     for r in range(args.repeats):
-        for name in names if r % 2 == 0 else names[::-1]:
+        for name in run_order(names, r):
             if name in settings:
                 seconds, result, _ = run_bebop(model, tok, head, prompts, settings[name], temperature,
                                                args.max_new_tokens, seed=r)

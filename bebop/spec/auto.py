@@ -454,9 +454,11 @@ class StepCosts:
     def _refresh(self) -> None:
         """``seconds``, ``weights`` and the drafting line from the measurements, all re-read at the newest gamma."""
         drafts = []  # (K, seconds of drafting per step, weight)
+        depths = {key[1] if isinstance(key, tuple) else key for key in self.measured}
+        gammas = {k: self.gamma(k) for k in depths}  # NOTE: once per depth (a step's key and its drafting's)
         for key, entries in self.measured.items():
             total = sum(w for _, _, w in entries)
-            gamma = self.gamma(key[1] if isinstance(key, tuple) else key)  # NOTE: once per key, not per entry
+            gamma = gammas[key[1] if isinstance(key, tuple) else key]
             value = sum(w * s / (1.0 + gamma * r) for r, s, w in entries) / total
             if isinstance(key, tuple):
                 drafts.append((key[1], value, total))
