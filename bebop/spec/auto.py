@@ -86,11 +86,12 @@ EXPLORE_SETTINGS = 2  # settings an RL probe re-times at most (``AutoChooser.to_
 EXPLORE_STEPS = 4  # decode steps of each explored setting (3 timed)
 PRIOR_POSITIONS = 4.0  # weight of depth j-1's alpha in depth j's estimate (``Acceptance.alphas``)
 DECAY = 0.9  # weight kept by older acceptance evidence at each call (RL: the policy drifts; ~10 calls of memory)
-# NOTE: pricing 9 settings and calibrating take ~0.9 ms, 1.6% of a 55 ms B = 1 call of the embedded model
-# (RL-style calls between probes measured 0.957x the same setting's plain call, same seed; 0.982x
-# re-pricing every ~4th call). At 0.005, B = 16 kept each choice for 2 calls, also early in a run when
-# the forecasts still move by 10-15% a call (rs4 kept while rs2 was forecast 17% faster); at 0.01
-# B = 1 and 16 re-price every 2nd call, B = 64 every call, and a real model's calls (seconds) every call.
+# NOTE: a call that re-prices (9 settings) and calibrates costs 0.7-2 ms more than one that keeps its choice:
+# over the fixed call of its choice, same seed, +1.6-3.0 ms against +0.8-0.9 ms at B = 1 (~72 ms calls of
+# the embedded model), +1.6 against +0.9 ms at B = 16 (~120 ms). At 0.005, B = 16 kept each choice for 2
+# calls, also early in a run when the forecasts still move by 10-15% a call (rs4 kept while rs2 was
+# forecast 17% faster); at 0.01 B = 1 and 16 re-price every 2nd call, B = 64 every call, and a real
+# model's calls (seconds) every call.
 PRICING_SHARE = 0.01  # a call between probes re-prices once the calls since the last pricing took 1/this times it
 MIN_CALIBRATION_STEPS = 4  # fewer steps after a decision do not calibrate: the last, partial step dominates
 CALIBRATION = 0.3  # weight of the newest log(measured / predicted) in the running calibration (from 0)
