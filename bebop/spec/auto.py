@@ -80,6 +80,7 @@ PROBE_STEPS = 2  # decode steps of each probed setting: enough to time a step, f
 PROBE_POSITIONS = 8  # rows x steps of the deep probe at least: its alphas' evidence
 EXPLORE_WEIGHT = 1.0  # an RL probe re-times a setting whose cost rests on fewer timed steps (decayed)
 EXPLORE_SETTINGS = 2  # settings an RL probe re-times at most (``AutoChooser.to_explore``)
+STALE_CALLS = 5  # a setting not timed in this many calls is stale: a probe may re-time it (``to_explore``)
 # NOTE: a drafted block's first step is not timed, so PROBE_STEPS = 2 timed one step of each explored
 # setting, and that one step stood for the depth until the next probe: rs2 at B = 16 priced at 8.9 ms from
 # one step, 8.4 ms over its next calls' steps; the run kept rs3 for 7 calls at 0.94x rs2.
@@ -351,6 +352,8 @@ class StepCosts:
     row_slope: dict[int, float] = field(default_factory=dict)  # K -> gamma_K, fitted (``gamma``)
     row_stats: dict = field(default_factory=dict, repr=False)  # K -> decayed [n, sum R, sum s, sum R^2, sum R s]
     prefill_slope: float | None = None  # c_verify per extra depth from the prefill, / scale (``fit_prefill``)
+    calls: int = 0  # ``decay``s so far: one per call
+    timed_at: dict[int, int] = field(default_factory=dict)  # K -> ``calls`` when its steps were last timed
 
     def scale(self, rows, k: int):
         """1 + gamma_K rows: the cost of a step at ``rows`` rows and depth k in the units of ``seconds``."""
@@ -408,7 +411,8 @@ class StepCosts:
                              for key, entries in self.measured.items()],
                 "row_slope": {str(k): g for k, g in self.row_slope.items()},
                 "row_stats": {str(k): stats.tolist() for k, stats in self.row_stats.items()},
-                "prefill_slope": self.prefill_slope}
+                "prefill_slope": self.prefill_slope, "calls": self.calls,
+                "timed_at": {str(k): c for k, c in self.timed_at.items()}}
 
     @classmethod
     def from_state(cls, state: dict) -> StepCosts:
@@ -422,8 +426,11 @@ class StepCosts:
         stats = {int(k): np.array(v, dtype=float) for k, v in state["row_stats"].items()}
         if any(v.shape != (5,) for v in stats.values()):
             raise ValueError("row statistics are not 5 sums")
+        # NOTE: calls and timed_at are absent from profiles written before they existed: every depth
+        # then counts as stale (``AutoChooser.stale``), so the next probe re-times the one forecast fastest
         costs = cls(measured=measured, row_slope={int(k): float(g) for k, g in state["row_slope"].items()},
-                    row_stats=stats, prefill_slope=state["prefill_slope"])
+                    row_stats=stats, prefill_slope=state["prefill_slope"], calls=int(state.get("calls", 0)),
+                    timed_at={int(k): int(c) for k, c in state.get("timed_at", {}).items()})
         costs._refresh()
         return costs
 
@@ -433,16 +440,18 @@ class StepCosts:
         return max(0.0, step_time[1] - base * self.scale(step_time[0], k)) if base else 0.0
 
     def decay(self, factor: float) -> None:
-        """Older measurements weigh ``factor`` times less (the newest COST_HISTORY kept per depth)."""
+        """Older measurements weigh ``factor`` times less (the newest COST_HISTORY kept per depth); one call ends."""
         self.measured = {key: [(r, s, w * factor) for r, s, w in entries][-COST_HISTORY:]
                          for key, entries in self.measured.items()}
         self.row_stats = {k: stats * factor for k, stats in self.row_stats.items()}
+        self.calls += 1
         self._refresh()
 
     def observe(self, k: int, step_times: list[tuple[int, float, float]]) -> None:
         """Learns from a call's ``GenerationResult.step_times`` at depth k (0 = plain)."""
         if not step_times:
             return
+        self.timed_at[k] = self.calls
         self.fit_rows(k, step_times)
         self.measured.setdefault(k, []).append((statistics.median(r for r, _, _ in step_times),
                                                 statistics.median(s for _, s, _ in step_times), len(step_times)))
@@ -738,21 +747,33 @@ class AutoChooser:
         return sorted((k for k in depths if self.costs.weights.get(k, 0.0) < EXPLORE_WEIGHT),
                       key=lambda k: (self.costs.weights.get(k, 0.0), k))
 
+    def stale(self, depth: int) -> bool:
+        """Whether depth's steps (0: plain) were last timed STALE_CALLS or more calls ago, or never."""
+        return self.costs.calls - self.costs.timed_at.get(depth, -STALE_CALLS) >= STALE_CALLS
+
     def to_explore(self, options: list[tuple[str, int]], decision: Decision, ran: set[int]) -> list[int]:
         """The depths (0: plain) an RL probe explores after deciding, EXPLORE_SETTINGS at most, none
         that the call runs anyway (the choice, ``ran`` by the probe): first the runner-up, the setting
-        predicted fastest after the choice, then the least timed (``under_timed``). The runner-up:
-        a setting's forecast is corrected only by its own steps, so one forecast low was never run
-        again (B = 16 and 64, T = 0.7: rs2 forecast 13-15% low, rs4 chosen for all 40 calls at
-        0.92-0.94x rs2, its probes re-timing plain and rs1 only, as rs2's timed steps still weighed
-        more than EXPLORE_WEIGHT)."""
+        predicted fastest after the choice; then the one predicted fastest among the stale
+        (``stale``), else the least timed (``under_timed``).
+
+        The runner-up: a setting's forecast is corrected only by its own steps, so one forecast low
+        was never run again (B = 16 and 64, T = 0.7: rs2 forecast 13-15% low, rs4 chosen for all 40
+        calls at 0.92-0.94x rs2, its probes re-timing plain and rs1 only, as rs2's timed steps still
+        weighed more than EXPLORE_WEIGHT). The stale: a setting timed at one moment keeps that
+        moment's cost, and the machine's speed drifts within a run, so a setting that was neither the
+        runner-up nor the least timed was never re-timed (B = 16, T = 0.3: rs2 priced 35-140% dear for
+        13-18 calls while rs1 or rs3 was held; the least timed were plain and rs1). Side by side over
+        10 runs of 4 + 4 choosers, this against the least timed alone: bench/README.md.
+        """
         rule = probe_rule(options)
         skip = ran | {decision.speculate_k}
         depths = [k for m, k in options if m in ("none", rule) and k not in skip]
         ahead = sorted(depths, key=lambda k: -decision.predictions.get(config_name("none" if k == 0 else rule, k), 0.0))
         explore = ahead[:1]
-        return explore + [k for k in self.under_timed(options) if k not in skip and k not in explore][
-            :EXPLORE_SETTINGS - len(explore)]
+        stale = [k for k in ahead[1:] if self.stale(k)][:1]
+        rest = [k for k in self.under_timed(options) if k not in skip and k not in explore]
+        return list(dict.fromkeys(explore + stale + rest))[:EXPLORE_SETTINGS]
 
     def choose(self, options: list[tuple[str, int]], rows: float, tail: Rows | None = None) -> Decision:
         """The candidate with the highest predicted tokens/s (the first of equals).

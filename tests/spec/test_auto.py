@@ -440,6 +440,28 @@ def test_a_probe_explores_the_runner_up_then_the_least_timed():
     assert chooser.to_explore(ALL, auto.Decision("none", 0, 5.0, predictions), ran={4}) == [2]  # none: the choice
 
 
+def test_a_probe_re_times_the_stale_setting_forecast_fastest():
+    """to_explore: after the runner-up, the setting forecast fastest among those not timed in the last
+    STALE_CALLS calls (``AutoChooser.stale``), ahead of the least timed; the least timed when none is stale."""
+    chooser = AutoChooser()
+    for k, steps in ((0, 1), (1, 5), (2, 9), (3, 3), (4, 9)):
+        chooser.costs.observe(k, [(8, 0.01 + 0.001 * k, 0.002 * k)] * steps)
+    chooser.costs.decay(0.5)  # plain's one step now weighs 0.5: under-timed
+    predictions = {"none": 5.0, "rs1": 6.0, "rs2": 8.0, "rs3": 9.0, "rs4": 10.0}
+    held_rs4 = auto.Decision("rs", 4, 10.0, predictions)
+    assert auto.STALE_CALLS == 5 and not any(chooser.stale(k) for k in range(5))
+    assert chooser.to_explore(ALL, held_rs4, ran=set()) == [3, 0]  # nothing stale: the least timed
+    for _ in range(auto.STALE_CALLS - 1):
+        chooser.costs.decay(1.0)
+        chooser.costs.observe(4, [(8, 0.014, 0.008)])  # rs4 held, the others not timed
+    assert chooser.costs.calls == auto.STALE_CALLS and [k for k in range(5) if chooser.stale(k)] == [0, 1, 2, 3]
+    assert chooser.to_explore(ALL, held_rs4, ran=set()) == [3, 2]  # rs2: the fastest stale after the runner-up
+    chooser.costs.observe(2, [(8, 0.012, 0.004)] * 2)  # rs2 re-timed in this call
+    assert chooser.to_explore(ALL, held_rs4, ran=set()) == [3, 1]  # then rs1
+    assert chooser.to_explore(ALL, held_rs4, ran={3}) == [2, 1]  # rs3 ran in the probe: rs2 runs up
+    assert AutoChooser().stale(2)  # never timed
+
+
 def test_a_fresh_probe_times_its_plain_step_and_prices_the_heads_prompt_as_prefill(monkeypatch):
     """The plain first step is a clean plain step (no head input pending is fed): timed as a plain
     cost. The first drafted step feeds the head the whole prompt: not a step cost; its excess joins

@@ -76,6 +76,7 @@ def test_the_key_follows_sampling_and_the_model_files(tmp_path):
 @pytest.mark.parametrize("edit, message", [
     (lambda d: d.update(key={**d["key"], "temperature": 0.5}), "temperature differ"),
     (lambda d: d.update(version=99), "not a version-1 profile"),
+    (lambda d: d["chooser"]["costs"].update(timed_at={"plain": 3}), "is corrupt"),
     (lambda d: d["chooser"].update(costs={"measured": [[1, [[1.0, 2.0]]]]}), "is corrupt"),
     (lambda d: d["chooser"]["acceptance"]["sums"]["rs"].append(1.0), "is corrupt"),
     (lambda d: d.update(calls=-1), "is corrupt"),
@@ -97,3 +98,16 @@ def test_a_profile_that_is_not_json_is_refused(tmp_path):
     path.write_text("{not json")
     with pytest.raises(BebopError, match="not valid JSON"):
         profile.load(path, _key(tmp_path))
+
+
+def test_a_profile_from_before_the_costs_knew_when_they_were_timed_loads_as_stale(tmp_path):
+    """A profile without ``calls`` / ``timed_at`` (written before they existed) loads; every depth is
+    stale, so the next probe re-times the one forecast fastest."""
+    path, key = tmp_path / "p.json", _key(tmp_path)
+    profile.save(path, key, _learned(), 3)
+    data = json.loads(path.read_text())
+    for field in ("calls", "timed_at"):
+        del data["chooser"]["costs"][field]
+    path.write_text(json.dumps(data))
+    chooser, calls = profile.load(path, key)
+    assert calls == 3 and chooser.costs.calls == 0 and all(chooser.stale(k) for k in range(5))
