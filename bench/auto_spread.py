@@ -12,10 +12,10 @@ drawn anew for each repeat (``rollout.run_order``), repeat r with sampling seed 
 Printed per chooser: its tok/s pooled over its calls against the best setting's pooled tok/s, and
 the same over the second half of the calls (a longer run's steady state: ``bebop rl`` runs 100
 steps by default); its choices alone (the settings' calls of what it chose, pooled, against the
-best); its own cost (those calls' seconds over its own);
-the setting it chose at each call. Then the mean and the smallest ratio over all choosers, and the
-mean per (B, T): compare two versions of the chooser on their means, not on one run's groups (the
-same code's 12-chooser mean moved between 0.945 and 0.976 over nine runs).
+best); its own cost (those calls' seconds over its own); the setting it chose at each call. Then
+the mean and the smallest ratio over all choosers, and the mean per (B, T): compare two versions of
+the chooser on their means, not on one run's groups (the same code's 12-chooser mean moved between
+0.945 and 0.976 over nine runs).
 """
 
 from __future__ import annotations

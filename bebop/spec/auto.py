@@ -23,11 +23,12 @@ never timed; steps at the deepest K; then plain steps if plain decoding could wi
 cost, else steps at a shallower K if one could), then the rest at the setting with the highest
 predicted tokens/s. A setting that cannot win is not probed, so once plain steps are timed a call
 whose best is the deepest K pays nothing for the probe. An RL run (``bebop.rollout``) probes every
-``auto_every`` steps, its probes also running the runner-up and a setting timed too little
-(``to_explore``) once the rows are past the last offset edge (``_explore``), and,
-in between, re-decides from what the earlier calls measured (``probe=False``: no probe steps) at
-every step whose calls since the last pricing took 1 / PRICING_SHARE times that pricing
-(``AutoChooser.due``), keeping the last decision in the others; it updates its models from every call.
+``auto_every`` steps, its probes also running the runner-up and the setting forecast fastest among
+those not timed lately, else one timed too little (``to_explore``), once the rows are past the last
+offset edge (``_explore``), and, in between, re-decides from what the earlier calls measured
+(``probe=False``: no probe steps) at every step whose calls since the last pricing took
+1 / PRICING_SHARE times that pricing (``AutoChooser.due``), keeping the last decision in the others;
+it updates its models from every call.
 
 Exactness: each step is an exact step of its setting, drawn from its rows' randomness at a counter
 no other step uses, and the setting of a step depends only on the steps before it (and on
