@@ -765,7 +765,8 @@ class AutoChooser:
         moment's cost, and the machine's speed drifts within a run, so a setting that was neither the
         runner-up nor the least timed was never re-timed (B = 16, T = 0.3: rs2 priced 35-140% dear for
         13-18 calls while rs1 or rs3 was held; the least timed were plain and rs1). Side by side over
-        10 runs of 4 + 4 choosers, this against the least timed alone: bench/README.md.
+        15 runs of 4 + 4 choosers, this against the least timed alone: +0.6 points (standard error
+        0.28; bench/README.md).
         """
         rule = probe_rule(options)
         skip = ran | {decision.speculate_k}
