@@ -9,7 +9,12 @@ embedded task's prompts, 48 new tokens.
 At each (B, T) every setting runs once per repeat, in an order drawn anew for each repeat
 (``rollout.run_order``), so a noisy phase of the machine, or a slot's own bias, hits all of them
 alike, repeat r with sampling seed r in every setting
-(each repeat a new draw of the completions and their acceptance); tok/s are medians of the repeats:
+(each repeat a new draw of the completions and their acceptance); tok/s are medians of the repeats.
+Speed-corrected: a canary forward of the model is timed after every call (``rollout.Speedometer``),
+and each call's seconds are read at the group's median canary speed (x median canary / the canary
+around the call): this machine runs ~2x slower for seconds at a time, and the correction halves the
+best setting's call-to-call spread. The tables come twice, corrected first, then on raw seconds;
+the prediction errors are on raw seconds (what the choosers timed).
     grid        none, to and rs at K = 1..4 (9 fixed settings).
     auto        ``generate_auto`` with mode and K auto and a fresh ``AutoChooser`` per call, as
                 ``bebop generate --mode auto --speculate-k auto`` runs: its probe steps are part of
@@ -36,7 +41,8 @@ Columns:
                 same repeat (same seed): what its probes, decisions and bookkeeping cost. The
                 summary adds RL-style's choices alone: the grid's calls of the setting it chose at
                 each call, pooled, over the best's (what it would reach at no cost of its own).
-    noise       standard deviation / median of the best setting's repeats: the machine's noise.
+    noise       standard deviation / median of the best setting's repeats: the machine's noise (what
+                the speed correction leaves of it, in the corrected table).
 Prediction error, predicted / measured - 1:
     tail model  before each RL-style call after the first, its chooser's forecast of a whole call of
                 each grid setting (``AutoChooser.predict_call``: tail, prefill, calibration; median
@@ -62,7 +68,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rollout import Method, header, load, make_prompts, run_bebop, run_order, warn_if_busy  # noqa: E402
+from rollout import (Method, Speedometer, corrected, header, load, make_prompts, run_bebop, run_order,  # noqa: E402
+                     warn_if_busy)
 
 from bebop.config import AUTO_EVERY  # noqa: E402
 from bebop.spec import SamplingParams, SpecConfig  # noqa: E402
@@ -163,11 +170,12 @@ class ProfiledAuto:
 
 
 def run_group(model, tok, head, batch: int, temperature: float, args) -> dict:
-    """Every grid setting, one-shot, profiled and RL-style auto at (B, T), interleaved."""
+    """Every grid setting, one-shot, profiled and RL-style auto at (B, T), interleaved -> the group's
+    calls, raw (``timed``) and at the machine's reference speed (the speed-corrected view, ``timing``)."""
     prompts = make_prompts(batch)
     names = [config_name(m, k) for m, k in SETTINGS] + ["auto", "auto_profiled", "auto_rl"]
-    rates: dict[str, list[float]] = {n: [] for n in names}
     calls: dict[str, list[tuple[float, int]]] = {n: [] for n in names}  # (seconds, tokens) per repeat
+    canary: dict[str, list[float]] = {n: [] for n in names}  # the canary around each call (``Speedometer``)
     decisions, rl, profiled = [], RlAuto(args.auto_every), ProfiledAuto()
 
     def call(name: str, max_new: int, seed: int = 0) -> tuple[float, int]:
@@ -186,29 +194,35 @@ def run_group(model, tok, head, batch: int, temperature: float, args) -> dict:
     for name in names[:-2]:
         call(name, 4)  # warmup (RL-style and profiled auto run the same code as auto and the grid)
     decisions.clear()
+    speed = Speedometer(model)
     for r in range(repeats_at(batch, args.repeats)):
         for name in run_order(names, r):
-            seconds, tokens = call(name, args.max_new_tokens, seed=r)
-            rates[name].append(tokens / seconds)
-            calls[name].append((seconds, tokens))
-    tok_s = {n: statistics.median(v) for n, v in rates.items()}
-    pooled = {n: pooled_tok_s(v) for n, v in calls.items()}
-    forecast = {kind: {n: statistics.median(f[kind][n] for f in rl.forecasts) for n in names[:-3]}
-                for kind in ("new", "old")} if rl.forecasts else None
-    # RL-style's calls against the grid's call of the setting each chose, same repeat (same seed): its own cost
-    own = [rate / rates[choice][r] for r, (rate, choice) in enumerate(zip(rates["auto_rl"], rl.choices))]
-    # the grid's calls of the settings RL-style chose, same repeats, pooled: its choices without its own cost
-    chosen_calls = [calls[choice][r] for r, choice in enumerate(rl.choices)]
+            calls[name].append(call(name, args.max_new_tokens, seed=r))
+            canary[name].append(speed.around())
+    reference = statistics.median(c for v in canary.values() for c in v)
     chosen, count = collections.Counter(config_name(d.mode, d.speculate_k) for d in decisions).most_common(1)[0]
-    return {"B": batch, "T": temperature, "tok_s": tok_s, "pooled": pooled, "rates": rates, "calls": calls,
-            "chosen": chosen,
-            "chosen_count": count, "decisions": [config_name(d.mode, d.speculate_k) for d in decisions],
-            "rest_error": statistics.median([d.predicted_tok_s / d.measured_tok_s - 1 for d in decisions
-                                             if d.measured_tok_s > 0] or [float("nan")]),  # nan: ended in the probe
-            "rl_chosen": config_name(rl.decision.mode, rl.decision.speculate_k), "rl_choices": rl.choices,
-            "rl_own": statistics.median(own),
-            "rl_choices_tok_s": pooled_tok_s(chosen_calls),
-            "forecast": forecast}
+    group = {"B": batch, "T": temperature, "canary": reference,
+             "chosen": chosen, "chosen_count": count, "decisions": [config_name(d.mode, d.speculate_k) for d in decisions],
+             "rest_error": statistics.median([d.predicted_tok_s / d.measured_tok_s - 1 for d in decisions
+                                              if d.measured_tok_s > 0] or [float("nan")]),  # nan: ended in the probe
+             "rl_chosen": config_name(rl.decision.mode, rl.decision.speculate_k), "rl_choices": rl.choices,
+             "forecast": {kind: {n: statistics.median(f[kind][n] for f in rl.forecasts) for n in names[:-3]}
+                          for kind in ("new", "old")} if rl.forecasts else None}
+    timed = timing(group, calls)
+    return {**timing(group, {n: corrected(v, canary[n], reference) for n, v in calls.items()}), "timed": timed}
+
+
+def timing(group: dict, calls: dict[str, list[tuple[float, int]]]) -> dict:
+    """``group`` with the tok/s its (seconds, tokens) ``calls`` give: medians (``tok_s``), pooled, per
+    repeat (``rates``), RL-style's own cost and its choices alone."""
+    rates = {n: [t / s for s, t in v] for n, v in calls.items()}
+    # RL-style's calls against the grid's call of the setting each chose, same repeat (same seed): its own cost
+    own = [rate / rates[choice][r] for r, (rate, choice) in enumerate(zip(rates["auto_rl"], group["rl_choices"]))]
+    # the grid's calls of the settings RL-style chose, same repeats, pooled: its choices without its own cost
+    chosen_calls = [calls[choice][r] for r, choice in enumerate(group["rl_choices"])]
+    return {**group, "calls": calls, "rates": rates, "tok_s": {n: statistics.median(v) for n, v in rates.items()},
+            "pooled": {n: pooled_tok_s(v) for n, v in calls.items()},
+            "rl_own": statistics.median(own), "rl_choices_tok_s": pooled_tok_s(chosen_calls)}
 
 
 def _grid(g: dict, key: str = "tok_s") -> dict:
@@ -319,6 +333,29 @@ def format_grid(groups: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def summary(groups: list[dict], auto_every: int) -> str:
+    """The ratios to the best over the groups: how many within 5%, held out, RL-style's choices alone, noise."""
+    lines = []
+    for label, name in (("auto (one-shot)/best", "auto"), (f"auto (profiled generate, every {AUTO_EVERY})/best", "auto_profiled"),
+                        (f"auto (RL-style, every {auto_every})/best", "auto_rl")):
+        r = [g["tok_s"]["auto"] / max(_grid(g).values()) if name == "auto" else
+             g["pooled"][name] / max(_grid(g, "pooled").values()) for g in groups]
+        reach = sum(interval(g, name)[1] >= 0.95 for g in groups)
+        held = [held_out(g, name) for g in groups]
+        lines.append(f"\n{label}: median {statistics.median(r):.2f}, min {min(r):.2f}; within 5% in "
+                     f"{sum(x >= 0.95 for x in r)} of {len(r)} groups; 90% interval reaching 0.95 in {reach} of {len(r)}; "
+                     f"against the best picked on the other half of the repeats: median {statistics.median(held):.2f}, "
+                     f"min {min(held):.2f}, within 5% in {sum(x >= 0.95 for x in held)} of {len(held)} "
+                     f"({', '.join(f'{x:.2f}' for x in held)})")
+    choices = [g["rl_choices_tok_s"] / max(_grid(g, "pooled").values()) for g in groups]
+    lines.append(f"\nRL-style's choices alone (the grid's calls of the setting it chose at each call, pooled)/best: "
+                 f"median {statistics.median(choices):.2f}, min {min(choices):.2f}; within 5% in "
+                 f"{sum(x >= 0.95 for x in choices)} of {len(choices)} ({', '.join(f'{x:.2f}' for x in choices)})")
+    lines.append(f"\nnoise: sd / median of the best fixed setting's repeats, median over groups "
+                 f"{statistics.median(noise(g) for g in groups):.0%}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.threads:
@@ -332,29 +369,16 @@ def main(argv: list[str] | None = None) -> None:
             groups.append(run_group(model, tok, head, batch, temperature, args))
             print(f"[{time.perf_counter() - start:.0f}s] done B={batch} T={temperature:g}: auto chose "
                   f"{groups[-1]['decisions']}, RL-style {groups[-1]['rl_choices']} (its calls / the grid's call of its "
-                  f"choice, same repeat: median {groups[-1]['rl_own']:.3f})", file=sys.stderr, flush=True)
-    ratios = [g["tok_s"]["auto"] / max(_grid(g).values()) for g in groups]
-    rl_ratios = [g["pooled"]["auto_rl"] / max(_grid(g, "pooled").values()) for g in groups]
-    profiled_ratios = [g["pooled"]["auto_profiled"] / max(_grid(g, "pooled").values()) for g in groups]
-    print("### auto vs the best fixed setting (tok/s, medians; RL-style pooled)\n\n" + format_table(groups))
-    for label, name, r in (("auto (one-shot)/best", "auto", ratios),
-                           (f"auto (profiled generate, every {AUTO_EVERY})/best", "auto_profiled", profiled_ratios),
-                           (f"auto (RL-style, every {args.auto_every})/best", "auto_rl", rl_ratios)):
-        reach = sum(interval(g, name)[1] >= 0.95 for g in groups)
-        held = [held_out(g, name) for g in groups]
-        print(f"\n{label}: median {statistics.median(r):.2f}, min {min(r):.2f}; within 5% in "
-              f"{sum(x >= 0.95 for x in r)} of {len(r)} groups; 90% interval reaching 0.95 in {reach} of {len(r)}; "
-              f"against the best picked on the other half of the repeats: median {statistics.median(held):.2f}, "
-              f"min {min(held):.2f}, within 5% in {sum(x >= 0.95 for x in held)} of {len(held)} "
-              f"({', '.join(f'{x:.2f}' for x in held)})")
-    choices = [g["rl_choices_tok_s"] / max(_grid(g, "pooled").values()) for g in groups]
-    print(f"\nRL-style's choices alone (the grid's calls of the setting it chose at each call, pooled)/best: "
-          f"median {statistics.median(choices):.2f}, min {min(choices):.2f}; within 5% in "
-          f"{sum(x >= 0.95 for x in choices)} of {len(choices)} ({', '.join(f'{x:.2f}' for x in choices)})")
-    print(f"\nnoise: sd / median of the best fixed setting's repeats, median over groups "
-          f"{statistics.median(noise(g) for g in groups):.0%}")
-    print("\n### Prediction error (predicted / measured - 1)\n\n" + format_errors(groups))
-    print("\n### Every setting: measured tok/s (RL-style chooser's forecast)\n\n" + format_grid(groups))
+                  f"choice, same repeat: median {groups[-1]['rl_own']:.3f}; canary {groups[-1]['canary'] * 1e3:.1f} ms)",
+                  file=sys.stderr, flush=True)
+    print("### auto vs the best fixed setting (tok/s at the machine's reference speed, medians; RL-style pooled)\n\n"
+          + format_table(groups))
+    print(summary(groups, args.auto_every))
+    timed = [g["timed"] for g in groups]
+    print("\n### The same, raw seconds (no speed correction)\n\n" + format_table(timed))
+    print(summary(timed, args.auto_every))
+    print("\n### Prediction error (predicted / measured - 1, raw seconds)\n\n" + format_errors(timed))
+    print("\n### Every setting: measured tok/s, raw seconds (RL-style chooser's forecast)\n\n" + format_grid(timed))
     print(f"\ntotal {time.perf_counter() - start:.0f}s, load {os.getloadavg()[0]:.1f} at the end")
 
 

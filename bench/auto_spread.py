@@ -9,6 +9,8 @@ between runs of the same code. Here each (B, T) runs the fixed settings and ``--
 independent RL-style choosers (``bench/auto.py``'s ``RlAuto``: a probing call every ``--auto-every``
 calls, a choice from the earlier calls in the others), every one once per repeat in an order
 drawn anew for each repeat (``rollout.run_order``), repeat r with sampling seed r everywhere.
+Every call's seconds are read at the group's median machine speed (``rollout.Speedometer``: a
+canary forward timed after every call), as in ``bench/auto.py``; the raw ratio is printed beside.
 Printed per chooser: its tok/s pooled over its calls against the best setting's pooled tok/s, and
 the same over the second half of the calls (a longer run's steady state: ``bebop rl`` runs 100
 steps by default); its choices alone (the settings' calls of what it chose, pooled, against the
@@ -30,7 +32,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from auto import SETTINGS, RlAuto, pooled_tok_s as pooled  # noqa: E402
-from rollout import Method, header, load, make_prompts, run_bebop, run_order, warn_if_busy  # noqa: E402
+from rollout import (Method, Speedometer, corrected, header, load, make_prompts, run_bebop, run_order,  # noqa: E402
+                     warn_if_busy)
 
 from bebop.config import AUTO_EVERY  # noqa: E402
 from bebop.spec.auto import config_name  # noqa: E402
@@ -64,19 +67,25 @@ def run_group(model, tok, head, batch: int, temperature: float, args) -> list[di
     settings = {n: Method(*SETTINGS[NAMES.index(n)]) for n in args.settings}
     choosers = [RlAuto(args.auto_every) for _ in range(args.choosers)]
     names = list(settings) + [f"auto{i}" for i in range(args.choosers)]
-    calls: dict[str, list[tuple[float, int]]] = {n: [] for n in names}
+    timed: dict[str, list[tuple[float, int]]] = {n: [] for n in names}
+    canary: dict[str, list[float]] = {n: [] for n in names}  # the canary around each call (``Speedometer``)
     for method in settings.values():  # warmup
         run_bebop(model, tok, head, prompts, method, temperature, 4)
+    speed = Speedometer(model)
     for r in range(args.repeats):
         for name in run_order(names, r):
             if name in settings:
                 seconds, result, _ = run_bebop(model, tok, head, prompts, settings[name], temperature,
                                                args.max_new_tokens, seed=r)
-                calls[name].append((seconds, sum(result.lengths)))
+                timed[name].append((seconds, sum(result.lengths)))
             else:
-                calls[name].append(choosers[int(name[4:])].call(model, tok, head, prompts, temperature,
+                timed[name].append(choosers[int(name[4:])].call(model, tok, head, prompts, temperature,
                                                                 args.max_new_tokens, seed=r))
+            canary[name].append(speed.around())
+    reference = statistics.median(c for v in canary.values() for c in v)
+    calls = {n: corrected(v, canary[n], reference) for n, v in timed.items()}
     best = max(settings, key=lambda n: pooled(calls[n]))
+    raw_best = max(settings, key=lambda n: pooled(timed[n]))
     out = []
     for i, rl in enumerate(choosers):
         chosen = [calls[c][r] if c in settings else None for r, c in enumerate(rl.choices)]
@@ -84,6 +93,7 @@ def run_group(model, tok, head, batch: int, temperature: float, args) -> list[di
         own = [calls[f"auto{i}"][r] for r, c in enumerate(chosen) if c is not None]
         late = slice(args.repeats // 2, None)  # the second half of the calls: a longer run's steady state
         out.append({"ratio": pooled(calls[f"auto{i}"]) / pooled(calls[best]),
+                    "raw": pooled(timed[f"auto{i}"]) / pooled(timed[raw_best]),
                     "late": pooled(calls[f"auto{i}"][late]) / pooled(calls[best][late]),
                     "choices_alone": pooled(known) / pooled(calls[best]) if known else float("nan"),
                     "own": sum(s for s, _ in known) / sum(s for s, _ in own) if known else float("nan"),
@@ -99,22 +109,25 @@ def main(argv: list[str] | None = None) -> None:
     print(f"# bench/auto_spread.py | {header(args, model, head, next(model.parameters()).device)} | "
           f"{args.choosers} choosers x {args.repeats} calls\n", flush=True)
     warn_if_busy()
-    print("| B | T | best fixed | best tok/s | chooser | RL-style/best | second half | choices alone/best | its choices' calls / its calls (seconds) | chose, call by call |")
-    print("|---:|---:|:---|---:|---:|---:|---:|---:|---:|:---|")
-    start, ratios, lates, groups = time.perf_counter(), [], [], {}
+    print("| B | T | best fixed | best tok/s | chooser | RL-style/best | raw seconds | second half | choices alone/best | its choices' calls / its calls (seconds) | chose, call by call |")
+    print("|---:|---:|:---|---:|---:|---:|---:|---:|---:|---:|:---|")
+    start, ratios, raws, lates, groups = time.perf_counter(), [], [], [], {}
     for batch in args.batch_sizes:
         for temperature in args.temperatures:
             for i, row in enumerate(run_group(model, tok, head, batch, temperature, args)):
                 ratios.append(row["ratio"])
+                raws.append(row["raw"])
                 lates.append(row["late"])
                 groups.setdefault(f"B {batch} T {temperature:g}", []).append(row["ratio"])
-                print(f"| {batch} | {temperature:g} | {row['best']} | {row['best_tok_s']:.0f} | {i} | {row['ratio']:.3f} | "
+                print(f"| {batch} | {temperature:g} | {row['best']} | {row['best_tok_s']:.0f} | {i} | {row['ratio']:.3f} | {row['raw']:.3f} | "
                       f"{row['late']:.3f} | "
                       f"{row['choices_alone']:.3f} | {row['own']:.3f} | {' '.join(row['choices'])} |", flush=True)
     print(f"\nRL-style/best over {len(ratios)} choosers: mean {statistics.fmean(ratios):.3f}, "
           f"sd {statistics.pstdev(ratios):.3f}, min {min(ratios):.3f}; within 5% in "
           f"{sum(x >= 0.95 for x in ratios)} of {len(ratios)}; over the second half of the calls: mean "
           f"{statistics.fmean(lates):.3f}, min {min(lates):.3f}, within 5% in {sum(x >= 0.95 for x in lates)}")
+    print(f"raw seconds (no speed correction): mean {statistics.fmean(raws):.3f}, sd {statistics.pstdev(raws):.3f}, "
+          f"min {min(raws):.3f}; within 5% in {sum(x >= 0.95 for x in raws)} of {len(raws)}")
     print("mean per group: " + ", ".join(f"{g} {statistics.fmean(r):.3f}" for g, r in groups.items()))
     print(f"\ntotal {time.perf_counter() - start:.0f}s")
 

@@ -197,6 +197,49 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+class Speedometer:
+    """The machine's speed between timed calls (``auto.py``, ``auto_spread.py``): the seconds of a fixed
+    forward of the model over CANARY_TOKENS tokens (the canary), read after every call.
+
+    These machines run in phases: same-seed rs2 calls at B = 16 took ~110 ms, then ~220 ms for a few
+    seconds, then ~110 again, and a canary read between the calls went from 13.5 to 30 ms and back with
+    them (correlation 0.96 over 60 calls). ``corrected`` divides each call's seconds by the canary around
+    it (the mean of the readings before and after) over the group's median reading: the log-sd of those
+    calls fell from 0.18 to 0.06. Random order spreads the slow phases over the settings on average,
+    but at 40 repeats they still moved a setting's tok/s by several percent from run to run.
+    """
+
+    CANARY_TOKENS = 16  # tokens of the canary's forward (one row)
+    CANARY_FORWARDS = 2  # forwards per reading (12-16 ms here: ~15% of a B = 1 call, ~5% of a B = 64 one)
+
+    def __init__(self, model):
+        self.model, self.device = model, next(model.parameters()).device
+        vocab = model.config.get_text_config().vocab_size
+        self.ids = torch.arange(self.CANARY_TOKENS, device=self.device).unsqueeze(0) % vocab
+        self.last = self.read()
+
+    def read(self) -> float:
+        """Seconds of one reading of the canary."""
+        _sync(self.device)
+        start = time.perf_counter()
+        with torch.no_grad():
+            for _ in range(self.CANARY_FORWARDS):
+                self.model(self.ids)
+        _sync(self.device)
+        return time.perf_counter() - start
+
+    def around(self) -> float:
+        """After a timed call: the canary around it, the mean of the readings before and after it."""
+        before, self.last = self.last, self.read()
+        return (before + self.last) / 2
+
+
+def corrected(calls: list[tuple[float, int]], canary: list[float], reference: float) -> list[tuple[float, int]]:
+    """(seconds, tokens) calls with their seconds at the speed of a ``reference`` canary: each call's
+    seconds x reference / the canary around it (``Speedometer``)."""
+    return [(seconds * reference / c, tokens) for (seconds, tokens), c in zip(calls, canary)]
+
+
 # ----------------------------------------------------------------------------- one call
 
 
