@@ -14,15 +14,23 @@ canary forward timed after every call), as in ``bench/auto.py``; the raw ratio i
 Printed per chooser: its tok/s pooled over its calls against the best setting's pooled tok/s, and
 the same over the second half of the calls (a longer run's steady state: ``bebop rl`` runs 100
 steps by default); its choices alone (the settings' calls of what it chose, pooled, against the
-best); its own cost (those calls' seconds over its own); the setting it chose at each call. Then
-the mean and the smallest ratio over all choosers, and the mean per (B, T): compare two versions of
-the chooser on their means, not on one run's groups (the same code's 12-chooser mean moved between
-0.945 and 0.976 over nine runs).
+best); its own cost (those calls' seconds over its own); the setting it chose at each call; and its
+price errors: after each call from the first re-probe on (call ``--auto-every`` + 1), its step cost
+of every depth at B rows (``StepCosts.step_seconds`` x ``scale``, the calibration left out) over the
+median full-batch step (rows >= 90% of B, the first step left out) of the fixed settings at that
+depth in the same group (to and rs share a depth's cost), as the mean log ratio (+: priced dear) of
+the depths it did not hold at that call and of the one it held. Then the mean and the smallest ratio
+over all choosers, the mean price errors, and the mean per (B, T): compare two versions of the
+chooser on their means, not on one run's groups (the same code's 12-chooser mean moved between 0.945
+and 0.976 over nine runs). The price errors say why a chooser holds a setting (a depth priced dear
+is not chosen), with less noise than its ratio: one run of 3 + 3 choosers told apart cost models
+whose 4-run throughput A/B could not (bench/README.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import time
@@ -35,7 +43,7 @@ from auto import SETTINGS, RlAuto, pooled_tok_s as pooled  # noqa: E402
 from rollout import (Method, Speedometer, corrected, header, load, make_prompts, run_bebop, run_order,  # noqa: E402
                      warn_if_busy)
 
-from bebop.config import AUTO_EVERY  # noqa: E402
+from bebop.config import AUTO_EVERY, AUTO_MAX_K  # noqa: E402
 from bebop.spec.auto import config_name  # noqa: E402
 
 NAMES = [config_name(m, k) for m, k in SETTINGS]
@@ -69,6 +77,8 @@ def run_group(model, tok, head, batch: int, temperature: float, args) -> list[di
     names = list(settings) + [f"auto{i}" for i in range(args.choosers)]
     timed: dict[str, list[tuple[float, int]]] = {n: [] for n in names}
     canary: dict[str, list[float]] = {n: [] for n in names}  # the canary around each call (``Speedometer``)
+    full: dict[int, list[float]] = {}  # depth -> the fixed calls' full-batch step seconds
+    prices: list[list[tuple[int, dict[int, float]]]] = [[] for _ in choosers]  # per chooser: (held, depth -> B-row price)
     for method in settings.values():  # warmup
         run_bebop(model, tok, head, prompts, method, temperature, 4)
     speed = Speedometer(model)
@@ -78,14 +88,18 @@ def run_group(model, tok, head, batch: int, temperature: float, args) -> list[di
                 seconds, result, _ = run_bebop(model, tok, head, prompts, settings[name], temperature,
                                                args.max_new_tokens, seed=r)
                 timed[name].append((seconds, sum(result.lengths)))
+                full.setdefault(settings[name].k, []).extend(s for rows, s, _ in result.step_times[1:] if rows >= 0.9 * batch)
             else:
-                timed[name].append(choosers[int(name[4:])].call(model, tok, head, prompts, temperature,
-                                                                args.max_new_tokens, seed=r))
+                rl = choosers[int(name[4:])]
+                timed[name].append(rl.call(model, tok, head, prompts, temperature, args.max_new_tokens, seed=r))
+                if rl.calls > args.auto_every:
+                    prices[int(name[4:])].append((rl.decision.speculate_k, price(rl.chooser.costs, batch)))
             canary[name].append(speed.around())
     reference = statistics.median(c for v in canary.values() for c in v)
     calls = {n: corrected(v, canary[n], reference) for n, v in timed.items()}
     best = max(settings, key=lambda n: pooled(calls[n]))
     raw_best = max(settings, key=lambda n: pooled(timed[n]))
+    truth = {k: statistics.median(v) for k, v in full.items() if v}
     out = []
     for i, rl in enumerate(choosers):
         chosen = [calls[c][r] if c in settings else None for r, c in enumerate(rl.choices)]
@@ -97,8 +111,30 @@ def run_group(model, tok, head, batch: int, temperature: float, args) -> list[di
                     "late": pooled(calls[f"auto{i}"][late]) / pooled(calls[best][late]),
                     "choices_alone": pooled(known) / pooled(calls[best]) if known else float("nan"),
                     "own": sum(s for s, _ in known) / sum(s for s, _ in own) if known else float("nan"),
-                    "choices": rl.choices})
+                    **price_errors(prices[i], truth), "choices": rl.choices})
     return [{"B": batch, "T": temperature, "best": best, "best_tok_s": pooled(calls[best]), **o} for o in out]
+
+
+def nanmean(values: list[float]) -> float:
+    """The mean of the values that are not nan; nan when none is."""
+    known = [v for v in values if v == v]
+    return statistics.fmean(known) if known else float("nan")
+
+
+def price(costs, batch: int) -> dict[int, float]:
+    """A chooser's step cost of each depth it can price, at ``batch`` rows (seconds)."""
+    return {k: costs.step_seconds(k) * costs.scale(batch, k) for k in range(AUTO_MAX_K + 1) if costs.step_seconds(k)}
+
+
+def price_errors(prices: list[tuple[int, dict[int, float]]], truth: dict[int, float]) -> dict[str, float]:
+    """Mean log(price / the fixed calls' full-batch step) over a chooser's calls: of the depths it did
+    not hold at each call ("price_other") and of the one it held ("price_held"); nan where none."""
+    errors: dict[str, list[float]] = {"price_other": [], "price_held": []}
+    for held, priced in prices:
+        for k, seconds in priced.items():
+            if k in truth:
+                errors["price_held" if k == held else "price_other"].append(math.log(seconds / truth[k]))
+    return {key: nanmean(v) for key, v in errors.items()}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -109,25 +145,31 @@ def main(argv: list[str] | None = None) -> None:
     print(f"# bench/auto_spread.py | {header(args, model, head, next(model.parameters()).device)} | "
           f"{args.choosers} choosers x {args.repeats} calls\n", flush=True)
     warn_if_busy()
-    print("| B | T | best fixed | best tok/s | chooser | RL-style/best | raw seconds | second half | choices alone/best | its choices' calls / its calls (seconds) | chose, call by call |")
-    print("|---:|---:|:---|---:|---:|---:|---:|---:|---:|---:|:---|")
-    start, ratios, raws, lates, groups = time.perf_counter(), [], [], [], {}
+    print("| B | T | best fixed | best tok/s | chooser | RL-style/best | raw seconds | second half | choices alone/best | "
+          "its choices' calls / its calls (seconds) | price error, not held / held | chose, call by call |")
+    print("|---:|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|:---|")
+    start, ratios, raws, lates, groups, others, helds = time.perf_counter(), [], [], [], {}, [], []
     for batch in args.batch_sizes:
         for temperature in args.temperatures:
             for i, row in enumerate(run_group(model, tok, head, batch, temperature, args)):
                 ratios.append(row["ratio"])
                 raws.append(row["raw"])
                 lates.append(row["late"])
+                others.append(row["price_other"])
+                helds.append(row["price_held"])
                 groups.setdefault(f"B {batch} T {temperature:g}", []).append(row["ratio"])
                 print(f"| {batch} | {temperature:g} | {row['best']} | {row['best_tok_s']:.0f} | {i} | {row['ratio']:.3f} | {row['raw']:.3f} | "
                       f"{row['late']:.3f} | "
-                      f"{row['choices_alone']:.3f} | {row['own']:.3f} | {' '.join(row['choices'])} |", flush=True)
+                      f"{row['choices_alone']:.3f} | {row['own']:.3f} | {row['price_other']:+.1%} / "
+                      f"{row['price_held']:+.1%} | {' '.join(row['choices'])} |", flush=True)
     print(f"\nRL-style/best over {len(ratios)} choosers: mean {statistics.fmean(ratios):.3f}, "
           f"sd {statistics.pstdev(ratios):.3f}, min {min(ratios):.3f}; within 5% in "
           f"{sum(x >= 0.95 for x in ratios)} of {len(ratios)}; over the second half of the calls: mean "
           f"{statistics.fmean(lates):.3f}, min {min(lates):.3f}, within 5% in {sum(x >= 0.95 for x in lates)}")
     print(f"raw seconds (no speed correction): mean {statistics.fmean(raws):.3f}, sd {statistics.pstdev(raws):.3f}, "
           f"min {min(raws):.3f}; within 5% in {sum(x >= 0.95 for x in raws)} of {len(raws)}")
+    print(f"price error (mean log ratio to the fixed calls' full-batch step): depths not held {nanmean(others):+.1%}, "
+          f"the held depth {nanmean(helds):+.1%}")
     print("mean per group: " + ", ".join(f"{g} {statistics.fmean(r):.3f}" for g, r in groups.items()))
     print(f"\ntotal {time.perf_counter() - start:.0f}s")
 
