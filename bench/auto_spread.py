@@ -123,7 +123,8 @@ def nanmean(values: list[float]) -> float:
 
 def price(costs, batch: int) -> dict[int, float]:
     """A chooser's step cost of each depth it can price, at ``batch`` rows (seconds)."""
-    return {k: costs.step_seconds(k) * costs.scale(batch, k) for k in range(AUTO_MAX_K + 1) if costs.step_seconds(k)}
+    steps = {k: costs.step_seconds(k) for k in range(AUTO_MAX_K + 1)}
+    return {k: seconds * costs.scale(batch, k) for k, seconds in steps.items() if seconds}
 
 
 def price_errors(prices: list[tuple[int, dict[int, float]]], truth: dict[int, float]) -> dict[str, float]:
