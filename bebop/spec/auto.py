@@ -376,13 +376,19 @@ class StepCosts:
         return (steps * self.row_slope[k] + GAMMA_PRIOR_STEPS * prior) / (steps + GAMMA_PRIOR_STEPS)
 
     def _gamma_prior(self, k: int) -> float | None:
-        """The other fitted depths' gamma at k: for a drafted k, a line in K through the drafted depths'
-        fits weighted by their steps (one depth: its value), at least 0; else (or with no drafted fit)
-        the steps-weighted mean of the others; None when no other depth was fitted."""
+        """The other fitted depths' gamma at k: a line in K through the drafted depths' fits weighted by
+        their steps, at least 0, when two or more drafted depths were fitted (for plain, k = 0, its K = 0
+        point: a row's cost grows with the tokens a step runs for it, K + 1, plain's 1 included); else,
+        for a drafted k, the one drafted fit, and otherwise the steps-weighted mean of the others; None
+        when no other depth was fitted.
+
+        NOTE: plain took the drafted depths' mean (0.011-0.015 against its own 0.005-0.006 at B = 16 and
+        64), so a plain block timed on the batch's tail was priced dear at B rows: plain priced +19% at
+        B = 64 when not held, +11% from the line (bench/README.md)."""
         others = [(j, g, float(self.row_stats[j][0]) if j in self.row_stats else 1.0)
                   for j, g in self.row_slope.items() if j != k]
         drafted = [o for o in others if o[0] >= 1]
-        if k >= 1 and len({j for j, _, _ in drafted}) > 1:
+        if len({j for j, _, _ in drafted}) > 1:
             a, b = _line(drafted)
             return max(0.0, a + b * k)
         known = drafted if k >= 1 and drafted else others

@@ -197,7 +197,27 @@ def test_a_depths_row_slope_leans_on_the_other_depths():
     assert costs.gamma(4) == pytest.approx((80 * 0.02 + m * 0.044) / (80 + m))  # its prior: depth 2's fit
     line = auto._line([(2, 0.044, 8.0), (4, 0.02, 80.0)])  # depth 3, unfitted: the line through both fits
     assert costs.gamma(3) == pytest.approx(line[0] + 3 * line[1])
-    assert costs.gamma(0) == pytest.approx((8 * 0.044 + 80 * 0.02) / 88)  # plain: the drafted depths' mean
+    assert costs.gamma(0) == pytest.approx(line[0])  # plain: the line's K = 0 point (here flat: their mean)
+    assert line[1] == 0.0 and line[0] == pytest.approx((8 * 0.044 + 80 * 0.02) / 88)
+
+
+def test_plains_row_slope_is_the_drafted_lines_k0_point():
+    """A row's cost grows with the tokens a step runs for it (K + 1): plain, never fitted, takes the K = 0
+    point of the line through the drafted depths' fits, not their mean; one drafted fit: its value."""
+    costs = StepCosts()
+    tail = [64, 64, 60, 48, 30, 12, 4, 2]
+    costs.fit_rows(2, _rows_steps(0.014, tail))
+    assert costs.gamma(0) == pytest.approx(0.014)  # one drafted depth: all there is
+    costs.fit_rows(4, _rows_steps(0.018, tail))
+    assert costs.gamma(0) == pytest.approx(0.010)  # the line through (2, 0.014) and (4, 0.018) at K = 0
+    assert costs.gamma(3) == pytest.approx(0.016)  # an unfitted drafted depth: the same line
+    costs.fit_rows(0, _rows_steps(0.005, tail))  # plain's own tail: shrunk toward the line's point
+    m = auto.GAMMA_PRIOR_STEPS
+    assert costs.gamma(0) == pytest.approx((8 * 0.005 + m * 0.010) / (8 + m))
+    steep = StepCosts()  # the line falls below 0 at K = 0: no negative slope
+    steep.fit_rows(1, _rows_steps(0.002, tail))
+    steep.fit_rows(3, _rows_steps(0.030, tail))
+    assert steep.gamma(0) == 0.0
 
 
 def test_candidates_and_probe_rule():
