@@ -206,7 +206,7 @@ def test_the_row_slope_is_per_depth():
     m = auto.GAMMA_PRIOR_STEPS
     assert costs.row_slope == pytest.approx({0: 0.01, 1: 0.02, 3: 0.04})
     assert costs.gamma(1) == pytest.approx((100 * 0.02 + m * 0.04) / (100 + m))  # toward depth 3, the other drafted
-    assert costs.gamma(0) == pytest.approx((100 * 0.01 + m * 0.03) / (100 + m))  # toward the drafted depths' mean
+    assert costs.gamma(0) == pytest.approx(0.01)  # toward the drafted line's K = 0 point, 0.01 (not their mean, 0.03)
     assert costs.gamma(0) < costs.gamma(1) < costs.gamma(3)
     assert costs.gamma(2) == pytest.approx(0.03) and costs.gamma(4) == pytest.approx(0.05)
     assert costs.scale(10, 4) == pytest.approx(1.5)
