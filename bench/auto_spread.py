@@ -21,8 +21,8 @@ median full-batch step (rows >= 90% of B, the first step left out) of the fixed 
 depth in the same group (to and rs share a depth's cost), as the mean log ratio (+: priced dear) of
 the depths it did not hold at that call and of the one it held. Then the mean and the smallest ratio
 over all choosers, the mean price errors, and the mean per (B, T): compare two versions of the
-chooser on their means, not on one run's groups (the same code's 12-chooser mean moved between 0.945
-and 0.976 over nine runs). The price errors say why a chooser holds a setting (a depth priced dear
+chooser on their means, not on one run's groups (the same code's 12-chooser mean moved between 0.936
+and 0.977 over twelve runs). The price errors say why a chooser holds a setting (a depth priced dear
 is not chosen), with less noise than its ratio: one run of 3 + 3 choosers told apart cost models
 whose 4-run throughput A/B could not (bench/README.md).
 """
