@@ -60,7 +60,6 @@ Deviations from the paper's speedup formula:
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 import statistics
 import time
@@ -149,25 +148,12 @@ def expected_accepted(alphas: list[float]) -> float:
 
 
 def draft_positions(log: EmissionLog, lengths: list[int]) -> dict[str, np.ndarray]:
-    """Every kept draft position of a call (as ``EmissionLog.to_stats`` keeps them), as flat arrays:
-    depth (1-based), offset (tokens its row had emitted before the step), k (the step's K), alpha_rs,
-    alpha_to, and accepted (the draft was accepted). Blocks in order, rows in order, depths in order."""
-    blocks = [b for b in log.blocks if b.drafts is not None]
-    if not blocks:
-        return {n: np.zeros(0) for n in ("depth", "offset", "k", "alpha_rs", "alpha_to", "accepted")}
-    # NOTE: every block's alphas in one transfer (one host sync on CUDA, not one per block)
-    flat = torch.cat([torch.stack(b.drafts[1:]).flatten(1).float() for b in blocks], 1).cpu().numpy()  # (2, sum R K)
-    k = np.repeat([b.drafts[1].shape[1] for b in blocks], [len(b.rows) for b in blocks])  # (sum R,) each row's K
-    rows, starts, widths = (np.fromiter(itertools.chain.from_iterable(getattr(b, name) for b in blocks), np.int64)
-                            for name in ("rows", "starts", "widths"))
-    kept = np.clip(np.minimum(widths, np.asarray(lengths)[rows] - starts), 0, None)  # tokens each row kept
-    count = np.minimum(kept, k)  # depth j is kept when the step kept >= j tokens
-    first = np.cumsum(k) - k  # each row's first alpha in ``flat``
-    depth = np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count) + 1
-    at = np.repeat(first, count) + depth - 1
-    return {"depth": depth, "offset": np.repeat(starts, count), "k": np.repeat(k, count),
-            "alpha_rs": flat[0, at], "alpha_to": flat[1, at],
-            "accepted": depth < np.repeat(kept, count)}  # a token follows draft j
+    """Every kept draft position of a call (``EmissionLog.kept``), as flat arrays: depth (1-based),
+    offset (tokens its row had emitted before the step), k (the step's K), alpha_rs, alpha_to, and
+    accepted (the draft was accepted). Blocks in order, rows in order, depths in order."""
+    kept = log.kept(lengths)
+    return {"depth": kept.depth, "offset": kept.offset, "k": kept.k, "alpha_rs": kept.values[1],
+            "alpha_to": kept.values[2], "accepted": kept.accepted}
 
 
 def _shrunk(table: Acceptance, rule: str, prior: list[float]) -> list[float]:

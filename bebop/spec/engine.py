@@ -40,7 +40,7 @@ import torch
 
 from bebop.mtp.head import decoder_states
 from bebop.spec import attention, rng
-from bebop.spec.kv_cache import RaggedKVCache
+from bebop.spec.kv_cache import RaggedKVCache, fill_order
 from bebop.spec.sampling import (
     COIN_DTYPE,
     STREAM_ACCEPT,
@@ -495,6 +495,7 @@ class _Runner:
             else:
                 keep.append(i)
         if len(keep) < num:
+            keep = fill_order(keep)  # NOTE: the rows' order is free (each row's randomness is its own)
             rows.select(keep)
             self.target.cache.select_rows(keep)
             if self.mtp_cache is not None:

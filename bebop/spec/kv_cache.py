@@ -115,15 +115,30 @@ class RaggedKVCache:
         self.shift_all(-num)
 
     def select_rows(self, rows: list[int]) -> None:
-        """Keeps only ``rows`` of the batch (finished rows stop costing memory and compute)."""
+        """Keeps only ``rows`` of the batch, in that order (finished rows stop costing compute).
+
+        When every row that moves comes from past the new batch size (``fill_order``'s order), the
+        buffers are compacted in place: only the moved rows are copied, and the first len(rows) rows
+        of the old buffers are kept as a view. Any other order copies every kept row.
+        """
         self.host_lengths = [self.host_lengths[r] for r in rows]
         index = torch.tensor(rows, dtype=torch.long, device=self.device)
         self.lengths = self.lengths[index]
-        rows = index
-        for i in range(self.num_layers):
-            if self.keys[i] is not None:
-                self.keys[i] = self.keys[i][rows]
-                self.values[i] = self.values[i][rows]
+        moved = [(p, r) for p, r in enumerate(rows) if p != r]
+        in_place = all(r >= len(rows) for _, r in moved)
+        if in_place and moved:
+            target = torch.tensor([p for p, _ in moved], dtype=torch.long, device=self.device)
+            source = torch.tensor([r for _, r in moved], dtype=torch.long, device=self.device)
+        for buffers in (self.keys, self.values):
+            for i, buf in enumerate(buffers):
+                if buf is None:
+                    continue
+                if in_place:
+                    if moved:
+                        buf.index_copy_(0, target, buf.index_select(0, source))
+                    buffers[i] = buf[: len(rows)]
+                else:
+                    buffers[i] = buf[index]
 
     # The few Cache methods HF code may query.
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -131,3 +146,19 @@ class RaggedKVCache:
 
     def __len__(self) -> int:
         return self.num_layers
+
+
+
+def fill_order(keep: list[int]) -> list[int]:
+    """The rows ``keep`` (increasing) ordered so that a kept row below len(keep) stays where it is and
+    the rows from past it fill the holes: ``RaggedKVCache.select_rows`` then copies only those.
+
+    Example: fill_order([0, 2, 3, 5]) -> [0, 5, 2, 3] (row 5 moves into row 1's place).
+    """
+    num = len(keep)
+    order = [r for r in keep if r < num]
+    holes = sorted(set(range(num)) - set(order))
+    order = list(range(num))
+    for hole, row in zip(holes, (r for r in keep if r >= num)):
+        order[hole] = row
+    return order

@@ -30,8 +30,10 @@ completions that bias accept length upward (0.1-0.16 tokens per step at typical 
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 
@@ -60,20 +62,6 @@ class SpecStats:
             self.accepted_per_pos = [0] * self.speculate_k
         if not self.accept_length_hist:
             self.accept_length_hist = [0] * (self.speculate_k + 1)
-
-    def record_verify(self, num_accepted: list[int], k: int | None = None) -> None:
-        """Counts one verify step for each row; ``num_accepted[b]`` = kept tokens of the step - 1.
-
-        ``k``: the step's depth when it drafted fewer than ``speculate_k`` (a call that switched K).
-        """
-        k = self.speculate_k if k is None else k
-        self.num_drafts += len(num_accepted)
-        self.num_draft_tokens += k * len(num_accepted)
-        for n in num_accepted:
-            self.num_accepted_tokens += n
-            self.accept_length_hist[n] += 1
-            for j in range(n):
-                self.accepted_per_pos[j] += 1
 
     def record_positions(self, position: torch.Tensor, row: torch.Tensor, entropy: torch.Tensor,
                          alpha_rs: torch.Tensor, alpha_to: torch.Tensor) -> None:
@@ -170,33 +158,95 @@ class EmissionLog:
     def __init__(self, speculate_k: int):
         self.k = speculate_k
         self.blocks: list[_Block] = []
+        self._kept: tuple | None = None  # (lengths, ``kept``'s answer), until the next block
 
     def add_block(self, rows: list[int], starts: list[int], widths: list[int], token_entropy: torch.Tensor,
                   drafts: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> None:
         """Logs one step. ``token_entropy`` (R, W) and ``drafts`` (R, K) each stay on their device."""
         self.blocks.append(_Block(list(rows), list(starts), list(widths), token_entropy.detach(),
                                   None if drafts is None else tuple(d.detach() for d in drafts)))
+        self._kept = None
+
+    def kept(self, lengths: list[int]) -> KeptTokens:
+        """The kept tokens and draft positions of every step, given each completion's final length
+        (host ints), flattened over blocks in order, rows in order, tokens / depths in order; from a
+        GPU, one transfer per kind of value (entropies, then each draft value), not one per step.
+        The last answer is kept until the next block: ``to_stats`` and ``bebop.spec.auto`` ask for
+        the same lengths."""
+        key = tuple(lengths)
+        if self._kept is not None and self._kept[0] == key:
+            return self._kept[1]
+        blocks = self.blocks
+        rows, starts, widths = (np.array(list(itertools.chain.from_iterable(getattr(b, name) for b in blocks)),
+                                         dtype=np.int64) for name in ("rows", "starts", "widths"))
+        kept = np.clip(np.minimum(widths, np.asarray(lengths, dtype=np.int64)[rows] - starts), 0, None)  # (sum R,)
+        size = [len(b.rows) for b in blocks]
+        # Token entropies: each row's W block tokens, the first ``kept`` of them kept.
+        span = np.repeat([b.token_entropy.shape[1] for b in blocks], size)  # (sum R,) W
+        token_entropy = _host([b.token_entropy for b in blocks])[_first(span, kept)]
+        # Draft positions of the verify steps: depth j of a row is kept when the step kept >= j tokens.
+        drafted = np.repeat([b.drafts is not None for b in blocks], size)
+        steps = [b for b in blocks if b.drafts is not None]
+        k = np.repeat([b.drafts[0].shape[1] for b in steps], [len(b.rows) for b in steps]).astype(np.int64)  # (V,)
+        step_kept = kept[drafted]
+        mask = _first(k, step_kept)  # (sum R K,)
+        values = np.stack([_host([b.drafts[i] for b in steps]) for i in range(3)])[:, mask]  # (3, M)
+        depth = (np.arange(len(mask)) - np.repeat(np.cumsum(k) - k, k) + 1)[mask]
+        result = KeptTokens(
+            token_entropy=token_entropy, step_k=k, step_kept=step_kept, depth=depth,
+            row=np.repeat(rows[drafted], k)[mask], offset=np.repeat(starts[drafted], k)[mask],
+            k=np.repeat(k, k)[mask], accepted=depth < np.repeat(step_kept, k)[mask], values=values)
+        self._kept = (key, result)
+        return result
 
     def to_stats(self, lengths: list[int]) -> SpecStats:
         """The statistics of the kept tokens, given each completion's final length (host ints)."""
         stats = SpecStats(speculate_k=self.k)
         stats.num_generated_tokens = sum(lengths)
-        for block in self.blocks:
-            kept = [max(0, min(w, lengths[r] - s)) for r, s, w in zip(block.rows, block.starts, block.widths)]
-            entropy = block.token_entropy.cpu()  # (R, W)
-            kept_t = torch.tensor(kept, dtype=torch.long)
-            mask = torch.arange(entropy.shape[1])[None, :] < kept_t[:, None]  # (R, W)
-            stats.record_token_entropy(entropy[mask])
-            if block.drafts is None:
-                continue
-            k = block.drafts[0].shape[1]  # the step's K (<= self.k: a call may switch K)
-            stats.record_verify([n - 1 for n in kept if n > 0], k)
-            positions = torch.arange(1, k + 1)[None, :].expand(len(kept), -1)  # (R, K)
-            rows = torch.tensor(block.rows, dtype=torch.long)[:, None].expand(-1, k)  # (R, K)
-            draft_mask = mask[:, :k]
-            stats.record_positions(positions[draft_mask], rows[draft_mask],
-                                   *(d.cpu()[draft_mask] for d in block.drafts))
+        if not self.blocks:
+            return stats
+        kept = self.kept(lengths)
+        stats.record_token_entropy(torch.tensor(kept.token_entropy))  # NOTE: copies: ``kept``'s answer is kept
+        counted = kept.step_kept > 0  # a step none of whose tokens was kept does not count
+        accepted = kept.step_kept[counted] - 1
+        stats.num_drafts = int(counted.sum())
+        stats.num_draft_tokens = int(kept.step_k[counted].sum())
+        stats.num_accepted_tokens = int(accepted.sum())
+        stats.accept_length_hist = np.bincount(accepted, minlength=self.k + 1).tolist()
+        stats.accepted_per_pos = [int((accepted > j).sum()) for j in range(self.k)]
+        if len(kept.depth):
+            stats.record_positions(*(torch.tensor(a) for a in (kept.depth, kept.row, *kept.values)))
         return stats
+
+
+@dataclass
+class KeptTokens:
+    """``EmissionLog.kept``: what the completions kept of a call's steps, flat, on the host."""
+
+    token_entropy: np.ndarray  # (N,) H(p) of every kept token
+    step_k: np.ndarray  # (V,) each verify step row's K
+    step_kept: np.ndarray  # (V,) tokens it kept (0: none)
+    depth: np.ndarray  # (M,) each kept draft position's depth, 1-based
+    row: np.ndarray  # (M,) its row of ``generate``
+    offset: np.ndarray  # (M,) tokens its row had emitted before the step
+    k: np.ndarray  # (M,) its step's K
+    accepted: np.ndarray  # (M,) the draft was accepted (a token follows it)
+    values: np.ndarray  # (3, M) H(p_j), alpha_RS, alpha_TO (float32)
+
+
+def _host(parts: list[torch.Tensor]) -> np.ndarray:
+    """``parts`` flattened and laid end to end on the host, float32 (one transfer from a GPU)."""
+    if not parts:
+        return np.zeros(0, dtype=np.float32)
+    if parts[0].device.type == "cpu":  # NOTE: numpy views: a torch op per part costs more than the copy
+        return np.concatenate([p.reshape(-1).float().numpy() for p in parts])
+    return torch.cat([p.reshape(-1).float() for p in parts]).cpu().numpy()
+
+
+def _first(span: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """(sum span,) bool over rows of ``span[i]`` slots laid end to end: a row's first ``count[i]`` slots."""
+    within = np.arange(int(span.sum())) - np.repeat(np.cumsum(span) - span, span)
+    return within < np.repeat(count, span)
 
 
 def _cat(parts: list[torch.Tensor]) -> torch.Tensor:

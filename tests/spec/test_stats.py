@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bebop.spec.engine import SamplingParams, SpecConfig, generate
 from bebop.spec.sampling import logits_to_probs
@@ -123,3 +125,76 @@ def test_verifier_stats_count_every_step_before_the_stop_check():
     assert raw.num_accepted_tokens == sum(w - 1 for b in steps for w in b.widths)
     assert raw.num_accepted_tokens >= out.stats.num_accepted_tokens
     assert raw.num_accepted_tokens > out.stats.num_accepted_tokens  # the last steps were cut at max_new_tokens
+
+
+def _random_log(data, max_k: int):
+    """An EmissionLog of random blocks (a prefill, then plain or verify steps of any K <= max_k, rows
+    ending at random) and completion lengths that cut some blocks short."""
+    log, rows, emitted = EmissionLog(max_k), list(range(data.draw(st.integers(1, 5)))), {}
+    log.add_block(rows, [0] * len(rows), [1] * len(rows), torch.rand(len(rows), 1))
+    emitted.update(dict.fromkeys(rows, 1))
+    for _ in range(data.draw(st.integers(0, 6))):
+        rows = [r for r in rows if data.draw(st.booleans()) or len(rows) == 1]
+        k = data.draw(st.integers(0, max_k))  # 0: a plain step
+        widths = [1 if k == 0 else data.draw(st.integers(1, k + 1)) for _ in rows]
+        drafts = None if k == 0 else tuple(torch.rand(len(rows), k) for _ in range(3))
+        log.add_block(rows, [emitted[r] for r in rows], widths, torch.rand(len(rows), max(k, 0) + 1), drafts)
+        for r, w in zip(rows, widths):
+            emitted[r] += w
+    lengths = [data.draw(st.integers(0, emitted.get(r, 0))) for r in range(max(emitted) + 1)]
+    return log, lengths
+
+
+def _per_block_stats(log: EmissionLog, lengths: list[int]):
+    """The statistics block by block, row by row, as written out by hand (the reference for ``to_stats``)."""
+    hist, per_pos, entropies, positions = [0] * (log.k + 1), [0] * log.k, [], []
+    drafts = tokens = 0
+    for block in log.blocks:
+        for i, (row, start, width) in enumerate(zip(block.rows, block.starts, block.widths)):
+            kept = max(0, min(width, lengths[row] - start))
+            entropies += block.token_entropy[i, :kept].tolist()
+            if block.drafts is None or kept == 0:
+                continue
+            k = block.drafts[0].shape[1]
+            drafts, tokens = drafts + 1, tokens + k
+            hist[kept - 1] += 1
+            for j in range(kept - 1):
+                per_pos[j] += 1
+            positions += [(j + 1, row, start, k, j + 1 < kept, *(float(d[i, j]) for d in block.drafts))
+                          for j in range(min(kept, k))]
+    return hist, per_pos, entropies, positions, drafts, tokens
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_to_stats_and_kept_match_a_count_block_by_block(data):
+    max_k = data.draw(st.integers(1, 4))
+    log, lengths = _random_log(data, max_k)
+    hist, per_pos, entropies, positions, drafts, tokens = _per_block_stats(log, lengths)
+    s = log.to_stats(lengths)
+    assert (s.accept_length_hist, s.accepted_per_pos, s.num_drafts, s.num_draft_tokens) == (hist, per_pos, drafts, tokens)
+    assert s.num_accepted_tokens == sum(i * n for i, n in enumerate(hist))
+    assert torch.cat(s.token_entropy).tolist() == pytest.approx(entropies)
+    arrays = s.token_arrays()
+    assert list(zip(arrays["position"].tolist(), arrays["row"].tolist())) == [p[:2] for p in positions]
+    for name, at in (("entropy", 5), ("alpha_rs", 6), ("alpha_to", 7)):
+        assert arrays[name].tolist() == pytest.approx([p[at] for p in positions])
+    kept = log.kept(lengths)  # auto's view of the same positions: offsets, K, accepted
+    assert list(zip(kept.offset.tolist(), kept.k.tolist(), kept.accepted.tolist())) == [p[2:5] for p in positions]
+
+
+def test_kept_answers_again_only_for_the_same_log_and_lengths():
+    """The kept answer is reused for the same blocks and lengths only, and statistics never share its arrays."""
+    log = EmissionLog(speculate_k=2)
+    log.add_block([0, 1], [0, 0], [1, 1], torch.tensor([[0.1], [0.2]]))
+    drafts = tuple(torch.tensor([[1.0, 2.0], [3.0, 4.0]]) * scale for scale in (1.0, 0.1, 0.01))
+    log.add_block([0, 1], [1, 1], [3, 2], torch.tensor([[0.3, 0.4, 0.5], [0.6, 0.7, 0.8]]), drafts)
+    first = log.to_stats([2, 3])
+    first.token_entropy[0].zero_()
+    first.draft_row[0] += 5
+    again = log.to_stats([2, 3])
+    assert torch.cat(again.token_entropy).tolist() == pytest.approx([0.1, 0.2, 0.3, 0.6, 0.7])
+    assert again.token_arrays()["row"].tolist() == [0, 1, 1]
+    assert log.kept([4, 3]).depth.tolist() == [1, 2, 1, 2]  # other lengths: counted anew
+    log.add_block([0], [4], [1], torch.tensor([[0.9]]))
+    assert log.to_stats([5, 3]).num_generated_tokens == 8 and torch.cat(log.to_stats([5, 3]).token_entropy).numel() == 8
