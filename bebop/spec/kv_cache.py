@@ -4,6 +4,8 @@ Speculative decoding writes K+1 positions per row per verify step, then keeps a 
 number of them in each row. ``RaggedKVCache`` stores fixed buffers of shape (B, H, T_max, d)
 per layer and a length per row; a rollback is just a smaller length (no copy, no leak: the
 stale entries are overwritten by the next write and hidden by the attention mask meanwhile).
+Dropping finished rows moves the rows from the batch's end into their places and keeps the rest
+where it is (``fill_order``, ``select_rows``): a copy of the few rows that move, not of the batch.
 It implements the one method HF attention layers call, ``update(key, value, layer_idx)``.
 """
 
