@@ -66,7 +66,6 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 from bebop.config import AUTO, AUTO_MAX_K
 from bebop.spec.engine import Decoder, GenerationResult, SamplingParams, SpecConfig

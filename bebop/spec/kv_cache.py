@@ -150,7 +150,6 @@ class RaggedKVCache:
         return self.num_layers
 
 
-
 def fill_order(keep: list[int]) -> list[int]:
     """The rows ``keep`` (increasing) ordered so that a kept row below len(keep) stays where it is and
     the rows from past it fill the holes: ``RaggedKVCache.select_rows`` then copies only those.
@@ -158,9 +157,9 @@ def fill_order(keep: list[int]) -> list[int]:
     Example: fill_order([0, 2, 3, 5]) -> [0, 5, 2, 3] (row 5 moves into row 1's place).
     """
     num = len(keep)
-    order = [r for r in keep if r < num]
-    holes = sorted(set(range(num)) - set(order))
+    stay = {r for r in keep if r < num}
     order = list(range(num))
+    holes = (p for p in range(num) if p not in stay)
     for hole, row in zip(holes, (r for r in keep if r >= num)):
         order[hole] = row
     return order

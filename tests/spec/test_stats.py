@@ -134,14 +134,14 @@ def _random_log(data, max_k: int):
     log.add_block(rows, [0] * len(rows), [1] * len(rows), torch.rand(len(rows), 1))
     emitted.update(dict.fromkeys(rows, 1))
     for _ in range(data.draw(st.integers(0, 6))):
-        rows = [r for r in rows if data.draw(st.booleans()) or len(rows) == 1]
+        rows = [r for r in rows if data.draw(st.booleans())] or rows[:1]  # rows end; one at least goes on
         k = data.draw(st.integers(0, max_k))  # 0: a plain step
         widths = [1 if k == 0 else data.draw(st.integers(1, k + 1)) for _ in rows]
         drafts = None if k == 0 else tuple(torch.rand(len(rows), k) for _ in range(3))
-        log.add_block(rows, [emitted[r] for r in rows], widths, torch.rand(len(rows), max(k, 0) + 1), drafts)
+        log.add_block(rows, [emitted[r] for r in rows], widths, torch.rand(len(rows), k + 1), drafts)
         for r, w in zip(rows, widths):
             emitted[r] += w
-    lengths = [data.draw(st.integers(0, emitted.get(r, 0))) for r in range(max(emitted) + 1)]
+    lengths = [data.draw(st.integers(1, emitted[r])) for r in range(max(emitted) + 1)]
     return log, lengths
 
 
