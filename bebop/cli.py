@@ -396,17 +396,17 @@ def _head_loss(path: Path) -> str | None:
 
 
 def _add_rl_flags(p: argparse.ArgumentParser) -> None:
-    """One flag per RLConfig field, help text from the field's comment; unset flags keep file/defaults."""
+    """One flag per RLConfig field (help: ``bebop.rl.config.option``); unset flags keep file/defaults."""
     from bebop.rl.config import config_fields
 
-    for name, (ftype, default, comment) in config_fields().items():
+    for name, (ftype, default, help_text) in config_fields().items():
         flag = "--" + name.replace("_", "-")
         if ftype is bool:
             flags = [flag, "--async"] if name == "async_rollout" else [flag]
             p.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction, default=None,
-                           help=f"{comment} (default {default})")
+                           help=f"{help_text} (default {default})")
         else:
-            p.add_argument(flag, dest=name, type=ftype, default=None, help=f"{comment} (default {default!r})")
+            p.add_argument(flag, dest=name, type=ftype, default=None, help=f"{help_text} (default {default!r})")
 
 
 # ---------------------------------------------------------------------------------------------- report / demo

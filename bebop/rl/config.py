@@ -19,9 +19,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import os
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,55 +33,64 @@ MTP_UPDATES = ("frozen", "online")  # what happens to the head during RL (paper 
 RESUME_MAY_CHANGE = ("steps", "save_every", "label", "backend")  # keys a resumed run may set differently
 
 
+def option(default: Any, help: str) -> Any:
+    """A config field with its help text (``config_fields``: the CLI's --help), as in HF's ``TrainingArguments``."""
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
 @dataclass(frozen=True)
 class PolicyConfig:
     """How the policy learns from a rollout batch (GRPO, AdamW)."""
 
-    lr: float = 5e-5  # policy AdamW learning rate (tiny embedded model; the paper uses 1e-6..2e-6 at 35B)
-    weight_decay: float = 0.0  # policy AdamW weight decay
-    clip_eps: float = 0.2  # epsilon of the PPO/GRPO ratio clip
-    kl_coef: float = 0.0  # beta of the k3 KL penalty to the initial policy; 0 = no reference model
-    update_epochs: int = 1  # mu, optimizer steps on each rollout batch (full batch each)
-    mean_only: bool = False  # advantages without dividing by the group std (Dr. GRPO)
-    grad_clip: float = 1.0  # max global gradient norm of the policy; 0 = no clipping
+    lr: float = option(5e-5, "policy AdamW learning rate (tiny embedded model; the paper uses 1e-6..2e-6 at 35B)")
+    weight_decay: float = option(0.0, "policy AdamW weight decay")
+    clip_eps: float = option(0.2, "epsilon of the PPO/GRPO ratio clip")
+    kl_coef: float = option(0.0, "beta of the k3 KL penalty to the initial policy; 0 = no reference model")
+    update_epochs: int = option(1, "mu, optimizer steps on each rollout batch (full batch each)")
+    mean_only: bool = option(False, "advantages without dividing by the group std (Dr. GRPO)")
+    grad_clip: float = option(1.0, "max global gradient norm of the policy; 0 = no clipping")
 
 
 @dataclass(frozen=True)
 class MtpUpdateConfig:
     """What happens to the MTP draft head during RL."""
 
-    mtp_update: str = "frozen"  # frozen: weights never change (paper recipe) | online: trained on each rollout
-    online_loss: str = "e2e_tv"  # draft loss of the online update: ce | fkl | rkl | tv | e2e_tv
-    mtp_lr: float = 1e-4  # head AdamW learning rate (online only)
-    mtp_grad_clip: float = 1.0  # max gradient norm of the head, separate from the policy's (paper §5.3)
-    mtp_speculate_k: int = 3  # draft steps unrolled by the online loss
+    mtp_update: str = option("frozen",
+                             "frozen: weights never change (paper recipe) | online: trained on each rollout")
+    online_loss: str = option("e2e_tv", "draft loss of the online update: ce | fkl | rkl | tv | e2e_tv")
+    mtp_lr: float = option(1e-4, "head AdamW learning rate (online only)")
+    mtp_grad_clip: float = option(1.0, "max gradient norm of the head, separate from the policy's (paper §5.3)")
+    mtp_speculate_k: int = option(3, "draft steps unrolled by the online loss")
 
 
 @dataclass(frozen=True)
 class RLConfig:
     """One GRPO run with speculative rollouts; defaults fit the embedded model on a CPU."""
 
-    mode: str = "rs"  # rollout decoding: none (plain) | to (target-only) | rs (rejection sampling) | auto
-    speculate_k: int = 3  # K, drafts verified per target forward in the rollout; or auto (1-4)
-    auto_every: int = AUTO_EVERY  # with mode or speculate_k auto: probe every this many steps (choose in between)
-    mtp_loss: str = "e2e_tv"  # loss the head was trained with (picks the embedded head; logged)
-    task: str = "embedded"  # prompt source: embedded (built-in arithmetic) | math (--data file; implied by data)
-    data: str = ""  # JSONL/parquet prompt file with a "prompt" field (task math)
-    reward: str = ""  # reward spec: name, module:function or file.py:function; "" = the task's own
-    steps: int = 100  # RL steps (one rollout batch and its updates each)
-    prompts_per_step: int = 8  # B, distinct prompts per step
-    group_size: int = 8  # G, completions sampled per prompt (>= 2: advantages are within a group)
-    max_new_tokens: int = 48  # completion length limit, EOS included
-    temperature: float = 1.0  # sampling temperature of the rollout and of the loss's logprobs (> 0)
-    top_k: int = 0  # top-k filter of the rollout; 0 = off
-    top_p: float = 1.0  # nucleus filter of the rollout; 1 = off
-    async_rollout: bool = False  # sample step s+1 in a thread while step s updates (one step off-policy)
-    backend: str = "engine"  # rollout engine: engine (Bebop's: exact, seeded, per-token stats) | vllm (the vllm extra)
-    save_every: int = 25  # checkpoint every this many steps (and at the end); 0 = only at the end
-    seed: int = 0  # seeds prompts, rollout sampling (with step and row) and initial RNG states
-    label: str = ""  # run name in reports; "" = built from mode, mtp_loss and mtp_update
-    policy: PolicyConfig = PolicyConfig()  # learning-rate, clip, KL and epoch settings
-    mtp: MtpUpdateConfig = MtpUpdateConfig()  # MTP head update settings
+    mode: str = option("rs", "rollout decoding: none (plain) | to (target-only) | rs (rejection sampling) | auto")
+    speculate_k: int = option(3, "K, drafts verified per target forward in the rollout; or auto (1-4)")
+    auto_every: int = option(AUTO_EVERY,
+                             "with mode or speculate_k auto: probe every this many steps (choose in between)")
+    mtp_loss: str = option("e2e_tv", "loss the head was trained with (picks the embedded head; logged)")
+    task: str = option("embedded",
+                       "prompt source: embedded (built-in arithmetic) | math (--data file; implied by data)")
+    data: str = option("", 'JSONL/parquet prompt file with a "prompt" field (task math)')
+    reward: str = option("", 'reward spec: name, module:function or file.py:function; "" = the task\'s own')
+    steps: int = option(100, "RL steps (one rollout batch and its updates each)")
+    prompts_per_step: int = option(8, "B, distinct prompts per step")
+    group_size: int = option(8, "G, completions sampled per prompt (>= 2: advantages are within a group)")
+    max_new_tokens: int = option(48, "completion length limit, EOS included")
+    temperature: float = option(1.0, "sampling temperature of the rollout and of the loss's logprobs (> 0)")
+    top_k: int = option(0, "top-k filter of the rollout; 0 = off")
+    top_p: float = option(1.0, "nucleus filter of the rollout; 1 = off")
+    async_rollout: bool = option(False, "sample step s+1 in a thread while step s updates (one step off-policy)")
+    backend: str = option("engine",
+                          "rollout engine: engine (Bebop's: exact, seeded, per-token stats) | vllm (the vllm extra)")
+    save_every: int = option(25, "checkpoint every this many steps (and at the end); 0 = only at the end")
+    seed: int = option(0, "seeds prompts, rollout sampling (with step and row) and initial RNG states")
+    label: str = option("", 'run name in reports; "" = built from mode, mtp_loss and mtp_update')
+    policy: PolicyConfig = option(PolicyConfig(), "learning-rate, clip, KL and epoch settings")
+    mtp: MtpUpdateConfig = option(MtpUpdateConfig(), "MTP head update settings")
 
 
 _GROUPS = {"policy": PolicyConfig, "mtp": MtpUpdateConfig}  # nested RLConfig fields and their classes
@@ -115,19 +122,16 @@ def flat_config(cfg: RLConfig) -> dict[str, Any]:
 
 
 def config_fields() -> dict[str, tuple[type, Any, str]]:
-    """Every flat key with its type, default and the comment on its field (the CLI's help text).
+    """Every flat key with its type, default and help text (``option``; the CLI's help).
 
     Example:
         >>> config_fields()["mtp_lr"][:2]
         (<class 'float'>, 0.0001)
     """
-    comments: dict[str, str] = {}
-    for cls in (RLConfig, *_GROUPS.values()):
-        for name, comment in re.findall(r"^\s+(\w+):[^#\n]*#\s*(.+)$", inspect.getsource(cls), re.MULTILINE):
-            comments[name] = comment.strip()
+    helps = {f.name: f.metadata["help"] for cls in (RLConfig, *_GROUPS.values()) for f in dataclasses.fields(cls)}
     defaults = flat_config(RLConfig())
     types = {name: type(defaults[name]) for name in defaults} | {"speculate_k": speculate_k_value}
-    return {name: (types[name], defaults[name], comments[name]) for name in _leaf_owners()}
+    return {name: (types[name], defaults[name], helps[name]) for name in _leaf_owners()}
 
 
 def max_speculate_k(cfg: RLConfig) -> int:

@@ -91,21 +91,21 @@ def _check_verify_shapes(
     batch, k_plus_1, vocab = target.shape
     if vocab < 1:
         raise ValueError(f"{name} has an empty vocabulary dimension")
-    num_draft = k_plus_1 - 1
+    k = k_plus_1 - 1
     if not isinstance(draft_tokens, torch.Tensor) or draft_tokens.dtype != torch.int64:
         raise ValueError(f"draft_tokens must be an int64 tensor, got {getattr(draft_tokens, 'dtype', None)}")
-    if tuple(draft_tokens.shape) != (batch, num_draft):
+    if tuple(draft_tokens.shape) != (batch, k):
         raise ValueError(
-            f"draft_tokens must be (B, K) = {(batch, num_draft)} to match {name} {tuple(target.shape)}, "
+            f"draft_tokens must be (B, K) = {(batch, k)} to match {name} {tuple(target.shape)}, "
             f"got {tuple(draft_tokens.shape)}"
         )
     _check_probs_shape(target, name, (batch, k_plus_1, vocab))
     if draft_probs is not None:
-        _check_probs_shape(draft_probs, "draft_probs", (batch, num_draft, vocab))
+        _check_probs_shape(draft_probs, "draft_probs", (batch, k, vocab))
     for t in (draft_tokens, draft_probs):
         if t is not None and t.device != target.device:
             raise ValueError(f"all inputs must be on {target.device}, got one on {t.device}")
-    return batch, num_draft, vocab
+    return batch, k, vocab
 
 
 def _raise_failed(checks: list[tuple[torch.Tensor, str]]) -> None:
@@ -210,10 +210,10 @@ def acceptance_probs(
 
     Example: p_1 = [0.2, 0.8], q_1 = [0.5, 0.5], ŷ_1 = 0 -> 0.4 (RS); ŷ_1 = 1 -> 1.0; TO, ŷ_1 = 0 -> 0.2.
     """
-    num_draft = draft_tokens.shape[1]
+    k = draft_tokens.shape[1]
     index = draft_tokens[..., None]  # (B, K, 1)
     dtype = _compute_dtype(target_probs, draft_probs)
-    p_draft = target_probs[:, :num_draft].gather(-1, index).squeeze(-1).to(dtype)  # (B, K)
+    p_draft = target_probs[:, :k].gather(-1, index).squeeze(-1).to(dtype)  # (B, K)
     if draft_probs is None:
         return p_draft.clamp(0.0, 1.0)
     q_draft = draft_probs.gather(-1, index).squeeze(-1).to(dtype)  # (B, K)
@@ -298,8 +298,8 @@ def rejection_sample_from_noise(
         output_tokens: (B, K+1) accepted drafts, then the recovered or bonus token, then PAD_TOKEN_ID.
         num_accepted: (B,) in 0..K; the row emitted num_accepted + 1 tokens.
     """
-    batch, num_draft, vocab = _check_verify_shapes(target_probs, draft_tokens, draft_probs)
-    _check_probs_shape(uniform, "uniform", (batch, num_draft))
+    batch, k, vocab = _check_verify_shapes(target_probs, draft_tokens, draft_probs)
+    _check_probs_shape(uniform, "uniform", (batch, k))
     _check_probs_shape(exponential, "exponential", (batch, vocab))
     if validate:
         checks = _prob_checks(target_probs, "target_probs") + _token_checks(draft_tokens, vocab)
@@ -319,14 +319,14 @@ def rejection_sample_from_noise(
     tokens_with_bonus = torch.cat([draft_tokens, pad], dim=1)  # (B, K+1)
     stop_token = tokens_with_bonus[rows, num_accepted]  # (B,) ŷ at the stop position, PAD at bonus
     q_stop = None
-    if draft_probs is not None and num_draft > 0:
-        q_stop = draft_probs[rows, num_accepted.clamp(max=num_draft - 1)]  # (B, V); unused at bonus
+    if draft_probs is not None and k > 0:
+        q_stop = draft_probs[rows, num_accepted.clamp(max=k - 1)]  # (B, V); unused at bonus
     elif draft_probs is not None:
         q_stop = draft_probs.new_zeros(batch, vocab)
     weights = recovery_weights(target_probs[rows, num_accepted], stop_token, q_stop)  # (B, V)
     emitted = sample_from_probs(weights, exponential.to(weights.dtype))  # (B,)
 
-    positions = torch.arange(num_draft + 1, device=target_probs.device)  # (K+1,)
+    positions = torch.arange(k + 1, device=target_probs.device)  # (K+1,)
     stop = num_accepted[:, None]  # (B, 1)
     output = torch.where(positions < stop, tokens_with_bonus, PAD_TOKEN_ID)
     output = torch.where(positions == stop, emitted[:, None], output)
@@ -336,11 +336,11 @@ def rejection_sample_from_noise(
 def draw_verify_noise(
     seeds: torch.Tensor,  # (B,) int64
     counters: torch.Tensor,  # (B,) int64, the rows' decode positions
-    num_draft_tokens: int,
+    k: int,  # K, drafts per row
     vocab_size: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # (B, K) float64, (B, V) float32
     """Batch-independent noise for one verify step: accept coins and the recovered/bonus draw."""
-    coins = rng.uniform(seeds, STREAM_ACCEPT, counters, (num_draft_tokens,), COIN_DTYPE)
+    coins = rng.uniform(seeds, STREAM_ACCEPT, counters, (k,), COIN_DTYPE)
     race = rng.exponential(seeds, STREAM_RESAMPLE, counters, (vocab_size,))
     return coins, race
 
@@ -371,10 +371,10 @@ def rejection_sample(
     `rejection_sample_seeded` for batch-independent results. generator=None uses torch's default
     generator. Args and returns as in `rejection_sample_from_noise`.
     """
-    batch, num_draft, vocab = _check_verify_shapes(target_probs, draft_tokens, draft_probs)
+    batch, k, vocab = _check_verify_shapes(target_probs, draft_tokens, draft_probs)
     device = target_probs.device
     # Draw bits and map them like bebop.spec.rng does, so both paths share one noise format.
-    coin_bits = torch.randint(0, 1 << 52, (batch, num_draft), generator=generator, device=device)
+    coin_bits = torch.randint(0, 1 << 52, (batch, k), generator=generator, device=device)
     race_bits = torch.randint(0, 1 << 52, (batch, vocab), generator=generator, device=device)
     coins = rng.uniform_from_bits(coin_bits, COIN_DTYPE)
     race = rng.exponential_from_bits(race_bits)
@@ -393,8 +393,8 @@ def rejection_sample_seeded(
     validate: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # (B, K+1) int64, (B,) int64
     """As `rejection_sample`, noise from (seeds, counters): a row's result does not depend on its batch."""
-    _, num_draft, vocab = _check_verify_shapes(target_probs, draft_tokens, draft_probs)
-    coins, race = draw_verify_noise(seeds, counters, num_draft, vocab)
+    _, k, vocab = _check_verify_shapes(target_probs, draft_tokens, draft_probs)
+    coins, race = draw_verify_noise(seeds, counters, k, vocab)
     return rejection_sample_from_noise(
         target_probs, draft_tokens, draft_probs, coins, race, validate=validate
     )
@@ -412,7 +412,7 @@ def greedy_verify(
 
     Example: argmax rows [5, 7, 9], drafts [5, 8] -> output [5, 7, -1], num_accepted 1.
     """
-    batch, num_draft, vocab = _check_verify_shapes(target_logits_or_probs, draft_tokens, None,
+    batch, k, vocab = _check_verify_shapes(target_logits_or_probs, draft_tokens, None,
                                                    name="target_logits_or_probs")
     if validate:
         _raise_failed(
@@ -420,9 +420,9 @@ def greedy_verify(
             + _token_checks(draft_tokens, vocab)
         )
     target_argmax = target_logits_or_probs.argmax(dim=-1)  # (B, K+1)
-    matches = draft_tokens == target_argmax[:, :num_draft]  # (B, K)
+    matches = draft_tokens == target_argmax[:, :k]  # (B, K)
     num_accepted = matches.long().cumprod(dim=1).sum(dim=1)  # (B,)
-    positions = torch.arange(num_draft + 1, device=draft_tokens.device)
+    positions = torch.arange(k + 1, device=draft_tokens.device)
     # NOTE: accepted drafts equal the argmax, so the output is the argmax up to the stop position.
     output = torch.where(positions <= num_accepted[:, None], target_argmax, PAD_TOKEN_ID)
     return output, num_accepted

@@ -94,29 +94,29 @@ def _emitted_joint(chain, drafts, accept, resample, vocab) -> np.ndarray:
     """Distribution of the first K+1 emitted tokens for one fixed draft sequence: the block stops at
     n with probability Π_{i<n} a_i · (1 - a_n) (or Π a_i at n = K), emits drafts[:n] then a token
     from resample[n]; afterwards decoding continues with plain draws from the target."""
-    num_draft = len(drafts)
-    joint = np.zeros((vocab,) * (num_draft + 1))
-    for seq in itertools.product(range(vocab), repeat=num_draft + 1):
+    k = len(drafts)
+    joint = np.zeros((vocab,) * (k + 1))
+    for seq in itertools.product(range(vocab), repeat=k + 1):
         total, reach = 0.0, 1.0
-        for n in range(num_draft + 1):
+        for n in range(k + 1):
             if tuple(seq[:n]) != tuple(drafts[:n]):
                 break
-            stop = reach * ((1 - accept[n]) if n < num_draft else 1.0)
-            tail = math.prod(chain.p(seq[:t])[seq[t]] for t in range(n + 1, num_draft + 1))
+            stop = reach * ((1 - accept[n]) if n < k else 1.0)
+            tail = math.prod(chain.p(seq[:t])[seq[t]] for t in range(n + 1, k + 1))
             total += stop * resample[n][seq[n]] * tail
-            if n < num_draft:
+            if n < k:
                 reach *= accept[n]
         joint[seq] = total
     return joint
 
 
-def _block_inputs(chain: Chain, vocab: int, num_draft: int, dtype=torch.float64):
+def _block_inputs(chain: Chain, vocab: int, k: int, dtype=torch.float64):
     """Every draft sequence as one row: target rows P(ŷ[:j]) (j = 0..K), draft rows Q(ŷ[:j])."""
-    drafts = list(itertools.product(range(vocab), repeat=num_draft))
-    target = np.array([[chain.p(d[:j]) for j in range(num_draft + 1)] for d in drafts])  # (B, K+1, V)
-    draft_probs = np.array([[chain.q(d[:j]) for j in range(num_draft)] for d in drafts])  # (B, K, V)
-    weights = [math.prod(chain.q(d[:j])[d[j]] for j in range(num_draft)) for d in drafts]
-    draft_tokens = torch.tensor(drafts, dtype=torch.int64).view(len(drafts), num_draft)  # (B, K)
+    drafts = list(itertools.product(range(vocab), repeat=k))
+    target = np.array([[chain.p(d[:j]) for j in range(k + 1)] for d in drafts])  # (B, K+1, V)
+    draft_probs = np.array([[chain.q(d[:j]) for j in range(k)] for d in drafts])  # (B, K, V)
+    weights = [math.prod(chain.q(d[:j])[d[j]] for j in range(k)) for d in drafts]
+    draft_tokens = torch.tensor(drafts, dtype=torch.int64).view(len(drafts), k)  # (B, K)
     return (drafts, torch.tensor(target, dtype=dtype), draft_tokens,
             torch.tensor(draft_probs, dtype=dtype), weights)
 
@@ -130,34 +130,34 @@ def _chain_for(pair, vocab):
     return Chain(pair, pool)
 
 
-@pytest.mark.parametrize("num_draft", [1, 2])
+@pytest.mark.parametrize("k", [1, 2])
 @pytest.mark.parametrize("name, pair, vocab", CASES, ids=[c[0] for c in CASES])
-def test_rejection_sampling_is_exact(name, pair, vocab, num_draft):
+def test_rejection_sampling_is_exact(name, pair, vocab, k):
     """RS: mixing over ŷ ~ q, the first K+1 emitted tokens are distributed exactly as the target's."""
     chain = _chain_for(pair, vocab)
-    drafts, target, draft_tokens, draft_probs, weights = _block_inputs(chain, vocab, num_draft)
+    drafts, target, draft_tokens, draft_probs, weights = _block_inputs(chain, vocab, k)
     accept, resample = verify_distributions(target, draft_tokens, draft_probs)
     assert torch.isfinite(accept).all() and torch.isfinite(resample).all()
     emitted = sum(
         w * _emitted_joint(chain, d, accept[i].tolist(), resample[i].numpy(), vocab)
         for i, (d, w) in enumerate(zip(drafts, weights)) if w > 0
     )
-    np.testing.assert_allclose(emitted, _target_joint(chain, vocab, num_draft + 1), atol=EXACT_ATOL, rtol=0)
+    np.testing.assert_allclose(emitted, _target_joint(chain, vocab, k + 1), atol=EXACT_ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("num_draft", [1, 2])
+@pytest.mark.parametrize("k", [1, 2])
 @pytest.mark.parametrize("name, pair, vocab", CASES, ids=[c[0] for c in CASES])
-def test_target_only_is_exact_for_any_draft(name, pair, vocab, num_draft):
+def test_target_only_is_exact_for_any_draft(name, pair, vocab, k):
     """TO: for every fixed draft sequence (argmax q included), the output is exactly the target's."""
     chain = _chain_for(pair, vocab)
-    drafts, target, draft_tokens, _, _ = _block_inputs(chain, vocab, num_draft)
+    drafts, target, draft_tokens, _, _ = _block_inputs(chain, vocab, k)
     accept, resample = verify_distributions(target, draft_tokens, None)
-    expected = _target_joint(chain, vocab, num_draft + 1)
+    expected = _target_joint(chain, vocab, k + 1)
     for i, d in enumerate(drafts):
         emitted = _emitted_joint(chain, d, accept[i].tolist(), resample[i].numpy(), vocab)
         np.testing.assert_allclose(emitted, expected, atol=EXACT_ATOL, rtol=0, err_msg=f"drafts {d}")
     argmax_drafts = [int(np.argmax(chain.q(())))]
-    for _ in range(1, num_draft):
+    for _ in range(1, k):
         argmax_drafts.append(int(np.argmax(chain.q(tuple(argmax_drafts)))))
     assert tuple(argmax_drafts) in drafts  # the TO rule's own draft is among those checked
 
@@ -176,20 +176,20 @@ def test_exact_in_float32():
 def test_samplers_follow_the_closed_form(use_draft_probs):
     """Crafted coins just below / at each acceptance threshold stop the block exactly where the
     closed form says; the emitted token is the exponential race over that row's distribution."""
-    num_draft, vocab = 2, 4
-    rows = [_block_inputs(_chain_for(pair, vocab), vocab, num_draft) for pair in AWKWARD.values()]
+    k, vocab = 2, 4
+    rows = [_block_inputs(_chain_for(pair, vocab), vocab, k) for pair in AWKWARD.values()]
     target = torch.cat([r[1] for r in rows])
     draft_tokens = torch.cat([r[2] for r in rows])
     draft_probs = torch.cat([r[3] for r in rows]) if use_draft_probs else None
     accept, resample = verify_distributions(target, draft_tokens, draft_probs)
     race = torch.empty(target.shape[0], vocab, dtype=torch.float64).exponential_(
         generator=torch.Generator().manual_seed(0)) + 1e-3
-    for stop in range(num_draft + 1):
+    for stop in range(k + 1):
         below = torch.nextafter(accept, torch.zeros_like(accept))  # u < a: accept
         coins = torch.full_like(accept, 0.5)
         coins[:, :stop] = below[:, :stop]
         valid = (accept[:, :stop] > 0).all(1)
-        if stop < num_draft:
+        if stop < k:
             at_threshold = accept[:, stop]  # u == a: reject (any u rejects when a == 0)
             coins[:, stop] = torch.where(at_threshold > 0, at_threshold, 0.5)
             valid &= accept[:, stop] < 1
