@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from bebop.architectures import supported_families
-from bebop.config import AUTO_EVERY, speculate_k_value
+from bebop.config import AUTO_EVERY, DRAFT_LOSS_NAMES, speculate_k_value
 from bebop.utils.io import BebopError
 
 
@@ -471,7 +471,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", help="JSONL of {token_ids, start} (generate's output), {text} or {prompt, completion} "
                                   "rows (default: self-generated embedded data)")
     p.add_argument("--out", help="output directory for the head (default: the embedded head cache)")
-    p.add_argument("--loss", help="ce | fkl | rkl | tv | e2e_tv (default e2e_tv)")
+    p.add_argument("--loss", help=f"{' | '.join(DRAFT_LOSS_NAMES)} (default e2e_tv)")
     p.add_argument("--speculate-k", type=int, help="head steps unrolled in training (default 5)")
     p.add_argument("--steps", type=int, help="optimizer steps (default 300)")
     p.add_argument("--batch-size", type=int, help="sequences per step (default 32)")

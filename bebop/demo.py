@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bebop import embedded
+from bebop.config import DRAFT_LOSS_NAMES
 from bebop.mtp.data import Sequences
 from bebop.mtp.evaluate import acceptance_table, evaluate_mtp
 from bebop.mtp.head import MtpHead
@@ -25,7 +26,7 @@ from bebop.utils.io import read_json, read_jsonl, write_json
 from bebop.utils.progress import say
 from bebop.utils.torch_utils import resolve_dtype
 
-LOSSES = ("ce", "fkl", "rkl", "tv", "e2e_tv")  # heads compared in the acceptance table
+LOSSES = DRAFT_LOSS_NAMES  # heads compared in the acceptance table: every draft loss
 SWEEP_LOSSES = ("ce", "e2e_tv")  # heads in the temperature sweep
 # (label, rollout mode, head loss, head update during RL, online loss)
 RL_RUNS = (

@@ -64,7 +64,7 @@ CHAIN_MEAN_LOSSES = ("e2e_tv",)  # losses that average over chains (mask[:, 0]);
 class TrainMtpConfig:
     """How a head is trained."""
 
-    loss: str = "e2e_tv"  # draft objective: ce | fkl | rkl | tv | e2e_tv
+    loss: str = "e2e_tv"  # draft objective: a key of DRAFT_LOSSES
     speculate_k: int = 5  # K_train, head steps unrolled per position
     steps: int = 300  # optimizer steps
     batch_size: int = 32  # sequences per step

@@ -23,7 +23,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from bebop.config import AUTO, AUTO_EVERY, AUTO_MAX_K, merge_sources, resolve, speculate_k_value
+from bebop.config import AUTO, AUTO_EVERY, AUTO_MAX_K, DRAFT_LOSS_NAMES, merge_sources, resolve, speculate_k_value
 from bebop.utils.io import BebopError
 
 # NOTE: nothing here imports torch (the CLI builds its --help from this module); the checks import
@@ -57,7 +57,7 @@ class MtpUpdateConfig:
 
     mtp_update: str = option("frozen",
                              "frozen: weights never change (paper recipe) | online: trained on each rollout")
-    online_loss: str = option("e2e_tv", "draft loss of the online update: ce | fkl | rkl | tv | e2e_tv")
+    online_loss: str = option("e2e_tv", f"draft loss of the online update: {' | '.join(DRAFT_LOSS_NAMES)}")
     mtp_lr: float = option(1e-4, "head AdamW learning rate (online only)")
     mtp_grad_clip: float = option(1.0, "max gradient norm of the head, separate from the policy's (paper §5.3)")
     mtp_speculate_k: int = option(3, "draft steps unrolled by the online loss")

@@ -9,6 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bebop.config import DRAFT_LOSS_NAMES
 from bebop.losses import DRAFT_LOSSES, acceptance_stats, draft_loss
 
 NAMES = ["ce", "fkl", "rkl", "tv", "e2e_tv"]
@@ -106,6 +107,11 @@ def test_chunking_does_not_change_result(name):
     )
     torch.testing.assert_close(tiled, one_tile, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(tiled_grad, one_tile_grad, atol=1e-7, rtol=1e-6)
+
+
+def test_the_torch_free_names_are_the_registrys_keys():
+    """``bebop.config.DRAFT_LOSS_NAMES`` (the CLI's help, the demo's heads) lists ``DRAFT_LOSSES``, in order."""
+    assert DRAFT_LOSS_NAMES == tuple(DRAFT_LOSSES)
 
 
 def test_e2e_tv_zero_acceptance_step():
