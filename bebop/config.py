@@ -18,8 +18,8 @@ from bebop.utils.io import BebopError
 T = TypeVar("T")
 AUTO = "auto"  # the value of mode / speculate_k that asks bebop.spec.auto to choose
 AUTO_MAX_K = 4  # deepest K that speculate_k auto considers
-DRAFT_LOSS_NAMES = ("ce", "fkl", "rkl", "tv", "e2e_tv")  # the keys of bebop.losses.DRAFT_LOSSES, without torch (--help)
 AUTO_EVERY = 10  # auto probes every this many calls (rl steps, or generate calls sharing a profile)
+DRAFT_LOSS_NAMES = ("ce", "fkl", "rkl", "tv", "e2e_tv")  # the keys of bebop.losses.DRAFT_LOSSES, without torch (--help)
 
 
 def speculate_k_value(text: str) -> int | str:

@@ -1,8 +1,8 @@
 """``train_mtp``: train an MTP head on a frozen backbone with a chosen draft objective.
 
 The backbone never changes (its parameters have requires_grad=False and are only read under
-no_grad). Each step unrolls K_train head steps with teacher forcing on the data tokens, in the
-engine's attention context by default (``chain_context``, see ``bebop.mtp.chains``); the
+no_grad). Each step unrolls K (``speculate_k``) head steps with teacher forcing on the data tokens,
+in the engine's attention context by default (``chain_context``, see ``bebop.mtp.chains``); the
 target p at step j is the backbone's own distribution on the same sequence (paper §6.1: 5 steps,
 backbone frozen, e2e-TV). AdamW with linear warmup then a constant rate (the paper's schedule).
 
@@ -65,7 +65,7 @@ class TrainMtpConfig:
     """How a head is trained."""
 
     loss: str = "e2e_tv"  # draft objective: a key of DRAFT_LOSSES
-    speculate_k: int = 5  # K_train, head steps unrolled per position
+    speculate_k: int = 5  # K, head steps unrolled per position in training
     steps: int = 300  # optimizer steps
     batch_size: int = 32  # sequences per step
     lr: float = 1e-3  # peak AdamW learning rate
