@@ -17,7 +17,9 @@ import sys
 from pathlib import Path
 
 from bebop.architectures import supported_families
-from bebop.config import AUTO_EVERY, DRAFT_LOSS_NAMES, speculate_k_value
+from bebop.config import AUTO_EVERY, flags_of, speculate_k_value
+from bebop.mtp.config import CHAIN_CONTEXTS, TrainMtpConfig
+from bebop.rl.config import config_fields
 from bebop.utils.io import BebopError
 
 
@@ -42,14 +44,14 @@ def _add_device_args(p: argparse.ArgumentParser, dtype_default: str | None = "au
 def _load(args, need_mtp: bool, mtp_loss: str = "e2e_tv", split: str | None = None):
     """(model, tokenizer, head or None, sequences or None) from --model/--mtp/--data (``split`` of the
     embedded data when it is given), or the embedded defaults; on --device in --dtype."""
-    from bebop import embedded
+    from bebop import embedded, models
     from bebop.mtp import MtpHead
     from bebop.utils.torch_utils import resolve_device, resolve_dtype
 
     dtype = resolve_dtype(args.dtype, resolve_device(args.device))  # NOTE: before anything loads or pretrains
     # NOTE: the embedded model's cached heads and data are keyed by its float32 weights: they are found
     # (or built) on the float32 model, which is cast to --dtype after.
-    model, tok = embedded.load_model(args.model, device=args.device,
+    model, tok = models.load_model(args.model, device=args.device,
                                      dtype=dtype if args.model else embedded.CACHE_DTYPE)
     path = None
     if need_mtp:
@@ -104,15 +106,10 @@ def cmd_pretrain(args) -> None:
 def cmd_train_mtp(args) -> None:
     from bebop import embedded
     from bebop.config import resolve
-    from bebop.mtp.train import TrainMtpConfig, saved_config, train_mtp
+    from bebop.mtp.train import saved_config, train_mtp
     from bebop.utils.io import check_output_dir
 
-    flags = {
-        "loss": args.loss, "speculate_k": args.speculate_k, "steps": args.steps, "batch_size": args.batch_size,
-        "lr": args.lr, "temperature": args.temperature, "num_layers": args.num_layers, "seed": args.seed,
-        "init": args.init, "init_from": args.init_from, "ce_warmup": args.ce_warmup,
-        "chain_context": args.chain_context,
-    }
+    flags = {name: getattr(args, name) for name in flags_of(TrainMtpConfig)}
     cfg = resolve(TrainMtpConfig, args.config, flags)
     out = Path(args.out) if args.out else embedded.embedded_head_dir(cfg.loss) if args.model is None else None
     if out is None:
@@ -133,13 +130,13 @@ def cmd_train_mtp(args) -> None:
 
 # ---------------------------------------------------------------------------------------------- import-mtp / export-mtp
 def cmd_import_mtp(args) -> None:
-    from bebop import embedded
+    from bebop import models
     from bebop.mtp.native import import_mtp, native_layout
     from bebop.utils.torch_utils import resolve_device, resolve_dtype
 
     resolve_dtype(args.dtype, resolve_device(args.device))
     native_layout(args.model)  # NOTE: checked before the (possibly large) model loads
-    model, _ = embedded.load_model(args.model, device=args.device, dtype=args.dtype)
+    model, _ = models.load_model(args.model, device=args.device, dtype=args.dtype)
     head = import_mtp(args.model, model)
     head.save_pretrained(args.out, extra={"imported_from": str(Path(args.model).resolve())})
     print(f"imported the {head.config.family} MTP layer of {args.model} to {args.out}")
@@ -326,7 +323,6 @@ def _check_other_backend(args, model, tok, head, prompts) -> list:
 def cmd_rl(args) -> None:
     from bebop.rl import resolve_rl_config, train_rl
     from bebop.rollout.base import backend_class
-    from bebop.rl.config import config_fields
     from bebop.rl.prompts import task_reward
     from bebop.utils.io import check_output_dir
     from bebop.utils.torch_utils import dtype_name
@@ -395,18 +391,18 @@ def _head_loss(path: Path) -> str | None:
         return None
 
 
-def _add_rl_flags(p: argparse.ArgumentParser) -> None:
-    """One flag per RLConfig field (help: ``bebop.rl.config.option``); unset flags keep file/defaults."""
-    from bebop.rl.config import config_fields
-
-    for name, (ftype, default, help_text) in config_fields().items():
-        flag = "--" + name.replace("_", "-")
-        if ftype is bool:
-            flags = [flag, "--async"] if name == "async_rollout" else [flag]
-            p.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction, default=None,
-                           help=f"{help_text} (default {default})")
+def _add_config_flags(p: argparse.ArgumentParser, flags: dict) -> None:
+    """One flag per config field (``bebop.config.flags_of``: help, type, choices); an unset flag is None,
+    so the config file's value or the field's default stays."""
+    for name, flag in flags.items():
+        dashed = "--" + name.replace("_", "-")
+        if flag.type is bool:
+            names = [dashed, "--async"] if name == "async_rollout" else [dashed]
+            p.add_argument(*names, dest=name, action=argparse.BooleanOptionalAction, default=None,
+                           help=f"{flag.help} (default {flag.default})")
         else:
-            p.add_argument(flag, dest=name, type=ftype, default=None, help=f"{help_text} (default {default!r})")
+            p.add_argument(dashed, dest=name, type=flag.type, default=None, choices=flag.choices or None,
+                           help=f"{flag.help} (default {flag.default!r})")
 
 
 # ---------------------------------------------------------------------------------------------- report / demo
@@ -471,29 +467,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", help="JSONL of {token_ids, start} (generate's output), {text} or {prompt, completion} "
                                   "rows (default: self-generated embedded data)")
     p.add_argument("--out", help="output directory for the head (default: the embedded head cache)")
-    p.add_argument("--loss", help=f"{' | '.join(DRAFT_LOSS_NAMES)} (default e2e_tv)")
-    p.add_argument("--speculate-k", type=int, help="head steps unrolled in training (default 5)")
-    p.add_argument("--steps", type=int, help="optimizer steps (default 300)")
-    p.add_argument("--batch-size", type=int, help="sequences per step (default 32)")
-    p.add_argument("--lr", type=float, help="peak learning rate (default 1e-3)")
-    p.add_argument("--temperature", type=float, help="softmax temperature of p and q in the loss (default 1)")
-    p.add_argument("--num-layers", type=int, help="physical MTP layers (default 1)")
-    p.add_argument("--init", choices=["auto", "native", "backbone"],
-                   help="where a new head starts: the checkpoint's own MTP layer (native), a copy of the backbone's "
-                        "last decoder layer (backbone), or auto: native when the model ships one (default auto)")
-    p.add_argument("--init-from", help="start from this head directory instead (e.g. a CE-trained head)")
-    p.add_argument("--ce-warmup", type=int,
-                   help="CE steps before --loss, within --steps (default -1 = auto: half the steps when a tv/e2e_tv "
-                        "head starts from the backbone's layer, as TV losses fine-tune a CE-trained head; else 0)")
-    p.add_argument("--seed", type=int, help="seed (default 0)")
-    p.add_argument("--chain-context", choices=["served", "unrolled"],
-                   help="what draft steps >= 2 attend to: the engine's context, committed depth-1 keys then the "
-                        "chain's own (served, default; one-layer heads), or their own depth's keys at earlier "
-                        "positions (unrolled)")
+    _add_config_flags(p, flags_of(TrainMtpConfig))
     p.add_argument("--num-sequences", type=int,
                    help="self-generated embedded sequences when no --data (default 2048; used when first cached)")
     p.add_argument("--resume", action="store_true",
-                   help="continue from OUT/checkpoint with its settings (flags may change only --steps)")
+                   help="continue from OUT/checkpoint with its settings (flags may change only --steps, --save-every "
+                        "and --log-every)")
     p.add_argument("--overwrite", action="store_true",
                    help="if OUT exists and is not empty, move it aside to NAME.old-<timestamp> first")
     p.add_argument("--fsdp", action="store_true",
@@ -523,7 +502,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", help="JSONL evaluation data (default: held-out self-generated embedded data)")
     p.add_argument("--speculate-k", type=int, default=3, help="draft depth K (default 3)")
     p.add_argument("--temperature", type=float, default=1.0, help="temperature of p and q (default 1)")
-    p.add_argument("--chain-context", choices=["served", "unrolled"], default="served",
+    p.add_argument("--chain-context", choices=CHAIN_CONTEXTS, default="served",
                    help="what draft steps >= 2 attend to: served (the engine's context, default; one-layer heads) "
                         "or unrolled")
     p.add_argument("--num-sequences", type=int,
@@ -579,7 +558,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
     p.add_argument("--overwrite", action="store_true",
                    help="if OUT exists and is not empty, move it aside to NAME.old-<timestamp> first")
-    _add_rl_flags(p)
+    _add_config_flags(p, config_fields())
     p.set_defaults(func=cmd_rl)
 
     p = sub.add_parser("report", help="markdown report with tables and plots from RL run directories")

@@ -11,7 +11,7 @@ import argparse
 import dataclasses
 import os
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Callable, NamedTuple, TypeVar
 
 from bebop.utils.io import BebopError
 
@@ -33,6 +33,40 @@ def speculate_k_value(text: str) -> int | str:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
+
+
+def option(default: Any, help: str, choices: tuple[str, ...] = ()) -> Any:
+    """A config field with its help text and, when it takes one of a few names, those names: the CLI
+    makes each such field a flag (``flags_of``), as HF's ``TrainingArguments`` does."""
+    return dataclasses.field(default=default, metadata={"help": help, "choices": tuple(choices)})
+
+
+class Flag(NamedTuple):
+    """A config field as a command-line flag (``flags_of``)."""
+
+    type: Callable[[str], Any]  # parses the flag's text (the default's type)
+    default: Any
+    help: str
+    choices: tuple[str, ...] = ()
+
+
+def flags_of(cls: type, skip: tuple[str, ...] = ()) -> dict[str, Flag]:
+    """Each field of the flat config dataclass ``cls`` (but ``skip``) as a flag, in declaration order;
+    every field must carry its help (``option``).
+
+    Example:
+        >>> from bebop.mtp.config import TrainMtpConfig
+        >>> flags_of(TrainMtpConfig)["steps"][:2]
+        (<class 'int'>, 300)
+    """
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        if "help" not in f.metadata:
+            raise AssertionError(f"{cls.__name__}.{f.name} has no help text (declare it with option)")
+        out[f.name] = Flag(type(f.default), f.default, f.metadata["help"], f.metadata.get("choices", ()))
+    return out
 
 
 def load_config_file(path: str | os.PathLike) -> dict[str, Any]:

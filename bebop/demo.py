@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from bebop import embedded
+from bebop import embedded, models
 from bebop.config import DRAFT_LOSS_NAMES
 from bebop.mtp.data import Sequences
 from bebop.mtp.evaluate import acceptance_table, evaluate_mtp
@@ -77,7 +77,7 @@ def run_demo(cfg: DemoConfig) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     model_dir = _model_dir(cfg, out)
-    model, tok = embedded.load_model(model_dir, device=cfg.device, dtype=embedded.CACHE_DTYPE)
+    model, tok = models.load_model(model_dir, device=cfg.device, dtype=embedded.CACHE_DTYPE)
     train_data, eval_data = _data(cfg, out, model, tok)
     head_dirs = {loss: _head(cfg, out, loss, model, tok, train_data) for loss in LOSSES}
     model.to(resolve_dtype(cfg.dtype, model.device))
@@ -165,7 +165,7 @@ def _rl_run(cfg: DemoConfig, out: Path, model_dir: Path, head_dirs: dict[str, Pa
         "steps": cfg.rl_steps, "prompts_per_step": cfg.prompts_per_step, "group_size": cfg.group_size,
         "lr": cfg.lr, "seed": seed, "save_every": max(cfg.rl_steps // 3, 1),
     })
-    model, tok = embedded.load_model(model_dir, device=cfg.device, dtype=cfg.dtype)
+    model, tok = models.load_model(model_dir, device=cfg.device, dtype=cfg.dtype)
     head = MtpHead.from_pretrained(head_dirs[loss], model) if (mode != "none" or update == "online") else None
     train_rl(model, tok, head, rl_cfg, run_dir, resume=True)  # from the checkpoint, or from step 0 without one
     return run_dir

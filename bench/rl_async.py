@@ -19,11 +19,11 @@ import torch
 
 
 def run_once(async_rollout: bool, steps: int, seed: int) -> list[float]:
-    from bebop import embedded
+    from bebop import embedded, models
     from bebop.mtp import MtpHead
     from bebop.rl import resolve_rl_config, train_rl
 
-    model, tok = embedded.load_model()
+    model, tok = models.load_model()
     head = MtpHead.from_pretrained(embedded.ensure_embedded_head("e2e_tv", model, tok), model)
     cfg = resolve_rl_config(None, {"mode": "rs", "steps": steps, "async_rollout": async_rollout, "seed": seed,
                                    "save_every": 0})

@@ -22,11 +22,11 @@ KEYS = ("step_s", "rollout_s", "train_s", "mtp_s", "sync_s")
 
 
 def run_once(backend: str, mode: str, steps: int, seed: int) -> dict[str, list[float]]:
-    from bebop import embedded
+    from bebop import embedded, models
     from bebop.mtp import MtpHead
     from bebop.rl import resolve_rl_config, train_rl
 
-    model, tok = embedded.load_model()
+    model, tok = models.load_model()
     head = MtpHead.from_pretrained(embedded.ensure_embedded_head("e2e_tv", model, tok), model)
     cfg = resolve_rl_config(None, {"mode": mode, "steps": steps, "backend": backend, "seed": seed, "save_every": 0})
     with tempfile.TemporaryDirectory() as run_dir:

@@ -56,7 +56,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 import transformers
 
-from bebop.embedded import ensure_embedded_head, load_model
+from bebop.embedded import ensure_embedded_head
+from bebop.models import load_model
 from bebop.mtp.head import MtpHead
 from bebop.spec import SamplingParams, SpecConfig, engine, generate
 from bebop.spec.engine import _Target  # the engine's own verify forward, timed as the engine runs it

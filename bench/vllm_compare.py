@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bebop import embedded  # noqa: E402
+from bebop import embedded, models  # noqa: E402
 from bebop.mtp import MtpHead  # noqa: E402
 from bebop.mtp.native import export_mtp  # noqa: E402
 from bebop.rollout import vllm_cpu_fix  # noqa: E402
@@ -86,7 +86,7 @@ def main() -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(vllm_cpu_fix.site_dir()), os.environ.get("PYTHONPATH")]))
     vllm_cpu_fix.apply()
     model_dir, head_dir = embedded.ensure_embedded_model(), embedded.ensure_embedded_head("e2e_tv")
-    model, tok = embedded.load_model(model_dir)
+    model, tok = models.load_model(model_dir)
     head = MtpHead.from_pretrained(head_dir, model).eval()
     served = export_mtp(model_dir, head_dir, Path(tempfile.mkdtemp()) / "served")
     engines = {"vllm plain": _vllm_engine(served, None), "vllm rs": _vllm_engine(served, args.speculate_k)}

@@ -264,3 +264,20 @@ def test_bad_auto_flags_are_argparse_errors(tmp_path, capsys, argv, message):
     with pytest.raises(SystemExit) as exit_info:
         main([*argv, "--out", str(tmp_path / "o")])
     assert exit_info.value.code == 2 and message in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_train_mtp_has_a_flag_per_config_field(capsys):
+    """train-mtp's flags are ``TrainMtpConfig``'s fields (type, choices, help); an unset flag leaves the value
+    to the config file or the default."""
+    import dataclasses
+
+    from bebop.cli import build_parser
+    from bebop.mtp.config import TrainMtpConfig
+
+    args = build_parser().parse_args(["train-mtp", "--grad-clip", "0.5", "--log-every", "5", "--init", "backbone"])
+    assert (args.grad_clip, args.log_every, args.init, args.loss, args.steps) == (0.5, 5, "backbone", None, None)
+    for f in dataclasses.fields(TrainMtpConfig):
+        assert hasattr(args, f.name)
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["train-mtp", "--loss", "kl2"])
+    assert exit_info.value.code == 2 and "invalid choice: 'kl2'" in capsys.readouterr().err

@@ -13,7 +13,7 @@ from bebop.demo import RL_RUNS, SEEDED_RUNS, DemoConfig
 def _launched(tmp_path, monkeypatch, cfg: DemoConfig) -> list[tuple[str, int, float, str]]:
     """(label, seed, lr, run directory name) of every RL run the demo starts, without training anything."""
     seen = []
-    monkeypatch.setattr(demo.embedded, "load_model", lambda path, **_: (None, None))
+    monkeypatch.setattr(demo.models, "load_model", lambda path, **_: (None, None))
     monkeypatch.setattr(demo.MtpHead, "from_pretrained", lambda path, model: None)
     monkeypatch.setattr(bebop.rl, "train_rl", lambda model, tok, head, rl_cfg, run_dir, resume:
                         seen.append((rl_cfg.label, rl_cfg.seed, rl_cfg.policy.lr, run_dir.name)))

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from bebop import embedded
+from bebop import embedded, models
 from bebop.task import arith
 from bebop.utils.io import BebopError
 from bebop.utils.torch_utils import state_sha256
@@ -17,7 +17,7 @@ def _pretrained_hash(tmp_path, threads: int) -> str:
     torch.set_num_threads(threads)
     embedded.pretrain(tmp_path / f"model-{threads}", embedded.PretrainConfig(steps=2, batch_size=8, eval_problems=1),
                       show_progress=False)
-    model, _ = embedded.load_model(tmp_path / f"model-{threads}")
+    model, _ = models.load_model(tmp_path / f"model-{threads}")
     return state_sha256(model)
 
 

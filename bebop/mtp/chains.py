@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from bebop.mtp.config import CHAIN_CONTEXTS
 from bebop.utils.io import BebopError
 
 
@@ -89,7 +90,6 @@ CHAIN_UNROLLS = {  # chain context -> (head, hidden, input_ids, K, lm_head_input
     "unrolled": lambda head, hidden, input_ids, num_steps, **kw: head.unroll(hidden, input_ids, num_steps, **kw),
     "served": unroll_served,
 }
-CHAIN_CONTEXTS = tuple(CHAIN_UNROLLS)
 
 
 def check_head_context(head, chain_context: str) -> None:

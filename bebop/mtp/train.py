@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 from bebop.losses import DRAFT_LOSSES
 from bebop.mtp.chains import check_chain_context, check_head_context
+from bebop.mtp.config import INITS, TrainMtpConfig
 from bebop.mtp.data import Sequences, check_chain_args
 from bebop.mtp.head import MtpHead, _decoder
 from bebop.mtp.loss import chain_loss, fused_loss_blocker
@@ -52,38 +53,11 @@ from bebop.utils.progress import progress, say, step_line
 from bebop.utils.torch_utils import state_sha256
 
 CHECKPOINT_DIR = "checkpoint"  # inside the output dir: head, optimizer, step, config
-INITS = ("auto", "native", "backbone")  # where a new head starts (TrainMtpConfig.init)
 METRICS_FILE = "metrics.jsonl"  # one row per step
 RESUME_MAY_CHANGE = ("steps", "save_every", "log_every")  # settings a resumed run may change (and records)
 OLD_CHECKPOINT_SETTINGS = {"chain_context": "unrolled"}  # what checkpoints written before a field existed ran with
 NEEDS_CE_START = ("tv", "e2e_tv")  # losses whose q-weighted gradient is slow far from p: they fine-tune a CE-trained head
 CHAIN_MEAN_LOSSES = ("e2e_tv",)  # losses that average over chains (mask[:, 0]); the others over (chain, step) entries
-
-
-@dataclass(frozen=True)
-class TrainMtpConfig:
-    """How a head is trained."""
-
-    loss: str = "e2e_tv"  # draft objective: a key of DRAFT_LOSSES
-    speculate_k: int = 5  # K, head steps unrolled per position in training
-    steps: int = 300  # optimizer steps
-    batch_size: int = 32  # sequences per step
-    lr: float = 1e-3  # peak AdamW learning rate
-    warmup_steps: int = 10  # linear warmup, then constant
-    weight_decay: float = 0.0  # AdamW weight decay
-    grad_clip: float = 1.0  # max gradient norm
-    temperature: float = 1.0  # softmax temperature of p and q in the loss
-    num_layers: int = 1  # physical MTP layers (a new head; native and --init-from heads keep theirs)
-    init: str = "auto"  # where the head starts: native (the checkpoint's own MTP layer), backbone (a copy of
-    #   its last decoder layer), auto (native when the model ships one); init_from overrides it
-    init_from: str = ""  # head directory to start from (e.g. a CE-trained head)
-    ce_warmup: int = -1  # CE steps before ``loss`` (within ``steps``); -1 = auto: half the steps when a tv/e2e_tv
-    #   head starts from the backbone's layer (no CE training yet), else 0
-    chain_context: str = "served"  # attention context of depths >= 2: served (the engine's, one-layer heads) or
-    #   unrolled (each depth over the whole sequence); see bebop.mtp.chains
-    seed: int = 0  # head init order and batch sampling
-    save_every: int = 100  # checkpoint interval in steps (0 = only at the end)
-    log_every: int = 25  # one fixed-format line every this many steps
 
 
 def _check(cfg: TrainMtpConfig) -> None:

@@ -23,7 +23,18 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from bebop.config import AUTO, AUTO_EVERY, AUTO_MAX_K, DRAFT_LOSS_NAMES, merge_sources, resolve, speculate_k_value
+from bebop.config import (
+    AUTO,
+    AUTO_EVERY,
+    AUTO_MAX_K,
+    DRAFT_LOSS_NAMES,
+    Flag,
+    flags_of,
+    merge_sources,
+    option,
+    resolve,
+    speculate_k_value,
+)
 from bebop.utils.io import BebopError
 
 # NOTE: nothing here imports torch (the CLI builds its --help from this module); the checks import
@@ -31,11 +42,6 @@ from bebop.utils.io import BebopError
 TASKS = ("embedded", "math")  # prompt sources: the built-in arithmetic task, or a JSONL/parquet file
 MTP_UPDATES = ("frozen", "online")  # what happens to the head during RL (paper §5)
 RESUME_MAY_CHANGE = ("steps", "save_every", "label", "backend")  # keys a resumed run may set differently
-
-
-def option(default: Any, help: str) -> Any:
-    """A config field with its help text (``config_fields``: the CLI's --help), as in HF's ``TrainingArguments``."""
-    return dataclasses.field(default=default, metadata={"help": help})
 
 
 @dataclass(frozen=True)
@@ -121,17 +127,17 @@ def flat_config(cfg: RLConfig) -> dict[str, Any]:
     return out
 
 
-def config_fields() -> dict[str, tuple[type, Any, str]]:
-    """Every flat key with its type, default and help text (``option``; the CLI's help).
+def config_fields() -> dict[str, Flag]:
+    """Every flat key as a flag: its type, default and help text (``option``; the CLI's --help).
 
     Example:
         >>> config_fields()["mtp_lr"][:2]
         (<class 'float'>, 0.0001)
     """
-    helps = {f.name: f.metadata["help"] for cls in (RLConfig, *_GROUPS.values()) for f in dataclasses.fields(cls)}
-    defaults = flat_config(RLConfig())
-    types = {name: type(defaults[name]) for name in defaults} | {"speculate_k": speculate_k_value}
-    return {name: (types[name], defaults[name], helps[name]) for name in _leaf_owners()}
+    flags = {name: flag for cls in (RLConfig, *_GROUPS.values())
+             for name, flag in flags_of(cls, skip=tuple(_GROUPS)).items()}
+    flags["speculate_k"] = flags["speculate_k"]._replace(type=speculate_k_value)  # NOTE: an integer or auto
+    return {name: flags[name] for name in _leaf_owners()}
 
 
 def max_speculate_k(cfg: RLConfig) -> int:

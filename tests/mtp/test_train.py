@@ -65,7 +65,7 @@ UNSUPPORTED = {  # class names of architectures Bebop refuses, and a tiny config
 def test_unsupported_architectures_are_refused_in_one_line(tmp_path, name):
     import transformers
 
-    from bebop import embedded
+    from bebop import models
 
     config_name, kwargs = UNSUPPORTED[name]
     model = getattr(transformers, name)(getattr(transformers, config_name)(**kwargs))
@@ -73,7 +73,7 @@ def test_unsupported_architectures_are_refused_in_one_line(tmp_path, name):
         MtpHead(model)
     save_model_dir(tmp_path, model)
     with pytest.raises(BebopError, match=f"^{name} .* is not supported"):
-        embedded.load_model(tmp_path, device="cpu")
+        models.load_model(tmp_path, device="cpu")
 
 
 def test_chain_targets_are_the_models_logits():

@@ -65,7 +65,7 @@ def test_config_precedence_and_flat_keys(tmp_path):
 def test_every_field_has_help():
     fields = config_fields()
     assert len(fields) == len(flat_config(RLConfig()))
-    assert all(help_text for _, _, help_text in fields.values())
+    assert all(flag.help for flag in fields.values())
 
 
 @pytest.mark.parametrize("overrides", [{"lrr": 1.0}, {"policy": {}}, {"lr": "fast"}, {"mode": "greedy"},

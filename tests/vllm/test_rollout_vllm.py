@@ -22,7 +22,7 @@ pytestmark = pytest.mark.vllm
 
 import torch  # noqa: E402
 
-from bebop import embedded  # noqa: E402
+from bebop import embedded, models  # noqa: E402
 from bebop.mtp import MtpHead  # noqa: E402
 from bebop.rollout import vllm_cpu_fix  # noqa: E402
 from bebop.rollout.base import make_backend  # noqa: E402
@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def policy():
     model_dir = embedded.ensure_embedded_model()
-    model, tok = embedded.load_model(model_dir)
+    model, tok = models.load_model(model_dir)
     head = MtpHead.from_pretrained(embedded.ensure_embedded_head("e2e_tv"), model).eval()
     return model, tok, head
 

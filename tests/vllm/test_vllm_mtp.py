@@ -17,7 +17,7 @@ import pytest
 vllm = pytest.importorskip("vllm")
 pytestmark = pytest.mark.vllm
 
-from bebop import embedded  # noqa: E402
+from bebop import embedded, models  # noqa: E402
 from bebop.mtp import MtpHead  # noqa: E402
 from bebop.mtp.native import export_mtp  # noqa: E402
 from bebop.rollout import vllm_cpu_fix  # noqa: E402
@@ -34,7 +34,7 @@ def served(tmp_path_factory):
     """(model, tokenizer, head, exported directory) of the embedded default and its e2e-TV head."""
     model_dir = embedded.ensure_embedded_model()
     head_dir = embedded.ensure_embedded_head("e2e_tv")
-    model, tok = embedded.load_model(model_dir)
+    model, tok = models.load_model(model_dir)
     head = MtpHead.from_pretrained(head_dir, model).eval()
     out = export_mtp(model_dir, head_dir, tmp_path_factory.mktemp("served") / "model")
     return model, tok, head, out
