@@ -88,7 +88,7 @@ def _batch_sums(backbone, head, data: Sequences, rows: range, speculate_k: int, 
 def acceptance_table(results: dict[str, dict]) -> str:
     """Markdown table of eval-mtp results: per-step RS/TO acceptance and accept lengths.
 
-    Example row: ``| e2e_tv | 0.912 0.871 0.830 | 0.901 0.850 0.805 | 3.41 | 3.36 | 0.45 |``.
+    Example row: ``| e2e_tv | 0.912 0.871 0.830 | 0.901 0.850 0.805 | 3.366 | 3.283 | 0.450 |``.
     """
     lines = [
         "| head | alpha_RS per step | alpha_TO per step | accept length RS | accept length TO | H(p) nats |",

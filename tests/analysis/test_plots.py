@@ -1,0 +1,362 @@
+"""Tests for bebop.analysis.plots: real PNGs, the data on the axes, atomic saves, empty input, headless use.
+
+Inputs have the shapes report.py and headline.py pass, built from the synthetic runs of
+test_report (metrics rows) and test_findings (MTP head evaluations and temperature sweeps).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import matplotlib
+import matplotlib.image as mpimg
+import numpy as np
+import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.collections import PathCollection, PolyCollection
+from matplotlib.colors import to_hex
+from matplotlib.figure import Figure
+
+from bebop.analysis import plots
+from bebop.analysis.fit import linear_fit
+from bebop.analysis.plots import FittedSeries
+from tests.analysis.test_findings import _head_evals, _sweep
+from tests.analysis.test_report import K, NUM_STEPS, PNG_MAGIC, _fake_metrics
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PIXEL_SLACK = 2  # text extents round differently between a measuring renderer and the saving one
+
+
+# --------------------------------------------------------------------------------------------
+# Synthetic inputs, shaped as report.py / headline.py pass them
+# --------------------------------------------------------------------------------------------
+
+
+def _column(rows, key):
+    return np.array([r[key] for r in rows], dtype=float)  # (S,) or (S, K)
+
+
+def _rows():
+    """Metrics rows of a TO run whose accept length falls with entropy and an RS run where it stays flat."""
+    return {"to+ce": _fake_metrics("to", -1.5, 3.6, 1.4, seed=1),
+            "rs+e2e_tv": _fake_metrics("rs", -0.06, 3.6, 1.2, seed=2)}
+
+
+def _fitted(rows, legend, band_half_width=0.1):
+    """A role's FittedSeries: its points and a least-squares line with a band of +-band_half_width (NaN: none)."""
+    h, a = _column(rows, "target_entropy"), _column(rows, "spec/accept_length")
+    grid = np.linspace(h.min(), h.max(), 5)  # (G,)
+    line = linear_fit(h, a).predict(grid)  # (G,)
+    return FittedSeries(h, a, grid, line, (line - band_half_width, line + band_half_width), legend)
+
+
+def _headline_input():
+    """headline.headline_series: role -> FittedSeries; the RS role has no band (NaN edges)."""
+    rows = _rows()
+    return {
+        "TO + CE head": _fitted(rows["to+ce"], "TO + CE head: slope -1.50 /nat"),
+        "RS + e2e-TV head": _fitted(rows["rs+e2e_tv"], "RS + e2e-TV head: slope -0.06 /nat", np.nan),
+    }
+
+
+def _entropy_input():
+    """report._run_plots: label -> ((S,) target entropy, (S,) accept length)."""
+    return {label: (_column(r, "target_entropy"), _column(r, "spec/accept_length")) for label, r in _rows().items()}
+
+
+def _position_input():
+    """report._run_plots: label -> ((S,) steps, (S, K) accepted per position); the RS run has one position fewer."""
+    series = {label: (_column(rows, "step"), _column(rows, "spec/accepted_per_pos")) for label, rows in _rows().items()}
+    steps, accepted = series["rs+e2e_tv"]
+    series["rs+e2e_tv"] = (steps, accepted[:, :-1])
+    return series
+
+
+def _latency_input(num_runs=5):
+    """report._run_plots: label -> (rollout_s, train_s, mtp_s), means over steps; the first run has no MTP time."""
+    latency = {}
+    for i in range(num_runs):
+        rows = _fake_metrics("rs", -0.06, 3.6, 1.0 + 0.2 * i, seed=i)
+        latency[f"run {i}"] = tuple(float(_column(rows, key).mean()) for key in ("rollout_s", "train_s", "mtp_s"))
+    latency["run 0"] = (*latency["run 0"][:2], float("nan"))  # a run that logged no `mtp_s`
+    return latency
+
+
+def _temperature_input(rows=None):
+    """report._temperature_series: "loss / RS|TO" -> ((T,) temperatures, (T,) accept lengths), from eval-mtp rows."""
+    series: dict[str, tuple[list, list]] = {}
+    for e in rows if rows is not None else _sweep():
+        for method in ("rs", "to"):
+            temps, accepts = series.setdefault(f"{e['loss']} / {method.upper()}", ([], []))
+            temps.append(e["temperature"])
+            accepts.append(e[f"accept_length_{method}"])
+    return series
+
+
+def _rs_input():
+    """report._head_eval_section: loss -> (K,) alpha_RS at one temperature; "ce" reports one step fewer."""
+    by_loss = {loss: e["alpha_rs"] for loss, e in _head_evals().items()}
+    by_loss["ce"] = by_loss["ce"][:-1]
+    return by_loss
+
+
+# (function, input, the name _check_nonempty reports, figure size in inches)
+PLOTS = {
+    "headline": (plots.plot_headline, _headline_input, "series",
+                 (plots.PANEL_INCHES[0] * 1.25, plots.PANEL_INCHES[1] * 1.25)),
+    "accept_vs_entropy": (plots.plot_accept_vs_entropy, _entropy_input, "series", plots.PANEL_INCHES),
+    "accept_per_position": (plots.plot_accept_per_position, _position_input, "series",
+                            (plots.PANEL_INCHES[0], 2.4 * K + 0.8)),  # one panel per position
+    "step_latency": (plots.plot_step_latency, _latency_input, "latency",
+                     (1.2 * 5 + 2.0, plots.PANEL_INCHES[1])),  # 5 runs: wider than one panel
+    "accept_vs_temperature": (plots.plot_accept_vs_temperature, _temperature_input, "series", plots.PANEL_INCHES),
+    "rs_acceptance_by_loss": (plots.plot_rs_acceptance_by_loss, _rs_input, "alpha_rs", plots.PANEL_INCHES),
+}
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """The figures the plot functions hand to ``_save``, which writes nothing while this is in use."""
+    figures: list[Figure] = []
+
+    def capture(fig, path):
+        figures.append(fig)
+        return Path(path)
+
+    monkeypatch.setattr(plots, "_save", capture)
+    return figures
+
+
+def _legend(ax):
+    return [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def _scatters(ax):
+    return [c for c in ax.collections if isinstance(c, PathCollection)]
+
+
+# --------------------------------------------------------------------------------------------
+# Every plot writes a real PNG
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", PLOTS)
+def test_each_plot_writes_a_decodable_png_of_the_figure_size(tmp_path, monkeypatch, name):
+    draw, make_input, _, size_inches = PLOTS[name]
+    figures = []
+    save = plots._save
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig) or save(fig, path))
+    path = tmp_path / f"{name}.png"
+    assert draw(make_input(), str(path)) == path
+    assert path.read_bytes().startswith(PNG_MAGIC)
+    image = mpimg.imread(path)  # (H, W, 4) floats in [0, 1]
+    assert image.ndim == 3 and image.shape[2] in (3, 4)
+    assert image.var() > 0, "blank image"
+
+    (fig,) = figures
+    np.testing.assert_allclose(fig.get_size_inches(), size_inches)
+    # The PNG is the figure's tight bounding box (bbox_inches="tight", default padding) at FIG_DPI.
+    FigureCanvasAgg(fig)
+    fig.set_dpi(plots.FIG_DPI)
+    box = fig.get_tightbbox(fig.canvas.get_renderer()).padded(matplotlib.rcParams["savefig.pad_inches"])
+    assert abs(image.shape[0] - box.height * plots.FIG_DPI) <= PIXEL_SLACK
+    assert abs(image.shape[1] - box.width * plots.FIG_DPI) <= PIXEL_SLACK
+    # ... which only trims the figure's margins: the image is the whole figure, not a fragment of it.
+    ratio = np.array(image.shape[1::-1]) / (np.array(size_inches) * plots.FIG_DPI)  # (width, height)
+    assert ((0.75 < ratio) & (ratio < 1.1)).all(), ratio
+
+
+# --------------------------------------------------------------------------------------------
+# The data reach the axes
+# --------------------------------------------------------------------------------------------
+
+
+def test_headline_draws_each_roles_points_line_band_and_legend(drawn):
+    series = _headline_input()
+    plots.plot_headline(series, "unused.png")
+    (ax,) = drawn[0].axes
+    scatters, lines = _scatters(ax), ax.lines
+    assert len(scatters) == len(lines) == len(series)
+    for scatter, line, s in zip(scatters, lines, series.values()):
+        np.testing.assert_allclose(scatter.get_offsets(), np.column_stack([s.entropy, s.accept]))
+        np.testing.assert_allclose(line.get_xydata(), np.column_stack([s.grid, s.line]))
+        assert to_hex(line.get_color()) == to_hex(scatter.get_facecolor()[0])  # a role keeps one color
+    assert to_hex(lines[0].get_color()) != to_hex(lines[1].get_color())
+    assert _legend(ax) == [s.legend for s in series.values()]
+    # Only the first role has a finite band: one filled region, spanning its lower and upper edges.
+    (band,) = [c for c in ax.collections if isinstance(c, PolyCollection) and not isinstance(c, PathCollection)]
+    vertices = band.get_paths()[0].vertices  # (P, 2)
+    first = series["TO + CE head"]
+    for edge in first.band:
+        for point in np.column_stack([first.grid, edge]):
+            assert np.isclose(vertices, point).all(axis=1).any(), point
+
+
+def test_accept_vs_entropy_draws_the_points_and_their_least_squares_line(drawn):
+    series = _entropy_input()
+    series["to+ce"][1][3] = np.nan  # a step without speculative metrics: skipped by the fit
+    series["flat entropy"] = (np.full(4, 0.3), np.array([3.0, 3.1, 3.2, 3.3]))  # no slope: no line
+    plots.plot_accept_vs_entropy(series, "unused.png")
+    (ax,) = drawn[0].axes
+    scatters = _scatters(ax)
+    assert len(scatters) == 3 and len(ax.lines) == 2
+    for i, (scatter, (h, a)) in enumerate(zip(scatters, series.values())):
+        np.testing.assert_allclose(scatter.get_offsets(), np.column_stack([h, a]))
+        if i < 2:
+            keep = np.isfinite(a)
+            slope, intercept = np.polyfit(h[keep], a[keep], 1)
+            x = np.array([h[keep].min(), h[keep].max()])
+            np.testing.assert_allclose(ax.lines[i].get_xydata(), np.column_stack([x, intercept + slope * x]))
+            assert to_hex(ax.lines[i].get_color()) == to_hex(scatter.get_facecolor()[0])
+    legend = _legend(ax)
+    to_slope = np.polyfit(*(v[np.isfinite(series["to+ce"][1])] for v in series["to+ce"]), 1)[0]
+    assert legend[0].startswith(f"to+ce: slope {to_slope:+.2f}/nat") and legend[0].endswith(f"(n = {NUM_STEPS - 1})")
+    assert to_slope == pytest.approx(-1.5, abs=0.15)  # the slope the synthetic run was made with
+    assert legend[1].startswith("rs+e2e_tv: slope") and legend[2].startswith("flat entropy: slope +nan/nat")
+
+
+def test_accept_per_position_draws_one_panel_per_position_in_percent(drawn):
+    series = _position_input()
+    plots.plot_accept_per_position(series, "unused.png")
+    axes = drawn[0].axes
+    assert len(axes) == K
+    for j, ax in enumerate(axes):
+        assert ax.get_title() == f"draft position {j + 1}"
+        with_position = [(label, s) for label, s in series.items() if s[1].shape[1] > j]
+        assert len(ax.lines) == len(with_position) and _legend(ax) == [label for label, _ in with_position]
+        for line, (_, (steps, accepted)) in zip(ax.lines, with_position):
+            np.testing.assert_allclose(line.get_xydata(), np.column_stack([steps, 100.0 * accepted[:, j]]))
+    assert axes[-1].get_xlabel() == "RL step"
+
+
+def test_step_latency_stacks_rollout_policy_and_mtp_seconds(drawn):
+    latency = _latency_input()
+    plots.plot_step_latency(latency, "unused.png")
+    (ax,) = drawn[0].axes
+    parts = np.nan_to_num(np.array(list(latency.values())))  # (R, 3); a missing MTP time draws as 0
+    assert len(ax.containers) == 3
+    bottom = np.zeros(len(latency))
+    for c, bars in enumerate(ax.containers):
+        np.testing.assert_allclose([r.get_height() for r in bars], parts[:, c])
+        np.testing.assert_allclose([r.get_y() for r in bars], bottom)
+        bottom += parts[:, c]
+    assert [t.get_text() for t in ax.texts] == [f"{total:.2f} s" for total in parts.sum(axis=1)]
+    assert [t.get_text() for t in ax.get_xticklabels()] == list(latency)
+    assert _legend(ax) == ["rollout", "policy update (train)", "MTP update"]
+
+
+def test_accept_vs_temperature_sorts_by_temperature_and_pairs_rs_with_to(drawn):
+    series = _temperature_input(_sweep()[::-1])  # temperatures arrive in falling order
+    plots.plot_accept_vs_temperature(series, "unused.png")
+    (ax,) = drawn[0].axes
+    assert len(ax.lines) == 4 and _legend(ax) == list(series)
+    lines = dict(zip(series, ax.lines))
+    for label, (temps, accepts) in series.items():
+        order = np.argsort(temps)
+        np.testing.assert_allclose(lines[label].get_xydata(), np.column_stack([temps, accepts])[order])
+    # A loss's RS and TO curves share a color and differ in line style; a variant keeps its style across losses.
+    assert lines["ce / RS"].get_color() == lines["ce / TO"].get_color() != lines["e2e_tv / RS"].get_color()
+    assert lines["ce / RS"].get_linestyle() == lines["e2e_tv / RS"].get_linestyle() != lines["ce / TO"].get_linestyle()
+
+
+def test_rs_acceptance_by_loss_draws_grouped_bars_in_percent(drawn):
+    alpha_rs = _rs_input()
+    plots.plot_rs_acceptance_by_loss(alpha_rs, "unused.png", title="RS acceptance (τ = 1.00)")
+    (ax,) = drawn[0].axes
+    assert ax.get_title() == "RS acceptance (τ = 1.00)"
+    assert len(ax.containers) == len(alpha_rs) and _legend(ax) == list(alpha_rs)
+    width = 0.8 / len(alpha_rs)
+    for i, (bars, alphas) in enumerate(zip(ax.containers, alpha_rs.values())):
+        np.testing.assert_allclose([r.get_height() for r in bars], 100.0 * np.asarray(alphas))
+        centers = [r.get_x() + r.get_width() / 2 for r in bars]
+        np.testing.assert_allclose(centers, np.arange(1, len(alphas) + 1) + (i - (len(alpha_rs) - 1) / 2) * width)
+    labels = [t.get_text() for t in ax.texts]  # bar_label, one per bar
+    assert labels == [f"{100 * a:.1f}" for alphas in alpha_rs.values() for a in alphas]
+    assert [t.get_text() for t in ax.get_xticklabels()] == [str(j) for j in range(1, K + 1)]
+
+
+# --------------------------------------------------------------------------------------------
+# _save: atomic, makes its folder, leaves no figure behind
+# --------------------------------------------------------------------------------------------
+
+
+def _small_figure():
+    fig = Figure(figsize=(2, 1))
+    fig.add_subplot().plot([0, 1], [1, 0])
+    return fig
+
+
+def test_save_makes_missing_folders_and_shareable_png(tmp_path):
+    path = tmp_path / "a" / "b" / "fig.png"
+    assert plots._save(_small_figure(), str(path)) == path
+    assert path.read_bytes().startswith(PNG_MAGIC)
+    assert stat.S_IMODE(path.stat().st_mode) == plots.PNG_MODE
+    assert os.listdir(path.parent) == ["fig.png"]  # no temporary file left
+
+
+@pytest.mark.parametrize("error", [OSError("disk full"), KeyboardInterrupt()], ids=["OSError", "KeyboardInterrupt"])
+@pytest.mark.parametrize("existing", [False, True], ids=["new", "overwrite"])
+def test_failed_save_leaves_the_destination_as_it_was(tmp_path, monkeypatch, error, existing):
+    path = tmp_path / "fig.png"
+    if existing:
+        plots._save(_small_figure(), path)
+    before = path.read_bytes() if existing else None
+
+    def savefig_that_fails_halfway(self, fname, *args, **kwargs):
+        fname.write(PNG_MAGIC + b"partial")
+        raise error
+
+    monkeypatch.setattr(Figure, "savefig", savefig_that_fails_halfway)
+    with pytest.raises(type(error)):
+        plots._save(_small_figure(), path)
+    assert os.listdir(tmp_path) == (["fig.png"] if existing else [])  # no partial file, no temporary file
+    if existing:
+        assert path.read_bytes() == before
+
+
+def test_plots_leave_pyplot_and_the_backend_alone(tmp_path):
+    import matplotlib.pyplot as plt
+
+    backend, open_figures = matplotlib.get_backend(), plt.get_fignums()
+    for name, (draw, make_input, _, _) in PLOTS.items():
+        draw(make_input(), tmp_path / f"{name}.png")
+    assert plt.get_fignums() == open_figures
+    assert matplotlib.get_backend() == backend
+
+
+def test_import_and_plot_headless_in_a_fresh_process(tmp_path):
+    """No DISPLAY, no MPLBACKEND: importing and plotting works and never loads pyplot."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "MPLBACKEND")}
+    path = tmp_path / "rs.png"
+    code = ("import sys; from bebop.analysis import plots; "
+            f"plots.plot_rs_acceptance_by_loss({{'ce': [0.8, 0.7]}}, {str(path)!r}); "
+            "print('matplotlib.pyplot' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+    assert path.read_bytes().startswith(PNG_MAGIC)
+
+
+# --------------------------------------------------------------------------------------------
+# Empty input
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("what", ["series", "latency", "alpha_rs"])
+def test_check_nonempty_names_what_is_empty(what):
+    with pytest.raises(ValueError, match=f"^nothing to plot: {what} is empty$"):
+        plots._check_nonempty({}, what)
+    plots._check_nonempty({"a": [1.0]}, what)
+
+
+@pytest.mark.parametrize("name", PLOTS)
+def test_each_plot_refuses_empty_input_and_writes_nothing(tmp_path, name):
+    draw, _, what, _ = PLOTS[name]
+    with pytest.raises(ValueError, match=f"^nothing to plot: {what} is empty$"):
+        draw({}, tmp_path / "empty.png")
+    assert os.listdir(tmp_path) == []
