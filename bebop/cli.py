@@ -52,7 +52,7 @@ def _load(args, need_mtp: bool, mtp_loss: str = "e2e_tv", split: str | None = No
     # NOTE: the embedded model's cached heads and data are keyed by its float32 weights: they are found
     # (or built) on the float32 model, which is cast to --dtype after.
     model, tok = models.load_model(args.model, device=args.device,
-                                     dtype=dtype if args.model else embedded.CACHE_DTYPE)
+                                   dtype=dtype if args.model else embedded.CACHE_DTYPE)
     path = None
     if need_mtp:
         if getattr(args, "mtp", None):
