@@ -59,7 +59,7 @@ def served_bias(length: int, depth: int, dtype: torch.dtype, device: torch.devic
     return bias.masked_fill_(~visible, torch.finfo(dtype).min)[None, None]
 
 
-def unroll_served(head, hidden: torch.Tensor, input_ids: torch.Tensor, num_steps: int,
+def unroll_served(head, hidden: torch.Tensor, input_ids: torch.Tensor, k: int,
                   lm_head_inputs: bool = False) -> list[torch.Tensor]:
     """``MtpHead.unroll`` with the engine's attention context (see the module docstring).
 
@@ -67,7 +67,7 @@ def unroll_served(head, hidden: torch.Tensor, input_ids: torch.Tensor, num_steps
         head: an ``MtpHead`` with one physical layer.
         hidden: (B, T, D) backbone states the head reads.
         input_ids: (B, T) the sequence.
-        num_steps: K, depths to unroll.
+        k: depths to unroll (K).
         lm_head_inputs: return the lm_head's inputs (B, T, D) (``MtpHead.lm_head_input``) instead of logits.
 
     Returns:
@@ -78,7 +78,7 @@ def unroll_served(head, hidden: torch.Tensor, input_ids: torch.Tensor, num_steps
     b, t = input_ids.shape
     positions = torch.arange(t, device=input_ids.device).expand(b, t)
     cache, out, g = _ServedCache(), [], hidden
-    for j in range(1, num_steps + 1):
+    for j in range(1, k + 1):
         tokens = torch.nn.functional.pad(input_ids[:, j:], (0, min(j, t)), value=0)  # x_{t+j}
         bias = served_bias(t, j, hidden.dtype, input_ids.device)
         g = head.forward_step(g, tokens, positions + (j - 1), step=j - 1, attention_bias=bias, cache=cache)
@@ -87,7 +87,7 @@ def unroll_served(head, hidden: torch.Tensor, input_ids: torch.Tensor, num_steps
 
 
 CHAIN_UNROLLS = {  # chain context -> (head, hidden, input_ids, K, lm_head_inputs=False) -> K draft logits (B, T, V)
-    "unrolled": lambda head, hidden, input_ids, num_steps, **kw: head.unroll(hidden, input_ids, num_steps, **kw),
+    "unrolled": lambda head, hidden, input_ids, k, **kw: head.unroll(hidden, input_ids, k, **kw),
     "served": unroll_served,
 }
 

@@ -124,7 +124,7 @@ def self_generated(model, tokenizer, num: int, seed: int, temperature: float = 1
     return Sequences(token_ids, starts)
 
 
-def chain_tensors(backbone, head, ids: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor, num_steps: int,
+def chain_tensors(backbone, head, ids: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor, k: int,
                   chain_context: str = "unrolled"):
     """Teacher-forced draft and target logits along every chain of a padded batch.
 
@@ -133,7 +133,7 @@ def chain_tensors(backbone, head, ids: torch.Tensor, lengths: torch.Tensor, star
 
     Args:
         ids: (B, T) right-padded sequences; lengths: (B,); starts: (B,) first completion index.
-        num_steps: K.
+        k: draft depths per chain (K).
         chain_context: the attention context of depths >= 2 (``bebop.mtp.chains``): "unrolled" or
             "served" (the engine's).
 
@@ -146,11 +146,11 @@ def chain_tensors(backbone, head, ids: torch.Tensor, lengths: torch.Tensor, star
         # NOTE: the target's logits as the engine computes them (Gemma's soft-capping included).
         logits = backbone.get_output_embeddings()(out.last_hidden_state)
         target_all = final_logits(backbone.config.get_text_config(), logits)  # (B, T, V)
-    drafts = CHAIN_UNROLLS[chain_context](head, state, ids, num_steps)  # K x (B, T, V)
-    return _gather_chains(drafts, target_all, ids, lengths, starts, num_steps)
+    drafts = CHAIN_UNROLLS[chain_context](head, state, ids, k)  # K x (B, T, V)
+    return _gather_chains(drafts, target_all, ids, lengths, starts, k)
 
 
-def chain_states(backbone, head, ids: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor, num_steps: int,
+def chain_states(backbone, head, ids: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor, k: int,
                  chain_context: str = "unrolled"):
     """``chain_tensors`` one step before the lm_head: the draft's and the target's lm_head inputs.
 
@@ -161,18 +161,18 @@ def chain_states(backbone, head, ids: torch.Tensor, lengths: torch.Tensor, start
     """
     with torch.no_grad():
         out, state = decoder_states(backbone, head.config.target_prenorm, input_ids=ids)  # (B, T, D) each
-    drafts = CHAIN_UNROLLS[chain_context](head, state, ids, num_steps, lm_head_inputs=True)  # K x (B, T, D)
-    return _gather_chains(drafts, out.last_hidden_state, ids, lengths, starts, num_steps)
+    drafts = CHAIN_UNROLLS[chain_context](head, state, ids, k, lm_head_inputs=True)  # K x (B, T, D)
+    return _gather_chains(drafts, out.last_hidden_state, ids, lengths, starts, k)
 
 
 def _gather_chains(drafts: list[torch.Tensor], target_all: torch.Tensor, ids: torch.Tensor, lengths: torch.Tensor,
-                   starts: torch.Tensor, num_steps: int):
+                   starts: torch.Tensor, k: int):
     """(draft (N, K, X), target (N, K, X), mask (N, K)) at every chain start from K per-depth draft tensors
     (B, T, X) and the target's (B, T, X) (X = V or D)."""
     t = torch.arange(ids.shape[1], device=ids.device)
     is_start = (t[None, :] >= (starts[:, None] - 1).clamp_min(0)) & (t[None, :] + 2 < lengths[:, None])
     b_idx, t_idx = is_start.nonzero(as_tuple=True)  # (N,), (N,)
-    steps = torch.arange(1, num_steps + 1, device=ids.device)
+    steps = torch.arange(1, k + 1, device=ids.device)
     mask = (t_idx[:, None] + steps[None, :] + 1) < lengths[b_idx][:, None]  # (N, K)
     target_pos = (t_idx[:, None] + steps[None, :]).clamp_max(ids.shape[1] - 1)
     target = target_all[b_idx[:, None], target_pos]  # (N, K, X)

@@ -197,7 +197,7 @@ class MtpHead(nn.Module):
         """Draft logits (..., V) from the state (..., D) that step ``step`` returned."""
         return self._shared["lm_head"](self.lm_head_input(state, step))
 
-    def unroll(self, hidden: torch.Tensor, input_ids: torch.Tensor, num_steps: int,
+    def unroll(self, hidden: torch.Tensor, input_ids: torch.Tensor, k: int,
                lm_head_inputs: bool = False) -> list[torch.Tensor]:
         """Teacher-forced draft logits for every position and depth (training and exact evaluation).
 
@@ -208,7 +208,7 @@ class MtpHead(nn.Module):
         Args:
             hidden: (B, T, D) backbone final hidden states.
             input_ids: (B, T) the sequence.
-            num_steps: K, depths to unroll.
+            k: depths to unroll (K).
             lm_head_inputs: return the lm_head's inputs (B, T, D) (``lm_head_input``) instead of logits.
 
         Returns:
@@ -217,7 +217,7 @@ class MtpHead(nn.Module):
         b, t = input_ids.shape
         positions = torch.arange(t, device=input_ids.device).expand(b, t)
         out, g = [], hidden
-        for j in range(1, num_steps + 1):
+        for j in range(1, k + 1):
             tokens = torch.nn.functional.pad(input_ids[:, j:], (0, min(j, t)), value=0)  # x_{t+j}
             g = self.forward_step(g, tokens, positions + (j - 1), step=j - 1)
             out.append(self.lm_head_input(g, step=j - 1) if lm_head_inputs else self.logits(g, step=j - 1))

@@ -41,7 +41,7 @@ def chain_loss(
     ids: Tensor,  # (B, T)
     lengths: Tensor,  # (B,)
     starts: Tensor,  # (B,)
-    num_steps: int,
+    k: int,
     chain_context: str,
     loss_name: str,
     temperature: float,
@@ -53,7 +53,7 @@ def chain_loss(
         backbone: the HF causal LM the head drafts for; only read.
         head: the ``MtpHead``.
         ids, lengths, starts: the padded batch (``Sequences.batch``).
-        num_steps: K.
+        k: draft depths per chain (K).
         chain_context: "served" or "unrolled" (``bebop.mtp.chains``).
         loss_name: a key of ``DRAFT_LOSSES``.
         temperature: p and q are softmax(logits / temperature).
@@ -64,7 +64,7 @@ def chain_loss(
         (0 outside the mask on the fused path), mask (N, K) bool.
     """
     if fused and not fused_loss_blocker(backbone):
-        draft, target, mask = chain_states(backbone, head, ids, lengths, starts, num_steps, chain_context)
+        draft, target, mask = chain_states(backbone, head, ids, lengths, starts, k, chain_context)
         weight = backbone.get_output_embeddings().weight.detach()  # (V, D)
         softcap = getattr(backbone.config.get_text_config(), "final_logit_softcapping", None)
         loss, alpha_rs = draft_loss_from_hidden(
@@ -72,7 +72,7 @@ def chain_loss(
             target_softcap=softcap, with_alpha=True,
         )
         return loss, alpha_rs, mask
-    draft, target, mask = chain_tensors(backbone, head, ids, lengths, starts, num_steps, chain_context)
+    draft, target, mask = chain_tensors(backbone, head, ids, lengths, starts, k, chain_context)
     loss = draft_loss(loss_name, draft, target, mask=mask, temperature=temperature)
     with torch.no_grad():
         alpha_rs, _, _ = acceptance_stats(draft.detach(), target, temperature=temperature)  # (N, K)
