@@ -395,13 +395,12 @@ def _add_config_flags(p: argparse.ArgumentParser, flags: dict) -> None:
     """One flag per config field (``bebop.config.flags_of``: help, type, choices); an unset flag is None,
     so the config file's value or the field's default stays."""
     for name, flag in flags.items():
-        dashed = "--" + name.replace("_", "-")
+        names = ["--" + name.replace("_", "-"), *flag.aliases]
         if flag.type is bool:
-            names = [dashed, "--async"] if name == "async_rollout" else [dashed]
             p.add_argument(*names, dest=name, action=argparse.BooleanOptionalAction, default=None,
                            help=f"{flag.help} (default {flag.default})")
         else:
-            p.add_argument(dashed, dest=name, type=flag.type, default=None, choices=flag.choices or None,
+            p.add_argument(*names, dest=name, type=flag.type, default=None, choices=flag.choices or None,
                            help=f"{flag.help} (default {flag.default!r})")
 
 

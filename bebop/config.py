@@ -35,10 +35,12 @@ def speculate_k_value(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
 
 
-def option(default: Any, help: str, choices: tuple[str, ...] = ()) -> Any:
-    """A config field with its help text and, when it takes one of a few names, those names: the CLI
-    makes each such field a flag (``flags_of``), as HF's ``TrainingArguments`` does."""
-    return dataclasses.field(default=default, metadata={"help": help, "choices": tuple(choices)})
+def option(default: Any, help: str, choices: tuple[str, ...] = (), aliases: tuple[str, ...] = ()) -> Any:
+    """A config field with its help text, when it takes one of a few names those names, and other
+    spellings of its flag: the CLI makes each such field a flag (``flags_of``), as HF's
+    ``TrainingArguments`` does."""
+    return dataclasses.field(default=default, metadata={"help": help, "choices": tuple(choices),
+                                                        "aliases": tuple(aliases)})
 
 
 class Flag(NamedTuple):
@@ -48,6 +50,7 @@ class Flag(NamedTuple):
     default: Any
     help: str
     choices: tuple[str, ...] = ()
+    aliases: tuple[str, ...] = ()  # other spellings of the flag, e.g. "--async"
 
 
 def flags_of(cls: type, skip: tuple[str, ...] = ()) -> dict[str, Flag]:
@@ -65,7 +68,8 @@ def flags_of(cls: type, skip: tuple[str, ...] = ()) -> dict[str, Flag]:
             continue
         if "help" not in f.metadata:
             raise AssertionError(f"{cls.__name__}.{f.name} has no help text (declare it with option)")
-        out[f.name] = Flag(type(f.default), f.default, f.metadata["help"], f.metadata.get("choices", ()))
+        out[f.name] = Flag(type(f.default), f.default, f.metadata["help"], f.metadata.get("choices", ()),
+                           f.metadata.get("aliases", ()))
     return out
 
 

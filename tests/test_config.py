@@ -16,14 +16,15 @@ class Toy:
     name: str = option("a", "which one", choices=("a", "b"))
     steps: int = option(3, "how many")
     rate: float = option(0.5, "how fast")
-    on: bool = option(False, "whether")
+    on: bool = option(False, "whether", aliases=("--yes",))
 
 
 def test_flags_of_reads_type_default_help_and_choices():
     flags = flags_of(Toy)
     assert list(flags) == ["name", "steps", "rate", "on"]
-    assert flags["name"] == (str, "a", "which one", ("a", "b"))
-    assert flags["steps"] == (int, 3, "how many", ())
+    assert flags["name"] == (str, "a", "which one", ("a", "b"), ())
+    assert flags["steps"] == (int, 3, "how many", (), ())
+    assert flags["on"].aliases == ("--yes",)
     assert (flags["rate"].type, flags["on"].type) == (float, bool)
     assert list(flags_of(Toy, skip=("steps", "on"))) == ["name", "rate"]
 

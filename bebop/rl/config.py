@@ -89,7 +89,8 @@ class RLConfig:
     temperature: float = option(1.0, "sampling temperature of the rollout and of the loss's logprobs (> 0)")
     top_k: int = option(0, "top-k filter of the rollout; 0 = off")
     top_p: float = option(1.0, "nucleus filter of the rollout; 1 = off")
-    async_rollout: bool = option(False, "sample step s+1 in a thread while step s updates (one step off-policy)")
+    async_rollout: bool = option(False, "sample step s+1 in a thread while step s updates (one step off-policy)",
+                                 aliases=("--async",))
     backend: str = option("engine",
                           "rollout engine: engine (Bebop's: exact, seeded, per-token stats) | vllm (the vllm extra)")
     save_every: int = option(25, "checkpoint every this many steps (and at the end); 0 = only at the end")
