@@ -228,7 +228,7 @@ def cmd_generate(args) -> None:
     if profile is not None:
         backend.chooser, calls = profiles.load(*profile)
         print(f"auto: profile {profile[0]}, call {calls + 1}: " +
-              ("probing" if calls % AUTO_EVERY == 0 else "choosing from the earlier calls, no probe"))
+              ("probing" if calls % AUTO_EVERY == 0 else "keeping the last probe's choice, no probe"))
     try:
         result = backend.rollout(prompt_ids, sampling, spec, seed=args.seed, probe=calls % AUTO_EVERY == 0)
     finally:

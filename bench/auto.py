@@ -20,9 +20,9 @@ the prediction errors are on raw seconds (what the choosers timed).
                 ``bebop generate --mode auto --speculate-k auto`` runs: its probe steps are part of
                 its time (one-shot).
     RL-style    one ``AutoChooser`` across the group's calls, as ``bebop rl`` keeps it: a probing
-                ``generate_auto`` call every ``--auto-every`` calls, ``probe=False`` (a choice from
-                what earlier calls measured, no probe steps) in the others; tok/s pooled over its
-                calls (the probing call included), against the best setting's pooled tok/s.
+                ``generate_auto`` call every ``--auto-every`` calls, ``probe=False`` (the last probe's
+                choice kept, no probe steps) in the others; tok/s pooled over its calls (the
+                probing call included), against the best setting's pooled tok/s.
     profiled    ``bebop generate`` with an auto profile (``bebop.spec.auto_profile``): each call starts
                 from the chooser the previous call saved (its JSON state read back: nothing held
                 in memory), probing every AUTO_EVERY calls; the profile's file I/O is not timed
@@ -45,7 +45,7 @@ Columns:
                 the speed correction leaves of it, in the corrected table).
 Prediction error, predicted / measured - 1:
     tail model  before each RL-style call after the first, its chooser's forecast of a whole call of
-                each grid setting (``AutoChooser.predict_call``: tail, prefill, calibration; median
+                each grid setting (``AutoChooser.predict_call``: tail and prefill priced; median
                 over the calls) against the grid's measured tok/s: median |error| over the 9
                 settings, and the error at the best setting and at RL-style's choice.
     previous    the same chooser's B (1 + E[L]) / step cost (``predict``), the model before the tail.
@@ -128,7 +128,7 @@ def run_auto(model, tok, head, prompts, temperature: float, max_new: int, choose
 
 class RlAuto:
     """Auto as ``bebop rl`` runs it: one chooser across the calls, probing every ``every`` calls and
-    choosing without a probe in the others."""
+    keeping that probe's choice in the others."""
 
     def __init__(self, every: int):
         self.every, self.calls, self.chooser, self.decision = every, 0, AutoChooser(), None
@@ -136,7 +136,7 @@ class RlAuto:
         self.forecasts: list[dict] = []  # per call after the first: {"new"|"old": {setting: tok/s}}
 
     def forecast(self, batch: int, max_new: int) -> None:
-        """The chooser's whole-call predictions before a call: tail-priced and calibrated ("new"), and
+        """The chooser's whole-call predictions before a call: tail-priced ("new"), and
         rows (1 + E[L]) / step cost at B rows ("old", the previous model)."""
         c = self.chooser
         self.forecasts.append({

@@ -16,7 +16,7 @@ the same over the second half of the calls (a longer run's steady state: ``bebop
 steps by default); its choices alone (the settings' calls of what it chose, pooled, against the
 best); its own cost (those calls' seconds over its own); the setting it chose at each call; and its
 price errors: after each call from the first re-probe on (call ``--auto-every`` + 1), its step cost
-of every depth at B rows (``StepCosts.step_seconds`` x ``scale``, the calibration left out) over the
+of every depth at B rows (``StepCosts.step_seconds`` x ``scale``) over the
 median full-batch step (rows >= 90% of B, the first step left out) of the fixed settings at that
 depth in the same group (to and rs share a depth's cost), as the mean log ratio (+: priced dear) of
 the depths it did not hold at that call and of the one it held. Then the mean and the smallest ratio

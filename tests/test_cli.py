@@ -199,8 +199,8 @@ def test_generate_auto_logs_the_decision(use_cache, tmp_path, capsys):
 
 
 def test_generate_auto_keeps_a_profile_between_calls(use_cache, tmp_path, capsys):
-    """The first call with a profile probes and writes it; the next starts from it and chooses without
-    probing; a profile of another setup or a corrupt one is refused in one line (exit 2) and left as
+    """The first call with a profile probes and writes it; the next starts from it and keeps its choice
+    without probing; a profile of another setup or a corrupt one is refused in one line (exit 2) and left as
     it was (tests/spec/test_auto_profile.py has the rest); none writes nothing; a fixed setting
     refuses --auto-profile."""
     from bebop.spec import auto_profile as profile
@@ -212,9 +212,11 @@ def test_generate_auto_keeps_a_profile_between_calls(use_cache, tmp_path, capsys
     saved = json.loads(path.read_text())
     assert saved["version"] == profile.VERSION and saved["calls"] == 1 and saved["key"]["temperature"] == 1.0
     assert json.loads(stats.read_text())["auto/probed"] is True
-    assert main(argv) == 0 and "call 2: choosing from the earlier calls, no probe" in capsys.readouterr().out
+    assert main(argv) == 0 and "call 2: keeping the last probe's choice, no probe" in capsys.readouterr().out
     metrics = json.loads(stats.read_text())
-    assert metrics["auto/probed"] is False and metrics["auto/priced"] is True  # the call after a probe prices
+    assert metrics["auto/probed"] is False and "auto/priced" not in metrics
+    assert (metrics["auto/mode"], metrics["auto/speculate_k"]) == (saved["chooser"]["held"]["mode"],
+                                                                   saved["chooser"]["held"]["speculate_k"])
     assert json.loads(path.read_text())["calls"] == 2
     good = path.read_text()
     assert main([*argv, "--temperature", "0.5"]) == 2 and "temperature differ" in _error_line(capsys)
@@ -233,12 +235,14 @@ def test_generate_auto_keeps_a_profile_between_calls(use_cache, tmp_path, capsys
     assert main(fixed) == 2 and "--auto-profile needs" in _error_line(capsys)
 
 
-def test_rl_auto_probes_every_n_steps_and_chooses_at_each(use_cache, tmp_path):
+def test_rl_auto_probes_every_n_steps_and_keeps_the_choice_between(use_cache, tmp_path):
     run = tmp_path / "run"
     assert main(["rl", "--out", str(run), "--mode", "auto", "--speculate-k", "auto", "--auto-every", "2",
                  "--steps", "3", "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "8"]) == 0
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["auto/probed"] for r in rows] == [True, False, True]  # between probes: chosen without probing
+    assert [r["auto/probed"] for r in rows] == [True, False, True]  # between probes: the choice kept, no probe
+    held = ("auto/mode", "auto/speculate_k")
+    assert [rows[1][f] for f in held] == [rows[0][f] for f in held]
     for r in rows:
         assert r["auto/mode"] in ("none", "to", "rs") and r["auto/predicted_tok_s"] > 0
         assert r["auto/measured_tok_s"] is None or r["auto/measured_tok_s"] > 0  # None: all rows ended in the probe

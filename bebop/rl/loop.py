@@ -46,14 +46,12 @@ Deviations from textbook GRPO (beyond the numbered list in ``bebop.rl.grpo``):
      online head step runs on every rank on the whole rollout (the same step everywhere). Rank 0
      alone writes the run directory.
   9) ``mode``/``speculate_k`` ``auto`` (``bebop.spec.auto``): every ``auto_every`` steps (and on the
-     first step after a resume) the rollout probes settings for a few decode steps each and then
-     runs the one with the highest predicted tokens/s; a step in between chooses again from what
-     the earlier rollouts measured, without probe steps, or keeps the last choice while pricing
-     would cost more than PRICING_SHARE of the rollouts' time (``AutoChooser.due``). Tokens stay
-     exactly the policy's, but the choice depends on timings, so such a run does not repeat bit for
-     bit. Each row logs ``auto/mode``, ``auto/speculate_k``, ``auto/predicted_tok_s``,
-     ``auto/measured_tok_s`` (the decode steps after the choice), ``auto/probed`` and
-     ``auto/priced`` (False: the last choice kept).
+     first step after a resume) the rollout probes settings for a few decode steps each, timed
+     afresh, and then runs the one with the highest predicted tokens/s; a step in between runs
+     that choice, without probe steps or pricing (``AutoChooser.held``). Tokens stay exactly the
+     policy's, but the choice depends on timings, so such a run does not repeat bit for bit. Each
+     row logs ``auto/mode``, ``auto/speculate_k``, ``auto/predicted_tok_s``, ``auto/measured_tok_s``
+     (the decode steps after the choice) and ``auto/probed`` (False: the last probe's choice kept).
      Under torchrun auto is refused (each rank would time, hence choose, on its own).
 """
 

@@ -9,9 +9,9 @@ class EngineBackend(RolloutBackend):
     """Samples with ``bebop.spec.generate`` on the modules it was last given (no copy: ``sync`` rebinds).
 
     A spec with mode or K ``auto`` runs ``bebop.spec.auto.generate_auto`` with the run's one
-    ``AutoChooser`` (probe and choose, or with ``probe=False`` choose from what earlier calls
-    measured); every call, fixed settings' too, feeds its step times and alphas to that chooser, so
-    each decision sees the running acceptance.
+    ``AutoChooser`` (probe and choose, or with ``probe=False`` keep the last probe's choice); every
+    call, fixed settings' too, feeds that chooser (``AutoChooser.observe``), so each probe's
+    decision sees the running acceptance.
     """
 
     name = "engine"

@@ -11,24 +11,20 @@ Terms (K = speculation depth, R = rows decoding, p the target's distribution, q 
     step cost   seconds of one engine decode step: plain_s for ``none``; d_0 + K c_draft + c_verify(K)
                 for ``to``/``rs``, from steps and their drafting timed by the engine (``StepCosts``).
     predicted   tokens/s of the rest of the call, its tail priced (``bebop.spec.tail``): the rows'
-                remaining tokens distributed as the run's completion lengths, the steps each row needs
+                remaining tokens distributed as the completion lengths seen, the steps each row needs
                 at 1 + L tokens a step, every step at the cost of its active rows, the call lasting
-                until its longest row ends, all as exact expectations; times a per-family calibration
-                (``AutoChooser``). Without the
-                rows' state (``none_could_win``): R (1 + E[L]) / step cost (``none``: R / plain_s).
+                until its longest row ends, all as exact expectations. Without the rows' state
+                (``shallow_could_win``): R (1 + E[L]) / step cost (``none``: R / plain_s).
 
 ``generate_auto`` runs one engine call (``bebop.spec.engine.Decoder``) that switches settings
-between decode steps, every token kept: a probe (``_probe``: one plain step when plain steps were
-never timed; steps at the deepest K; then plain steps if plain decoding could win at its measured
-cost, else steps at a shallower K if one could), then the rest at the setting with the highest
-predicted tokens/s. A setting that cannot win is not probed, so once plain steps are timed a call
-whose best is the deepest K pays nothing for the probe. An RL run (``bebop.rollout``) probes every
-``auto_every`` steps, its probes also running the runner-up and the setting forecast fastest among
-those not timed lately, else one timed too little (``to_explore``), once the rows are past the last
-offset edge (``_explore``), and, in between, re-decides from what the earlier calls measured
-(``probe=False``: no probe steps) at every step whose calls since the last pricing took
-1 / PRICING_SHARE times that pricing (``AutoChooser.due``), keeping the last decision in the others;
-it updates its models from every call.
+between decode steps, every token kept: a probe (``_probe``: one plain step when plain decoding is
+allowed; steps at the deepest K; then steps at a shallower K if one could win), then the rest at
+the setting with the highest predicted tokens/s. An RL run
+(``bebop.rollout``) probes every ``auto_every`` steps and, in between, runs the last decision
+(``probe=False``: no probe step, no pricing). A probe times its step costs afresh
+(``AutoChooser.restart``): every setting it compares is timed in the same call, at the machine's
+speed of that moment. What the policy sets, the acceptance (decayed) and the completion lengths, is
+carried from call to call: it needs many positions and moves only as the policy does.
 
 Exactness: each step is an exact step of its setting, drawn from its rows' randomness at a counter
 no other step uses, and the setting of a step depends only on the steps before it (and on
@@ -49,9 +45,8 @@ Deviations from the paper's speedup formula:
        offsets is forecast from the other K's steps there.
     4) The tail is priced from the completion lengths of earlier calls; a run's first call has none,
        so its rows are assumed to run to max_new_tokens (no tail: an overestimate, reported by
-       ``bench/auto.py``). The calibration is learned against the tokens the rows really had left,
-       so it corrects the cost and acceptance models only. ``bebop generate`` keeps the chooser in
-       a profile between calls (``bebop.spec.auto_profile``), so only a model's first call has none.
+       ``bench/auto.py``). ``bebop generate`` keeps the chooser in a profile between calls
+       (``bebop.spec.auto_profile``), so only a model's first call has none.
     5) The probe steps run settings that may be slower than the chosen one: the price of a
        one-shot call; an RL run, or generate calls sharing a profile, pay it once every
        ``auto_every`` (AUTO_EVERY) calls.
@@ -77,31 +72,8 @@ PROBE_STEPS = 2  # decode steps of each probed setting: enough to time a step, f
 # NOTE: a completion's first tokens are its least predictable (the embedded task's opener: alpha_RS ~0.1
 # at depth 1 at T = 0.3, ~0.9 later), so a B = 1 probe of 2 steps mistakes them for the whole call.
 PROBE_POSITIONS = 8  # rows x steps of the deep probe at least: its alphas' evidence
-EXPLORE_WEIGHT = 1.0  # an RL probe re-times a setting whose cost rests on fewer timed steps (decayed)
-EXPLORE_SETTINGS = 2  # settings an RL probe re-times at most (``AutoChooser.to_explore``)
-STALE_CALLS = 5  # a setting not timed in this many calls is stale: a probe may re-time it (``to_explore``)
-# NOTE: a drafted block's first step is not timed, so PROBE_STEPS = 2 timed one step of each explored
-# setting, and that one step stood for the depth until the next probe: rs2 at B = 16 priced at 8.9 ms from
-# one step, 8.4 ms over its next calls' steps; the run kept rs3 for 7 calls at 0.94x rs2.
-EXPLORE_STEPS = 4  # decode steps of each explored setting (3 timed)
 PRIOR_POSITIONS = 4.0  # weight of depth j-1's alpha in depth j's estimate (``Acceptance.alphas``)
 DECAY = 0.9  # weight kept by older acceptance evidence at each call (RL: the policy drifts; ~10 calls of memory)
-# NOTE: a call that re-prices (9 settings) and calibrates costs 0.7-2 ms more than one that keeps its choice:
-# over the fixed call of its choice, same seed, +1.6-3.0 ms against +0.8-0.9 ms at B = 1 (~72 ms calls of
-# the embedded model), +1.6 against +0.9 ms at B = 16 (~120 ms). At 0.005, B = 16 kept each choice for 2
-# calls, also early in a run when the forecasts still move by 10-15% a call (rs4 kept while rs2 was
-# forecast 17% faster); at 0.01 B = 1 and 16 re-price every 2nd call, B = 64 every call, and a real
-# model's calls (seconds) every call.
-PRICING_SHARE = 0.01  # a call between probes re-prices once the calls since the last pricing took 1/this times it
-MIN_CALIBRATION_STEPS = 4  # fewer steps after a decision do not calibrate: the last, partial step dominates
-CALIBRATION = 0.3  # weight of the newest log(measured / predicted) in the running calibration (from 0)
-# NOTE: a family's ratio moves only in calls that run it: B = 64, T = 1, three choosers switched to plain at
-# the same call (by all appearances a slow phase of the machine) and kept it for the last 22 of 30
-# (0.84-0.86x rs2 there), the drafted family's ratio frozen low. Each calibration keeps this
-# share of another family's gap to the measured one (~10 calibrations of memory, as DECAY for evidence).
-STALE_CALIBRATION = 0.9
-MAX_CALIBRATION_STEP = math.log(1.25)  # a call's log(measured / predicted) is clipped to +-this
-COST_HISTORY = 32  # step-cost measurements kept per depth (``StepCosts``), the newest
 GAMMA_PRIOR_STEPS = 30.0  # weight, in timed steps, of the other depths' gamma in a depth's (``StepCosts.gamma``)
 # NOTE: the prefill emits every row's first token, so a fresh call's decode steps start at offset 1. Priced
 # from offset 0, a whole call had a token too many per row (B = 16, T = 1, lengths known, 12 calls a
@@ -321,9 +293,7 @@ class StepCosts:
     3.4% (B = 16, 64).
 
     Each depth's cost is the mean of its measurements (the median step of a block of steps),
-    weighted by their timed steps, older ones decayed (``decay``, once per call): a depth an RL run
-    only probes (one or two timed steps every ``auto_every`` calls; one step's time varies by ~7% at
-    B = 64 here) is not re-set by each probe's one noisy step.
+    weighted by their timed steps. The costs are a probing call's own (``AutoChooser.restart``).
 
     Example: steps of 9 ms at K=1 and 16 ms at K=4 with c_draft = 2 ms give c_verify = 6.67 + K/3 ms,
     so step(2) = 4 + 7.33 = 11.33 ms.
@@ -332,14 +302,12 @@ class StepCosts:
     seconds: dict[int, float] = field(default_factory=dict)  # K -> seconds per decode step / scale(rows)
     draft_s: float | None = None  # c_draft, seconds per draft depth / scale(rows) (None: never timed)
     draft_fixed: float = 0.0  # d_0, seconds of drafting per step whatever K / scale(rows)
-    weights: dict[int, float] = field(default_factory=dict)  # K -> timed steps behind ``seconds`` (decayed)
+    weights: dict[int, float] = field(default_factory=dict)  # K -> timed steps behind ``seconds``
     measured: dict = field(default_factory=dict, repr=False)  # K or ("draft", K) -> [(median rows, median seconds, steps)]
 
     row_slope: dict[int, float] = field(default_factory=dict)  # K -> gamma_K, fitted (``gamma``)
-    row_stats: dict = field(default_factory=dict, repr=False)  # K -> decayed [n, sum R, sum s, sum R^2, sum R s]
+    row_stats: dict = field(default_factory=dict, repr=False)  # K -> [n, sum R, sum s, sum R^2, sum R s]
     prefill_slope: float | None = None  # c_verify per extra depth from the prefill, / scale (``fit_prefill``)
-    calls: int = 0  # ``decay``s so far: one per call
-    timed_at: dict[int, int] = field(default_factory=dict)  # K -> ``calls`` when its steps were last timed
 
     def scale(self, rows, k: int):
         """1 + gamma_K rows: the cost of a step at ``rows`` rows and depth k in the units of ``seconds``."""
@@ -383,7 +351,7 @@ class StepCosts:
     def fit_rows(self, k: int, step_times: list[tuple[int, float, float]]) -> None:
         """Adds depth k's steps to its row fit when ROW_FIT_STEPS or more ran over rows spanning half the
         most or more (a call's tail; 2 at least): gamma_K = b / a of
-        the least squares a + b R over all such steps at depth k (older calls decayed), in [0, 1]."""
+        the least squares a + b R over all such steps at depth k, in [0, 1]."""
         rows = np.array([r for r, _, _ in step_times], dtype=float)
         # NOTE: a call's tail, not a few steps a few rows apart: explored steps fitted gamma_2 = 0.059 at
         # B = 64, T = 1 (0.015 over whole calls) and priced rs2 27% low
@@ -403,8 +371,7 @@ class StepCosts:
                              for key, entries in self.measured.items()],
                 "row_slope": {str(k): g for k, g in self.row_slope.items()},
                 "row_stats": {str(k): stats.tolist() for k, stats in self.row_stats.items()},
-                "prefill_slope": self.prefill_slope, "calls": self.calls,
-                "timed_at": {str(k): c for k, c in self.timed_at.items()}}
+                "prefill_slope": self.prefill_slope}
 
     @classmethod
     def from_state(cls, state: dict) -> StepCosts:
@@ -418,11 +385,8 @@ class StepCosts:
         stats = {int(k): np.array(v, dtype=float) for k, v in state["row_stats"].items()}
         if any(v.shape != (5,) for v in stats.values()):
             raise ValueError("row statistics are not 5 sums")
-        # NOTE: calls and timed_at are absent from profiles written before they existed: every depth
-        # then counts as stale (``AutoChooser.stale``), so the next probe re-times the one forecast fastest
         costs = cls(measured=measured, row_slope={int(k): float(g) for k, g in state["row_slope"].items()},
-                    row_stats=stats, prefill_slope=state["prefill_slope"], calls=int(state.get("calls", 0)),
-                    timed_at={int(k): int(c) for k, c in state.get("timed_at", {}).items()})
+                    row_stats=stats, prefill_slope=state["prefill_slope"])
         costs._refresh()
         return costs
 
@@ -431,19 +395,10 @@ class StepCosts:
         base = self.step_seconds(k)
         return max(0.0, step_time[1] - base * self.scale(step_time[0], k)) if base else 0.0
 
-    def decay(self, factor: float) -> None:
-        """Older measurements weigh ``factor`` times less (the newest COST_HISTORY kept per depth); one call ends."""
-        self.measured = {key: [(r, s, w * factor) for r, s, w in entries][-COST_HISTORY:]
-                         for key, entries in self.measured.items()}
-        self.row_stats = {k: stats * factor for k, stats in self.row_stats.items()}
-        self.calls += 1
-        self._refresh()
-
     def observe(self, k: int, step_times: list[tuple[int, float, float]]) -> None:
         """Learns from a call's ``GenerationResult.step_times`` at depth k (0 = plain)."""
         if not step_times:
             return
-        self.timed_at[k] = self.calls
         self.fit_rows(k, step_times)
         self.measured.setdefault(k, []).append((statistics.median(r for r, _, _ in step_times),
                                                 statistics.median(s for _, s, _ in step_times), len(step_times)))
@@ -551,39 +506,32 @@ class Decision:
     mode: str
     speculate_k: int  # 0 for none
     predicted_tok_s: float
-    predictions: dict[str, float]  # "none", "to3", "rs1", ... -> predicted tokens/s (calibrated)
+    predictions: dict[str, float]  # "none", "to3", "rs1", ... -> predicted tokens/s
     rows: float = 1.0  # decoding rows the predictions are for (tokens/s scales with them)
     measured_tok_s: float = float("nan")  # tokens/s of the steps decoded at the chosen setting
-    raw_tok_s: float = float("nan")  # the chosen prediction before calibration
-    probed: bool = True  # the call probed settings before deciding (else: decided from earlier calls)
-    priced: bool = True  # the call priced the candidates (else: kept an earlier call's decision, ``AutoChooser.due``)
+    probed: bool = True  # the call probed settings and decided (else: it kept the last probe's decision)
 
     def to_metrics(self) -> dict:
         return {"auto/mode": self.mode, "auto/speculate_k": self.speculate_k,
-                "auto/predicted_tok_s": self.predicted_tok_s, "auto/probed": self.probed, "auto/priced": self.priced}
+                "auto/predicted_tok_s": self.predicted_tok_s, "auto/probed": self.probed}
 
 
 def config_name(mode: str, k: int) -> str:
     return mode if mode == "none" else f"{mode}{k}"
 
 
-def family(mode: str) -> str:
-    """Calibration family: plain steps, or drafted ones (to and rs share step costs)."""
-    return "none" if mode == "none" else "spec"
-
-
 class AutoChooser:
-    """The run's acceptance, cost and length models and calibration; ``choose`` picks the best candidate.
+    """The run's acceptance, cost and length models; ``choose`` picks the best candidate.
 
-    Calibration: after each decision followed by at least MIN_CALIBRATION_STEPS steps, log(measured /
-    predicted tokens/s of the steps decoded at the choice), clipped to +-MAX_CALIBRATION_STEP, updates
-    a running log-ratio of the chosen family (``family``; starts at 0, weight CALIBRATION on the
-    newest); predictions are multiplied by exp of their family's ratio, or of the mean of the known
-    ones for a family never chosen (no change of rank between unmeasured families). Per family, not
-    per setting: one call's ratio varies by ~7% (sd, B = 16 here), more than the settings' models
-    differ in error, and a setting measured once on an unlucky call would not be chosen again. The
-    other families' ratios keep STALE_CALIBRATION of their gap to the measured one at each
-    calibration: a ratio set in a slow phase does not outlive it in a family no longer run.
+    The acceptance evidence (decayed by DECAY each call) and the completion lengths (the newest
+    ``bebop.spec.tail.HISTORY``) are kept across calls; the step costs are a probe's own
+    (``restart``). Measured side by side (bench/README.md; RL-style choosers beside fixed settings,
+    B = 16 and 64, T = 0.3 and 1, 30 calls): step costs carried across calls, corrected by a running
+    calibration, re-timed by explored blocks and re-priced between probes, ran 1.5 points of
+    throughput behind probes that time afresh with a choice held in between (0.961 against 0.976
+    of the best, 3 runs), and carrying the lengths as well as the acceptance added 0.75 points (2
+    runs). A setting timed in another call was timed at another speed of the machine (its phases
+    move a call's steps by ~18%), and the settings a run did not hold were priced 10-12% dear.
     """
 
     def __init__(self) -> None:
@@ -591,18 +539,19 @@ class AutoChooser:
         self.costs = StepCosts()
         self.lengths = Lengths()
         self.prefill_s: float = 0.0  # seconds of the latest call's prefill
-        self.log_ratio: dict[str, float] = {}  # family -> running log(measured / predicted)
-        self.held: Decision | None = None  # the latest priced decision, kept by calls between probes (``due``)
-        self.pricing_s = 0.0  # seconds a call's pricing takes (choice and calibration; mean of the latest two)
-        self.since_s = 0.0  # seconds of calls since the latest pricing (inf after a probe: the next call prices)
+        self.held: Decision | None = None  # the latest probe's decision, kept by the calls until the next probe
+
+    def restart(self) -> None:
+        """A probe's start: forgets the step costs and the prefill's (kept: the acceptance evidence, the
+        completion lengths and the held decision)."""
+        self.costs, self.prefill_s = StepCosts(), 0.0
 
     def to_state(self) -> dict:
         """The chooser's state, JSON-able: a profile (``bebop.spec.auto_profile``) carries it across calls."""
         held = dataclasses.asdict(self.held) if self.held is not None else None
         return {"acceptance": self.acceptance.to_state(), "costs": self.costs.to_state(),
-                "lengths": self.lengths.seen, "prefill_s": self.prefill_s, "log_ratio": self.log_ratio,
-                "held": held and {k: v if v == v else None for k, v in held.items()},  # NOTE: nan is not JSON
-                "pricing_s": self.pricing_s, "since_s": self.since_s if math.isfinite(self.since_s) else None}
+                "lengths": self.lengths.seen, "prefill_s": self.prefill_s,
+                "held": held and {k: v if v == v else None for k, v in held.items()}}  # NOTE: nan is not JSON
 
     @classmethod
     def from_state(cls, state: dict) -> AutoChooser:
@@ -612,7 +561,6 @@ class AutoChooser:
         chooser.costs = StepCosts.from_state(state["costs"])
         chooser.lengths = Lengths([int(n) for n in state["lengths"]])
         chooser.prefill_s = float(state["prefill_s"])
-        chooser.log_ratio = {str(f): float(r) for f, r in state["log_ratio"].items()}
         held = state["held"]
         if held is not None:
             fields = {f.name for f in dataclasses.fields(Decision)}
@@ -620,17 +568,11 @@ class AutoChooser:
                 raise ValueError(f"a held decision has fields {sorted(held)}, not {sorted(fields)}")
             chooser.held = Decision(**{k: math.nan if v is None else v for k, v in held.items()})
             chooser.held.predictions = {str(n): float(v) for n, v in chooser.held.predictions.items()}
-        chooser.pricing_s = float(state["pricing_s"])
-        chooser.since_s = math.inf if state["since_s"] is None else float(state["since_s"])
         return chooser
 
-    def due(self, options: list[tuple[str, int]]) -> bool:
-        """Whether a call between probes re-prices (else keeps ``held``): once the calls since the last
-        pricing took 1 / PRICING_SHARE times what it cost, so pricing takes at most ~PRICING_SHARE of
-        the time (embedded model: B = 1 and 16 every 2nd call, B = 64 every call; a call of a second or
-        more: every call)."""
-        return (self.held is None or (self.held.mode, self.held.speculate_k) not in options
-                or self.since_s * PRICING_SHARE >= self.pricing_s)
+    def holds(self, options: list[tuple[str, int]]) -> bool:
+        """Whether a call between probes can keep the held decision: one was made, and the spec allows it."""
+        return self.held is not None and (self.held.mode, self.held.speculate_k) in options
 
     def observe(self, result: GenerationResult, mode: str, k: int, greedy: bool) -> None:
         """Learns from a call decoded at (mode, K): step times, lengths, prefill and, when it drafted, alphas.
@@ -649,29 +591,8 @@ class AutoChooser:
         self.lengths.add(result.lengths)
         self.prefill_s = result.prefill_seconds + (self.costs.excess(*first_step) if first_step else 0.0)
 
-    def factor(self, mode: str) -> float:
-        known = self.log_ratio.get(family(mode))
-        if known is None and self.log_ratio:
-            known = statistics.fmean(self.log_ratio.values())
-        return math.exp(known or 0.0)
-
-    def calibrate(self, decision: Decision) -> None:
-        """Updates the chosen family's ratio from the decision's measured tokens/s."""
-        if not (decision.measured_tok_s > 0 and decision.raw_tok_s > 0):
-            return
-        # NOTE: clipped: a call whose last row decoded alone for its last steps measured 0.63 of its
-        # prediction (B = 16, T = 1; 29 others 0.82-1.38); unclipped it moved every drafted forecast by 13%
-        new = min(max(math.log(decision.measured_tok_s / decision.raw_tok_s), -MAX_CALIBRATION_STEP),
-                  MAX_CALIBRATION_STEP)
-        chosen = family(decision.mode)
-        old = self.log_ratio.get(chosen, 0.0)  # NOTE: starts at 0 (shrinks one noisy call's ratio)
-        self.log_ratio[chosen] = (1 - CALIBRATION) * old + CALIBRATION * new
-        for other in self.log_ratio.keys() - {chosen}:  # NOTE: a family not run ages toward the one measured
-            gap = self.log_ratio[other] - self.log_ratio[chosen]
-            self.log_ratio[other] = self.log_ratio[chosen] + STALE_CALIBRATION * gap
-
     def rates(self, options: list[tuple[str, int]], rows: Rows, prefill_s: float = 0.0) -> dict[str, float]:
-        """Uncalibrated tokens/s of each (mode, K) over the rest of ``rows``, the tail priced
+        """Tokens/s of each (mode, K) over the rest of ``rows``, the tail priced
         (``bebop.spec.tail.call_rates``, alphas per offset bucket); 0 where the costs cannot say."""
         names = [config_name(m, k) for m, k in options]
         bases = [self.costs.step_seconds(0 if m == "none" else k) for m, k in options]
@@ -694,22 +615,14 @@ class AutoChooser:
         return self.lengths.fresh(batch, PREFILL_TOKENS, max_new)
 
     def predict_call(self, mode: str, k: int, batch: int, max_new: int) -> float:
-        """Calibrated tokens/s of a whole call of ``batch`` fresh rows at (mode, K), prefill included
-        (its seconds and the first token of every row)."""
+        """Tokens/s of a whole call of ``batch`` fresh rows at (mode, K), prefill included (its seconds
+        and the first token of every row)."""
         rows = self.fresh_rows(batch, max_new)
         rate = self.rate(mode, k, rows, self.prefill_s)  # the decode steps' tokens over the call's seconds
         if not rate:
             return 0.0
         decoded = rows.tokens()
-        return (decoded + PREFILL_TOKENS * batch) * rate / decoded * self.factor(mode)
-
-    def none_could_win(self, options: list[tuple[str, int]], rows: float) -> bool:
-        """Whether ``none``, at its measured step cost, beats every drafted candidate; True when plain
-        steps were never timed."""
-        drafted = [predict(m, k, self.acceptance, self.costs, rows) for m, k in options if m != "none"]
-        if self.costs.step_seconds(0) is None or not drafted:
-            return True
-        return predict("none", 0, self.acceptance, self.costs, rows) >= max(drafted)
+        return (decoded + PREFILL_TOKENS * batch) * rate / decoded
 
     def shallow_could_win(self, options: list[tuple[str, int]], rows: float) -> int | None:
         """The shallower K worth probing after the deepest: the drafted depth below the deepest with the
@@ -724,66 +637,19 @@ class AutoChooser:
         best = max(depths[:-1], key=rates.get)
         return best if rates[best] > rates[depths[-1]] else None
 
-    def under_timed(self, options: list[tuple[str, int]]) -> list[int]:
-        """The depths below the deepest (0: plain, when allowed) whose step cost rests on less than
-        EXPLORE_WEIGHT timed steps (decayed), the least timed first (the shallowest of equals). An RL
-        run's probe times EXPLORE_SETTINGS of them: a setting never chosen is otherwise priced for the
-        whole run from what was timed once, or from the c_verify line through the depths that were
-        (B = 16, T = 0.7: a run that timed K = 0, 3 and 4 forecast rs2 at 2,735 tok/s, measured
-        3,441, and kept rs4; a run's one plain step, timed at 8.1 ms in a cold process where plain
-        steps take ~5 ms, priced plain 40% low for the whole run)."""
-        rule = probe_rule(options)
-        depths = sorted(k for m, k in options if m == rule)[:-1]
-        if ("none", 0) in options and rule is not None:
-            depths.insert(0, 0)
-        return sorted((k for k in depths if self.costs.weights.get(k, 0.0) < EXPLORE_WEIGHT),
-                      key=lambda k: (self.costs.weights.get(k, 0.0), k))
-
-    def stale(self, depth: int) -> bool:
-        """Whether depth's steps (0: plain) were last timed STALE_CALLS or more calls ago, or never."""
-        return self.costs.calls - self.costs.timed_at.get(depth, -STALE_CALLS) >= STALE_CALLS
-
-    def to_explore(self, options: list[tuple[str, int]], decision: Decision, ran: set[int]) -> list[int]:
-        """The depths (0: plain) an RL probe explores after deciding, EXPLORE_SETTINGS at most, none
-        that the call runs anyway (the choice, ``ran`` by the probe): first the runner-up, the setting
-        predicted fastest after the choice; then the one predicted fastest among the stale
-        (``stale``), else the least timed (``under_timed``).
-
-        The runner-up: a setting's forecast is corrected only by its own steps, so one forecast low
-        was never run again (B = 16 and 64, T = 0.7: rs2 forecast 13-15% low, rs4 chosen for all 40
-        calls at 0.92-0.94x rs2, its probes re-timing plain and rs1 only, as rs2's timed steps still
-        weighed more than EXPLORE_WEIGHT). The stale: a setting timed at one moment keeps that
-        moment's cost, and the machine's speed drifts within a run, so a setting that was neither the
-        runner-up nor the least timed was never re-timed (B = 16, T = 0.3: rs2 priced 35-140% dear for
-        13-18 calls while rs1 or rs3 was held; the least timed were plain and rs1). Side by side over
-        15 runs of 4 + 4 choosers, this against the least timed alone: +0.6 points (standard error
-        0.28; bench/README.md).
-        """
-        rule = probe_rule(options)
-        skip = ran | {decision.speculate_k}
-        depths = [k for m, k in options if m in ("none", rule) and k not in skip]
-        ahead = sorted(depths, key=lambda k: -decision.predictions.get(config_name("none" if k == 0 else rule, k), 0.0))
-        explore = ahead[:1]
-        stale = [k for k in ahead[1:] if self.stale(k)][:1]
-        rest = [k for k in self.under_timed(options) if k not in skip and k not in explore]
-        return list(dict.fromkeys(explore + stale + rest))[:EXPLORE_SETTINGS]
-
     def choose(self, options: list[tuple[str, int]], rows: float, tail: Rows | None = None) -> Decision:
         """The candidate with the highest predicted tokens/s (the first of equals).
 
         With ``tail``, the rest of the call (its active rows and what they have left: ``Lengths.rows``
-        mid-call, ``fresh_rows`` before it) is priced with its tail (``rate``) and calibrated;
-        without, ``rows`` (1 + E[L]) / step cost.
+        mid-call, ``fresh_rows`` before it) is priced with its tail (``rate``); without, ``rows`` (1 +
+        E[L]) / step cost.
         """
         if tail is None:
-            raw = {config_name(m, k): predict(m, k, self.acceptance, self.costs, rows) for m, k in options}
-            predictions = dict(raw)
+            predictions = {config_name(m, k): predict(m, k, self.acceptance, self.costs, rows) for m, k in options}
         else:
-            raw = self.rates(options, tail)
-            predictions = {config_name(m, k): raw[config_name(m, k)] * self.factor(m) for m, k in options}
+            predictions = self.rates(options, tail)
         mode, k = max(options, key=lambda c: predictions[config_name(*c)])
-        name = config_name(mode, k)
-        return Decision(mode, k, predictions[name], predictions, rows, raw_tok_s=raw[name])
+        return Decision(mode, k, predictions[config_name(mode, k)], predictions, rows)
 
 
 def probe_rule(options: list[tuple[str, int]]) -> str | None:
@@ -808,18 +674,16 @@ def _block(decoder: Decoder, chooser: AutoChooser, setting, mode: str, k: int, s
 
 
 def _probe(decoder: Decoder, chooser: AutoChooser, options, setting, greedy: bool, prompt_len: float):
-    """The probe's steps -> (depths it ran, first step): the first step is (depth, step time) of the
-    call's first drafted step, else of its first step (None: no step); its excess over a step's cost
-    is the head's prefill (``StepCosts.excess``).
+    """The probe's steps -> its first step: (depth, step time) of the call's first drafted step, else
+    of its first step (None: no step); its excess over a step's cost is the head's prefill
+    (``StepCosts.excess``).
 
-    0. One plain step first when plain decoding is allowed and was never timed (a fresh chooser): the
-       call's first step, so nothing pending inflates it; the verify line's K = 0 point.
+    0. One plain step first when plain decoding is allowed: the call's first step, so nothing pending
+       inflates it; plain's cost and the verify line's K = 0 point.
     1. PROBE_STEPS at the deepest K (``probe_rule``), more until PROBE_POSITIONS rows were drafted
        for: both alphas at every depth, c_draft, c_verify(K).
-    2. PROBE_STEPS plain, when plain was timed in an earlier call and could win at that cost
-       (``none_could_win``).
-    3. Otherwise PROBE_STEPS at the shallower K predicted best, when it could win (``shallow_could_win``):
-       a second depth for the verify line.
+    2. PROBE_STEPS at the shallower K predicted best, when it could win (``shallow_could_win``): a
+       second depth for the verify line.
     """
     firsts: list[tuple[int, tuple[int, float, float]]] = []  # (depth, first step) of each block
 
@@ -830,39 +694,18 @@ def _probe(decoder: Decoder, chooser: AutoChooser, options, setting, greedy: boo
 
     rule = probe_rule(options)
     depths = sorted(k for m, k in options if m != "none")
-    plain = ("none", 0) in options and len(options) > 1
-    plain_first = plain and chooser.costs.step_seconds(0) is None
-    if plain_first and decoder.num_active:
+    if ("none", 0) in options and len(options) > 1 and decoder.num_active:
         run("none", 0, steps_at_least=1)
     if rule is not None and decoder.num_active:
         run(rule, depths[-1], positions=PROBE_POSITIONS)
         chooser.acceptance.observe(decoder.runner.log, [len(t) for t in decoder.runner.outputs], greedy,
                                    age=DECAY)  # NOTE: only the deep probe's positions
         chooser.costs.fit_prefill(depths[-1], len(decoder.prompt_ids), prompt_len, decoder.prefill_seconds)
-    rows = max(decoder.num_active, 1)
-    if plain and not plain_first and decoder.num_active and chooser.none_could_win(options, rows):
-        run("none", 0)
-    elif rule is not None and decoder.num_active:
-        shallow = chooser.shallow_could_win(options, rows)
+    if rule is not None and decoder.num_active:
+        shallow = chooser.shallow_could_win(options, max(decoder.num_active, 1))
         if shallow is not None:
             run(rule, shallow)
-    return {k for k, _ in firsts}, next((f for f in firsts if f[0] > 0), firsts[0] if firsts else None)
-
-
-def _explore(decoder: Decoder, chooser: AutoChooser, setting, rule: str, depths: list[int]) -> tuple[float, int]:
-    """EXPLORE_STEPS at each depth (0: plain), for the chooser's later calls -> (seconds, tokens) they took.
-
-    An RL run's probing call runs the settings ``to_explore`` picks (a setting never chosen is
-    otherwise priced for the whole run from what was timed once, or from the c_verify line through
-    the depths that were), once its rows are past the last offset edge: there a K's own acceptance
-    differs most from the other K's (depth 1 at offsets >= 8: 0.75 / 0.94 / 0.87 / 0.97 under
-    rs1-rs4, B = 64, T = 0.3) and most tokens are drafted, and a probe at the call's start records
-    none of it.
-    """
-    start, tokens = time.perf_counter(), decoder.num_tokens()
-    for k in depths:
-        _block(decoder, chooser, setting, "none" if k == 0 else rule, k, EXPLORE_STEPS)
-    return time.perf_counter() - start, decoder.num_tokens() - tokens
+    return next((f for f in firsts if f[0] > 0), firsts[0] if firsts else None)
 
 
 def generate_auto(
@@ -885,9 +728,9 @@ def generate_auto(
         model, tokenizer, prompts, mtp, sampling, seed, step, row_ids: as for ``generate``.
         spec: mode and/or speculate_k ``"auto"``; the other fields as for ``generate``.
         chooser: the run's models (RL keeps one across steps); a fresh one when None.
-        probe: probe settings first (``_probe``); False decides before the first step from what the
-            chooser learned in earlier calls (RL between probes), or keeps its last decision when
-            re-pricing is not due (``AutoChooser.due``), or probes when it knows no costs.
+        probe: probe settings first (``_probe``) from fresh step costs (``AutoChooser.restart``),
+            then decide; False keeps the chooser's last decision (RL
+            between probes: no probe step, no pricing), or probes when it has none the spec allows.
 
     Returns:
         ``(result, decision)``: the completions (every probe token kept) with the statistics of the
@@ -899,74 +742,39 @@ def generate_auto(
     if mtp is None and max_k:
         raise BebopError(f"mode {spec.mode!r} needs an MTP head (--mtp)")
     chooser = chooser if chooser is not None else AutoChooser()
-    call_start = time.perf_counter()
-    learned = bool(chooser.costs.seconds)  # costs from earlier calls: a probe also explores (``explore``)
     chooser.acceptance.decay(DECAY)
-    chooser.costs.decay(DECAY)
     greedy = sampling.temperature == 0
     setting = (lambda mode, k: dataclasses.replace(spec, mode=mode, speculate_k=max(k, 1)))
-    probe = probe or not all(chooser.costs.step_seconds(0 if m == "none" else k) for m, k in options)
-    prior = chooser.acceptance.copy() if probe else None  # the evidence of earlier calls (a probe adds to a copy)
-    decision, pricing_s = None, 0.0
+    probe = probe or not chooser.holds(options)
     if probe:
+        chooser.restart()
+        prior = chooser.acceptance.copy()  # the evidence of earlier calls (the deep probe adds to a copy)
         rule = probe_rule(options)
-        first = (rule, max_k) if rule is not None else options[0]
-    elif chooser.due(options):
-        start = time.perf_counter()
-        decision = chooser.choose(options, rows=len(prompts),
-                                  tail=chooser.fresh_rows(len(prompts), sampling.max_new_tokens))
-        pricing_s = time.perf_counter() - start
-        first = (decision.mode, decision.speculate_k)
+        decision, first = None, (rule, max_k) if rule is not None else options[0]
     else:
-        decision = dataclasses.replace(chooser.held, priced=False, measured_tok_s=math.nan, raw_tok_s=math.nan)
+        decision = dataclasses.replace(chooser.held, probed=False, measured_tok_s=math.nan)
         first = (decision.mode, decision.speculate_k)
     decoder = Decoder(model, tokenizer, prompts, mtp=mtp if max_k else None, sampling=sampling, spec=setting(*first),
-                      seed=seed, step=step, row_ids=row_ids, max_speculate_k=max_k, time_drafts=True)
-    first_step, explore = None, []
+                      seed=seed, step=step, row_ids=row_ids, max_speculate_k=max_k, time_drafts=probe)
+    first_step = None
     if probe:
         prompt_len = statistics.fmean(len(p) for p in decoder.prompt_ids)
-        ran, first_step = _probe(decoder, chooser, options, setting, greedy, prompt_len)
-        start = time.perf_counter()
+        first_step = _probe(decoder, chooser, options, setting, greedy, prompt_len)
         tail = chooser.lengths.rows(decoder.active_lengths(), sampling.max_new_tokens) if decoder.num_active else None
         decision = chooser.choose(options, rows=max(decoder.num_active, 1), tail=tail)
-        pricing_s = time.perf_counter() - start
-        explore = chooser.to_explore(options, decision, ran) if learned else []
-    decision.probed = probe
-    decoder.set_spec(setting(decision.mode, decision.speculate_k))
-    if not probe and decoder.num_active:  # NOTE: the first step also feeds the head the prompt: priced as prefill
+        decoder.set_spec(setting(decision.mode, decision.speculate_k))
+    elif decoder.num_active:  # NOTE: the first step also feeds the head the prompt: priced as prefill
         first_step = (decision.speculate_k, decoder.step())
-    start, before, rest, rows = time.perf_counter(), decoder.num_tokens(), [], list(decoder.rows.index)
-    generated = decoder.active_lengths()
-    explored = (0.0, 0)  # seconds and tokens of the exploring steps
+    start, before, rest = time.perf_counter(), decoder.num_tokens(), []
     while decoder.num_active:
-        if explore and min(decoder.active_lengths()) >= OFFSET_EDGES[-1]:
-            explored = _explore(decoder, chooser, setting, probe_rule(options), explore)
-            explore = []
-            decoder.set_spec(setting(decision.mode, decision.speculate_k))
-            if decoder.num_active:
-                decoder.step()  # NOTE: fed the head what the exploring steps left pending: not a clean step
-            continue
         rest.append(decoder.step())
     if rest:
-        seconds = time.perf_counter() - start - explored[0]
-        decision.measured_tok_s = (decoder.num_tokens() - before - explored[1]) / max(seconds, 1e-9)
-    if decision.priced and explored == (0.0, 0) and len(rest) >= MIN_CALIBRATION_STEPS:
-        # NOTE: calibrated against the tokens the rows really had left, so it corrects the cost and
-        # acceptance models, not the length model (which knows nothing in a run's first call)
-        start = time.perf_counter()
-        left = np.array([len(decoder.runner.outputs[i]) - n for i, n in zip(rows, generated)])
-        decision.raw_tok_s = chooser.rate(decision.mode, decision.speculate_k, Rows.known(generated, left))
-        chooser.calibrate(decision)
-        pricing_s += time.perf_counter() - start
-    chooser.costs.observe(decision.speculate_k, rest)
-    result = decoder.result()
-    if prior is not None:
+        decision.measured_tok_s = (decoder.num_tokens() - before) / max(time.perf_counter() - start, 1e-9)
+    if probe:
+        chooser.costs.observe(decision.speculate_k, rest)
         chooser.acceptance = prior  # every drafted position of the call, once (not the probe's twice)
+        chooser.held = decision
+    result = decoder.result()
     chooser.acceptance.observe(result.log, result.lengths, greedy, age=DECAY)
     chooser.end_call(result, first_step)
-    if decision.priced:  # NOTE: a probe's decision priced the rest of its call: the next call prices anew
-        chooser.held, chooser.since_s = decision, math.inf if probe else 0.0
-        if not probe:  # a call's pricing, smoothed (one slow pricing would hold a choice for many calls)
-            chooser.pricing_s = pricing_s if not chooser.pricing_s else (chooser.pricing_s + pricing_s) / 2
-    chooser.since_s += time.perf_counter() - call_start - pricing_s
     return result, decision

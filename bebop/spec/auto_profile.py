@@ -3,10 +3,10 @@
 A call that starts from nothing probes settings and prices its rows as running to max_new_tokens (it
 has seen no completion lengths): at B = 16 and 64 here that chose a deeper K than the best in most
 calls (bench/auto.py, "one-shot"). A profile is the ``AutoChooser``'s state (acceptance per depth,
-offset and K, step costs, completion lengths, calibration, its last decision and when it re-prices)
-in a JSON file; the next call on the same
-model, head, device and sampling starts from it and runs as ``bebop rl`` runs auto: a probing call
-every AUTO_EVERY calls, in between a choice from what the earlier calls measured (no probe steps).
+offset and K, the last probe's step costs, completion lengths, that probe's decision) in a JSON
+file; the next call on the same model, head, device and sampling starts from it and runs as ``bebop
+rl`` runs auto: a probing call every AUTO_EVERY calls, in between the last probe's decision (no
+probe steps, no pricing).
 
     key     what the profile is for (``profile_key``): the model and head directories (path, newest
             file mtime, bytes), device, dtype, torch threads, sampling and the candidate settings.
@@ -33,7 +33,7 @@ from bebop.spec.auto import AutoChooser, candidates, config_name
 from bebop.spec.engine import SamplingParams, SpecConfig
 from bebop.utils.io import BebopError, read_json, write_json
 
-VERSION = 1  # of the file's layout; another version is refused
+VERSION = 2  # of the file's layout; an older one is a fresh start (replaced by the next save), a newer one refused
 
 
 def _fingerprint(path: str | os.PathLike) -> dict:
@@ -70,15 +70,19 @@ def default_path(key: dict) -> Path:
 
 
 def load(path: str | os.PathLike, key: dict) -> tuple[AutoChooser, int]:
-    """(chooser, calls made with it) from ``path``; a fresh chooser and 0 when the file does not exist.
+    """(chooser, calls made with it) from ``path``; a fresh chooser and 0 when the file does not exist or
+    is a profile of an older layout (version 1 carried a calibration and re-pricing state this
+    version's chooser does not have).
 
-    Raises BebopError (one line) when the file is not a profile of this version, is for another key,
-    or does not parse.
+    Raises BebopError (one line) when the file is not a profile of this or an older version, is for
+    another key, or does not parse.
     """
     path = Path(path)
     if not path.exists():
         return AutoChooser(), 0
     data = read_json(path, "auto profile")
+    if isinstance(data, dict) and type(data.get("version")) is int and 1 <= data["version"] < VERSION:
+        return AutoChooser(), 0
     if not isinstance(data, dict) or data.get("version") != VERSION:
         version = data.get("version") if isinstance(data, dict) else None
         raise BebopError(f"auto profile {path} is not a version-{VERSION} profile (version {version!r}); "

@@ -111,7 +111,7 @@ def test_few_positions_lean_on_the_depth_above():
     assert one.alphas("rs", 2) == pytest.approx([0.7, 0.7])
 
 
-def test_step_costs_by_hand_and_decay_halves_the_evidence():
+def test_step_costs_by_hand_and_decay_halves_the_acceptance_evidence():
     costs = StepCosts(seconds={0: 0.004, 1: 0.009, 4: 0.016}, draft_s=0.002)  # the docstring's example
     assert costs.verify_seconds(2) == pytest.approx(0.007 + 1 / 3 * 1e-3)
     assert costs.step_seconds(2) == pytest.approx(0.004 + 0.007 + 1 / 3 * 1e-3)
@@ -140,9 +140,8 @@ def test_step_costs_by_hand_and_decay_halves_the_evidence():
     assert drafts.step_seconds(2) == pytest.approx(drafts.verify_seconds(2) + drafts.draft_fixed + 2 * drafts.draft_s)
     assert drafts.verify_seconds(1) == pytest.approx(0.011 - 0.0019) and drafts.verify_seconds(4) == pytest.approx(0.019 - 0.0059)
     assert auto._line([(1, 0.001, 1.0), (4, 0.008, 1.0)], drafting=True)[0] == 0.0  # never a negative fixed part
-    observed.decay(0.5)  # a later call: the first block weighs 3 * 0.5 steps, the new one 1
-    observed.observe(4, [(8, 0.017, 0.004)])
-    assert observed.seconds[4] == pytest.approx((1.5 * 0.012 + 0.017) / 2.5) and observed.weights[4] == 2.5
+    observed.observe(4, [(8, 0.017, 0.004)])  # a second block: each block weighs its timed steps
+    assert observed.seconds[4] == pytest.approx((3 * 0.012 + 0.017) / 4) and observed.weights[4] == 4
     assert observed.draft_s == pytest.approx(0.001)
     acc = _acceptance([0.8], [0.5], weight=10)
     acc.decay(0.5)
@@ -385,101 +384,39 @@ def test_auto_is_plain_greedy_at_temperature_zero(spec):
     assert decision.predicted_tok_s == max(decision.predictions.values()) > 0
 
 
-def _plain_known() -> AutoChooser:
-    """A chooser that timed plain steps in an earlier call (1 ms at 3 rows)."""
+def _with_history() -> AutoChooser:
+    """A chooser with earlier calls' models: plain timed at 1 ms (3 rows), rs3 at 9 ms, lengths seen."""
     chooser = AutoChooser()
     chooser.costs.observe(0, [(3, 0.001, 0.0)])
+    chooser.costs.observe(3, [(3, 0.009, 0.003)] * 2)
+    chooser.lengths.add([5, 7])
     return chooser
 
 
-@pytest.mark.parametrize(("known", "plain", "shallow", "probes", "explored"), [
-    (False, False, 2, [(0, 1), (4, 2), (2, 2)], []),  # a fresh chooser: one plain step first, then as below
-    (False, True, None, [(0, 1), (4, 2)], []),  # ... plain is not probed twice in a call
-    (False, False, None, [(0, 1), (4, 2)], []),  # ... and nothing is explored (a one-shot call pays for every probe)
-    (True, True, 2, [(4, 2), (0, 2)], [1]),  # plain could win at its measured cost: plain steps, no shallow
-    # probe; later the settings ``to_explore`` picks (a chooser with earlier calls explores)
-    (True, False, 2, [(4, 2), (2, 2)], [1]),  # plain cannot, a shallower K could
-    (True, False, None, [(4, 2)], [1]),  # neither: the deepest K; later what to_explore picks
+@pytest.mark.parametrize(("spec", "history", "shallow", "probes"), [
+    (SpecConfig("auto", "auto"), False, 2, [(0, 1), (4, 2), (2, 2)]),  # one plain step, the deepest K, a shallower one
+    (SpecConfig("auto", "auto"), False, None, [(0, 1), (4, 2)]),  # ... no shallower K could win
+    (SpecConfig("auto", "auto"), True, 2, [(0, 1), (4, 2), (2, 2)]),  # earlier calls change nothing: timed afresh
+    (SpecConfig("rs", "auto"), False, 2, [(4, 2), (2, 2)]),  # plain not allowed: no plain step
 ])
-def test_auto_probes_then_runs_the_choice(monkeypatch, known, plain, shallow, probes, explored):
-    """The probe runs one plain step when plain was never timed, the deepest K, then plain steps or a
-    shallower K when they could win (forced here, as it depends on timings); then every step runs the
-    choice, except that a chooser that learned from earlier calls explores (``to_explore``; EXPLORE_STEPS
-    each) once every row has emitted OFFSET_EDGES[-1] tokens."""
-    monkeypatch.setattr(AutoChooser, "none_could_win", lambda self, options, rows: plain)
+def test_auto_probes_then_runs_the_choice(monkeypatch, spec, history, shallow, probes):
+    """The probe runs one plain step when plain is allowed, the deepest K, then a shallower K when one
+    could win (forced here, as it depends on timings); then every step runs the choice."""
     monkeypatch.setattr(AutoChooser, "shallow_could_win", lambda self, options, rows: shallow)
     monkeypatch.setattr(auto, "PROBE_POSITIONS", 0)  # PROBE_STEPS each (the next test pins it)
-    monkeypatch.setattr(AutoChooser, "to_explore", lambda self, options, decision, ran: [1])  # (pinned below)
-    assert auto.PROBE_STEPS == 2 and auto.EXPLORE_STEPS == 4 and auto.OFFSET_EDGES[-1] == 8
+    assert auto.PROBE_STEPS == 2
     model = peaked_model()
     head = perturbed_head(model, 0.1)
-    steps = []  # (K, fewest tokens an active row had emitted) of each step
+    steps = []
     step = Decoder.step
-    monkeypatch.setattr(Decoder, "step", lambda self: steps.append((self.runner.k, min(self.active_lengths())))
-                        or step(self))
-    out, decision = generate_auto(model, ToyTokenizer(), _prompts((3, 4, 6)), mtp=head,
+    monkeypatch.setattr(Decoder, "step", lambda self: steps.append(self.runner.k) or step(self))
+    out, decision = generate_auto(model, ToyTokenizer(), _prompts((3, 4, 6)), mtp=head, spec=spec,
                                   sampling=SamplingParams(temperature=1.0, max_new_tokens=24),
-                                  chooser=_plain_known() if known else None)
-    ks = [k for k, _ in steps]
+                                  chooser=_with_history() if history else None)
     expected = [k for k, n in probes for _ in range(n)]
-    assert ks[:len(expected)] == expected and len(ks) > len(expected) and decision.probed
-    late = next(i for i, (_, offset) in enumerate(steps) if i >= len(expected) and offset >= 8)
-    block = [k for k in explored for _ in range(auto.EXPLORE_STEPS)]
-    assert ks[late:late + len(block)] == block
-    assert set(ks[len(expected):late] + ks[late + len(block):]) == {decision.speculate_k}
+    assert steps[:len(expected)] == expected and len(steps) > len(expected) and decision.probed
+    assert set(steps[len(expected):]) == {decision.speculate_k}
     assert out.stats.speculate_k == 4 and decision.measured_tok_s > 0
-
-
-def test_settings_timed_too_little_are_explored():
-    """RL's probe re-times the settings below the deepest (plain included) whose cost rests on fewer
-    than EXPLORE_WEIGHT timed steps, the least timed first."""
-    chooser = AutoChooser()
-    assert chooser.under_timed(ALL) == [0, 1, 2, 3]  # nothing timed: the shallowest first
-    for k, steps in ((0, 1), (1, 5), (3, 3), (4, 9)):
-        chooser.costs.observe(k, [(8, 0.01 + 0.001 * k, 0.002 * k)] * steps)
-    assert auto.EXPLORE_WEIGHT == 1.0 and chooser.under_timed(ALL) == [2]
-    chooser.costs.decay(0.5)  # plain's one step now weighs 0.5
-    assert chooser.under_timed(ALL) == [2, 0]
-    assert chooser.under_timed(candidates(SpecConfig("rs", "auto"))) == [2]  # plain not allowed
-    assert chooser.under_timed(candidates(SpecConfig("auto", 3))) == [0]  # one drafted depth: plain alone
-
-
-def test_a_probe_explores_the_runner_up_then_the_least_timed():
-    """to_explore: the setting predicted fastest after the choice, then the least timed, none that the
-    call runs anyway (the choice, the probe's depths), EXPLORE_SETTINGS at most."""
-    chooser = AutoChooser()
-    for k, steps in ((0, 1), (1, 5), (2, 9), (3, 3), (4, 9)):
-        chooser.costs.observe(k, [(8, 0.01 + 0.001 * k, 0.002 * k)] * steps)
-    chooser.costs.decay(0.5)  # plain's one step now weighs 0.5: under-timed
-    predictions = {"none": 5.0, "to1": 9.5, "rs1": 6.0, "rs2": 9.0, "rs3": 8.0, "rs4": 7.0}
-    decision = auto.Decision("rs", 2, 9.0, predictions)
-    assert auto.EXPLORE_SETTINGS == 2 and chooser.under_timed(ALL) == [0]
-    assert chooser.to_explore(ALL, decision, ran={4}) == [3, 0]  # rs3 runs up (to1 is not a probe rule's)
-    assert chooser.to_explore(ALL, decision, ran={4, 3}) == [1, 0]  # rs3 probed already: rs1, then plain
-    assert chooser.to_explore(ALL, decision, ran={4, 0, 1, 3}) == []  # all run in the call anyway
-    assert chooser.to_explore(ALL, auto.Decision("none", 0, 5.0, predictions), ran={4}) == [2]  # none: the choice
-
-
-def test_a_probe_re_times_the_stale_setting_forecast_fastest():
-    """to_explore: after the runner-up, the setting forecast fastest among those not timed in the last
-    STALE_CALLS calls (``AutoChooser.stale``), ahead of the least timed; the least timed when none is stale."""
-    chooser = AutoChooser()
-    for k, steps in ((0, 1), (1, 5), (2, 9), (3, 3), (4, 9)):
-        chooser.costs.observe(k, [(8, 0.01 + 0.001 * k, 0.002 * k)] * steps)
-    chooser.costs.decay(0.5)  # plain's one step now weighs 0.5: under-timed
-    predictions = {"none": 5.0, "rs1": 6.0, "rs2": 8.0, "rs3": 9.0, "rs4": 10.0}
-    held_rs4 = auto.Decision("rs", 4, 10.0, predictions)
-    assert auto.STALE_CALLS == 5 and not any(chooser.stale(k) for k in range(5))
-    assert chooser.to_explore(ALL, held_rs4, ran=set()) == [3, 0]  # nothing stale: the least timed
-    for _ in range(auto.STALE_CALLS - 1):
-        chooser.costs.decay(1.0)
-        chooser.costs.observe(4, [(8, 0.014, 0.008)])  # rs4 held, the others not timed
-    assert chooser.costs.calls == auto.STALE_CALLS and [k for k in range(5) if chooser.stale(k)] == [0, 1, 2, 3]
-    assert chooser.to_explore(ALL, held_rs4, ran=set()) == [3, 2]  # rs2: the fastest stale after the runner-up
-    chooser.costs.observe(2, [(8, 0.012, 0.004)] * 2)  # rs2 re-timed in this call
-    assert chooser.to_explore(ALL, held_rs4, ran=set()) == [3, 1]  # then rs1
-    assert chooser.to_explore(ALL, held_rs4, ran={3}) == [2, 1]  # rs3 ran in the probe: rs2 runs up
-    assert AutoChooser().stale(2)  # never timed
 
 
 def test_a_fresh_probe_times_its_plain_step_and_prices_the_heads_prompt_as_prefill(monkeypatch):
@@ -501,7 +438,6 @@ def test_a_fresh_probe_times_its_plain_step_and_prices_the_heads_prompt_as_prefi
 
 def test_a_batch_of_one_probes_until_enough_positions(monkeypatch):
     """B = 1: the deep probe runs PROBE_POSITIONS steps (one drafted row each), not PROBE_STEPS."""
-    monkeypatch.setattr(AutoChooser, "none_could_win", lambda self, options, rows: False)
     monkeypatch.setattr(AutoChooser, "shallow_could_win", lambda self, options, rows: None)
     model = peaked_model()
     ks = []
@@ -509,49 +445,23 @@ def test_a_batch_of_one_probes_until_enough_positions(monkeypatch):
     monkeypatch.setattr(Decoder, "step", lambda self: ks.append(self.runner.k) or step(self))
     monkeypatch.setattr(AutoChooser, "choose", lambda self, options, rows, tail=None:
                         auto.Decision("rs", 1, 1.0, {"rs1": 1.0}, rows))
-    monkeypatch.setattr(AutoChooser, "to_explore", lambda self, options, decision, ran: [])
-    generate_auto(model, ToyTokenizer(), _prompts((3,)), mtp=perturbed_head(model, 0.1),
-                  sampling=SamplingParams(temperature=1.0, max_new_tokens=200), chooser=_plain_known())
+    generate_auto(model, ToyTokenizer(), _prompts((3,)), mtp=perturbed_head(model, 0.1), spec=SpecConfig("rs", "auto"),
+                  sampling=SamplingParams(temperature=1.0, max_new_tokens=200))
     assert auto.PROBE_POSITIONS > auto.PROBE_STEPS
     assert ks[:auto.PROBE_POSITIONS] == [4] * auto.PROBE_POSITIONS and ks[auto.PROBE_POSITIONS] == 1
 
 
-def test_without_probe_the_call_runs_the_choice_from_earlier_calls(monkeypatch):
-    """probe=False (RL between probes): no probe step, every step at a setting chosen before the first
-    from what the chooser learned; the call's step costs and alphas update the chooser. A chooser
-    that knows no costs probes anyway."""
-    monkeypatch.setattr(auto, "PRICING_SHARE", 1e9)  # every call re-prices (the next test pins ``due``)
+def test_between_probes_the_last_decision_is_kept(monkeypatch):
+    """probe=False runs the last probe's decision from the first step: no probe step, no pricing, the
+    costs left as the probe timed them; the call's alphas join the (decayed) evidence. A chooser with
+    no decision, or one the spec no longer allows, probes."""
     model = peaked_model()
     head = perturbed_head(model, 0.1)
     sampling = SamplingParams(temperature=1.0, max_new_tokens=24)
-    chooser = AutoChooser()
-    _, first = generate_auto(model, ToyTokenizer(), _prompts((3, 4, 6)), mtp=head, sampling=sampling,
-                             chooser=chooser, probe=False)
-    assert first.probed  # nothing known yet
-    ks = []
-    step = Decoder.step
-    monkeypatch.setattr(Decoder, "step", lambda self: ks.append(self.runner.k) or step(self))
-    weight = sum(chooser.acceptance.weights)
-    out, decision = generate_auto(model, ToyTokenizer(), _prompts((3, 4, 6)), mtp=head, sampling=sampling,
-                                  chooser=chooser, probe=False, seed=1)
-    assert not decision.probed and set(ks) == {decision.speculate_k} and len(ks) >= 2
-    assert decision.predicted_tok_s == max(decision.predictions.values()) > 0
-    if decision.mode != "none":  # the call's positions join the (decayed) evidence
-        assert sum(chooser.acceptance.weights) > weight * auto.DECAY
-
-
-def test_between_probes_the_last_choice_is_kept_until_pricing_is_due(monkeypatch):
-    """probe=False keeps the last priced decision (no pricing, no calibration) until the calls since
-    it took 1 / PRICING_SHARE times its pricing; then it prices again. A kept setting the spec no
-    longer allows is re-priced."""
-    model = peaked_model()
-    head = perturbed_head(model, 0.1)
-    sampling = SamplingParams(temperature=1.0, max_new_tokens=24)
-    chooser, priced = AutoChooser(), []
-    choose = AutoChooser.choose
+    chooser, priced, ks = AutoChooser(), [], []
+    choose, step = AutoChooser.choose, Decoder.step
     monkeypatch.setattr(AutoChooser, "choose", lambda self, *a, **kw: priced.append(1) or choose(self, *a, **kw))
-    ks = []
-    step = Decoder.step
+    monkeypatch.setattr(AutoChooser, "shallow_could_win", lambda self, options, rows: 1)  # rs1 timed too
     monkeypatch.setattr(Decoder, "step", lambda self: ks.append(self.runner.k) or step(self))
 
     def call(seed, spec=SpecConfig("auto", "auto")):
@@ -559,38 +469,52 @@ def test_between_probes_the_last_choice_is_kept_until_pricing_is_due(monkeypatch
         return generate_auto(model, ToyTokenizer(), _prompts((3, 4, 6)), mtp=head, sampling=sampling, spec=spec,
                              chooser=chooser, probe=False, seed=seed)[1]
 
-    probed = call(0)
-    assert probed.probed and probed.priced and chooser.held is probed and priced == [1]
-    assert chooser.since_s == np.inf  # a probe's decision priced its own call's rest: the next call prices
-    probed = call(1)
-    assert probed.priced and not probed.probed and priced == [1] and chooser.held is probed
-    assert chooser.pricing_s > 0 and chooser.since_s < 1.0
-    chooser.pricing_s, chooser.since_s, ratio = 1.0, 0.0, dict(chooser.log_ratio)  # pricing is not due
+    probed = call(0)  # nothing held yet
+    assert probed.probed and chooser.held is probed and priced == [1]
+    costs, weight = chooser.costs.to_state(), sum(chooser.acceptance.weights)
     kept = call(1)
-    assert not kept.priced and not kept.probed and priced == [] and chooser.held is probed
-    assert (kept.mode, kept.speculate_k) == (probed.mode, probed.speculate_k) and set(ks) == {probed.speculate_k}
-    assert kept.measured_tok_s > 0 and np.isnan(kept.raw_tok_s) and chooser.log_ratio == ratio  # not calibrated
-    assert 0 < chooser.since_s < 1.0 / auto.PRICING_SHARE
-    chooser.since_s = chooser.pricing_s / auto.PRICING_SHARE  # due
-    again = call(2)
-    assert again.priced and priced == [1] and chooser.held is again and chooser.since_s < 1.0
-    chooser.pricing_s, chooser.held = 1.0, auto.Decision("to", 3, 1.0, {"to3": 1.0})  # not due, but not allowed
-    assert call(3, SpecConfig("rs", "auto")).priced and priced == [1]
+    assert not kept.probed and priced == [] and chooser.held is probed
+    assert (kept.mode, kept.speculate_k, kept.predictions) == (probed.mode, probed.speculate_k, probed.predictions)
+    assert set(ks) == {probed.speculate_k} and len(ks) >= 2 and kept.measured_tok_s > 0
+    assert chooser.costs.to_state() == costs
+    if kept.mode != "none":
+        assert sum(chooser.acceptance.weights) > weight * auto.DECAY
+    chooser.held = auto.Decision("to", 3, 1.0, {"to3": 1.0})  # held, but not allowed by the next spec
+    again = call(2, SpecConfig("rs", "auto"))
+    assert again.probed and priced == [1] and chooser.held is again and again.mode == "rs"
 
 
-@pytest.mark.parametrize("second", ["plain", "shallow"])
-def test_auto_sampling_is_exact(monkeypatch, second):
-    """One probe step per setting, so tokens 1-3 mix the probe's settings and the chosen one: rs K=4
-    then plain (plain timed before), or plain, rs K=4 then K=2 (a fresh chooser): marginals and all
-    three pairs against the exact joint of plain sampling."""
+def test_a_probe_times_afresh_and_keeps_the_acceptance_and_lengths(monkeypatch):
+    """A probing call forgets the step costs and prefill of earlier calls (``restart``) and prices from
+    its own steps; the completion lengths of earlier calls stay, and their acceptance evidence
+    (decayed), the call's drafted positions added once."""
+    monkeypatch.setattr(AutoChooser, "shallow_could_win", lambda self, options, rows: None)
+    model = peaked_model()
+    head = perturbed_head(model, 0.1)
+    chooser = _with_history()
+    chooser.acceptance = _acceptance([0.5] * 4, [0.4] * 4, weight=50)
+    out, decision = generate_auto(model, ToyTokenizer(), _prompts((3, 4, 6)), mtp=head, chooser=chooser,
+                                  sampling=SamplingParams(temperature=1.0, max_new_tokens=24))
+    assert decision.probed and chooser.held is decision
+    assert 3 not in chooser.costs.seconds or decision.speculate_k == 3  # rs3 was timed in an earlier call only
+    assert chooser.costs.measured[0][0] == (out.step_times[0][0], out.step_times[0][1], 1)  # this call's plain step
+    assert chooser.lengths.seen == [5, 7] + out.lengths
+    fresh = AutoChooser()
+    fresh.acceptance.observe(out.log, out.lengths, greedy=False, age=auto.DECAY)
+    assert chooser.acceptance.weights[0] == pytest.approx(50 * auto.DECAY + fresh.acceptance.weights[0])
+
+
+@pytest.mark.parametrize("spec", [SpecConfig("auto", "auto"), SpecConfig("rs", "auto")])
+def test_auto_sampling_is_exact(monkeypatch, spec):
+    """One probe step per setting, so tokens 1-3 mix the probe's settings and the chosen one: plain, rs
+    K=4, then K=2, or rs K=4 then K=2 (no plain allowed): marginals and all three pairs against the
+    exact joint of plain sampling."""
     monkeypatch.setattr(auto, "PROBE_STEPS", 1)
-    monkeypatch.setattr(AutoChooser, "none_could_win", lambda self, options, rows: True)
     monkeypatch.setattr(AutoChooser, "shallow_could_win", lambda self, options, rows: 2)
     model, head = _stat_model()
     sampling = SamplingParams(temperature=1.0, max_new_tokens=3)
     rows = 20_000
-    out, _ = generate_auto(model, ToyTokenizer(), [STAT_PROMPT] * rows, mtp=head, sampling=sampling, seed=2,
-                           chooser=_plain_known() if second == "plain" else None)
+    out, _ = generate_auto(model, ToyTokenizer(), [STAT_PROMPT] * rows, mtp=head, sampling=sampling, seed=2, spec=spec)
     tokens = np.array(out.token_ids)
     assert tokens.shape == (rows, 3)
     joint, v = exact_joint(model, STAT_PROMPT, sampling), STAT_VOCAB
@@ -601,14 +525,8 @@ def test_auto_sampling_is_exact(monkeypatch, second):
         assert_fits(pairs, joint.sum(axis), f"tokens ({s + 1}, {t + 1})")
 
 
-def test_plain_probe_is_skipped_only_when_plain_cannot_win():
+def test_a_plain_step_is_never_priced_from_drafted_steps():
     # c_verify(K) does not bound a plain step (it was once taken as a lower bound: at B = 64 here a
     # plain step costs ~0.6 c_verify(1), and plain decoding was never probed where it was best)
     assert StepCosts(seconds={4: 0.014}, draft_s=0.002).step_seconds(0) is None
-    chooser = AutoChooser()
-    chooser.costs = StepCosts(seconds={0: 0.006, 4: 0.014}, draft_s=0.002)
-    chooser.acceptance = _acceptance([0.9] * 4, [0.8] * 4)  # rs4: 4.10 tokens / 14 ms > 1 token / 6 ms
-    assert not chooser.none_could_win(ALL, rows=4)
-    chooser.acceptance = _acceptance([0.2] * 4, [0.1] * 4)  # rs1: 1.2 tokens / 8 ms < 1 / 6 ms
-    assert chooser.none_could_win(ALL, rows=4)
-    assert AutoChooser().none_could_win(ALL, rows=4)  # never timed: probe it
+    assert predict("none", 0, Acceptance(), StepCosts(seconds={4: 0.014}, draft_s=0.002), rows=4) == 0.0

@@ -1,22 +1,20 @@
-"""Tests for the batch's tail in --mode auto's prediction (bebop.spec.tail) and the chooser's calibration.
+"""Tests for the batch's tail in --mode auto's prediction (bebop.spec.tail).
 
 What pins it, on synthetic numbers (no model): the remaining-length draws, the steps per row, a
 call's tokens/s by hand (lockstep: the longest row sets the steps; the step cost follows the active
 rows; the prefill), a case where pricing the tail changes the best choice, the row-count slope of the
-step cost, the first step priced as prefill, and the per-family calibration.
+step cost, the first step priced as prefill, and what a call leaves to the chooser.
 """
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 import pytest
 from scipy import stats
 
 from bebop.spec import auto, tail
-from bebop.spec.auto import AutoChooser, Decision, StepCosts, candidates
-from bebop.spec.engine import GenerationResult, SpecConfig
+from bebop.spec.auto import AutoChooser, StepCosts
+from bebop.spec.engine import GenerationResult
 from tests.spec.test_auto import _acceptance
 
 
@@ -240,60 +238,16 @@ def test_a_calls_first_step_is_priced_as_prefill():
     assert chooser.lengths.seen == [3]
 
 
-def test_calibration_per_family():
-    chooser = AutoChooser()
-    chooser.acceptance = _acceptance([0.5] * 4, [0.5] * 4)
-    chooser.costs = StepCosts(seconds={0: 0.001, 1: 0.0015, 4: 0.003}, draft_s=0.0004)
-    chooser.lengths.add([20] * 8)
-    options = candidates(SpecConfig("auto", "auto"))
-    raw = chooser.choose(options, rows=8, tail=chooser.lengths.rows([0] * 8, 20)).predictions
-    w = auto.CALIBRATION
-    chooser.calibrate(Decision("rs", 2, 0.0, {}, measured_tok_s=90.0, raw_tok_s=100.0))
-    assert chooser.factor("to") == pytest.approx(0.9 ** w)
-    assert chooser.factor("none") == pytest.approx(0.9 ** w)  # never measured: the known families' mean
-    chooser.calibrate(Decision("none", 0, 0.0, {}, measured_tok_s=120.0, raw_tok_s=100.0))
-    none, stale = w * math.log(1.2), auto.STALE_CALIBRATION
-    rs = none + stale * (w * math.log(0.9) - none)  # not run: its gap to the measured family ages
-    assert math.log(chooser.factor("none")) == pytest.approx(none)
-    assert math.log(chooser.factor("rs")) == pytest.approx(rs)
-    chooser.calibrate(Decision("rs", 2, 0.0, {}, measured_tok_s=90.0, raw_tok_s=100.0))
-    rs = (1 - w) * rs + w * math.log(0.9)
-    assert math.log(chooser.factor("rs")) == pytest.approx(rs)
-    assert math.log(chooser.factor("none")) == pytest.approx(rs + stale * (none - rs))
-    calibrated = chooser.choose(options, rows=8, tail=chooser.lengths.rows([0] * 8, 20))
-    for name, value in raw.items():
-        fam = "none" if name == "none" else "rs"
-        assert calibrated.predictions[name] == pytest.approx(value * chooser.factor(fam))
-    chooser.calibrate(Decision("rs", 2, 0.0, {}))  # nothing measured: no update
-    assert math.log(chooser.factor("rs")) == pytest.approx(rs)
-    chooser.calibrate(Decision("rs", 2, 0.0, {}, measured_tok_s=10.0, raw_tok_s=100.0))  # one outlying call: clipped
-    assert math.log(chooser.factor("rs")) == pytest.approx((1 - w) * rs - w * auto.MAX_CALIBRATION_STEP)
-    assert 0.1 < math.exp(-auto.MAX_CALIBRATION_STEP) < 0.9
-
-
-def test_a_family_not_run_does_not_keep_a_stale_ratio():
-    """Drafted calls measured 30% slow in a bad phase, then plain held: the drafted ratio's gap to plain's
-    shrinks by STALE_CALIBRATION a calibration, so the drafted settings can win again (frozen, they never did)."""
-    chooser = AutoChooser()
-    chooser.log_ratio = {auto.family("rs"): math.log(0.7), auto.family("none"): 0.0}
-    for _ in range(10):
-        chooser.calibrate(Decision("none", 0, 0.0, {}, measured_tok_s=100.0, raw_tok_s=100.0))
-    assert chooser.factor("none") == pytest.approx(1.0)
-    assert math.log(chooser.factor("rs")) == pytest.approx(auto.STALE_CALIBRATION ** 10 * math.log(0.7))
-    assert 0.5 < auto.STALE_CALIBRATION < 1
-
-
-@pytest.mark.parametrize("min_steps, calibrated", [(1, True), (10**6, False)])
-def test_generate_auto_calibrates_only_after_enough_steps(monkeypatch, min_steps, calibrated):
-    """A rest of a few steps is dominated by its last, partial step: no calibration from it."""
+def test_generate_auto_learns_the_calls_lengths_and_prefill():
+    """A call leaves its completion lengths and its prefill's seconds (the head's first pass included)
+    to the chooser, for the forecasts of whole calls (``predict_call``)."""
     from bebop.spec.auto import generate_auto
     from bebop.spec.engine import SamplingParams
     from tests.spec.test_engine import ToyTokenizer, _prompts, peaked_model, perturbed_head
 
-    monkeypatch.setattr(auto, "MIN_CALIBRATION_STEPS", min_steps)
     model = peaked_model()
     chooser = AutoChooser()
-    _, decision = generate_auto(model, ToyTokenizer(), _prompts((3, 4, 6)), mtp=perturbed_head(model, 0.1),
-                                sampling=SamplingParams(temperature=1.0, max_new_tokens=24), chooser=chooser)
-    assert decision.measured_tok_s > 0 and bool(chooser.log_ratio) == calibrated
-    assert chooser.lengths.seen and chooser.prefill_s > 0
+    out, decision = generate_auto(model, ToyTokenizer(), _prompts((3, 4, 6)), mtp=perturbed_head(model, 0.1),
+                                  sampling=SamplingParams(temperature=1.0, max_new_tokens=24), chooser=chooser)
+    assert decision.measured_tok_s > 0 and chooser.lengths.seen == out.lengths
+    assert chooser.prefill_s >= out.prefill_seconds > 0
