@@ -19,12 +19,12 @@ Terms (K = speculation depth, R = rows decoding, p the target's distribution, q 
 ``generate_auto`` runs one engine call (``bebop.spec.engine.Decoder``) that switches settings
 between decode steps, every token kept: a probe (``_probe``: one plain step when plain decoding is
 allowed; steps at the deepest K; then steps at a shallower K if one could win), then the rest at
-the setting with the highest predicted tokens/s. An RL run
-(``bebop.rollout``) probes every ``auto_every`` steps and, in between, runs the last decision
-(``probe=False``: no probe step, no pricing). A probe times its step costs afresh
-(``AutoChooser.restart``): every setting it compares is timed in the same call, at the machine's
-speed of that moment. What the policy sets, the acceptance (decayed) and the completion lengths, is
-carried from call to call: it needs many positions and moves only as the policy does.
+the setting with the highest predicted tokens/s. An RL run (``bebop.rollout``) probes every
+``auto_every`` steps and, in between, runs the last decision (``probe=False``: no probe step, no
+pricing). A probe times its step costs afresh (``AutoChooser.restart``): every setting it compares
+is timed in the same call, at the machine's speed of that moment. What the policy sets, the
+acceptance (decayed) and the completion lengths, is carried from call to call: it needs many
+positions and moves only as the policy does.
 
 Exactness: each step is an exact step of its setting, drawn from its rows' randomness at a counter
 no other step uses, and the setting of a step depends only on the steps before it (and on
@@ -542,8 +542,8 @@ class AutoChooser:
         self.held: Decision | None = None  # the latest probe's decision, kept by the calls until the next probe
 
     def restart(self) -> None:
-        """A probe's start: forgets the step costs and the prefill's (kept: the acceptance evidence, the
-        completion lengths and the held decision)."""
+        """A probe's start: forgets the step costs and the prefill's seconds (kept: the acceptance
+        evidence, the completion lengths and the held decision)."""
         self.costs, self.prefill_s = StepCosts(), 0.0
 
     def to_state(self) -> dict:
