@@ -42,5 +42,5 @@ class EngineBackend(RolloutBackend):
         result = generate(self.model, self.tokenizer, rows, mtp=self.head if spec.mode != "none" else None,
                           sampling=sampling, spec=spec, seed=seed, step=step, row_ids=row_ids)
         if self.chooser is not None:
-            self.chooser.observe(result, spec.mode, spec.speculate_k, sampling.temperature == 0)
+            self.chooser.observe(result, spec.mode, sampling.temperature == 0)
         return Completions.from_generation(result)

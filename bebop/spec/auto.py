@@ -542,9 +542,9 @@ class AutoChooser:
         self.held: Decision | None = None  # the latest probe's decision, kept by the calls until the next probe
 
     def restart(self) -> None:
-        """A probe's start: forgets the step costs and the prefill's seconds (kept: the acceptance
-        evidence, the completion lengths and the held decision)."""
-        self.costs, self.prefill_s = StepCosts(), 0.0
+        """A probe's start: forgets the step costs (kept: the acceptance evidence, the completion lengths
+        and the held decision; ``prefill_s`` is the call's own once it ends, ``end_call``)."""
+        self.costs = StepCosts()
 
     def to_state(self) -> dict:
         """The chooser's state, JSON-able: a profile (``bebop.spec.auto_profile``) carries it across calls."""
@@ -574,16 +574,14 @@ class AutoChooser:
         """Whether a call between probes can keep the held decision: one was made, and the spec allows it."""
         return self.held is not None and (self.held.mode, self.held.speculate_k) in options
 
-    def observe(self, result: GenerationResult, mode: str, k: int, greedy: bool) -> None:
-        """Learns from a call decoded at (mode, K): step times, lengths, prefill and, when it drafted, alphas.
-
-        The call's first step is priced as part of the prefill (``StepCosts.excess``), not as a step.
-        """
-        depth, times = 0 if mode == "none" else k, result.step_times
-        self.costs.observe(depth, times[1:] or times)
-        self.end_call(result, (depth, times[0]) if times else None)
+    def observe(self, result: GenerationResult, mode: str, greedy: bool) -> None:
+        """Learns from a call decoded at a fixed setting what a call between probes teaches: its alphas,
+        when it drafted (older evidence decayed by DECAY, as ``generate_auto`` does), and its
+        completion lengths. Its step times are not kept: the next probe times its settings afresh."""
+        self.acceptance.decay(DECAY)
         if mode != "none" and result.log is not None:
-            self.acceptance.observe(result.log, result.lengths, greedy)
+            self.acceptance.observe(result.log, result.lengths, greedy, age=DECAY)
+        self.lengths.add(result.lengths)
 
     def end_call(self, result: GenerationResult, first_step: tuple[int, tuple] | None) -> None:
         """A call's completion lengths and prefill: its seconds plus what its first step (depth, step

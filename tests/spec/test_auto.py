@@ -483,7 +483,7 @@ def test_between_probes_the_last_decision_is_kept(monkeypatch):
 
 
 def test_a_probe_times_afresh_and_keeps_the_acceptance_and_lengths(monkeypatch):
-    """A probing call forgets the step costs and prefill of earlier calls (``restart``) and prices from
+    """A probing call forgets the step costs of earlier calls (``restart``) and prices from
     its own steps; the completion lengths of earlier calls stay, and their acceptance evidence
     (decayed), the call's drafted positions added once."""
     monkeypatch.setattr(AutoChooser, "shallow_could_win", lambda self, options, rows: None)

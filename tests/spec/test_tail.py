@@ -232,10 +232,29 @@ def test_a_calls_first_step_is_priced_as_prefill():
                               finish_reasons=["eos"], step_times=[(1, 0.010, 0.0), (1, 0.002, 0.0),
                                                                   (1, 0.002, 0.0)], prefill_seconds=0.005)
     chooser = AutoChooser()
-    chooser.observe(result, "none", 1, greedy=False)
+    chooser.costs.observe(0, result.step_times[1:])  # as a probe's plain block: its first step not timed
+    chooser.end_call(result, (0, result.step_times[0]))
     assert chooser.costs.seconds[0] == pytest.approx(0.002)
     assert chooser.prefill_s == pytest.approx(0.005 + 0.008)
     assert chooser.lengths.seen == [3]
+
+
+def test_a_fixed_calls_alphas_and_lengths_reach_the_chooser_not_its_step_times():
+    """A fixed setting's call (``AutoChooser.observe``, the engine backend's fixed calls) teaches what a
+    call between probes does: alphas, decayed as a call, and lengths; its step times are not a probe's."""
+    from bebop.spec.engine import SamplingParams, SpecConfig, generate
+    from tests.spec.test_engine import ToyTokenizer, _prompts, peaked_model, perturbed_head
+
+    model = peaked_model()
+    result = generate(model, ToyTokenizer(), _prompts((3, 4, 6)), mtp=perturbed_head(model, 0.1),
+                      sampling=SamplingParams(temperature=1.0, max_new_tokens=12), spec=SpecConfig("rs", 2))
+    chooser = AutoChooser()
+    chooser.acceptance = _acceptance([0.5] * 2, [0.4] * 2, weight=50)
+    chooser.observe(result, "rs", greedy=False)
+    fresh = AutoChooser()
+    fresh.acceptance.observe(result.log, result.lengths, greedy=False)
+    assert chooser.acceptance.weights[0] == pytest.approx(50 * auto.DECAY + fresh.acceptance.weights[0])
+    assert chooser.lengths.seen == result.lengths and not chooser.costs.seconds
 
 
 def test_generate_auto_learns_the_calls_lengths_and_prefill():
