@@ -200,6 +200,7 @@ def cmd_generate(args) -> None:
     from bebop.rollout.base import backend_class, make_backend
     from bebop.spec import SamplingParams, SpecConfig
     from bebop.spec import auto_profile as profiles
+    from bebop.spec.auto import candidates
     from bebop.spec.engine import check_sampling
     from bebop.utils.io import atomic_write_text, check_output_file, write_json
     from bebop.utils.tokens import encode_prompt
@@ -227,8 +228,9 @@ def cmd_generate(args) -> None:
     calls = 0
     if profile is not None:
         backend.chooser, calls = profiles.load(*profile)
+        probing = calls % AUTO_EVERY == 0 or not backend.chooser.holds(candidates(spec))
         print(f"auto: profile {profile[0]}, call {calls + 1}: " +
-              ("probing" if calls % AUTO_EVERY == 0 else "keeping the last probe's choice, no probe"))
+              ("probing" if probing else "keeping the last probe's choice, no probe"))
     try:
         result = backend.rollout(prompt_ids, sampling, spec, seed=args.seed, probe=calls % AUTO_EVERY == 0)
     finally:

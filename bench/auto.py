@@ -130,8 +130,8 @@ class RlAuto:
     """Auto as ``bebop rl`` runs it: one chooser across the calls, probing every ``every`` calls and
     keeping that probe's choice in the others."""
 
-    def __init__(self, every: int):
-        self.every, self.calls, self.chooser, self.decision = every, 0, AutoChooser(), None
+    def __init__(self, every: int, chooser: AutoChooser | None = None):
+        self.every, self.calls, self.chooser, self.decision = every, 0, chooser or AutoChooser(), None
         self.choices: list[str] = []  # the setting each call chose
         self.forecasts: list[dict] = []  # per call after the first: {"new"|"old": {setting: tok/s}}
 

@@ -21,7 +21,8 @@ between decode steps, every token kept: a probe (``_probe``: one plain step when
 allowed; steps at the deepest K; then steps at a shallower K if one could win), then the rest at
 the setting with the highest predicted tokens/s. An RL run (``bebop.rollout``) probes every
 ``auto_every`` steps and, in between, runs the last decision (``probe=False``: no probe step, no
-pricing). A probe times its step costs afresh (``AutoChooser.restart``): every setting it compares
+pricing); a decision that changed the setting is first confirmed by a probe in the next call
+(``AutoChooser.settle``). A probe times its step costs afresh (``AutoChooser.restart``): every setting it compares
 is timed in the same call, at the machine's speed of that moment. What the policy sets, the
 acceptance (decayed) and the completion lengths, is carried from call to call: it needs many
 positions and moves only as the policy does.
@@ -534,12 +535,15 @@ class AutoChooser:
     move a call's steps by ~18%), and the settings a run did not hold were priced 10-12% dear.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, confirm: bool = True) -> None:
         self.acceptance = Acceptance()
         self.costs = StepCosts()
         self.lengths = Lengths()
         self.prefill_s: float = 0.0  # seconds of the latest call's prefill
         self.held: Decision | None = None  # the latest probe's decision, kept by the calls until the next probe
+        self.confirm = confirm  # a setting first chosen is checked by a probe in the next call (``settle``)
+        self.unconfirmed = False  # the held decision awaits that probe (``holds`` is False until it ran)
+        self.tried: set[str] = set()  # the settings decisions chose: each ran the rest of a call at least
 
     def restart(self) -> None:
         """A probe's start: forgets the step costs (kept: the acceptance evidence, the completion lengths
@@ -551,12 +555,15 @@ class AutoChooser:
         held = dataclasses.asdict(self.held) if self.held is not None else None
         return {"acceptance": self.acceptance.to_state(), "costs": self.costs.to_state(),
                 "lengths": self.lengths.seen, "prefill_s": self.prefill_s,
-                "held": held and {k: v if v == v else None for k, v in held.items()}}  # NOTE: nan is not JSON
+                "held": held and {k: v if v == v else None for k, v in held.items()},  # NOTE: nan is not JSON
+                "confirm": self.confirm, "unconfirmed": self.unconfirmed, "tried": sorted(self.tried)}
 
     @classmethod
     def from_state(cls, state: dict) -> AutoChooser:
         """The chooser ``to_state`` wrote; KeyError, TypeError or ValueError when the state does not fit."""
-        chooser = cls()
+        chooser = cls(confirm=bool(state["confirm"]))
+        chooser.unconfirmed = bool(state["unconfirmed"])
+        chooser.tried = {str(name) for name in state["tried"]}
         chooser.acceptance = Acceptance.from_state(state["acceptance"])
         chooser.costs = StepCosts.from_state(state["costs"])
         chooser.lengths = Lengths([int(n) for n in state["lengths"]])
@@ -571,8 +578,24 @@ class AutoChooser:
         return chooser
 
     def holds(self, options: list[tuple[str, int]]) -> bool:
-        """Whether a call between probes can keep the held decision: one was made, and the spec allows it."""
-        return self.held is not None and (self.held.mode, self.held.speculate_k) in options
+        """Whether a call between probes can keep the held decision: one was made, no probe has to
+        confirm it (``settle``), and the spec allows it."""
+        return self.held is not None and not self.unconfirmed and (self.held.mode, self.held.speculate_k) in options
+
+    def settle(self, decision: Decision) -> None:
+        """Holds a probe's decision. With ``confirm``, a decision for a setting no decision chose before
+        is held for one call only: the next call probes again, with the acceptance of a whole call at
+        that setting (a chain of new settings confirms each; at most one extra probe per setting).
+
+        Why: a K a run has not drafted whole calls with is forecast from the other K's steps, and
+        which tokens depth 1 drafts moves with K (``Acceptance``): at B = 64 a K = 1 call accepted
+        0.82-0.85 at depth 1 at offsets >= 8 against 0.95-0.98 forecast from K = 2 and 4 steps, and
+        RL-style runs that moved to rs1 held it for ten calls at 0.89-0.93x rs2 (bench/README.md).
+        A call at the new setting is the evidence the probe's few steps cannot give."""
+        name = config_name(decision.mode, decision.speculate_k)
+        self.unconfirmed = self.confirm and name not in self.tried
+        self.tried.add(name)
+        self.held = decision
 
     def observe(self, result: GenerationResult, mode: str, greedy: bool) -> None:
         """Learns from a call decoded at a fixed setting what a call between probes teaches: its alphas,
@@ -728,7 +751,8 @@ def generate_auto(
         chooser: the run's models (RL keeps one across steps); a fresh one when None.
         probe: probe settings first (``_probe``) from fresh step costs (``AutoChooser.restart``),
             then decide; False keeps the chooser's last decision (RL
-            between probes: no probe step, no pricing), or probes when it has none the spec allows.
+            between probes: no probe step, no pricing), or probes when it has none the spec allows
+            or that decision awaits a confirming probe (``AutoChooser.settle``).
 
     Returns:
         ``(result, decision)``: the completions (every probe token kept) with the statistics of the
@@ -771,7 +795,7 @@ def generate_auto(
     if probe:
         chooser.costs.observe(decision.speculate_k, rest)
         chooser.acceptance = prior  # every drafted position of the call, once (not the probe's twice)
-        chooser.held = decision
+        chooser.settle(decision)
     result = decoder.result()
     chooser.acceptance.observe(result.log, result.lengths, greedy, age=DECAY)
     chooser.end_call(result, first_step)

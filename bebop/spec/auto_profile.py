@@ -33,7 +33,7 @@ from bebop.spec.auto import AutoChooser, candidates, config_name
 from bebop.spec.engine import SamplingParams, SpecConfig
 from bebop.utils.io import BebopError, read_json, write_json
 
-VERSION = 2  # of the file's layout; an older one is a fresh start (replaced by the next save), a newer one refused
+VERSION = 3  # of the file's layout; an older one is a fresh start (replaced by the next save), a newer one refused
 
 
 def _fingerprint(path: str | os.PathLike) -> dict:
@@ -72,7 +72,7 @@ def default_path(key: dict) -> Path:
 def load(path: str | os.PathLike, key: dict) -> tuple[AutoChooser, int]:
     """(chooser, calls made with it) from ``path``; a fresh chooser and 0 when the file does not exist or
     is a profile of an older layout (version 1 carried a calibration and re-pricing state this
-    version's chooser does not have).
+    version's chooser does not have; version 2 lacked the pending confirmation, ``AutoChooser.settle``).
 
     Raises BebopError (one line) when the file is not a profile of this or an older version, is for
     another key, or does not parse.

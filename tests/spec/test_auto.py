@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 from bebop.spec import auto
-from bebop.spec.auto import Acceptance, AutoChooser, StepCosts, candidates, expected_accepted, generate_auto, predict
+from bebop.spec.auto import (Acceptance, AutoChooser, StepCosts, candidates, config_name, expected_accepted, generate_auto,
+                             predict)
 from bebop.spec.engine import Decoder, SamplingParams, SpecConfig, generate
 from bebop.utils.io import BebopError
 from tests.spec.test_engine import (
@@ -454,11 +455,11 @@ def test_a_batch_of_one_probes_until_enough_positions(monkeypatch):
 def test_between_probes_the_last_decision_is_kept(monkeypatch):
     """probe=False runs the last probe's decision from the first step: no probe step, no pricing, the
     costs left as the probe timed them; the call's alphas join the (decayed) evidence. A chooser with
-    no decision, or one the spec no longer allows, probes."""
+    no decision, or one the spec no longer allows, probes. (No confirming probes here: the next test.)"""
     model = peaked_model()
     head = perturbed_head(model, 0.1)
     sampling = SamplingParams(temperature=1.0, max_new_tokens=24)
-    chooser, priced, ks = AutoChooser(), [], []
+    chooser, priced, ks = AutoChooser(confirm=False), [], []
     choose, step = AutoChooser.choose, Decoder.step
     monkeypatch.setattr(AutoChooser, "choose", lambda self, *a, **kw: priced.append(1) or choose(self, *a, **kw))
     monkeypatch.setattr(AutoChooser, "shallow_could_win", lambda self, options, rows: 1)  # rs1 timed too
@@ -480,6 +481,44 @@ def test_between_probes_the_last_decision_is_kept(monkeypatch):
     chooser.held = auto.Decision("to", 3, 1.0, {"to3": 1.0})  # held, but not allowed by the next spec
     again = call(2, SpecConfig("rs", "auto"))
     assert again.probed and priced == [1] and chooser.held is again and again.mode == "rs"
+
+
+def test_settle_holds_a_first_chosen_setting_for_one_call_until_a_probe_confirms_it():
+    """A decision for a setting no decision chose before awaits a confirming probe (a chain of new
+    settings, each); one for a setting chosen before is held; with confirm=False every decision is held."""
+    options = [("none", 0), ("rs", 1), ("rs", 2)]
+    decide = lambda mode, k: auto.Decision(mode, k, 1.0, {config_name(mode, k): 1.0})
+    chooser = AutoChooser()
+    trail = []
+    for mode, k in [("rs", 2), ("rs", 2), ("rs", 2), ("rs", 1), ("rs", 2), ("rs", 1), ("none", 0), ("none", 0)]:
+        chooser.settle(decide(mode, k))
+        trail.append(chooser.holds(options))
+    assert trail == [False, True, True, False, True, True, False, True]
+    assert chooser.tried == {"rs2", "rs1", "none"}
+    unchecked = AutoChooser(confirm=False)
+    for mode, k in [("rs", 2), ("rs", 1), ("none", 0)]:
+        unchecked.settle(decide(mode, k))
+        assert unchecked.holds(options)
+
+
+def test_a_first_chosen_setting_makes_the_next_call_probe(monkeypatch):
+    """generate_auto with probe=False probes while the held decision awaits confirmation: choices rs2
+    (new), rs1 (new), rs2 (chosen before) -> probe, probe, probe, then the fourth call keeps rs2."""
+    model = peaked_model()
+    head = perturbed_head(model, 0.1)
+    chooser, script, ks = AutoChooser(), [("rs", 2), ("rs", 1), ("rs", 2)], []
+    monkeypatch.setattr(AutoChooser, "choose", lambda self, options, rows, tail=None:
+                        auto.Decision(*script.pop(0), 1.0, {}, rows))
+    step = Decoder.step
+    monkeypatch.setattr(Decoder, "step", lambda self: ks.append(self.runner.k) or step(self))
+    probed = []
+    for seed, probe in enumerate([True, False, False, False]):
+        ks.clear()
+        decision = generate_auto(model, ToyTokenizer(), _prompts((3, 4)), mtp=head, chooser=chooser, probe=probe,
+                                 seed=seed, sampling=SamplingParams(temperature=1.0, max_new_tokens=16))[1]
+        probed.append(decision.probed)
+    assert probed == [True, True, True, False] and script == []
+    assert set(ks) == {2} and not chooser.unconfirmed and chooser.tried == {"rs1", "rs2"}
 
 
 def test_a_probe_times_afresh_and_keeps_the_acceptance_and_lengths(monkeypatch):

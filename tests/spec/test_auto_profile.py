@@ -25,7 +25,8 @@ SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=24)
 
 
 def _learned() -> AutoChooser:
-    """A chooser after a probing call and two calls keeping its decision."""
+    """A chooser after a probing call, the probe confirming its decision (``AutoChooser.settle``) and a
+    call keeping it."""
     model, chooser = peaked_model(), AutoChooser()
     for seed in range(3):
         generate_auto(model, ToyTokenizer(), _prompts((3, 4, 6)), mtp=perturbed_head(model, 0.1), chooser=chooser,
@@ -55,6 +56,10 @@ def test_a_restored_chooser_prices_as_the_saved_one(tmp_path):
     assert json.loads(json.dumps(restored.to_state())) == json.loads(json.dumps(chooser.to_state()))  # held too
     assert (restored.held.mode, restored.held.speculate_k) == (chooser.held.mode, chooser.held.speculate_k)
     assert restored.holds(options) and chooser.holds(options)
+    chooser.unconfirmed = True  # a decision awaiting its confirming probe stays so
+    profile.save(path, key, chooser, 4)
+    restored, _ = profile.load(path, key)
+    assert restored.unconfirmed and not restored.holds(options) and restored.confirm
 
 
 def test_a_missing_profile_is_a_fresh_start(tmp_path):
@@ -74,8 +79,8 @@ def test_the_key_follows_sampling_and_the_model_files(tmp_path):
 
 @pytest.mark.parametrize("edit, message", [
     (lambda d: d.update(key={**d["key"], "temperature": 0.5}), "temperature differ"),
-    (lambda d: d.update(version=99), "not a version-2 profile"),
-    (lambda d: d.update(version="1"), "not a version-2 profile"),
+    (lambda d: d.update(version=99), "not a version-3 profile"),
+    (lambda d: d.update(version="1"), "not a version-3 profile"),
     (lambda d: d["chooser"].update(costs={"measured": [[1, [[1.0, 2.0]]]]}), "is corrupt"),
     (lambda d: d["chooser"]["acceptance"]["sums"]["rs"].append(1.0), "is corrupt"),
     (lambda d: d.update(calls=-1), "is corrupt"),
@@ -111,4 +116,4 @@ def test_a_profile_of_an_older_layout_is_a_fresh_start_and_replaced(tmp_path):
     chooser, calls = profile.load(path, key)
     assert calls == 0 and not chooser.costs.seconds and chooser.held is None
     profile.save(path, key, chooser, calls + 1)
-    assert json.loads(path.read_text())["version"] == profile.VERSION == 2
+    assert json.loads(path.read_text())["version"] == profile.VERSION == 3
