@@ -533,7 +533,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stats-json", help="write speculative-decoding statistics here")
     p.add_argument("--auto-profile",
                    help="with mode or K auto: JSON file that keeps what auto learned between calls; a call with a "
-                        f"profile probes every {AUTO_EVERY}th call and chooses from the earlier ones in between "
+                        f"profile probes every {AUTO_EVERY}th call (and after a setting's first choice) and keeps the "
+                        "last probe's choice in between "
                         "(default: one per model, head, device and sampling under $BEBOP_CACHE_DIR/auto-profiles; "
                         "none: start from nothing)")
     _add_backend_arg(p)

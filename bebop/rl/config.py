@@ -76,7 +76,8 @@ class RLConfig:
     mode: str = option("rs", "rollout decoding: none (plain) | to (target-only) | rs (rejection sampling) | auto")
     speculate_k: int = option(3, "K, drafts verified per target forward in the rollout; or auto (1-4)")
     auto_every: int = option(AUTO_EVERY,
-                             "with mode or speculate_k auto: probe every this many steps (choose in between)")
+                             "with mode or speculate_k auto: probe every this many steps (choose in between; "
+                             "a setting chosen for the first time is confirmed by a probe in the next step)")
     mtp_loss: str = option("e2e_tv", "loss the head was trained with (picks the embedded head; logged)")
     task: str = option("embedded",
                        "prompt source: embedded (built-in arithmetic) | math (--data file; implied by data)")

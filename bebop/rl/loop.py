@@ -48,8 +48,10 @@ Deviations from textbook GRPO (beyond the numbered list in ``bebop.rl.grpo``):
   9) ``mode``/``speculate_k`` ``auto`` (``bebop.spec.auto``): every ``auto_every`` steps (and on the
      first step after a resume) the rollout probes settings for a few decode steps each, timed
      afresh, and then runs the one with the highest predicted tokens/s; a step in between runs
-     that choice, without probe steps or pricing (``AutoChooser.held``). Tokens stay exactly the
-     policy's, but the choice depends on timings, so such a run does not repeat bit for bit. Each
+     that choice, without probe steps or pricing (``AutoChooser.held``); a setting chosen for the
+     first time is confirmed by a probe in the next step (``AutoChooser.settle``). Tokens stay
+     exactly the policy's, but the choice depends on timings, so such a run does not repeat bit for
+     bit. Each
      row logs ``auto/mode``, ``auto/speculate_k``, ``auto/predicted_tok_s``, ``auto/measured_tok_s``
      (the decode steps after the choice) and ``auto/probed`` (False: the last probe's choice kept).
      Under torchrun auto is refused (each rank would time, hence choose, on its own).

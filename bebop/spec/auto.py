@@ -21,11 +21,11 @@ between decode steps, every token kept: a probe (``_probe``: one plain step when
 allowed; steps at the deepest K; then steps at a shallower K if one could win), then the rest at
 the setting with the highest predicted tokens/s. An RL run (``bebop.rollout``) probes every
 ``auto_every`` steps and, in between, runs the last decision (``probe=False``: no probe step, no
-pricing); a decision that changed the setting is first confirmed by a probe in the next call
-(``AutoChooser.settle``). A probe times its step costs afresh (``AutoChooser.restart``): every setting it compares
-is timed in the same call, at the machine's speed of that moment. What the policy sets, the
-acceptance (decayed) and the completion lengths, is carried from call to call: it needs many
-positions and moves only as the policy does.
+pricing); a setting chosen for the first time is confirmed by a probe in the next call
+(``AutoChooser.settle``). A probe times its step costs afresh (``AutoChooser.restart``): every
+setting it compares is timed in the same call, at the machine's speed of that moment. What the
+policy sets, the acceptance (decayed) and the completion lengths, is carried from call to call:
+it needs many positions and moves only as the policy does.
 
 Exactness: each step is an exact step of its setting, drawn from its rows' randomness at a counter
 no other step uses, and the setting of a step depends only on the steps before it (and on
