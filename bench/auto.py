@@ -100,12 +100,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=40, help="timed calls per setting (more below 16 rows: SMALL_BATCH)")
     ap.add_argument("--auto-every", type=int, default=AUTO_EVERY, help="RL-style auto: probe every this many calls (bebop rl's default)")
     ap.add_argument("--quick", action="store_true", help="B 16, T 1, 3 repeats; overrides those flags")
+    return parse_common(ap, argv, QUICK)
+
+
+def parse_common(ap: argparse.ArgumentParser, argv: list[str] | None, quick: dict | None = None,
+                 stat: str = "median") -> argparse.Namespace:
+    """Adds the flags the auto benches share (--threads, --device; --stat, read by ``rollout.header``) and
+    parses; with --quick, ``quick``'s values replace those flags'."""
     ap.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
     ap.add_argument("--device", default="cpu", help="cpu, cuda or auto")
-    ap.add_argument("--stat", default="median", help=argparse.SUPPRESS)  # read by rollout.header
+    ap.add_argument("--stat", default=stat, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.quick:
-        for key, value in QUICK.items():
+    if quick and args.quick:
+        for key, value in quick.items():
             setattr(args, key, value)
     return args
 
@@ -152,6 +159,33 @@ class RlAuto:
         self.calls += 1
         self.choices.append(config_name(self.decision.mode, self.decision.speculate_k))
         return seconds, tokens
+
+
+def side_by_side(model, tok, head, prompts, fixed: dict[str, Method], choosers: dict[str, RlAuto], temperature: float,
+                 max_new: int, calls: int, seen=None) -> tuple[dict, dict]:
+    """Fixed settings and RL-style choosers over the same calls: one warmup call of each fixed setting,
+    then ``calls`` rounds in an order drawn anew for each (``rollout.run_order``), round r with
+    sampling seed r everywhere -> ((seconds, tokens) per call, the canary after each call
+    (``rollout.Speedometer``)), by name. ``seen(name, result)`` is called after each call with the
+    fixed setting's ``GenerationResult`` (None for a chooser's call)."""
+    names = list(fixed) + list(choosers)
+    timed: dict[str, list[tuple[float, int]]] = {n: [] for n in names}
+    canary: dict[str, list[float]] = {n: [] for n in names}
+    for method in fixed.values():
+        run_bebop(model, tok, head, prompts, method, temperature, 4)
+    speed = Speedometer(model)
+    for r in range(calls):
+        for name in run_order(names, r):
+            result = None
+            if name in fixed:
+                seconds, result, _ = run_bebop(model, tok, head, prompts, fixed[name], temperature, max_new, seed=r)
+                timed[name].append((seconds, sum(result.lengths)))
+            else:
+                timed[name].append(choosers[name].call(model, tok, head, prompts, temperature, max_new, r))
+            if seen is not None:
+                seen(name, result)
+            canary[name].append(speed.around())
+    return timed, canary
 
 
 class ProfiledAuto:

@@ -36,8 +36,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from auto import SETTINGS, RlAuto, pooled_tok_s  # noqa: E402
-from rollout import Method, Speedometer, corrected, header, load, make_prompts, run_bebop, run_order  # noqa: E402
+from auto import SETTINGS, RlAuto, parse_common, pooled_tok_s, side_by_side  # noqa: E402
+from rollout import Method, corrected, header, load, make_prompts  # noqa: E402
 
 from bebop.config import AUTO_EVERY  # noqa: E402
 from bebop.spec.auto import AutoChooser, config_name  # noqa: E402
@@ -62,13 +62,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-new-tokens", type=int, default=48, help="completion tokens per row, EOS included")
     ap.add_argument("--out", default=None, help="append each group's numbers to this JSONL file")
     ap.add_argument("--quick", action="store_true", help="B 16, T 1, 3 calls, 1 chooser per kind")
-    ap.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
-    ap.add_argument("--device", default="cpu", help="cpu, cuda or auto")
-    ap.add_argument("--stat", default="median", help=argparse.SUPPRESS)  # read by rollout.header
-    args = ap.parse_args(argv)
-    if args.quick:
-        for key, value in QUICK.items():
-            setattr(args, key, value)
+    args = parse_common(ap, argv, QUICK, stat="pooled")
+    args.repeats = args.calls  # read by rollout.header
     return args
 
 
@@ -78,23 +73,10 @@ def run_group(model, tok, head, batch: int, temperature: float, args) -> dict:
     fixed = {n: Method(*SETTINGS[NAMES.index(n)]) for n in args.settings}
     choosers = {f"{arm}{i}": RlAuto(args.auto_every, AutoChooser(**ARMS[arm]))
                 for arm in args.arms for i in range(args.choosers)}
-    names = list(fixed) + list(choosers)
-    calls = {n: [] for n in names}  # (seconds, tokens) per call
-    canary = {n: [] for n in names}
-    for method in fixed.values():
-        run_bebop(model, tok, head, prompts, method, temperature, 4)  # warmup
-    speed = Speedometer(model)
-    for r in range(args.calls):
-        for name in run_order(names, r):
-            if name in fixed:
-                seconds, result, _ = run_bebop(model, tok, head, prompts, fixed[name], temperature,
-                                               args.max_new_tokens, seed=r)
-                calls[name].append((seconds, sum(result.lengths)))
-            else:
-                calls[name].append(choosers[name].call(model, tok, head, prompts, temperature, args.max_new_tokens, r))
-            canary[name].append(speed.around())
+    timed, canary = side_by_side(model, tok, head, prompts, fixed, choosers, temperature, args.max_new_tokens,
+                                 args.calls)
     reference = statistics.median(c for v in canary.values() for c in v)
-    calls = {n: corrected(v, canary[n], reference) for n, v in calls.items()}
+    calls = {n: corrected(v, canary[n], reference) for n, v in timed.items()}
     best = max(fixed, key=lambda n: pooled_tok_s(calls[n]))
     group = {"B": batch, "T": temperature, "best": best,
              "fixed": {n: pooled_tok_s(calls[n]) / pooled_tok_s(calls[best]) for n in fixed}, "choosers": {}}
@@ -147,7 +129,6 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tok, head = load(args)
-    args.repeats = args.calls  # read by rollout.header
     print(f"# bench/auto_ab.py | arms {' '.join(args.arms)} x {args.choosers} | "
           f"{header(args, model, head, next(model.parameters()).device)}\n", flush=True)
     groups = []

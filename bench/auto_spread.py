@@ -39,9 +39,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from auto import SETTINGS, RlAuto, pooled_tok_s as pooled  # noqa: E402
-from rollout import (Method, Speedometer, corrected, header, load, make_prompts, run_bebop, run_order,  # noqa: E402
-                     warn_if_busy)
+from auto import SETTINGS, RlAuto, parse_common, pooled_tok_s as pooled, side_by_side  # noqa: E402
+from rollout import Method, corrected, header, load, make_prompts, warn_if_busy  # noqa: E402
 
 from bebop.config import AUTO_EVERY, AUTO_MAX_K  # noqa: E402
 from bebop.spec.auto import config_name  # noqa: E402
@@ -60,10 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=30, help="calls per setting and per chooser")
     ap.add_argument("--max-new-tokens", type=int, default=48, help="completion tokens per row, EOS included")
     ap.add_argument("--auto-every", type=int, default=AUTO_EVERY, help="probe every this many calls (bebop rl's default)")
-    ap.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
-    ap.add_argument("--device", default="cpu", help="cpu, cuda or auto")
-    ap.add_argument("--stat", default="pooled", help=argparse.SUPPRESS)  # read by rollout.header
-    args = ap.parse_args(argv)
+    args = parse_common(ap, argv, stat="pooled")
     if args.choosers < 1 or args.repeats < 1:
         ap.error("--choosers and --repeats must be >= 1")
     return args
@@ -73,45 +69,36 @@ def run_group(model, tok, head, batch: int, temperature: float, args) -> list[di
     """The fixed settings and the choosers at (B, T), interleaved -> one summary per chooser."""
     prompts = make_prompts(batch)
     settings = {n: Method(*SETTINGS[NAMES.index(n)]) for n in args.settings}
-    choosers = [RlAuto(args.auto_every) for _ in range(args.choosers)]
-    names = list(settings) + [f"auto{i}" for i in range(args.choosers)]
-    timed: dict[str, list[tuple[float, int]]] = {n: [] for n in names}
-    canary: dict[str, list[float]] = {n: [] for n in names}  # the canary around each call (``Speedometer``)
+    choosers = {f"auto{i}": RlAuto(args.auto_every) for i in range(args.choosers)}
     full: dict[int, list[float]] = {}  # depth -> the fixed calls' full-batch step seconds
-    prices: list[list[tuple[int, dict[int, float]]]] = [[] for _ in choosers]  # per chooser: (held, depth -> B-row price)
-    for method in settings.values():  # warmup
-        run_bebop(model, tok, head, prompts, method, temperature, 4)
-    speed = Speedometer(model)
-    for r in range(args.repeats):
-        for name in run_order(names, r):
-            if name in settings:
-                seconds, result, _ = run_bebop(model, tok, head, prompts, settings[name], temperature,
-                                               args.max_new_tokens, seed=r)
-                timed[name].append((seconds, sum(result.lengths)))
-                full.setdefault(settings[name].k, []).extend(s for rows, s, _ in result.step_times[1:] if rows >= 0.9 * batch)
-            else:
-                rl = choosers[int(name[4:])]
-                timed[name].append(rl.call(model, tok, head, prompts, temperature, args.max_new_tokens, seed=r))
-                if rl.calls > args.auto_every:
-                    prices[int(name[4:])].append((rl.decision.speculate_k, price(rl.chooser.costs, batch)))
-            canary[name].append(speed.around())
+    prices: dict[str, list[tuple[int, dict[int, float]]]] = {n: [] for n in choosers}  # (held, depth -> B-row price)
+
+    def seen(name: str, result) -> None:
+        if result is not None:
+            full.setdefault(settings[name].k, []).extend(s for rows, s, _ in result.step_times[1:] if rows >= 0.9 * batch)
+        elif choosers[name].calls > args.auto_every:
+            rl = choosers[name]
+            prices[name].append((rl.decision.speculate_k, price(rl.chooser.costs, batch)))
+
+    timed, canary = side_by_side(model, tok, head, prompts, settings, choosers, temperature, args.max_new_tokens,
+                                 args.repeats, seen)
     reference = statistics.median(c for v in canary.values() for c in v)
     calls = {n: corrected(v, canary[n], reference) for n, v in timed.items()}
     best = max(settings, key=lambda n: pooled(calls[n]))
     raw_best = max(settings, key=lambda n: pooled(timed[n]))
     truth = {k: statistics.median(v) for k, v in full.items() if v}
     out = []
-    for i, rl in enumerate(choosers):
+    for name, rl in choosers.items():
         chosen = [calls[c][r] if c in settings else None for r, c in enumerate(rl.choices)]
         known = [c for c in chosen if c is not None]  # a choice outside --settings has no fixed call to compare
-        own = [calls[f"auto{i}"][r] for r, c in enumerate(chosen) if c is not None]
+        own = [calls[name][r] for r, c in enumerate(chosen) if c is not None]
         late = slice(args.repeats // 2, None)  # the second half of the calls: a longer run's steady state
-        out.append({"ratio": pooled(calls[f"auto{i}"]) / pooled(calls[best]),
-                    "raw": pooled(timed[f"auto{i}"]) / pooled(timed[raw_best]),
-                    "late": pooled(calls[f"auto{i}"][late]) / pooled(calls[best][late]),
+        out.append({"ratio": pooled(calls[name]) / pooled(calls[best]),
+                    "raw": pooled(timed[name]) / pooled(timed[raw_best]),
+                    "late": pooled(calls[name][late]) / pooled(calls[best][late]),
                     "choices_alone": pooled(known) / pooled(calls[best]) if known else float("nan"),
                     "own": sum(s for s, _ in known) / sum(s for s, _ in own) if known else float("nan"),
-                    **price_errors(prices[i], truth), "choices": rl.choices})
+                    **price_errors(prices[name], truth), "choices": rl.choices})
     return [{"B": batch, "T": temperature, "best": best, "best_tok_s": pooled(calls[best]), **o} for o in out]
 
 

@@ -199,8 +199,8 @@ def test_generate_auto_logs_the_decision(use_cache, tmp_path, capsys):
 
 
 def test_generate_auto_keeps_a_profile_between_calls(use_cache, tmp_path, capsys):
-    """The first call with a profile probes and writes it; the next starts from it and keeps its choice
-    without probing; a profile of another setup or a corrupt one is refused in one line (exit 2) and left as
+    """The first call with a profile probes and writes it; the next ones start from it and probe while the
+    held decision awaits its confirming probe (``AutoChooser.settle``), then keep it without probing; a profile of another setup or a corrupt one is refused in one line (exit 2) and left as
     it was (tests/spec/test_auto_profile.py has the rest); none writes nothing; a fixed setting
     refuses --auto-profile."""
     from bebop.spec import auto_profile as profile
@@ -211,13 +211,20 @@ def test_generate_auto_keeps_a_profile_between_calls(use_cache, tmp_path, capsys
     assert main(argv) == 0 and "call 1: probing" in capsys.readouterr().out
     saved = json.loads(path.read_text())
     assert saved["version"] == profile.VERSION and saved["calls"] == 1 and saved["key"]["temperature"] == 1.0
-    assert json.loads(stats.read_text())["auto/probed"] is True
-    assert main(argv) == 0 and "call 2: keeping the last probe's choice, no probe" in capsys.readouterr().out
+    assert json.loads(stats.read_text())["auto/probed"] is True and saved["chooser"]["unconfirmed"]
+    calls = 1
+    while json.loads(path.read_text())["chooser"]["unconfirmed"]:  # each setting's first choice confirmed once
+        assert main(argv) == 0 and f"call {calls + 1}: probing" in capsys.readouterr().out
+        assert json.loads(stats.read_text())["auto/probed"] is True
+        calls += 1
+        assert calls <= 10  # at most one confirming probe per candidate setting (9)
+    saved = json.loads(path.read_text())
+    assert main(argv) == 0 and f"call {calls + 1}: keeping the last probe's choice, no probe" in capsys.readouterr().out
     metrics = json.loads(stats.read_text())
     assert metrics["auto/probed"] is False and "auto/priced" not in metrics
     assert (metrics["auto/mode"], metrics["auto/speculate_k"]) == (saved["chooser"]["held"]["mode"],
                                                                    saved["chooser"]["held"]["speculate_k"])
-    assert json.loads(path.read_text())["calls"] == 2
+    assert json.loads(path.read_text())["calls"] == calls + 1
     good = path.read_text()
     assert main([*argv, "--temperature", "0.5"]) == 2 and "temperature differ" in _error_line(capsys)
     path.write_text("{not json")
@@ -236,13 +243,19 @@ def test_generate_auto_keeps_a_profile_between_calls(use_cache, tmp_path, capsys
 
 
 def test_rl_auto_probes_every_n_steps_and_keeps_the_choice_between(use_cache, tmp_path):
+    """A step probes when it is scheduled (every --auto-every) or the step before chose a setting for the
+    first time (auto/confirmed False); otherwise it keeps the last choice. tests/spec/test_auto.py
+    checks the keeping and the confirming with scripted choices."""
     run = tmp_path / "run"
-    assert main(["rl", "--out", str(run), "--mode", "auto", "--speculate-k", "auto", "--auto-every", "2",
-                 "--steps", "3", "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "8"]) == 0
+    assert main(["rl", "--out", str(run), "--mode", "auto", "--speculate-k", "auto", "--auto-every", "3",
+                 "--steps", "4", "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "8"]) == 0
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["auto/probed"] for r in rows] == [True, False, True]  # between probes: the choice kept, no probe
+    assert rows[0]["auto/probed"] and not rows[0]["auto/confirmed"]  # a run's first choice is confirmed next step
     held = ("auto/mode", "auto/speculate_k")
-    assert [rows[1][f] for f in held] == [rows[0][f] for f in held]
+    for step in range(1, len(rows)):
+        assert rows[step]["auto/probed"] == (step % 3 == 0 or not rows[step - 1]["auto/confirmed"])
+        if not rows[step]["auto/probed"]:  # between probes: the choice kept, no probe
+            assert [rows[step][f] for f in held] == [rows[step - 1][f] for f in held] and rows[step]["auto/confirmed"]
     for r in rows:
         assert r["auto/mode"] in ("none", "to", "rs") and r["auto/predicted_tok_s"] > 0
         assert r["auto/measured_tok_s"] is None or r["auto/measured_tok_s"] > 0  # None: all rows ended in the probe

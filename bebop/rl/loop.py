@@ -53,7 +53,8 @@ Deviations from textbook GRPO (beyond the numbered list in ``bebop.rl.grpo``):
      exactly the policy's, but the choice depends on timings, so such a run does not repeat bit for
      bit. Each
      row logs ``auto/mode``, ``auto/speculate_k``, ``auto/predicted_tok_s``, ``auto/measured_tok_s``
-     (the decode steps after the choice) and ``auto/probed`` (False: the last probe's choice kept).
+     (the decode steps after the choice), ``auto/probed`` (False: the last probe's choice kept) and
+     ``auto/confirmed`` (False: a setting's first choice, the next step probes to confirm it).
      Under torchrun auto is refused (each rank would time, hence choose, on its own).
 """
 

@@ -511,10 +511,12 @@ class Decision:
     rows: float = 1.0  # decoding rows the predictions are for (tokens/s scales with them)
     measured_tok_s: float = float("nan")  # tokens/s of the steps decoded at the chosen setting
     probed: bool = True  # the call probed settings and decided (else: it kept the last probe's decision)
+    confirmed: bool = True  # held until the next scheduled probe (else: the next call probes, ``AutoChooser.settle``)
 
     def to_metrics(self) -> dict:
         return {"auto/mode": self.mode, "auto/speculate_k": self.speculate_k,
-                "auto/predicted_tok_s": self.predicted_tok_s, "auto/probed": self.probed}
+                "auto/predicted_tok_s": self.predicted_tok_s, "auto/probed": self.probed,
+                "auto/confirmed": self.confirmed}
 
 
 def config_name(mode: str, k: int) -> str:
@@ -595,6 +597,7 @@ class AutoChooser:
         name = config_name(decision.mode, decision.speculate_k)
         self.unconfirmed = self.confirm and name not in self.tried
         self.tried.add(name)
+        decision.confirmed = not self.unconfirmed
         self.held = decision
 
     def observe(self, result: GenerationResult, mode: str, greedy: bool) -> None:

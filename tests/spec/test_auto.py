@@ -493,6 +493,7 @@ def test_settle_holds_a_first_chosen_setting_for_one_call_until_a_probe_confirms
     for mode, k in [("rs", 2), ("rs", 2), ("rs", 2), ("rs", 1), ("rs", 2), ("rs", 1), ("none", 0), ("none", 0)]:
         chooser.settle(decide(mode, k))
         trail.append(chooser.holds(options))
+        assert chooser.held.confirmed == trail[-1]  # logged as auto/confirmed
     assert trail == [False, True, True, False, True, True, False, True]
     assert chooser.tried == {"rs2", "rs1", "none"}
     unchecked = AutoChooser(confirm=False)
