@@ -106,7 +106,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def parse_common(ap: argparse.ArgumentParser, argv: list[str] | None, quick: dict | None = None,
                  stat: str = "median") -> argparse.Namespace:
     """Adds the flags the auto benches share (--threads, --device; --stat, read by ``rollout.header``) and
-    parses; with --quick, ``quick``'s values replace those flags'."""
+    parses; with --quick, ``quick``'s values replace the parsed ones."""
     ap.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
     ap.add_argument("--device", default="cpu", help="cpu, cuda or auto")
     ap.add_argument("--stat", default=stat, help=argparse.SUPPRESS)
