@@ -161,6 +161,14 @@ class RlAuto:
         return seconds, tokens
 
 
+def load_threaded(args: argparse.Namespace):
+    """Sets torch's threads (--threads; 0 leaves torch's default) and loads the model, tokenizer and head
+    (``rollout.load``)."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return load(args)
+
+
 def side_by_side(model, tok, head, prompts, fixed: dict[str, Method], choosers: dict[str, RlAuto], temperature: float,
                  max_new: int, calls: int, seen=None) -> tuple[dict, dict]:
     """Fixed settings and RL-style choosers over the same calls: one warmup call of each fixed setting,
@@ -392,9 +400,7 @@ def summary(groups: list[dict], auto_every: int) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    model, tok, head = load(args)
+    model, tok, head = load_threaded(args)
     print(f"# bench/auto.py | {header(args, model, head, next(model.parameters()).device)}\n", flush=True)
     warn_if_busy()
     start, groups = time.perf_counter(), []

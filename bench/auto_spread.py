@@ -36,11 +36,9 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from auto import SETTINGS, RlAuto, parse_common, pooled_tok_s as pooled, side_by_side  # noqa: E402
-from rollout import Method, corrected, header, load, make_prompts, warn_if_busy  # noqa: E402
+from auto import SETTINGS, RlAuto, load_threaded, parse_common, pooled_tok_s as pooled, side_by_side  # noqa: E402
+from rollout import Method, corrected, header, make_prompts, warn_if_busy  # noqa: E402
 
 from bebop.config import AUTO_EVERY, AUTO_MAX_K  # noqa: E402
 from bebop.spec.auto import config_name  # noqa: E402
@@ -127,9 +125,7 @@ def price_errors(prices: list[tuple[int, dict[int, float]]], truth: dict[int, fl
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    model, tok, head = load(args)
+    model, tok, head = load_threaded(args)
     print(f"# bench/auto_spread.py | {header(args, model, head, next(model.parameters()).device)} | "
           f"{args.choosers} choosers x {args.repeats} calls\n", flush=True)
     warn_if_busy()
