@@ -92,8 +92,6 @@ BOOTSTRAP = 2000  # resamples of the repeats behind each 90% interval
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default=None, help="HF model directory (default: the embedded model)")
-    ap.add_argument("--mtp", default=None, help="MTP head directory (default: the embedded e2e_tv head)")
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64], help="rows B per call")
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.3, 0.7, 1.0], help="T (> 0)")
     ap.add_argument("--max-new-tokens", type=int, default=48, help="completion tokens per row, EOS included")
@@ -105,8 +103,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def parse_common(ap: argparse.ArgumentParser, argv: list[str] | None, quick: dict | None = None,
                  stat: str = "median") -> argparse.Namespace:
-    """Adds the flags the auto benches share (--threads, --device; --stat, read by ``rollout.header``) and
-    parses; with --quick, ``quick``'s values replace the parsed ones."""
+    """Adds the flags the auto benches share (--model, --mtp, --threads, --device; --stat, read by
+    ``rollout.header``) and parses; with --quick, ``quick``'s values replace the parsed ones."""
+    ap.add_argument("--model", default=None, help="HF model directory (default: the embedded model)")
+    ap.add_argument("--mtp", default=None, help="MTP head directory (default: the embedded e2e_tv head)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
     ap.add_argument("--device", default="cpu", help="cpu, cuda or auto")
     ap.add_argument("--stat", default=stat, help=argparse.SUPPRESS)

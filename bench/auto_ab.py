@@ -47,8 +47,6 @@ QUICK = {"batch_sizes": [16], "temperatures": [1.0], "calls": 3, "choosers": 1}
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default=None, help="HF model directory (default: the embedded model)")
-    ap.add_argument("--mtp", default=None, help="MTP head directory (default: the embedded e2e_tv head)")
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[16, 64], help="rows B per call")
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.3, 1.0], help="T (> 0)")
     ap.add_argument("--settings", nargs="+", default=["none", "rs1", "rs2", "rs3", "rs4"], choices=NAMES,

@@ -48,8 +48,6 @@ NAMES = [config_name(m, k) for m, k in SETTINGS]
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default=None, help="HF model directory (default: the embedded model)")
-    ap.add_argument("--mtp", default=None, help="MTP head directory (default: the embedded e2e_tv head)")
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[16, 64], help="rows B per call")
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.3, 1.0], help="T (> 0)")
     ap.add_argument("--settings", nargs="+", default=NAMES, choices=NAMES, help="the fixed settings (default: all 9)")

@@ -212,9 +212,9 @@ def test_generate_auto_keeps_a_profile_between_calls(use_cache, tmp_path, capsys
     assert main(argv) == 0 and "call 1: probing" in capsys.readouterr().out
     saved = json.loads(path.read_text())
     assert saved["version"] == profile.VERSION and saved["calls"] == 1 and saved["key"]["temperature"] == 1.0
-    assert json.loads(stats.read_text())["auto/probed"] is True and saved["chooser"]["unconfirmed"]
+    assert json.loads(stats.read_text())["auto/probed"] is True and not saved["chooser"]["held"]["confirmed"]
     calls = 1
-    while json.loads(path.read_text())["chooser"]["unconfirmed"]:  # each setting's first choice confirmed once
+    while not json.loads(path.read_text())["chooser"]["held"]["confirmed"]:  # each setting's first choice confirmed once
         assert main(argv) == 0 and f"call {calls + 1}: probing" in capsys.readouterr().out
         assert json.loads(stats.read_text())["auto/probed"] is True
         calls += 1

@@ -544,7 +544,6 @@ class AutoChooser:
         self.prefill_s: float = 0.0  # seconds of the latest call's prefill
         self.held: Decision | None = None  # the latest probe's decision, kept by the calls until the next probe
         self.confirm = confirm  # a setting first chosen is checked by a probe in the next call (``settle``)
-        self.unconfirmed = False  # the held decision awaits that probe (``holds`` is False until it ran)
         self.tried: set[str] = set()  # the settings decisions chose: each ran the rest of a call at least
 
     def restart(self) -> None:
@@ -558,13 +557,12 @@ class AutoChooser:
         return {"acceptance": self.acceptance.to_state(), "costs": self.costs.to_state(),
                 "lengths": self.lengths.seen, "prefill_s": self.prefill_s,
                 "held": held and {k: v if v == v else None for k, v in held.items()},  # NOTE: nan is not JSON
-                "confirm": self.confirm, "unconfirmed": self.unconfirmed, "tried": sorted(self.tried)}
+                "confirm": self.confirm, "tried": sorted(self.tried)}
 
     @classmethod
     def from_state(cls, state: dict) -> AutoChooser:
         """The chooser ``to_state`` wrote; KeyError, TypeError or ValueError when the state does not fit."""
         chooser = cls(confirm=bool(state["confirm"]))
-        chooser.unconfirmed = bool(state["unconfirmed"])
         chooser.tried = {str(name) for name in state["tried"]}
         chooser.acceptance = Acceptance.from_state(state["acceptance"])
         chooser.costs = StepCosts.from_state(state["costs"])
@@ -582,7 +580,7 @@ class AutoChooser:
     def holds(self, options: list[tuple[str, int]]) -> bool:
         """Whether a call between probes can keep the held decision: one was made, no probe has to
         confirm it (``settle``), and the spec allows it."""
-        return self.held is not None and not self.unconfirmed and (self.held.mode, self.held.speculate_k) in options
+        return self.held is not None and self.held.confirmed and (self.held.mode, self.held.speculate_k) in options
 
     def settle(self, decision: Decision) -> None:
         """Holds a probe's decision. With ``confirm``, a decision for a setting no decision chose before
@@ -595,9 +593,8 @@ class AutoChooser:
         RL-style runs that moved to rs1 held it for ten calls at 0.89-0.93x rs2 (bench/README.md).
         A call at the new setting is the evidence the probe's few steps cannot give."""
         name = config_name(decision.mode, decision.speculate_k)
-        self.unconfirmed = self.confirm and name not in self.tried
+        decision.confirmed = not (self.confirm and name not in self.tried)
         self.tried.add(name)
-        decision.confirmed = not self.unconfirmed
         self.held = decision
 
     def observe(self, result: GenerationResult, mode: str, greedy: bool) -> None:

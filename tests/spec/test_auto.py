@@ -519,7 +519,7 @@ def test_a_first_chosen_setting_makes_the_next_call_probe(monkeypatch):
                                  seed=seed, sampling=SamplingParams(temperature=1.0, max_new_tokens=16))[1]
         probed.append(decision.probed)
     assert probed == [True, True, True, False] and script == []
-    assert set(ks) == {2} and not chooser.unconfirmed and chooser.tried == {"rs1", "rs2"}
+    assert set(ks) == {2} and chooser.held.confirmed and chooser.tried == {"rs1", "rs2"}
 
 
 def test_a_probe_times_afresh_and_keeps_the_acceptance_and_lengths(monkeypatch):

@@ -56,10 +56,10 @@ def test_a_restored_chooser_prices_as_the_saved_one(tmp_path):
     assert json.loads(json.dumps(restored.to_state())) == json.loads(json.dumps(chooser.to_state()))  # held too
     assert (restored.held.mode, restored.held.speculate_k) == (chooser.held.mode, chooser.held.speculate_k)
     assert restored.holds(options) and chooser.holds(options)
-    chooser.unconfirmed = True  # a decision awaiting its confirming probe stays so
+    chooser.held.confirmed = False  # a decision awaiting its confirming probe stays so
     profile.save(path, key, chooser, 4)
     restored, _ = profile.load(path, key)
-    assert restored.unconfirmed and not restored.holds(options) and restored.confirm
+    assert not restored.held.confirmed and not restored.holds(options) and restored.confirm
 
 
 def test_a_missing_profile_is_a_fresh_start(tmp_path):
