@@ -1,4 +1,4 @@
-"""The probe's prices against what they priced: each setting forced after a normal probe, its forecast of the rest of the call against that rest.
+"""The probe's forecast of the rest of a call against that rest, each setting forced after a normal probe.
 
     PYTHONPATH=. .venv/bin/python bench/auto_bias.py --threads 1     # B 16/64 x T 0.3/0.7/1, 16 rounds: ~3 min
     PYTHONPATH=. .venv/bin/python bench/auto_bias.py --quick         # B 16, T 1, 1 round: ~5 s
