@@ -161,12 +161,17 @@ class RlAuto:
         return seconds, tokens
 
 
-def load_threaded(args: argparse.Namespace):
-    """Sets torch's threads (--threads; 0 leaves torch's default) and loads the model, tokenizer and head
-    (``rollout.load``)."""
+def open_bench(args: argparse.Namespace, script: str, extra: str = ""):
+    """An auto bench's start: sets torch's threads (--threads; 0 leaves torch's default), loads the
+    model, tokenizer and head (``rollout.load``), prints the header line ("# bench/<script> | <setup>
+    | <extra>") and warns when the machine is busy (``rollout.warn_if_busy``) -> (model, tok, head)."""
     if args.threads:
         torch.set_num_threads(args.threads)
-    return load(args)
+    model, tok, head = load(args)
+    setup = header(args, model, head, next(model.parameters()).device)
+    print(f"# bench/{script} | {setup}" + (f" | {extra}" if extra else "") + "\n", flush=True)
+    warn_if_busy()
+    return model, tok, head
 
 
 def side_by_side(model, tok, head, prompts, fixed: dict[str, Method], choosers: dict[str, RlAuto], temperature: float,
@@ -400,9 +405,7 @@ def summary(groups: list[dict], auto_every: int) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    model, tok, head = load_threaded(args)
-    print(f"# bench/auto.py | {header(args, model, head, next(model.parameters()).device)}\n", flush=True)
-    warn_if_busy()
+    model, tok, head = open_bench(args, "auto.py")
     start, groups = time.perf_counter(), []
     for batch in args.batch_sizes:
         for temperature in args.temperatures:

@@ -34,8 +34,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from auto import SETTINGS, RlAuto, load_threaded, parse_common, pooled_tok_s, side_by_side  # noqa: E402
-from rollout import Method, corrected, header, make_prompts, warn_if_busy  # noqa: E402
+from auto import SETTINGS, RlAuto, open_bench, parse_common, pooled_tok_s, side_by_side  # noqa: E402
+from rollout import Method, corrected, make_prompts  # noqa: E402
 
 from bebop.config import AUTO_EVERY  # noqa: E402
 from bebop.spec.auto import AutoChooser, config_name  # noqa: E402
@@ -122,10 +122,7 @@ def summary(groups: list[dict], arms: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    model, tok, head = load_threaded(args)
-    print(f"# bench/auto_ab.py | arms {' '.join(args.arms)} x {args.choosers} | "
-          f"{header(args, model, head, next(model.parameters()).device)}\n", flush=True)
-    warn_if_busy()
+    model, tok, head = open_bench(args, "auto_ab.py", f"arms {' '.join(args.arms)} x {args.choosers}")
     groups = []
     for batch in args.batch_sizes:
         for temperature in args.temperatures:

@@ -39,8 +39,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from auto import SETTINGS, load_threaded, parse_common, run_auto  # noqa: E402
-from rollout import header, make_prompts, run_order, warn_if_busy  # noqa: E402
+from auto import SETTINGS, open_bench, parse_common, run_auto  # noqa: E402
+from rollout import make_prompts, run_order  # noqa: E402
 
 from bebop.spec.auto import AutoChooser, Decision, StepCosts, config_name  # noqa: E402
 from bebop.spec.tail import finished  # noqa: E402
@@ -152,9 +152,7 @@ def format_group(batch: int, temperature: float, found: dict[str, dict[str, list
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    model, tok, head = load_threaded(args)
-    print(f"# bench/auto_bias.py | {header(args, model, head, next(model.parameters()).device)}\n", flush=True)
-    warn_if_busy()
+    model, tok, head = open_bench(args, "auto_bias.py")
     for batch in args.batch_sizes:
         for temperature in args.temperatures:
             print(format_group(batch, temperature, run_group(model, tok, head, batch, temperature, args)), flush=True)

@@ -37,8 +37,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from auto import SETTINGS, RlAuto, load_threaded, parse_common, pooled_tok_s as pooled, side_by_side  # noqa: E402
-from rollout import Method, corrected, header, make_prompts, warn_if_busy  # noqa: E402
+from auto import SETTINGS, RlAuto, open_bench, parse_common, pooled_tok_s as pooled, side_by_side  # noqa: E402
+from rollout import Method, corrected, make_prompts  # noqa: E402
 
 from bebop.config import AUTO_EVERY, AUTO_MAX_K  # noqa: E402
 from bebop.spec.auto import config_name  # noqa: E402
@@ -123,10 +123,7 @@ def price_errors(prices: list[tuple[int, dict[int, float]]], truth: dict[int, fl
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    model, tok, head = load_threaded(args)
-    print(f"# bench/auto_spread.py | {header(args, model, head, next(model.parameters()).device)} | "
-          f"{args.choosers} choosers x {args.repeats} calls\n", flush=True)
-    warn_if_busy()
+    model, tok, head = open_bench(args, "auto_spread.py", f"{args.choosers} choosers x {args.repeats} calls")
     print("| B | T | best fixed | best tok/s | chooser | RL-style/best | raw seconds | second half | choices alone/best | "
           "its choices' calls / its calls (seconds) | price error, not held / held | chose, call by call |")
     print("|---:|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|:---|")
