@@ -748,7 +748,8 @@ def generate_auto(
     Args:
         model, tokenizer, prompts, mtp, sampling, seed, step, row_ids: as for ``generate``.
         spec: mode and/or speculate_k ``"auto"``; the other fields as for ``generate``.
-        chooser: the run's models (RL keeps one across steps); a fresh one when None.
+        chooser: the run's models (RL keeps one across steps); None: a fresh one for this call only,
+            which learns nothing after its decision (a one-shot call: no later call reads it).
         probe: probe settings first (``_probe``) from fresh step costs (``AutoChooser.restart``),
             then decide; False keeps the chooser's last decision (RL
             between probes: no probe step, no pricing), or probes when it has none the spec allows
@@ -763,6 +764,7 @@ def generate_auto(
     max_k = max(k for _, k in options)
     if mtp is None and max_k:
         raise BebopError(f"mode {spec.mode!r} needs an MTP head (--mtp)")
+    private = chooser is None
     chooser = chooser if chooser is not None else AutoChooser()
     chooser.acceptance.decay(DECAY)
     greedy = sampling.temperature == 0
@@ -792,11 +794,13 @@ def generate_auto(
         rest.append(decoder.step())
     if rest:
         decision.measured_tok_s = (decoder.num_tokens() - before) / max(time.perf_counter() - start, 1e-9)
+    result = decoder.result()
+    if private:  # NOTE: no later call reads this chooser: learning from the call would only add ~0.5 ms (B = 16)
+        return result, decision
     if probe:
         chooser.costs.observe(decision.speculate_k, rest)
         chooser.acceptance = prior  # every drafted position of the call, once (not the probe's twice)
         chooser.settle(decision)
-    result = decoder.result()
     chooser.acceptance.observe(result.log, result.lengths, greedy, age=DECAY)
     chooser.end_call(result, first_step)
     return result, decision

@@ -542,6 +542,40 @@ def test_a_probe_times_afresh_and_keeps_the_acceptance_and_lengths(monkeypatch):
     assert chooser.acceptance.weights[0] == pytest.approx(50 * auto.DECAY + fresh.acceptance.weights[0])
 
 
+def test_a_one_shot_call_learns_nothing_after_its_decision(monkeypatch):
+    """Without a chooser the call's own (fresh) one is read by no later call: after the decision it
+    records nothing (no end-of-call costs, acceptance or lengths), and the call's tokens and decision
+    are those of a call that did."""
+    learnt = []
+    for name in ("end_call", "settle"):
+        method = getattr(AutoChooser, name)
+        monkeypatch.setattr(AutoChooser, name, lambda self, *a, _m=method, _n=name: learnt.append(_n) or _m(self, *a))
+    step, init = Decoder.step, Decoder.__init__
+
+    def timed_step(self):  # NOTE: the decision turns on timings: made the same in both calls
+        rows, _, drafting = step(self)
+        k = self.runner.k if self.runner.spec.mode != "none" else 0
+        self.step_times[-1] = (rows, 0.001 * (1 + k) * (1 + 0.01 * rows), 0.0002 * k if drafting else 0.0)
+        return self.step_times[-1]
+
+    def timed_init(self, *args, **kw):
+        init(self, *args, **kw)
+        self.prefill_seconds = 0.004
+
+    monkeypatch.setattr(Decoder, "step", timed_step)
+    monkeypatch.setattr(Decoder, "__init__", timed_init)
+    model = peaked_model()
+    head = perturbed_head(model, 0.1)
+    kwargs = dict(mtp=head, sampling=SamplingParams(temperature=1.0, max_new_tokens=24), seed=5)
+    one_shot, decided = generate_auto(model, ToyTokenizer(), _prompts((3, 4, 6)), **kwargs)
+    assert learnt == []
+    kept, decided_kept = generate_auto(model, ToyTokenizer(), _prompts((3, 4, 6)), chooser=AutoChooser(), **kwargs)
+    assert learnt == ["settle", "end_call"]
+    assert one_shot.token_ids == kept.token_ids
+    assert (decided.mode, decided.speculate_k, decided.predictions) == \
+        (decided_kept.mode, decided_kept.speculate_k, decided_kept.predictions)
+
+
 @pytest.mark.parametrize("spec", [SpecConfig("auto", "auto"), SpecConfig("rs", "auto")])
 def test_auto_sampling_is_exact(monkeypatch, spec):
     """One probe step per setting, so tokens 1-3 mix the probe's settings and the chosen one: plain, rs
