@@ -36,6 +36,9 @@ Columns:
     chosen      the setting auto picked (the most frequent over the repeats, and how often).
     chosen/best the grid tok/s of the chosen setting over the best's: the choice alone, without the
                 probes' cost.
+    auto/its choice
+                median over the repeats of the one-shot's call / the grid's call of the setting it
+                chose, same repeat (same seed): what its probe and pricing cost.
     RL-style/its choice
                 median over the repeats of RL-style's call / the grid's call of the setting it chose,
                 same repeat (same seed): what its probes, decisions and bookkeeping cost. The
@@ -261,15 +264,16 @@ def run_group(model, tok, head, batch: int, temperature: float, args) -> dict:
 
 def timing(group: dict, calls: dict[str, list[tuple[float, int]]]) -> dict:
     """``group`` with the tok/s its (seconds, tokens) ``calls`` give: medians (``tok_s``), pooled, per
-    repeat (``rates``), RL-style's own cost and its choices alone."""
+    repeat (``rates``), one-shot's and RL-style's own cost and RL-style's choices alone."""
     rates = {n: [t / s for s, t in v] for n, v in calls.items()}
-    # RL-style's calls against the grid's call of the setting each chose, same repeat (same seed): its own cost
-    own = [rate / rates[choice][r] for r, (rate, choice) in enumerate(zip(rates["auto_rl"], group["rl_choices"]))]
+    # an auto's calls against the grid's call of the setting each chose, same repeat (same seed): its own cost
+    own = {name: statistics.median(rate / rates[choice][r] for r, (rate, choice) in enumerate(zip(rates[name], chose)))
+           for name, chose in (("auto_rl", group["rl_choices"]), ("auto", group["decisions"]))}
     # the grid's calls of the settings RL-style chose, same repeats, pooled: its choices without its own cost
     chosen_calls = [calls[choice][r] for r, choice in enumerate(group["rl_choices"])]
     return {**group, "calls": calls, "rates": rates, "tok_s": {n: statistics.median(v) for n, v in rates.items()},
             "pooled": {n: pooled_tok_s(v) for n, v in calls.items()},
-            "rl_own": statistics.median(own), "rl_choices_tok_s": pooled_tok_s(chosen_calls)}
+            "rl_own": own["auto_rl"], "auto_own": own["auto"], "rl_choices_tok_s": pooled_tok_s(chosen_calls)}
 
 
 def _grid(g: dict, key: str = "tok_s") -> dict:
@@ -330,9 +334,9 @@ def repeats_at(batch: int, repeats: int) -> int:
 
 def format_table(groups: list[dict]) -> str:
     lines = ["| B | T | repeats | best fixed | best tok/s | auto tok/s | auto/best [90%] | chosen (times) | chosen/best | "
-             "profiled auto/best (pooled) [90%] | RL-style auto/best (pooled) [90%] | RL-style chose | "
+             "auto/its choice | profiled auto/best (pooled) [90%] | RL-style auto/best (pooled) [90%] | RL-style chose | "
              "RL-style/its choice | noise (best's sd/median) |",
-             "|---:|---:|---:|:---|---:|---:|---:|:---|---:|---:|---:|:---|---:|---:|"]
+             "|---:|---:|---:|:---|---:|---:|---:|:---|---:|---:|---:|---:|:---|---:|---:|"]
     for g in groups:
         grid, pooled = _grid(g), _grid(g, "pooled")
         best, best_pooled = max(grid, key=grid.get), max(pooled.values())
@@ -340,7 +344,7 @@ def format_table(groups: list[dict]) -> str:
         lines.append(
             f"| {g['B']} | {g['T']:g} | {len(g['decisions'])} | {best} | {grid[best]:.0f} | {g['tok_s']['auto']:.0f} | "
             f"{g['tok_s']['auto'] / grid[best]:.2f} [{lo:.2f}, {hi:.2f}] | {g['chosen']} ({g['chosen_count']}) | "
-            f"{grid[g['chosen']] / grid[best]:.2f} | {g['pooled']['auto_profiled'] / best_pooled:.2f} "
+            f"{grid[g['chosen']] / grid[best]:.2f} | {g['auto_own']:.2f} | {g['pooled']['auto_profiled'] / best_pooled:.2f} "
             f"[{pr_lo:.2f}, {pr_hi:.2f}] | {g['pooled']['auto_rl'] / best_pooled:.2f} "
             f"[{rl_lo:.2f}, {rl_hi:.2f}] | {g['rl_chosen']} | {g['rl_own']:.2f} | {noise(g):.0%} |")
     return "\n".join(lines)
@@ -411,8 +415,9 @@ def main(argv: list[str] | None = None) -> None:
         for temperature in args.temperatures:
             groups.append(run_group(model, tok, head, batch, temperature, args))
             print(f"[{time.perf_counter() - start:.0f}s] done B={batch} T={temperature:g}: auto chose "
-                  f"{groups[-1]['decisions']}, RL-style {groups[-1]['rl_choices']} (its calls / the grid's call of its "
-                  f"choice, same repeat: median {groups[-1]['rl_own']:.3f}; canary {groups[-1]['canary'] * 1e3:.1f} ms)",
+                  f"{groups[-1]['decisions']} (its calls / the grid's call of its choice, same repeat: median "
+                  f"{groups[-1]['auto_own']:.3f}), RL-style {groups[-1]['rl_choices']} (the same: median "
+                  f"{groups[-1]['rl_own']:.3f}; canary {groups[-1]['canary'] * 1e3:.1f} ms)",
                   file=sys.stderr, flush=True)
     print("### auto vs the best fixed setting (tok/s at the machine's reference speed, medians; RL-style pooled)\n\n"
           + format_table(groups))
