@@ -210,12 +210,14 @@ class ProfiledAuto:
 
     def __init__(self):
         self.state, self.calls = None, 0
+        self.choices: list[str] = []  # the setting each call chose
 
     def call(self, model, tok, head, prompts, temperature: float, max_new: int, seed: int = 0) -> tuple[float, int]:
         chooser = AutoChooser.from_state(json.loads(self.state)) if self.state else AutoChooser()
-        seconds, tokens, _ = run_auto(model, tok, head, prompts, temperature, max_new, chooser,
-                                      self.calls % AUTO_EVERY == 0, seed)
+        seconds, tokens, decision = run_auto(model, tok, head, prompts, temperature, max_new, chooser,
+                                             self.calls % AUTO_EVERY == 0, seed)
         self.state, self.calls = json.dumps(chooser.to_state()), self.calls + 1
+        self.choices.append(config_name(decision.mode, decision.speculate_k))
         return seconds, tokens
 
 
@@ -256,6 +258,7 @@ def run_group(model, tok, head, batch: int, temperature: float, args) -> dict:
              "rest_error": statistics.median([d.predicted_tok_s / d.measured_tok_s - 1 for d in decisions
                                               if d.measured_tok_s > 0] or [float("nan")]),  # nan: ended in the probe
              "rl_chosen": config_name(rl.decision.mode, rl.decision.speculate_k), "rl_choices": rl.choices,
+             "profiled_choices": profiled.choices,
              "forecast": {kind: {n: statistics.median(f[kind][n] for f in rl.forecasts) for n in names[:-3]}
                           for kind in ("new", "old")} if rl.forecasts else None}
     timed = timing(group, calls)
@@ -416,7 +419,8 @@ def main(argv: list[str] | None = None) -> None:
             groups.append(run_group(model, tok, head, batch, temperature, args))
             print(f"[{time.perf_counter() - start:.0f}s] done B={batch} T={temperature:g}: auto chose "
                   f"{groups[-1]['decisions']} (its calls / the grid's call of its choice, same repeat: median "
-                  f"{groups[-1]['auto_own']:.3f}), RL-style {groups[-1]['rl_choices']} (the same: median "
+                  f"{groups[-1]['auto_own']:.3f}), profiled {groups[-1]['profiled_choices']}, "
+                  f"RL-style {groups[-1]['rl_choices']} (the same: median "
                   f"{groups[-1]['rl_own']:.3f}; canary {groups[-1]['canary'] * 1e3:.1f} ms)",
                   file=sys.stderr, flush=True)
     print("### auto vs the best fixed setting (tok/s at the machine's reference speed, medians; RL-style pooled)\n\n"
