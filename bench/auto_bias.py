@@ -18,7 +18,7 @@ Per setting, medians over the rounds:
     step cost   the rest's steps priced at the probe (the depth's ``StepCosts.step_seconds`` x
                 ``scale`` at each step's rows) / their measured seconds - 1 (+: priced dear)
     tokens      (1 + forecast) (1 + step cost) - 1: the error left to the tokens per step and the tail
-    steps       the rest's expected steps as the decision priced them (``bebop.spec.tail.finished``:
+    steps       the rest's expected steps as the decision priced them (``bebop.spec.tail.activity``:
                 while some row is active) / the steps it ran - 1 (-: it ran longer than priced)
     row-steps   the same for the rows summed over those steps (each row's own steps): right where
                 steps is wrong, the rows' mean is priced well and the call's longest row is not
@@ -36,14 +36,12 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from auto import SETTINGS, open_bench, parse_common, run_auto  # noqa: E402
 from rollout import make_prompts, run_order  # noqa: E402
 
 from bebop.spec.auto import AutoChooser, Decision, StepCosts, config_name  # noqa: E402
-from bebop.spec.tail import finished  # noqa: E402
+from bebop.spec.tail import activity  # noqa: E402
 
 NAMES = [config_name(m, k) for m, k in SETTINGS]
 QUICK = {"batch_sizes": [16], "temperatures": [1.0], "rounds": 1}
@@ -86,9 +84,8 @@ class Forced(AutoChooser):
         self.timed = depth in self.costs.seconds
         if tail is not None:
             alphas = [] if mode == "none" else self.acceptance.offset_alphas(mode, k)
-            done_by = finished(tail, [alphas])[0]  # (G, T + 1)
-            self.steps = float((1.0 - np.prod(done_by ** tail.count[:, None], axis=0)).sum())
-            self.row_steps = float((tail.count[:, None] * (1.0 - done_by)).sum())
+            some_active, active = activity(tail, [alphas])
+            self.steps, self.row_steps = float(some_active.sum()), float(active.sum())
         name = config_name(mode, k)
         return Decision(mode, k, found.predictions[name], found.predictions, found.rows)
 

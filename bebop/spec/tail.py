@@ -157,6 +157,15 @@ def _depth(alphas) -> int:
     return len(alphas[-1]) if len(alphas) and isinstance(alphas[0], (list, tuple)) else len(alphas)
 
 
+def activity(rows: Rows, alphas: list) -> tuple[np.ndarray, np.ndarray]:
+    """(N, T + 1) each: P(another step follows step t), and E[rows active after t steps], at N settings
+    (``finished``'s rows independent). Summed over t: the expected steps of the rest of the call, and
+    the expected rows summed over those steps."""
+    done_by = finished(rows, alphas)  # (N, G, T + 1)
+    count = rows.count[None, :, None]
+    return 1.0 - np.prod(done_by ** count, axis=1), (count * (1.0 - done_by)).sum(1)
+
+
 def call_rates(rows: Rows, alphas: list, base: np.ndarray, row_slope=0.0, prefill_s: float = 0.0) -> np.ndarray:
     """Predicted tokens/s of the rest of a call at N settings: E[tokens] / (prefill_s + E[step seconds]).
 
@@ -171,10 +180,7 @@ def call_rates(rows: Rows, alphas: list, base: np.ndarray, row_slope=0.0, prefil
     Returns:
         (N,) tokens/s, all settings priced at once (a decision prices ~9).
     """
-    done_by = finished(rows, alphas)  # (N, G, T + 1)
-    count = rows.count[None, :, None]
-    some_active = 1.0 - np.prod(done_by ** count, axis=1)  # (N, T + 1): another step follows step t
-    active = (count * (1.0 - done_by)).sum(1)  # (N, T + 1) E[rows active after t steps]
+    some_active, active = activity(rows, alphas)
     slope = np.asarray(row_slope, dtype=float).reshape(-1, 1)  # (N or 1, 1)
     seconds = prefill_s + np.asarray(base, dtype=float) * (some_active + slope * active).sum(-1)
     return np.where(seconds > 0, rows.tokens() / np.maximum(seconds, 1e-30), 0.0)
