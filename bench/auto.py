@@ -16,9 +16,10 @@ around the call): this machine runs ~2x slower for seconds at a time, and the co
 best setting's call-to-call spread. The tables come twice, corrected first, then on raw seconds;
 the prediction errors are on raw seconds (what the choosers timed).
     grid        none, to and rs at K = 1..4 (9 fixed settings).
-    auto        ``generate_auto`` with mode and K auto and a fresh ``AutoChooser`` per call, as
-                ``bebop generate --mode auto --speculate-k auto`` runs: its probe steps are part of
-                its time (one-shot).
+    one-shot    ``generate_auto`` with mode and K auto and a fresh ``AutoChooser`` per call, as
+                ``bebop generate --mode auto --speculate-k auto --auto-profile none`` runs (a model's
+                first call): its probe steps are part of its time. Reported; the bar below is on
+                the choosers with a history.
     RL-style    one ``AutoChooser`` across the group's calls, as ``bebop rl`` keeps it: a probing
                 ``generate_auto`` call every ``--auto-every`` calls, ``probe=False`` (the last probe's
                 choice kept, no probe steps) in the others; tok/s pooled over its calls (the
@@ -29,14 +30,16 @@ the prediction errors are on raw seconds (what the choosers timed).
                 (a CLI call's model load dwarfs it). Pooled like RL-style.
 Columns:
     best        the grid's fastest setting and its tok/s.
-    auto/best   auto's tok/s over the best's (the target: >= 0.95), with a 90% bootstrap interval
+    one-shot/best
+                one-shot's tok/s over the best's, with a 90% bootstrap interval
                 (``interval``: the repeats resampled, the best re-picked in each resample). The
                 summary lines add the ratio to the best picked on the other half of the repeats
                 (``held_out``), free of the winner's curse of picking the best of 9 noisy medians.
-    chosen      the setting auto picked (the most frequent over the repeats, and how often).
+    one-shot chose
+                the setting one-shot picked (the most frequent over the repeats, and how often).
     chosen/best the grid tok/s of the chosen setting over the best's: the choice alone, without the
                 probes' cost.
-    auto/its choice
+    one-shot/its choice
                 median over the repeats of the one-shot's call / the grid's call of the setting it
                 chose, same repeat (same seed): what its probe and pricing cost.
     RL-style/its choice
@@ -46,6 +49,9 @@ Columns:
                 each call, pooled, over the best's (what it would reach at no cost of its own).
     noise       standard deviation / median of the best setting's repeats: the machine's noise (what
                 the speed correction leaves of it, in the corrected table).
+The bar (the README's "Automatic mode and K"): auto as ``bebop rl`` and ``bebop generate`` run it,
+RL-style and profiled, each within 5% of the best fixed setting (>= 0.95) in every (B, T); a line
+of each summary ("auto as bebop rl and bebop generate run it ...") says whether the run met it.
 Prediction error, predicted / measured - 1:
     tail model  before each RL-style call after the first, its chooser's forecast of a whole call of
                 each grid setting (``AutoChooser.predict_call``: tail and prefill priced; median
@@ -336,8 +342,8 @@ def repeats_at(batch: int, repeats: int) -> int:
 
 
 def format_table(groups: list[dict]) -> str:
-    lines = ["| B | T | repeats | best fixed | best tok/s | auto tok/s | auto/best [90%] | chosen (times) | chosen/best | "
-             "auto/its choice | profiled auto/best (pooled) [90%] | RL-style auto/best (pooled) [90%] | RL-style chose | "
+    lines = ["| B | T | repeats | best fixed | best tok/s | one-shot tok/s | one-shot/best [90%] | one-shot chose (times) | "
+             "chosen/best | one-shot/its choice | profiled auto/best (pooled) [90%] | RL-style auto/best (pooled) [90%] | RL-style chose | "
              "RL-style/its choice | noise (best's sd/median) |",
              "|---:|---:|---:|:---|---:|---:|---:|:---|---:|---:|---:|---:|:---|---:|---:|"]
     for g in groups:
@@ -377,7 +383,7 @@ def format_errors(groups: list[dict]) -> str:
 
 def format_grid(groups: list[dict]) -> str:
     names = [config_name(m, k) for m, k in SETTINGS]
-    lines = ["| B | T | " + " | ".join(names) + " | auto | profiled auto | RL-style auto |",
+    lines = ["| B | T | " + " | ".join(names) + " | one-shot auto | profiled auto | RL-style auto |",
              "|---:|---:|" + "---:|" * (len(names) + 3)]
     for g in groups:
         pred = g["forecast"]["new"] if g["forecast"] else {}
@@ -387,13 +393,19 @@ def format_grid(groups: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _ratio(g: dict, name: str) -> float:
+    """An auto's tok/s over the best fixed setting's: medians for one-shot, pooled for the others."""
+    if name == "auto":
+        return g["tok_s"]["auto"] / max(_grid(g).values())
+    return g["pooled"][name] / max(_grid(g, "pooled").values())
+
+
 def summary(groups: list[dict], auto_every: int) -> str:
     """The ratios to the best over the groups: how many within 5%, held out, RL-style's choices alone, noise."""
     lines = []
     for label, name in (("auto (one-shot)/best", "auto"), (f"auto (profiled generate, every {AUTO_EVERY})/best", "auto_profiled"),
                         (f"auto (RL-style, every {auto_every})/best", "auto_rl")):
-        r = [g["tok_s"]["auto"] / max(_grid(g).values()) if name == "auto" else
-             g["pooled"][name] / max(_grid(g, "pooled").values()) for g in groups]
+        r = [_ratio(g, name) for g in groups]
         reach = sum(interval(g, name)[1] >= 0.95 for g in groups)
         held = [held_out(g, name) for g in groups]
         lines.append(f"\n{label}: median {statistics.median(r):.2f}, min {min(r):.2f}; within 5% in "
@@ -401,6 +413,12 @@ def summary(groups: list[dict], auto_every: int) -> str:
                      f"against the best picked on the other half of the repeats: median {statistics.median(held):.2f}, "
                      f"min {min(held):.2f}, within 5% in {sum(x >= 0.95 for x in held)} of {len(held)} "
                      f"({', '.join(f'{x:.2f}' for x in held)})")
+    within = {name: [_ratio(g, name) >= 0.95 for g in groups] for name in ("auto_rl", "auto_profiled", "auto")}
+    missed = [f"B = {g['B']}, T = {g['T']:g}" for g, rl, pr in zip(groups, within["auto_rl"], within["auto_profiled"])
+              if not (rl and pr)]
+    lines.append(f"\nauto as bebop rl and bebop generate run it (RL-style and profiled) within 5% of the best in every "
+                 f"group: {'yes' if not missed else 'no (' + '; '.join(missed) + ')'}; a model's first call (one-shot): "
+                 f"{sum(within['auto'])} of {len(groups)}")
     choices = [g["rl_choices_tok_s"] / max(_grid(g, "pooled").values()) for g in groups]
     lines.append(f"\nRL-style's choices alone (the grid's calls of the setting it chose at each call, pooled)/best: "
                  f"median {statistics.median(choices):.2f}, min {min(choices):.2f}; within 5% in "

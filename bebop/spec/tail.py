@@ -106,17 +106,20 @@ def _thresholds(alphas, k: int) -> np.ndarray:
 
 
 def finished(rows: Rows, alphas: list) -> np.ndarray:
-    """(N, G, T + 1) P(a row of group g has emitted all it has left after t steps) at N settings.
+    """(N, G, T + 1) P(a row of group g has emitted all it has left after t steps) at N settings,
+    t = 0..T, T the most tokens a row can still emit (a step emits at least one: every row is
+    finished after T steps).
 
-    A Markov chain per setting over o, the tokens a row has emitted (0..O, O absorbing): a step at o
-    emits 1 + L, L drawn at the alphas of o's offset bucket. Past the last edge the chain is the
+    A Markov chain per setting over o, the tokens a row has emitted (lo..O, O absorbing): a step at
+    o emits 1 + L, L drawn at the alphas of o's offset bucket. Past the last edge the chain is the
     same at every o, so a group that has emitted more starts at the edge, its target shifted with
     it: at most OFFSET_EDGES[-1] + 1 chains (9) whatever the batch. The distributions after t = 0..T
-    steps come from matrix products by doubling (T + 1 >= O + 1: a step emits at least one token,
-    so every row is finished by then). O stops at the most tokens any row can still emit, not at
-    max_new_tokens: for a fresh call at B = 16 here (completions of at most 26 tokens under a cap
-    of 48) the chain of 9 settings shrank from 50 states and 64 steps to 27 and 32, and pricing
-    them from 0.53 to 0.27 ms.
+    steps come from matrix products by doubling, the last block cut to the steps still needed. The
+    states run from lo, the lowest start, to O, the most tokens any row can reach, and no further:
+    for a fresh call at B = 16 here (completions of at most 26 tokens under a cap of 48) the chain
+    of 9 settings shrank from 50 states and 64 steps to 27 and 32, and pricing them from 0.53 to
+    0.27 ms; a first call's decision (rows at 7-20 tokens, all to the cap) from 64 steps over 49
+    states to 42 over 42, 0.89-1.22 to 0.61-0.92 ms.
     """
     k = max([_depth(a) for a in alphas] + [1])  # every setting padded to the deepest K
     per = [_thresholds(a, k) for a in alphas]
@@ -128,27 +131,29 @@ def finished(rows: Rows, alphas: list) -> np.ndarray:
     p_len = -np.diff(np.concatenate([edge, thr, 0 * edge], -1), axis=-1)  # (N, buckets, K + 1) P(L = l)
     begin = np.minimum(rows.done, OFFSET_EDGES[-1])  # (G,) where each group's chain starts
     starts, chain = np.unique(begin, return_inverse=True)
-    last = int(starts.max()) + width - 1  # O: the most tokens a row can reach
-    o = np.arange(last + 1)
-    p = p_len[:, np.minimum(np.searchsorted(OFFSET_EDGES, o, side="right"), buckets - 1)]  # (N, O+1, K+1)
-    move = np.zeros((n, last + 1, last + 1))  # (N, from o, to o')
+    lo, last = int(starts.min()), int(starts.max()) + width - 1  # O: the most tokens a row can reach
+    o = np.arange(lo, last + 1)  # the states, o - lo as indices
+    p = p_len[:, np.minimum(np.searchsorted(OFFSET_EDGES, o, side="right"), buckets - 1)]  # (N, S, K+1)
+    move = np.zeros((n, len(o), len(o)))  # (N, from o, to o')
     for length in range(k + 1):
-        src = o[o + 1 + length < last]
+        src = np.flatnonzero(o + 1 + length < last)
         move[:, src, src + 1 + length] = p[:, src, length]
-    move[..., last] = 1.0 - move[..., :last].sum(-1)  # at or past O: absorbed (row O stays)
-    steps, chains = 1 << int(np.ceil(np.log2(last + 2))), len(starts)
-    dist = np.zeros((n, steps * chains, last + 1))  # (N, t x chains, o): after t = 0..steps-1 steps, t-major
-    dist[:, np.arange(chains), starts] = 1.0
+    move[..., -1] = 1.0 - move[..., :-1].sum(-1)  # at or past O: absorbed (row O stays)
+    chains = len(starts)
+    total = width * chains  # t = 0..T, T = width - 1
+    dist = np.zeros((n, total, len(o)))  # (N, t x chains, o): after t = 0..T steps, t-major
+    dist[:, np.arange(chains), starts - lo] = 1.0
     done, power = chains, move
-    while done < dist.shape[1]:  # NOTE: doubling: steps [t, 2t) are steps [0, t) moved t further
-        np.matmul(dist[:, :done], power, out=dist[:, done: 2 * done])
-        done *= 2
-        if done < dist.shape[1]:
+    while done < total:  # NOTE: doubling: steps [t, 2t) are steps [0, t) moved t further
+        more = min(done, total - done)
+        np.matmul(dist[:, :more], power, out=dist[:, done: done + more])
+        done += more
+        if done < total:
             power = power @ power
-    finish = np.zeros((len(begin), last + 1))  # (G, O + 1) P(the row's last token is at or before o)
+    finish = np.zeros((len(begin), len(o)))  # (G, S) P(the row's last token is at or before o)
     for g, b in enumerate(begin.tolist()):
-        finish[g, b: b + width] = rows.left[g, :width]
-    reached = dist.reshape(n, steps, chains, last + 1)[:, :, chain]  # (N, T + 1, G, O + 1)
+        finish[g, b - lo: b - lo + width] = rows.left[g, :width]
+    reached = dist.reshape(n, width, chains, len(o))[:, :, chain]  # (N, T + 1, G, S)
     return np.einsum("ntgo,go->ngt", reached, np.cumsum(finish, -1))
 
 

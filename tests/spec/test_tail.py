@@ -139,7 +139,19 @@ def test_a_chain_cut_to_the_longest_remaining_row_prices_the_same():
     base, slope = np.array([0.001, 0.002, 0.003]), np.array([0.01, 0.02, 0.03])
     assert tail.call_rates(rows, settings, base, slope, 0.004) == pytest.approx(
         tail.call_rates(short, settings, base, slope, 0.004), rel=1e-12)
-    assert tail.finished(rows, settings).shape == tail.finished(short, settings).shape  # the same chain
+    done_by = tail.finished(rows, settings)
+    assert done_by.shape == tail.finished(short, settings).shape == (3, 3, 15)  # the same chain: t = 0..14
+    assert done_by[..., -1] == pytest.approx(1.0) and not done_by[..., 0].any()  # 14 tokens at most: all done by step 14
+
+
+def test_rows_past_the_opener_price_as_a_chain_from_zero():
+    """The chain starts at the lowest start, not at 0: rows that have emitted 6 and 11 tokens finish as
+    they do beside a row at 0 (which adds states 0-5 and its own chain), at every step."""
+    settings = [[], [0.9, 0.5], [[0.4, 0.9], [0.7, 0.6], [0.95, 0.8]]]
+    late = tail.Rows.known([6, 11], [9, 5])
+    with_early = tail.Rows.known([0, 6, 11], [2, 9, 5])
+    np.testing.assert_allclose(tail.finished(late, settings),
+                               tail.finished(with_early, settings)[:, 1:, :10], rtol=0, atol=1e-12)
 
 
 def test_call_rate_matches_a_simulated_lockstep_call():
