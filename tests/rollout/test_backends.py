@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import os
 import sys
 from pathlib import Path
 
@@ -42,6 +43,19 @@ def test_vllm_backend_without_vllm_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm -> ImportError, installed or not
     with pytest.raises(BebopError, match=r"pip install 'bebop\[vllm\]'"):
         backend_class("vllm")
+
+
+def test_a_cpu_engines_kv_cache_is_a_share_of_the_machines_memory(monkeypatch):
+    """A CPU engine gets its KV cache as a size (vLLM's own rule subtracts the process's memory from a
+    NUMA node's share and left none on a VM with a small node 0); vLLM's VLLM_CPU_KVCACHE_SPACE wins."""
+    from bebop.rollout import vllm as vllm_backend
+
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert vllm_backend.cpu_kv_cache_bytes() == int(vllm_backend.CPU_MEMORY_FRACTION * machine)
+    assert vllm_backend.cpu_kv_cache_bytes(0.5) == int(0.5 * machine)
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "2")
+    assert vllm_backend.cpu_kv_cache_bytes() is None
 
 
 @pytest.mark.parametrize("mode", ["none", "to", "rs"])
