@@ -402,10 +402,11 @@ def _ratio(g: dict, name: str) -> float:
 
 def summary(groups: list[dict], auto_every: int) -> str:
     """The ratios to the best over the groups: how many within 5%, held out, RL-style's choices alone, noise."""
-    lines = []
+    lines, within = [], {}
     for label, name in (("auto (one-shot)/best", "auto"), (f"auto (profiled generate, every {AUTO_EVERY})/best", "auto_profiled"),
                         (f"auto (RL-style, every {auto_every})/best", "auto_rl")):
         r = [_ratio(g, name) for g in groups]
+        within[name] = [x >= 0.95 for x in r]
         reach = sum(interval(g, name)[1] >= 0.95 for g in groups)
         held = [held_out(g, name) for g in groups]
         lines.append(f"\n{label}: median {statistics.median(r):.2f}, min {min(r):.2f}; within 5% in "
@@ -413,7 +414,6 @@ def summary(groups: list[dict], auto_every: int) -> str:
                      f"against the best picked on the other half of the repeats: median {statistics.median(held):.2f}, "
                      f"min {min(held):.2f}, within 5% in {sum(x >= 0.95 for x in held)} of {len(held)} "
                      f"({', '.join(f'{x:.2f}' for x in held)})")
-    within = {name: [_ratio(g, name) >= 0.95 for g in groups] for name in ("auto_rl", "auto_profiled", "auto")}
     missed = [f"B = {g['B']}, T = {g['T']:g}" for g, rl, pr in zip(groups, within["auto_rl"], within["auto_profiled"])
               if not (rl and pr)]
     lines.append(f"\nauto as bebop rl and bebop generate run it (RL-style and profiled) within 5% of the best in every "
