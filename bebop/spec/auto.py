@@ -42,8 +42,9 @@ Deviations from the paper's speedup formula:
        rule's accepted prefixes, a small bias at depths >= 2.
     3) A depth with few recorded positions leans on the depth above it (``Acceptance.alphas``).
        The paper's alphas are one per depth; here they also differ by offset in the completion and
-       by the K whose steps drafted them (measured: ``Acceptance``), so a K never run at later
-       offsets is forecast from the other K's steps there.
+       by the K whose steps drafted them (measured: ``Acceptance``): a K is forecast by replaying
+       its steps on recent completions (``bebop.spec.replay``: alpha by depth and the target's
+       entropy, which K does not move), and leans on its own steps where it ran.
     4) The tail is priced from the completion lengths of earlier calls; a run's first call has none,
        so its rows are assumed to run to max_new_tokens (no tail: an overestimate, reported by
        ``bench/auto.py``). ``bebop generate`` keeps the chooser in a profile between calls
@@ -65,7 +66,8 @@ import numpy as np
 
 from bebop.config import AUTO, AUTO_MAX_K
 from bebop.spec.engine import Decoder, GenerationResult, SamplingParams, SpecConfig
-from bebop.spec.stats import EmissionLog
+from bebop.spec.replay import Replay
+from bebop.spec.stats import EmissionLog, KeptTokens
 from bebop.spec.tail import OFFSET_EDGES, Lengths, Rows, call_rates
 from bebop.utils.io import BebopError
 
@@ -128,6 +130,15 @@ def draft_positions(log: EmissionLog, lengths: list[int]) -> dict[str, np.ndarra
             "alpha_to": kept.values[2], "accepted": kept.accepted}
 
 
+def completion_entropies(kept: KeptTokens, lengths: list[int]) -> list[np.ndarray]:
+    """Each completion's H(p) per position, offset 0 first, as far as its kept tokens reach (a call
+    still decoding: what its rows emitted so far)."""
+    grid = np.full((len(lengths), max(lengths, default=0) + 1), np.nan)  # NOTE: a last column never filled
+    grid[kept.token_row, kept.token_offset] = kept.token_entropy
+    reach = np.isnan(grid).argmax(1)  # each row's first position without a kept token
+    return [grid[r, :n] for r, n in enumerate(reach.tolist())]
+
+
 def _shrunk(table: Acceptance, rule: str, prior: list[float]) -> list[float]:
     """Each depth's mean in ``table`` shrunk toward ``prior`` with the weight of PRIOR_POSITIONS positions."""
     return [(table.sums[rule][j] + PRIOR_POSITIONS * a) / (table.weights[j] + PRIOR_POSITIONS)
@@ -142,13 +153,15 @@ class Acceptance:
     Which tokens depth j drafts depends on K (a K = 1 run drafts depth 1 at every token, hard ones
     included; a K = 4 run where its steps start, after accepted runs or rejections): at offsets >= 8
     depth 1's alpha_RS was 0.75 / 0.94 / 0.87 / 0.97 under rs1 / rs2 / rs3 / rs4 (B = 64, T = 0.3).
-    From one pool, a run at K = 1 forecast every deeper K too low and stayed at K = 1.
+    From one pool, a run at K = 1 forecast every deeper K too low and stayed at K = 1; ``replay`` (the
+    chooser's, ``bebop.spec.replay``) forecasts each K where its own steps would start.
     """
 
     sums: dict[str, list[float]] = field(default_factory=lambda: {r: [] for r in RULES})
     weights: list[float] = field(default_factory=list)  # (J,) recorded positions per depth
     by_offset: list[Acceptance] = field(default_factory=list)  # the same per offset bucket (empty: never observed)
     by_k: dict[int, Acceptance] = field(default_factory=dict)  # the same per K of the drafting steps
+    replay: Replay | None = None  # the model K does not move, replayed per K (``alphas``); the top table's only
 
     def _grow(self, depth: int) -> None:
         while len(self.weights) < depth:
@@ -171,6 +184,10 @@ class Acceptance:
         rs, to = (pos["accepted"], pos["accepted"]) if greedy else (pos["alpha_rs"], pos["alpha_to"])
         bucket = np.searchsorted(OFFSET_EDGES, pos["offset"], side="right")
         self._add_positions(pos["depth"], bucket, rs, to)
+        if self.replay is not None:
+            kept = log.kept(lengths)
+            self.replay.add_positions(pos["depth"], kept.values[0], {"rs": rs, "to": to})
+            self.replay.add_rows(completion_entropies(kept, lengths))
         for k in np.unique(pos["k"]).tolist():
             sel, own = pos["k"] == k, self.by_k.setdefault(k, Acceptance())
             own.decay(age)
@@ -193,13 +210,15 @@ class Acceptance:
 
     def copy(self) -> Acceptance:
         return Acceptance({r: list(v) for r, v in self.sums.items()}, list(self.weights),
-                          [sub.copy() for sub in self.by_offset], {k: t.copy() for k, t in self.by_k.items()})
+                          [sub.copy() for sub in self.by_offset], {k: t.copy() for k, t in self.by_k.items()},
+                          self.replay.copy() if self.replay is not None else None)
 
     def to_state(self) -> dict:
         """The tables as JSON-able lists and dicts (not copies: dump them before the next call; ``from_state``
         reads them back)."""
         return {"sums": self.sums, "weights": self.weights, "by_offset": [sub.to_state() for sub in self.by_offset],
-                "by_k": {str(k): t.to_state() for k, t in self.by_k.items()}}
+                "by_k": {str(k): t.to_state() for k, t in self.by_k.items()},
+                "replay": self.replay.to_state() if self.replay is not None else None}
 
     @classmethod
     def from_state(cls, state: dict) -> Acceptance:
@@ -209,7 +228,8 @@ class Acceptance:
         by_offset = [cls.from_state(sub) for sub in state["by_offset"]]
         if any(len(v) != len(weights) for v in sums.values()) or len(by_offset) not in (0, len(OFFSET_EDGES) + 1):
             raise ValueError("acceptance tables of mismatched depths or offset buckets")
-        return cls(sums, weights, by_offset, {int(k): cls.from_state(t) for k, t in state["by_k"].items()})
+        replay = Replay.from_state(state["replay"]) if state.get("replay") is not None else None
+        return cls(sums, weights, by_offset, {int(k): cls.from_state(t) for k, t in state["by_k"].items()}, replay)
 
     def decay(self, factor: float) -> None:
         """Older evidence weighs ``factor`` times less: all steps' and each offset bucket's. A K's own
@@ -221,6 +241,8 @@ class Acceptance:
         self.sums = {r: [s * factor for s in v] for r, v in self.sums.items()}
         for sub in self.by_offset:
             sub.decay(factor)
+        if self.replay is not None:
+            self.replay.decay(factor)
 
     def alphas(self, rule: str, k: int, bucket: int | None = None) -> list[float]:
         """alpha_1..alpha_K of a rule, each depth's mean shrunk toward the depth above it; with
@@ -233,8 +255,11 @@ class Acceptance:
         alpha_j = (s_j + m a_j) / (w_j + m), a_j the all-offsets alpha_j: the depth profile is not
         flat within a bucket (embedded task, rs K=4, B=64, offsets >= 8: 0.97, 0.74-0.80, 0.54-0.64,
         0.83 at T 0.3-1), and an unseen bucket (a one-shot call's later offsets) is the all-offsets one.
-        Last, when steps ran at this K, the same again with that value as the prior and the K's own
-        steps (in the bucket) as the evidence (``by_k``).
+        Then, with ``replay``, the same toward K's alphas replayed on recent completions, weighted by
+        the drafts the replay expects in the bucket (``bebop.spec.replay``): the pooled depths were
+        read where the K's that ran started their steps, the replay reads where K's own would. Last,
+        when steps ran at this K, the same again with that value as the prior and the K's own steps
+        (in the bucket) as the evidence (``by_k``).
 
         Example: seen [0.8, 0.6] with 100 positions each -> alphas(rule, 3) ~ [0.8, 0.601, 0.601].
         """
@@ -248,6 +273,10 @@ class Acceptance:
                 out.append((total + PRIOR_POSITIONS * out[-1]) / (w + PRIOR_POSITIONS))
         if bucket is not None and self.by_offset:
             out = _shrunk(self.by_offset[bucket], rule, out)
+        replayed = self.replay.alphas(rule, k, PRIOR_POSITIONS) if self.replay is not None else None
+        if replayed is not None:  # NOTE: K's own step starts (``bebop.spec.replay``), where its completions reach
+            alphas, drafts = (a[-1 if bucket is None else bucket].tolist() for a in replayed)
+            out = [(w * a + PRIOR_POSITIONS * o) / (w + PRIOR_POSITIONS) for a, w, o in zip(alphas, drafts, out)]
         own = self.by_k.get(k)  # NOTE: the steps run at this K (class docstring), leaning on all steps'
         if own is not None:
             out = _shrunk(own.by_offset[bucket] if bucket is not None and own.by_offset else own, rule, out)
@@ -537,8 +566,8 @@ class AutoChooser:
     move a call's steps by ~18%), and the settings a run did not hold were priced 10-12% dear.
     """
 
-    def __init__(self, confirm: bool = True) -> None:
-        self.acceptance = Acceptance()
+    def __init__(self, confirm: bool = True, replay: bool = True) -> None:
+        self.acceptance = Acceptance(replay=Replay() if replay else None)
         self.costs = StepCosts()
         self.lengths = Lengths()
         self.prefill_s: float = 0.0  # seconds of the latest call's prefill
@@ -564,7 +593,10 @@ class AutoChooser:
         """The chooser ``to_state`` wrote; KeyError, TypeError or ValueError when the state does not fit."""
         chooser = cls(confirm=bool(state["confirm"]))
         chooser.tried = {str(name) for name in state["tried"]}
+        replay = chooser.acceptance.replay
         chooser.acceptance = Acceptance.from_state(state["acceptance"])
+        if chooser.acceptance.replay is None:  # NOTE: a profile saved before the replay model starts one
+            chooser.acceptance.replay = replay
         chooser.costs = StepCosts.from_state(state["costs"])
         chooser.lengths = Lengths([int(n) for n in state["lengths"]])
         chooser.prefill_s = float(state["prefill_s"])
@@ -765,7 +797,9 @@ def generate_auto(
     if mtp is None and max_k:
         raise BebopError(f"mode {spec.mode!r} needs an MTP head (--mtp)")
     private = chooser is None
-    chooser = chooser if chooser is not None else AutoChooser()
+    # NOTE: a one-shot chooser replays nothing: it has only this call's first tokens, and the replay's
+    # ~4 ms a decision (8 settings) would be a B = 1 call's ~8%
+    chooser = chooser if chooser is not None else AutoChooser(replay=False)
     chooser.acceptance.decay(DECAY)
     greedy = sampling.temperature == 0
     setting = (lambda mode, k: dataclasses.replace(spec, mode=mode, speculate_k=max(k, 1)))

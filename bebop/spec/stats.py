@@ -184,6 +184,8 @@ class EmissionLog:
         # Token entropies: each row's W block tokens, the first ``kept`` of them kept.
         span = np.repeat([b.token_entropy.shape[1] for b in blocks], size)  # (sum R,) W
         token_entropy = _host([b.token_entropy for b in blocks])[_first(span, kept)]
+        token_row = np.repeat(rows, kept)
+        token_offset = np.repeat(starts, kept) + np.arange(len(token_row)) - np.repeat(np.cumsum(kept) - kept, kept)
         # Draft positions of the verify steps: depth j of a row is kept when the step kept >= j tokens.
         drafted = np.repeat([b.drafts is not None for b in blocks], size)
         steps = [b for b in blocks if b.drafts is not None]
@@ -193,7 +195,8 @@ class EmissionLog:
         values = np.stack([_host([b.drafts[i] for b in steps]) for i in range(3)])[:, mask]  # (3, M)
         depth = (np.arange(len(mask)) - np.repeat(np.cumsum(k) - k, k) + 1)[mask]
         result = KeptTokens(
-            token_entropy=token_entropy, step_k=k, step_kept=step_kept, depth=depth,
+            token_entropy=token_entropy, token_row=token_row, token_offset=token_offset, step_k=k,
+            step_kept=step_kept, depth=depth,
             row=np.repeat(rows[drafted], k)[mask], offset=np.repeat(starts[drafted], k)[mask],
             k=np.repeat(k, k)[mask], accepted=depth < np.repeat(step_kept, k)[mask], values=values)
         self._kept = (key, result)
@@ -224,6 +227,8 @@ class KeptTokens:
     """``EmissionLog.kept``: what the completions kept of a call's steps, flat, on the host."""
 
     token_entropy: np.ndarray  # (N,) H(p) of every kept token
+    token_row: np.ndarray  # (N,) its row of ``generate``
+    token_offset: np.ndarray  # (N,) its offset in the completion (tokens its row emitted before it)
     step_k: np.ndarray  # (V,) each verify step row's K
     step_kept: np.ndarray  # (V,) tokens it kept (0: none)
     depth: np.ndarray  # (M,) each kept draft position's depth, 1-based

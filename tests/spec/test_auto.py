@@ -569,7 +569,8 @@ def test_a_one_shot_call_learns_nothing_after_its_decision(monkeypatch):
     kwargs = dict(mtp=head, sampling=SamplingParams(temperature=1.0, max_new_tokens=24), seed=5)
     one_shot, decided = generate_auto(model, ToyTokenizer(), _prompts((3, 4, 6)), **kwargs)
     assert learnt == []
-    kept, decided_kept = generate_auto(model, ToyTokenizer(), _prompts((3, 4, 6)), chooser=AutoChooser(), **kwargs)
+    kept, decided_kept = generate_auto(model, ToyTokenizer(), _prompts((3, 4, 6)), chooser=AutoChooser(replay=False),
+                                       **kwargs)  # NOTE: a one-shot's chooser replays nothing
     assert learnt == ["settle", "end_call"]
     assert one_shot.token_ids == kept.token_ids
     assert (decided.mode, decided.speculate_k, decided.predictions) == \
