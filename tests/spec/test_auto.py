@@ -483,6 +483,28 @@ def test_between_probes_the_last_decision_is_kept(monkeypatch):
     assert again.probed and priced == [1] and chooser.held is again and again.mode == "rs"
 
 
+def test_a_held_call_makes_room_for_its_own_k_only(monkeypatch):
+    """A call keeping the held decision never switches: its decoder has room for the held K alone (the
+    tokens are those of room for K = 4, same seed) and a held plain call runs no head."""
+    model = peaked_model()
+    head = perturbed_head(model, 0.1)
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=24)
+    made, init = [], Decoder.__init__
+    monkeypatch.setattr(Decoder, "__init__", lambda self, *a, **kw: made.append(kw) or init(self, *a, **kw))
+    for mode, k in (("rs", 2), ("none", 0)):
+        chooser = AutoChooser()
+        chooser.held = auto.Decision(mode, k, 1.0, {config_name(mode, k): 1.0})
+        made.clear()
+        out, decision = generate_auto(model, ToyTokenizer(), _prompts((3, 4, 6)), mtp=head, sampling=sampling,
+                                      chooser=chooser, probe=False, seed=4)
+        assert not decision.probed and made[0]["max_speculate_k"] == k and (made[0]["mtp"] is None) == (k == 0)
+        roomy = Decoder(model, ToyTokenizer(), _prompts((3, 4, 6)), mtp=head, sampling=sampling, seed=4,
+                        spec=SpecConfig(mode, max(k, 1)), max_speculate_k=4)
+        while roomy.num_active:
+            roomy.step()
+        assert out.token_ids == roomy.result().token_ids
+
+
 def test_settle_holds_a_first_chosen_setting_for_one_call_until_a_probe_confirms_it():
     """A decision for a setting no decision chose before awaits a confirming probe (a chain of new
     settings, each); one for a setting chosen before is held; with confirm=False every decision is held."""
