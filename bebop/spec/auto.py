@@ -798,7 +798,7 @@ def generate_auto(
         raise BebopError(f"mode {spec.mode!r} needs an MTP head (--mtp)")
     private = chooser is None
     # NOTE: a one-shot chooser replays nothing: it has only this call's first tokens, and the replay's
-    # ~4 ms a decision (8 settings) would be a B = 1 call's ~8%
+    # ~1.7 ms a decision (8 settings) would be ~3% of a B = 1 call
     chooser = chooser if chooser is not None else AutoChooser(replay=False)
     chooser.acceptance.decay(DECAY)
     greedy = sampling.temperature == 0
