@@ -150,6 +150,7 @@ class RlAuto:
         self.every, self.calls, self.chooser, self.decision = every, 0, chooser or AutoChooser(), None
         self.choices: list[str] = []  # the setting each call chose
         self.forecasts: list[dict] = []  # per call after the first: {"new"|"old": {setting: tok/s}}
+        self.probes: list[dict] = []  # per probing call: its index, choice and every setting's predicted tok/s
 
     def forecast(self, batch: int, max_new: int) -> None:
         """The chooser's whole-call predictions before a call: tail-priced ("new"), and
@@ -167,6 +168,9 @@ class RlAuto:
                                                   seed)
         self.calls += 1
         self.choices.append(config_name(self.decision.mode, self.decision.speculate_k))
+        if self.decision.probed:
+            self.probes.append({"call": self.calls - 1, "chose": self.choices[-1],
+                                "predictions": dict(self.decision.predictions)})
         return seconds, tokens
 
 

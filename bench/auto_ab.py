@@ -57,7 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--calls", type=int, default=30, help="calls per chooser and per fixed setting")
     ap.add_argument("--auto-every", type=int, default=AUTO_EVERY, help="a probing call every this many calls")
     ap.add_argument("--max-new-tokens", type=int, default=48, help="completion tokens per row, EOS included")
-    ap.add_argument("--out", default=None, help="append each group's numbers to this JSONL file")
+    ap.add_argument("--out", default=None, help="append each group's numbers to this JSONL file (with each chooser's choices, probes and forecasts)")
     ap.add_argument("--quick", action="store_true", help="B 16, T 1, 3 calls, 1 chooser per kind")
     args = parse_common(ap, argv, QUICK, stat="pooled")
     args.repeats = args.calls  # read by rollout.header
@@ -82,7 +82,8 @@ def run_group(model, tok, head, batch: int, temperature: float, args) -> dict:
         group["choosers"][name] = {
             "arm": name.rstrip("0123456789"), "ratio": pooled_tok_s(calls[name]) / pooled_tok_s(calls[best]),
             "alone": pooled_tok_s(chosen) / pooled_tok_s(calls[best]) if len(chosen) == len(rl.choices) else None,
-            "choices": rl.choices}
+            "choices": rl.choices, "probes": rl.probes,  # NOTE: each probe's prices, to read a lock-in's cause
+            "forecasts": [f["new"] for f in rl.forecasts]}
     return group
 
 
