@@ -593,10 +593,9 @@ class AutoChooser:
         """The chooser ``to_state`` wrote; KeyError, TypeError or ValueError when the state does not fit."""
         chooser = cls(confirm=bool(state["confirm"]))
         chooser.tried = {str(name) for name in state["tried"]}
-        replay = chooser.acceptance.replay
         chooser.acceptance = Acceptance.from_state(state["acceptance"])
         if chooser.acceptance.replay is None:  # NOTE: a profile saved before the replay model starts one
-            chooser.acceptance.replay = replay
+            chooser.acceptance.replay = Replay()
         chooser.costs = StepCosts.from_state(state["costs"])
         chooser.lengths = Lengths([int(n) for n in state["lengths"]])
         chooser.prefill_s = float(state["prefill_s"])
