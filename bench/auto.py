@@ -1,6 +1,6 @@
 """Automatic mode/K (``bebop.spec.auto``) against the best fixed setting found by grid search, same run.
 
-    PYTHONPATH=. .venv/bin/python bench/auto.py --threads 1     # T 0.3/0.7/1, B 1/16/64, 40 repeats (80 at B = 1): 18-28 min
+    PYTHONPATH=. .venv/bin/python bench/auto.py --threads 1     # T 0.3/0.7/1, B 1/16/64, 80 repeats (160 at B = 1): ~22 min here
     PYTHONPATH=. .venv/bin/python bench/auto.py --quick         # B 16, T 1, 3 repeats: ~15 s
 
 Defaults: the embedded model and its e2e-TV head (both trained and cached on first use), the
@@ -95,6 +95,10 @@ QUICK = {"batch_sizes": [16], "temperatures": [1.0], "repeats": 3}
 # SMALL_BATCH // B times the repeats, at most SMALL_BATCH_MAX times (B = 1: 2x, ~1 min a group).
 # NOTE: 40 repeats, not 20: at B >= 16 a group's ratio moved by 3-5 points between runs of the same code
 # with 20, and 20 calls (two probes) are a short RL run: its first probe's models ruled half of it.
+# NOTE: 80, not 40: two calls of one setting and seed in the same repeat differ by a log-ratio of rms 0.14
+# (adjacent) to 0.18 (apart), whatever the canary says (B = 16, 80 repeats of three identical rs2 settings
+# among eight: the canary's or the neighbouring calls' correction left 0.16-0.20), so a pooled ratio of
+# 40 calls has a standard error of ~2.7% against the bar's 5% margin; 80 halve its variance.
 SMALL_BATCH, SMALL_BATCH_MAX = 16, 2
 BOOTSTRAP = 2000  # resamples of the repeats behind each 90% interval
 
@@ -104,7 +108,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64], help="rows B per call")
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.3, 0.7, 1.0], help="T (> 0)")
     ap.add_argument("--max-new-tokens", type=int, default=48, help="completion tokens per row, EOS included")
-    ap.add_argument("--repeats", type=int, default=40, help="timed calls per setting (more below 16 rows: SMALL_BATCH)")
+    ap.add_argument("--repeats", type=int, default=80, help="timed calls per setting (more below 16 rows: SMALL_BATCH)")
     ap.add_argument("--auto-every", type=int, default=AUTO_EVERY, help="RL-style auto: probe every this many calls (bebop rl's default)")
     ap.add_argument("--quick", action="store_true", help="B 16, T 1, 3 repeats; overrides those flags")
     return parse_common(ap, argv, QUICK)
