@@ -28,6 +28,13 @@ the prediction errors are on raw seconds (what the choosers timed).
                 from the chooser the previous call saved (its JSON state read back: nothing held
                 in memory), probing every AUTO_EVERY calls; the profile's file I/O is not timed
                 (a CLI call's model load dwarfs it). Pooled like RL-style.
+    oracle      a control, not a chooser: each repeat it runs the fixed setting with the best pooled
+                tok/s of the grid's calls made so far in the group (raw seconds; its first call, with
+                none made yet, plain), at no cost of its own and in a random slot like the others. What
+                a chooser that always knew the best would measure: its ratio to the best is the bar's
+                floor at this run's noise (the best of 9 noisy estimates is read high; the oracle's own
+                calls are not the ones that picked it), and RL-style / oracle (same repeats, same
+                seeds, pooled) is what the chooser's choices and own work cost, free of that bias.
 Columns:
     best        the grid's fastest setting and its tok/s.
     one-shot/best
@@ -47,11 +54,13 @@ Columns:
                 same repeat (same seed): what its probes, decisions and bookkeeping cost. The
                 summary adds RL-style's choices alone: the grid's calls of the setting it chose at
                 each call, pooled, over the best's (what it would reach at no cost of its own).
+    oracle/best the oracle's pooled tok/s over the best's, with a 90% bootstrap interval.
     noise       standard deviation / median of the best setting's repeats: the machine's noise (what
                 the speed correction leaves of it, in the corrected table).
 The bar (the README's "Automatic mode and K"): auto as ``bebop rl`` and ``bebop generate`` run it,
 RL-style and profiled, each within 5% of the best fixed setting (>= 0.95) in every (B, T); a line
-of each summary ("auto as bebop rl and bebop generate run it ...") says whether the run met it.
+of each summary ("auto as bebop rl and bebop generate run it ...") says whether the run met it, and
+the next how many groups the oracle met it in, and RL-style and profiled over the oracle.
 Prediction error, predicted / measured - 1:
     tail model  before each RL-style call after the first, its chooser's forecast of a whole call of
                 each grid setting (``AutoChooser.predict_call``: tail and prefill priced; median
@@ -85,6 +94,7 @@ from bebop.spec import SamplingParams, SpecConfig  # noqa: E402
 from bebop.spec.auto import AUTO, AutoChooser, candidates, config_name, generate_auto, predict  # noqa: E402
 
 SETTINGS = candidates(SpecConfig(AUTO, AUTO))  # none, to1..4, rs1..4
+GRID = [config_name(m, k) for m, k in SETTINGS]
 # NOTE: repeat r samples with seed r in every setting. One seed for all repeats would re-time a single
 # draw of each setting's acceptance: at B = 1 a setting's "speed" was then the luck of its one draw
 # (rs4 emitting 21 tokens in 4 steps where the expectation is 5.4), which no choice can predict.
@@ -111,6 +121,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=80, help="timed calls per setting (more below 16 rows: SMALL_BATCH)")
     ap.add_argument("--auto-every", type=int, default=AUTO_EVERY, help="RL-style auto: probe every this many calls (bebop rl's default)")
     ap.add_argument("--quick", action="store_true", help="B 16, T 1, 3 repeats; overrides those flags")
+    ap.add_argument("--out", default=None, help="JSONL, a line per group: every call's seconds and tokens, raw "
+                                                "and speed-corrected, the canary, each chooser's choices")
     return parse_common(ap, argv, QUICK)
 
 
@@ -239,10 +251,10 @@ def run_group(model, tok, head, batch: int, temperature: float, args) -> dict:
     """Every grid setting, one-shot, profiled and RL-style auto at (B, T), interleaved -> the group's
     calls, raw (``timed``) and at the machine's reference speed (the speed-corrected view, ``timing``)."""
     prompts = make_prompts(batch)
-    names = [config_name(m, k) for m, k in SETTINGS] + ["auto", "auto_profiled", "auto_rl"]
+    names = GRID + ["auto", "auto_profiled", "auto_rl", "oracle"]
     calls: dict[str, list[tuple[float, int]]] = {n: [] for n in names}  # (seconds, tokens) per repeat
     canary: dict[str, list[float]] = {n: [] for n in names}  # the canary around each call (``Speedometer``)
-    decisions, rl, profiled = [], RlAuto(args.auto_every), ProfiledAuto()
+    decisions, rl, profiled, oracle = [], RlAuto(args.auto_every), ProfiledAuto(), []
 
     def call(name: str, max_new: int, seed: int = 0) -> tuple[float, int]:
         if name == "auto":
@@ -253,12 +265,16 @@ def run_group(model, tok, head, batch: int, temperature: float, args) -> dict:
             return rl.call(model, tok, head, prompts, temperature, max_new, seed)
         if name == "auto_profiled":
             return profiled.call(model, tok, head, prompts, temperature, max_new, seed)
+        if name == "oracle":  # the grid's best so far: its calls of this group, raw seconds
+            ran = [n for n in GRID if calls[n]]
+            oracle.append(max(ran, key=lambda n: pooled_tok_s(calls[n])) if ran else GRID[0])
+            name = oracle[-1]
         mode, k = next((m, k) for m, k in SETTINGS if config_name(m, k) == name)
         seconds, result, _ = run_bebop(model, tok, head, prompts, Method(mode, k), temperature, max_new, seed=seed)
         return seconds, sum(result.lengths)
 
-    for name in names[:-2]:
-        call(name, 4)  # warmup (RL-style and profiled auto run the same code as auto and the grid)
+    for name in GRID + ["auto"]:
+        call(name, 4)  # warmup (RL-style and profiled auto run the same code as auto, the oracle as the grid)
     decisions.clear()
     speed = Speedometer(model)
     for r in range(repeats_at(batch, args.repeats)):
@@ -272,8 +288,8 @@ def run_group(model, tok, head, batch: int, temperature: float, args) -> dict:
              "rest_error": statistics.median([d.predicted_tok_s / d.measured_tok_s - 1 for d in decisions
                                               if d.measured_tok_s > 0] or [float("nan")]),  # nan: ended in the probe
              "rl_chosen": config_name(rl.decision.mode, rl.decision.speculate_k), "rl_choices": rl.choices,
-             "profiled_choices": profiled.choices,
-             "forecast": {kind: {n: statistics.median(f[kind][n] for f in rl.forecasts) for n in names[:-3]}
+             "profiled_choices": profiled.choices, "oracle_choices": oracle,
+             "forecast": {kind: {n: statistics.median(f[kind][n] for f in rl.forecasts) for n in GRID}
                           for kind in ("new", "old")} if rl.forecasts else None}
     timed = timing(group, calls)
     return {**timing(group, {n: corrected(v, canary[n], reference) for n, v in calls.items()}), "timed": timed}
@@ -294,15 +310,22 @@ def timing(group: dict, calls: dict[str, list[tuple[float, int]]]) -> dict:
 
 
 def _grid(g: dict, key: str = "tok_s") -> dict:
-    return {n: v for n, v in g[key].items() if not n.startswith("auto")}
+    return {n: g[key][n] for n in GRID}
 
 
-def interval(g: dict, name: str, resamples: int = BOOTSTRAP) -> tuple[float, float]:
-    """90% bootstrap interval of ``name``'s ratio to the best fixed setting: the repeats resampled with
-    replacement (the same indices for every setting, as they ran side by side), the best re-picked in
-    each resample. One-shot auto: medians; RL-style: pooled tokens / seconds. The RL-style chooser's
-    calls are treated as independent, which they are not quite (it learns across them)."""
-    names = [n for n in g["rates"] if not n.startswith("auto")] + [name]
+def interval(g: dict, name: str, against: str | None = None) -> tuple[float, float]:
+    """90% bootstrap interval of ``name``'s ratio to the best fixed setting (or to ``against``)."""
+    ratio = resampled(g, name, against)
+    return float(np.quantile(ratio, 0.05)), float(np.quantile(ratio, 0.95))
+
+
+def resampled(g: dict, name: str, against: str | None = None, resamples: int = BOOTSTRAP) -> np.ndarray:
+    """``name``'s ratio to the best fixed setting (or to ``against``) in each of ``resamples`` bootstrap
+    resamples: the repeats drawn with replacement (the same indices for every setting, as they ran
+    side by side, and for every ``name``: the draws are seeded), the best re-picked in each. One-shot
+    auto: medians; the others: pooled tokens / seconds. The RL-style chooser's calls are treated as
+    independent, which they are not quite (it learns across them)."""
+    names = ([against] if against else GRID) + [name]
     rates = np.array([g["rates"][n] for n in names])  # (settings, repeats)
     seconds = np.array([[c[0] for c in g["calls"][n]] for n in names])
     tokens = np.array([[c[1] for c in g["calls"][n]] for n in names])
@@ -311,19 +334,24 @@ def interval(g: dict, name: str, resamples: int = BOOTSTRAP) -> tuple[float, flo
         stat = np.median(rates[:, idx], axis=-1)  # (settings, S)
     else:
         stat = tokens[:, idx].sum(-1) / seconds[:, idx].sum(-1)
-    ratio = stat[-1] / stat[:-1].max(0)
-    return float(np.quantile(ratio, 0.05)), float(np.quantile(ratio, 0.95))
+    return stat[-1] / stat[:-1].max(0)
+
+
+def pass_rate(groups: list[dict], names: tuple[str, ...]) -> float:
+    """The share of bootstrap resamples in which every one of ``names`` is within 5% of the best in
+    every group (groups resampled independently, the names of a group together): how firmly the run's
+    repeats carry its verdict."""
+    return float(np.prod([np.mean(np.all([resampled(g, n) >= 0.95 for n in names], axis=0)) for g in groups]))
 
 
 def held_out(g: dict, name: str) -> float:
     """``name``'s ratio to the best fixed setting picked on the other half of the repeats (even / odd
     repeats, both ways, the two ratios averaged): the best of 9 noisy medians measures high on the
     repeats that picked it (the winner's curse); on the other half it measures what picking it gives."""
-    names = [n for n in g["rates"] if not n.startswith("auto")]
     ratios = []
     for half in (0, 1):
         pick, test = ([r for r in range(len(g["rates"][name])) if r % 2 == h] for h in (half, 1 - half))
-        best = max(names, key=lambda n: _stat(g, n, pick, name))
+        best = max(GRID, key=lambda n: _stat(g, n, pick, name))
         ratios.append(_stat(g, name, test, name) / _stat(g, best, test, name))
     return statistics.fmean(ratios)
 
@@ -352,18 +380,19 @@ def repeats_at(batch: int, repeats: int) -> int:
 def format_table(groups: list[dict]) -> str:
     lines = ["| B | T | repeats | best fixed | best tok/s | one-shot tok/s | one-shot/best [90%] | one-shot chose (times) | "
              "chosen/best | one-shot/its choice | profiled auto/best (pooled) [90%] | RL-style auto/best (pooled) [90%] | RL-style chose | "
-             "RL-style/its choice | noise (best's sd/median) |",
-             "|---:|---:|---:|:---|---:|---:|---:|:---|---:|---:|---:|---:|:---|---:|---:|"]
+             "RL-style/its choice | oracle/best (pooled) [90%] | noise (best's sd/median) |",
+             "|---:|---:|---:|:---|---:|---:|---:|:---|---:|---:|---:|---:|:---|---:|---:|---:|"]
     for g in groups:
         grid, pooled = _grid(g), _grid(g, "pooled")
         best, best_pooled = max(grid, key=grid.get), max(pooled.values())
-        (lo, hi), (rl_lo, rl_hi), (pr_lo, pr_hi) = interval(g, "auto"), interval(g, "auto_rl"), interval(g, "auto_profiled")
+        (lo, hi), (rl_lo, rl_hi), (pr_lo, pr_hi), (or_lo, or_hi) = (interval(g, n) for n in ("auto", "auto_rl", "auto_profiled", "oracle"))
         lines.append(
             f"| {g['B']} | {g['T']:g} | {len(g['decisions'])} | {best} | {grid[best]:.0f} | {g['tok_s']['auto']:.0f} | "
             f"{g['tok_s']['auto'] / grid[best]:.2f} [{lo:.2f}, {hi:.2f}] | {g['chosen']} ({g['chosen_count']}) | "
             f"{grid[g['chosen']] / grid[best]:.2f} | {g['auto_own']:.2f} | {g['pooled']['auto_profiled'] / best_pooled:.2f} "
             f"[{pr_lo:.2f}, {pr_hi:.2f}] | {g['pooled']['auto_rl'] / best_pooled:.2f} "
-            f"[{rl_lo:.2f}, {rl_hi:.2f}] | {g['rl_chosen']} | {g['rl_own']:.2f} | {noise(g):.0%} |")
+            f"[{rl_lo:.2f}, {rl_hi:.2f}] | {g['rl_chosen']} | {g['rl_own']:.2f} | {g['pooled']['oracle'] / best_pooled:.2f} "
+            f"[{or_lo:.2f}, {or_hi:.2f}] | {noise(g):.0%} |")
     return "\n".join(lines)
 
 
@@ -425,8 +454,19 @@ def summary(groups: list[dict], auto_every: int) -> str:
     missed = [f"B = {g['B']}, T = {g['T']:g}" for g, rl, pr in zip(groups, within["auto_rl"], within["auto_profiled"])
               if not (rl and pr)]
     lines.append(f"\nauto as bebop rl and bebop generate run it (RL-style and profiled) within 5% of the best in every "
-                 f"group: {'yes' if not missed else 'no (' + '; '.join(missed) + ')'}; a model's first call (one-shot): "
+                 f"group: {'yes' if not missed else 'no (' + '; '.join(missed) + ')'} (in "
+                 f"{pass_rate(groups, ('auto_rl', 'auto_profiled')):.0%} of bootstrap resamples of the repeats; the "
+                 f"oracle alone in {pass_rate(groups, ('oracle',)):.0%}); a model's first call (one-shot): "
                  f"{sum(within['auto'])} of {len(groups)}")
+    floor = [_ratio(g, "oracle") for g in groups]
+    lines.append(f"\noracle (the grid's best so far, at no cost) within 5% of the best in {sum(x >= 0.95 for x in floor)} "
+                 f"of {len(floor)} groups ({', '.join(f'{x:.2f}' for x in floor)}): the bar's floor at this run's noise")
+    for label, name in (("RL-style", "auto_rl"), ("profiled", "auto_profiled")):
+        over = [g["pooled"][name] / g["pooled"]["oracle"] for g in groups]
+        spans = [interval(g, name, against="oracle") for g in groups]
+        lines.append(f"\n{label} / oracle (same repeats and seeds, pooled): median {statistics.median(over):.3f}, "
+                     f"min {min(over):.3f}; per group " + ", ".join(f"{x:.2f} [{lo:.2f}, {hi:.2f}]"
+                                                                     for x, (lo, hi) in zip(over, spans)))
     choices = [g["rl_choices_tok_s"] / max(_grid(g, "pooled").values()) for g in groups]
     lines.append(f"\nRL-style's choices alone (the grid's calls of the setting it chose at each call, pooled)/best: "
                  f"median {statistics.median(choices):.2f}, min {min(choices):.2f}; within 5% in "
@@ -447,7 +487,8 @@ def main(argv: list[str] | None = None) -> None:
                   f"{groups[-1]['decisions']} (its calls / the grid's call of its choice, same repeat: median "
                   f"{groups[-1]['auto_own']:.3f}), profiled {groups[-1]['profiled_choices']}, "
                   f"RL-style {groups[-1]['rl_choices']} (the same: median "
-                  f"{groups[-1]['rl_own']:.3f}; canary {groups[-1]['canary'] * 1e3:.1f} ms)",
+                  f"{groups[-1]['rl_own']:.3f}; canary {groups[-1]['canary'] * 1e3:.1f} ms), oracle "
+                  f"{dict(collections.Counter(groups[-1]['oracle_choices']))}",
                   file=sys.stderr, flush=True)
     print("### auto vs the best fixed setting (tok/s at the machine's reference speed, medians; RL-style pooled)\n\n"
           + format_table(groups))
@@ -458,6 +499,10 @@ def main(argv: list[str] | None = None) -> None:
     print("\n### Prediction error (predicted / measured - 1, raw seconds)\n\n" + format_errors(timed))
     print("\n### Every setting: measured tok/s, raw seconds (RL-style chooser's forecast)\n\n" + format_grid(timed))
     print(f"\ntotal {time.perf_counter() - start:.0f}s, load {os.getloadavg()[0]:.1f} at the end")
+    if args.out:
+        tmp = Path(args.out).with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(g) + "\n" for g in groups))
+        os.replace(tmp, args.out)
 
 
 if __name__ == "__main__":
