@@ -59,8 +59,9 @@ Columns:
                 the speed correction leaves of it, in the corrected table).
 The bar (the README's "Automatic mode and K"): auto as ``bebop rl`` and ``bebop generate`` run it,
 RL-style and profiled, each within 5% of the best fixed setting (>= 0.95) in every (B, T); a line
-of each summary ("auto as bebop rl and bebop generate run it ...") says whether the run met it, and
-the next how many groups the oracle met it in, and RL-style and profiled over the oracle.
+of each summary ("auto as bebop rl and bebop generate run it ...") says whether the run met it (and in what
+share of bootstrap resamples); the lines after it give the oracle's groups within 5% and RL-style
+and profiled over the oracle.
 Prediction error, predicted / measured - 1:
     tail model  before each RL-style call after the first, its chooser's forecast of a whole call of
                 each grid setting (``AutoChooser.predict_call``: tail and prefill priced; median
