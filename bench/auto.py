@@ -25,8 +25,8 @@ the prediction errors are on raw seconds (what the choosers timed).
                 choice kept, no probe steps) in the others; tok/s pooled over its calls (the
                 probing call included), against the best setting's pooled tok/s.
     profiled    ``bebop generate`` with an auto profile (``bebop.spec.auto_profile``): each call starts
-                from the chooser the previous call saved (its JSON state read back when that call
-                ended: nothing held in memory), probing every AUTO_EVERY calls; the profile's file
+                from the chooser the previous call saved (its JSON state read back after that call's
+                canary: nothing held in memory), probing every AUTO_EVERY calls; the profile's file
                 I/O is not timed (a CLI call's model load dwarfs it). Pooled like RL-style.
     oracle      a control, not a chooser: each repeat it runs the fixed setting with the best pooled
                 tok/s of the grid's calls made so far in the group (raw seconds; its first call, with
@@ -63,8 +63,8 @@ of each summary ("auto as bebop rl and bebop generate run it ...") says whether 
 share of bootstrap resamples); the lines after it give the oracle's groups within 5% and RL-style
 and profiled over the oracle.
 Prediction error, predicted / measured - 1:
-    tail model  for each RL-style call after the first, its chooser's forecast (made when the call
-                before it ended) of a whole call of each grid setting (``AutoChooser.predict_call``:
+    tail model  for each RL-style call after the first, its chooser's forecast (made after the call
+                before it and its canary) of a whole call of each grid setting (``AutoChooser.predict_call``:
                 tail and prefill priced; median over the calls) against the grid's measured tok/s:
                 median |error| over the 9 settings, and the error at the best setting and at
                 RL-style's choice.
