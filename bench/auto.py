@@ -497,6 +497,13 @@ def summary(groups: list[dict], auto_every: int) -> str:
     return "\n".join(lines)
 
 
+def save_jsonl(path: str, rows: list[dict]) -> None:
+    """``rows`` as JSON lines at ``path``, written to a temp file and renamed: never half-written."""
+    tmp = Path(path).with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    os.replace(tmp, path)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     model, tok, head = open_bench(args, "auto.py")
@@ -521,9 +528,7 @@ def main(argv: list[str] | None = None) -> None:
     print("\n### Every setting: measured tok/s, raw seconds (RL-style chooser's forecast)\n\n" + format_grid(timed))
     print(f"\ntotal {time.perf_counter() - start:.0f}s, load {os.getloadavg()[0]:.1f} at the end")
     if args.out:
-        tmp = Path(args.out).with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps(g) + "\n" for g in groups))
-        os.replace(tmp, args.out)
+        save_jsonl(args.out, groups)
 
 
 if __name__ == "__main__":

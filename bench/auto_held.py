@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from auto import GRID, SETTINGS, RlAuto, open_bench, parse_common, run_auto  # noqa: E402
+from auto import GRID, SETTINGS, RlAuto, open_bench, parse_common, run_auto, save_jsonl  # noqa: E402
 from rollout import Method, make_prompts, run_bebop, run_order  # noqa: E402
 
 from bebop.spec.auto import AutoChooser, config_name  # noqa: E402
@@ -137,9 +137,7 @@ def main(argv: list[str] | None = None) -> None:
           + format_table(groups))
     print(f"\ntotal {time.perf_counter() - start:.0f}s")
     if args.out:
-        tmp = Path(args.out).with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps(g) + "\n" for g in groups))
-        tmp.replace(args.out)
+        save_jsonl(args.out, groups)
 
 
 if __name__ == "__main__":
