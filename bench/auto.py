@@ -246,6 +246,11 @@ def side_by_side(model, tok, head, prompts, fixed: dict[str, Method], choosers: 
     return timed, canary
 
 
+def round_trip(chooser: AutoChooser) -> AutoChooser:
+    """The chooser a profile would carry: its JSON state written and read back (an independent copy)."""
+    return AutoChooser.from_state(json.loads(json.dumps(chooser.to_state())))
+
+
 class ProfiledAuto:
     """Auto as ``bebop generate`` runs it with a profile: every call runs the chooser the previous call
     saved (its JSON text read back between the calls), probing every AUTO_EVERY calls."""
@@ -263,7 +268,7 @@ class ProfiledAuto:
 
     def between(self) -> None:
         """The chooser saved and read back, after a call and its canary reading (as ``RlAuto.between``)."""
-        self.chooser = AutoChooser.from_state(json.loads(json.dumps(self.chooser.to_state())))
+        self.chooser = round_trip(self.chooser)
 
 
 def run_group(model, tok, head, batch: int, temperature: float, args) -> dict:

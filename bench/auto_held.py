@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import time
 from pathlib import Path
@@ -33,10 +32,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from auto import GRID, SETTINGS, RlAuto, open_bench, parse_common, run_auto, save_jsonl  # noqa: E402
+from auto import GRID, SETTINGS, RlAuto, open_bench, parse_common, round_trip, run_auto, save_jsonl  # noqa: E402
 from rollout import Method, make_prompts, run_bebop, run_order  # noqa: E402
 
-from bebop.spec.auto import AutoChooser, config_name  # noqa: E402
+from bebop.spec.auto import config_name  # noqa: E402
 
 ARMS = ["fixed", "held", "held_after_forecast"]
 QUICK = {"batch_sizes": [16], "temperatures": [1.0], "repeats": 5, "warm": 2}
@@ -56,11 +55,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parse_common(ap, argv, QUICK, stat="geometric mean")
 
 
-def copy_chooser(chooser: AutoChooser) -> AutoChooser:
-    """An independent chooser in the same state (its JSON state read back)."""
-    return AutoChooser.from_state(json.loads(json.dumps(chooser.to_state())))
-
-
 def run_group(model, tok, head, batch: int, temperature: float, args) -> dict:
     """The arms at (B, T) -> {"B", "T", "setting", "calls": {arm: [(seconds, tokens), ...]}}."""
     prompts, max_new = make_prompts(batch), args.max_new_tokens
@@ -74,7 +68,7 @@ def run_group(model, tok, head, batch: int, temperature: float, args) -> dict:
     warm.chooser.held = dataclasses.replace(held, confirmed=True)
     setting = config_name(held.mode, held.speculate_k)
     method = Method(held.mode, held.speculate_k)
-    runners = {arm: RlAuto(10**9, copy_chooser(warm.chooser)) for arm in ARMS[1:]}
+    runners = {arm: RlAuto(10**9, round_trip(warm.chooser)) for arm in ARMS[1:]}
     calls = {arm: [] for arm in ARMS}
 
     def call(arm: str, seed: int) -> tuple[float, int]:
