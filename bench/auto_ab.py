@@ -10,7 +10,8 @@ chooser's run turns on a few early decisions, so one chooser per kind says littl
     arms        ``ARMS``: a name -> the ``AutoChooser`` keyword arguments of that kind (``confirm``:
                 the current chooser, a changed decision confirmed by a probe in the next call;
                 ``hold``: every decision held until the next scheduled probe; ``pooled``: each K's
-                alphas from the pooled depths, not replayed where its steps would start).
+                alphas from the pooled depths, not replayed where its steps would start; ``fresh``:
+                each probe's step costs its own, no ratios pooled over probes, ``CostShape``).
     calls       each chooser runs ``--calls`` calls as ``bench/auto.py``'s RL-style auto (``RlAuto``:
                 a probing call every ``--auto-every``); every fixed setting runs the same calls, call r
                 with sampling seed r, all in an order drawn anew for each call (``rollout.run_order``).
@@ -41,7 +42,7 @@ from rollout import Method, corrected, make_prompts  # noqa: E402
 from bebop.config import AUTO_EVERY  # noqa: E402
 from bebop.spec.auto import AutoChooser, config_name  # noqa: E402
 
-ARMS = {"confirm": {}, "hold": {"confirm": False}, "pooled": {"replay": False}}
+ARMS = {"confirm": {}, "hold": {"confirm": False}, "pooled": {"replay": False}, "fresh": {"pool_costs": False}}
 NAMES = [config_name(m, k) for m, k in SETTINGS]
 QUICK = {"batch_sizes": [16], "temperatures": [1.0], "calls": 3, "choosers": 1}
 

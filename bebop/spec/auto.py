@@ -84,6 +84,7 @@ GAMMA_PRIOR_STEPS = 30.0  # weight, in timed steps, of the other depths' gamma i
 PREFILL_TOKENS = 1  # tokens the prefill emits per row
 ROW_FIT_STEPS = 4  # fewest steps of a block that fits gamma (``StepCosts.fit_rows``), over rows spanning half the most
 RULES = ("rs", "to")  # acceptance rules, named as the modes that use them
+SHAPE_DECAY = 0.8  # weight kept by a batch size's earlier cost ratios at each probe (``CostShape``; ~5 probes)
 
 
 def candidates(spec: SpecConfig) -> list[tuple[str, int]]:
@@ -338,6 +339,10 @@ class StepCosts:
     row_slope: dict[int, float] = field(default_factory=dict)  # K -> gamma_K, fitted (``gamma``)
     row_stats: dict = field(default_factory=dict, repr=False)  # K -> [n, sum R, sum s, sum R^2, sum R s]
     prefill_slope: float | None = None  # c_verify per extra depth from the prefill, / scale (``fit_prefill``)
+    own: dict = field(default_factory=dict, repr=False)  # K or ("draft", K) -> this call's measured seconds / scale
+    shape: dict = field(default_factory=dict, repr=False)  # the same -> (cost / depth shape_ref's, weight) at shape_rows
+    shape_ref: int | None = None  # the depth ``shape``'s ratios are to (``CostShape``); None: no shape
+    shape_rows: float = 0.0  # rows ``shape``'s ratios were measured at
 
     def scale(self, rows, k: int):
         """1 + gamma_K rows: the cost of a step at ``rows`` rows and depth k in the units of ``seconds``."""
@@ -401,7 +406,9 @@ class StepCosts:
                              for key, entries in self.measured.items()],
                 "row_slope": {str(k): g for k, g in self.row_slope.items()},
                 "row_stats": {str(k): stats.tolist() for k, stats in self.row_stats.items()},
-                "prefill_slope": self.prefill_slope}
+                "prefill_slope": self.prefill_slope,
+                "shape": {_key_name(key): list(v) for key, v in self.shape.items()}, "shape_ref": self.shape_ref,
+                "shape_rows": self.shape_rows}
 
     @classmethod
     def from_state(cls, state: dict) -> StepCosts:
@@ -416,7 +423,9 @@ class StepCosts:
         if any(v.shape != (5,) for v in stats.values()):
             raise ValueError("row statistics are not 5 sums")
         costs = cls(measured=measured, row_slope={int(k): float(g) for k, g in state["row_slope"].items()},
-                    row_stats=stats, prefill_slope=state["prefill_slope"])
+                    row_stats=stats, prefill_slope=state["prefill_slope"],
+                    shape={_name_key(n): (float(r), float(w)) for n, (r, w) in state.get("shape", {}).items()},
+                    shape_ref=state.get("shape_ref"), shape_rows=float(state.get("shape_rows", 0.0)))
         costs._refresh()
         return costs
 
@@ -439,20 +448,36 @@ class StepCosts:
         self._refresh()
 
     def _refresh(self) -> None:
-        """``seconds``, ``weights`` and the drafting line from the measurements, all re-read at the newest gamma."""
-        drafts = []  # (K, seconds of drafting per step, weight)
+        """``seconds``, ``weights`` and the drafting line from the measurements, all re-read at the newest
+        gamma; with a ``shape`` (``use_shape``), every key it holds is depth shape_ref's cost times its ratio."""
         depths = {key[1] if isinstance(key, tuple) else key for key in self.measured}
         gammas = {k: self.gamma(k) for k in depths}  # NOTE: once per depth (a step's key and its drafting's)
+        weights = {}
         for key, entries in self.measured.items():
             total = sum(w for _, _, w in entries)
             gamma = gammas[key[1] if isinstance(key, tuple) else key]
-            value = sum(w * s / (1.0 + gamma * r) for r, s, w in entries) / total
-            if isinstance(key, tuple):
-                drafts.append((key[1], value, total))
-            else:
-                self.seconds[key], self.weights[key] = value, total
+            self.own[key], weights[key] = sum(w * s / (1.0 + gamma * r) for r, s, w in entries) / total, total
+        values = dict(self.own)
+        if self.shape_ref in self.own:
+            base = self.at_rows(self.shape_ref, self.shape_rows)
+            for key, (ratio, weight) in self.shape.items():
+                values[key] = ratio * base / self.scale(self.shape_rows, _depth(key))
+                weights.setdefault(key, weight)
+        drafts = [(key[1], v, weights[key]) for key, v in values.items() if isinstance(key, tuple)]
+        self.seconds = {k: v for k, v in values.items() if not isinstance(k, tuple)}
+        self.weights = {k: weights[k] for k in self.seconds}
         if drafts:
             self.draft_fixed, self.draft_s = _line(drafts, drafting=True)
+
+    def at_rows(self, key, rows: float) -> float:
+        """This call's own measured seconds of ``key`` (a depth, or ("draft", K)) at ``rows`` rows."""
+        return self.own[key] * self.scale(rows, _depth(key))
+
+    def use_shape(self, ratios: dict, ref: int, rows: float) -> None:
+        """Prices every key of ``ratios`` (key -> (cost / depth ref's, weight), ``CostShape.ratios``) from
+        depth ref's own cost, at ``rows`` rows."""
+        self.shape, self.shape_ref, self.shape_rows = ratios, ref, rows
+        self._refresh()
 
     def draft_seconds(self, k: int) -> float:
         """draft(K) = d_0 + K c_draft (0 for plain steps)."""
@@ -517,6 +542,74 @@ class StepCosts:
         return None if verify is None else verify + self.draft_seconds(k)
 
 
+def _depth(key) -> int:
+    """The depth of a cost key: K, or ("draft", K)."""
+    return key[1] if isinstance(key, tuple) else key
+
+
+def _key_name(key) -> str:
+    return f"draft{key[1]}" if isinstance(key, tuple) else str(key)
+
+
+def _name_key(name: str):
+    return ("draft", int(name[5:])) if name.startswith("draft") else int(name)
+
+
+@dataclass
+class CostShape:
+    """What each step costs relative to the deep probe's step at the same rows, pooled over probes per
+    batch size: a probe prices its settings from one or two timed steps each, and a step's time moves
+    from step to step by 10-17% (sd of log, within a call; B = 1 and 16), so one probe's ratios are noise.
+
+    Each probe adds log(cost / deep step's cost) of every key it timed (a depth's step, a depth's
+    drafting: ``StepCosts.measured``), older probes' weight decayed by SHAPE_DECAY. The probe's own
+    deep step then prices every key it timed (``StepCosts.use_shape``; the settings it did not time
+    follow from those, a line in K): the level is the moment's, the ratios are the memory's. A ratio
+    does not move with the machine's speed, so probes at other speeds pool.
+
+    Why: at B = 16, T = 0.7 a probe priced rs4 / rs2 with a sd of 6-9% (copies of one chooser, 40
+    probes; true ratio 0.98) from one plain and one rs4 step, and the step costs it read ranged 8-16
+    ms for one K = 4 step (13.7 ms median over calls).
+    """
+
+    sums: dict[int, dict[str, list[float]]] = field(default_factory=dict)  # batch -> key name -> [sum of log ratio, weight]
+
+    def add(self, batch: int, costs: StepCosts, ref: int) -> None:
+        """Decays the ratios at ``batch`` rows, then adds log(cost / depth ref's cost) of every key ``costs``
+        timed itself (``StepCosts.own``), at ``batch`` rows."""
+        table = self.sums.setdefault(batch, {})
+        for entry in table.values():
+            entry[0] *= SHAPE_DECAY
+            entry[1] *= SHAPE_DECAY
+        if ref not in costs.own:
+            return
+        base = costs.at_rows(ref, batch)
+        for key in costs.own:
+            value = costs.at_rows(key, batch)
+            if key != ref and value > 0 and base > 0:
+                entry = table.setdefault(_key_name(key), [0.0, 0.0])
+                entry[0] += math.log(value / base)
+                entry[1] += 1.0
+
+    def ratios(self, batch: int, keys=None) -> dict:
+        """key -> (geometric-mean cost / the deep step's, weight) at ``batch`` rows, of ``keys`` (default all)."""
+        return {_name_key(name): (math.exp(total / weight), weight)
+                for name, (total, weight) in self.sums.get(batch, {}).items()
+                if weight > 0 and (keys is None or _name_key(name) in keys)}
+
+    def to_state(self) -> dict:
+        return {str(batch): {name: list(entry) for name, entry in table.items()} for batch, table in self.sums.items()}
+
+    @classmethod
+    def from_state(cls, state: dict) -> CostShape:
+        """The shape ``to_state`` wrote; ValueError when an entry is not [sum, weight]."""
+        sums = {int(batch): {str(name): [float(x) for x in entry] for name, entry in table.items()}
+                for batch, table in state.items()}
+        if any(len(e) != 2 for table in sums.values() for e in table.values()):
+            raise ValueError("a cost ratio is not [sum of log ratio, weight]")
+        return cls(sums)
+
+
 def predict(mode: str, k: int, acceptance: Acceptance, costs: StepCosts, rows: float) -> float:
     """Predicted tokens/s of (mode, K) for ``rows`` decoding rows; 0 when the costs cannot say.
 
@@ -566,9 +659,10 @@ class AutoChooser:
     move a call's steps by ~18%), and the settings a run did not hold were priced 10-12% dear.
     """
 
-    def __init__(self, confirm: bool = True, replay: bool = True) -> None:
+    def __init__(self, confirm: bool = True, replay: bool = True, pool_costs: bool = True) -> None:
         self.acceptance = Acceptance(replay=Replay() if replay else None)
         self.costs = StepCosts()
+        self.shape = CostShape() if pool_costs else None  # the step costs' ratios across probes (``CostShape``)
         self.lengths = Lengths()
         self.prefill_s: float = 0.0  # seconds of the latest call's prefill
         self.held: Decision | None = None  # the latest probe's decision, kept by the calls until the next probe
@@ -586,12 +680,15 @@ class AutoChooser:
         return {"acceptance": self.acceptance.to_state(), "costs": self.costs.to_state(),
                 "lengths": self.lengths.seen, "prefill_s": self.prefill_s,
                 "held": held and {k: v if v == v else None for k, v in held.items()},  # NOTE: nan is not JSON
-                "confirm": self.confirm, "tried": sorted(self.tried)}
+                "confirm": self.confirm, "tried": sorted(self.tried),
+                "shape": self.shape.to_state() if self.shape is not None else None}
 
     @classmethod
     def from_state(cls, state: dict) -> AutoChooser:
         """The chooser ``to_state`` wrote; KeyError, TypeError or ValueError when the state does not fit."""
-        chooser = cls(confirm=bool(state["confirm"]))
+        shape = state.get("shape", {})  # NOTE: a profile saved before cost pooling starts a shape
+        chooser = cls(confirm=bool(state["confirm"]), pool_costs=shape is not None)
+        chooser.shape = CostShape.from_state(shape) if shape is not None else None
         chooser.tried = {str(name) for name in state["tried"]}
         chooser.acceptance = Acceptance.from_state(state["acceptance"])
         if chooser.acceptance.replay is None:  # NOTE: a profile saved before the replay model starts one
@@ -627,6 +724,18 @@ class AutoChooser:
         decision.confirmed = not (self.confirm and name not in self.tried)
         self.tried.add(name)
         self.held = decision
+
+    def price_from_shape(self, batch: int, ref: int) -> None:
+        """Prices what this call timed from depth ref's cost timed in it and the shape's ratios (``CostShape``);
+        the rest as before, from those (a line in K)."""
+        if self.shape is not None:
+            self.costs.use_shape(self.shape.ratios(batch, set(self.costs.measured)), ref, batch)
+
+    def pool_probe(self, batch: int, ref: int) -> None:
+        """Adds the probe's ratios to the shape, then prices from it (``CostShape.add``)."""
+        if self.shape is not None:
+            self.shape.add(batch, self.costs, ref)
+            self.price_from_shape(batch, ref)
 
     def observe(self, result: GenerationResult, mode: str, greedy: bool) -> None:
         """Learns from a call decoded at a fixed setting what a call between probes teaches: its alphas,
@@ -753,6 +862,7 @@ def _probe(decoder: Decoder, chooser: AutoChooser, options, setting, greedy: boo
         chooser.acceptance.observe(decoder.runner.log, [len(t) for t in decoder.runner.outputs], greedy,
                                    age=DECAY)  # NOTE: only the deep probe's positions
         chooser.costs.fit_prefill(depths[-1], len(decoder.prompt_ids), prompt_len, decoder.prefill_seconds)
+        chooser.price_from_shape(len(decoder.prompt_ids), depths[-1])
     if rule is not None and decoder.num_active:
         shallow = chooser.shallow_could_win(options, max(decoder.num_active, 1))
         if shallow is not None:
@@ -820,6 +930,8 @@ def generate_auto(
     if probe:
         prompt_len = statistics.fmean(len(p) for p in decoder.prompt_ids)
         first_step = _probe(decoder, chooser, options, setting, greedy, prompt_len)
+        if probe_rule(options) is not None:
+            chooser.pool_probe(len(decoder.prompt_ids), max_k)
         tail = chooser.lengths.rows(decoder.active_lengths(), sampling.max_new_tokens) if decoder.num_active else None
         decision = chooser.choose(options, rows=max(decoder.num_active, 1), tail=tail)
         decoder.set_spec(setting(decision.mode, decision.speculate_k))

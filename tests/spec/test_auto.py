@@ -16,11 +16,14 @@ What pins it:
 
 from __future__ import annotations
 
+import json
+import math
+
 import numpy as np
 import pytest
 
 from bebop.spec import auto
-from bebop.spec.auto import (Acceptance, AutoChooser, StepCosts, candidates, config_name, expected_accepted, generate_auto,
+from bebop.spec.auto import (Acceptance, AutoChooser, CostShape, StepCosts, candidates, config_name, expected_accepted, generate_auto,
                              predict)
 from bebop.spec.engine import Decoder, SamplingParams, SpecConfig, generate
 from bebop.utils.io import BebopError
@@ -562,6 +565,65 @@ def test_a_probe_times_afresh_and_keeps_the_acceptance_and_lengths(monkeypatch):
     fresh = AutoChooser()
     fresh.acceptance.observe(out.log, out.lengths, greedy=False, age=auto.DECAY)
     assert chooser.acceptance.weights[0] == pytest.approx(50 * auto.DECAY + fresh.acceptance.weights[0])
+
+
+def test_cost_ratios_pool_over_probes_by_hand():
+    """Each probe adds log(cost / the deep step's cost) of every key it timed (a depth's step, its
+    drafting), older probes decayed; the probe's own deep step is the level, the pooled ratios price
+    the keys it timed (its own timings kept apart), a key it did not time is not priced from them, and
+    another batch size keeps its own ratios."""
+    shape, probes = CostShape(), [StepCosts() for _ in range(3)]
+    for costs, plain, deep in zip(probes, (0.004, 0.006), (0.016, 0.012)):
+        costs.observe(0, [(4, plain, 0.0)])
+        costs.observe(4, [(4, deep, deep / 4)])
+        shape.add(4, costs, ref=4)
+    ratio = math.exp((auto.SHAPE_DECAY * math.log(0.25) + math.log(0.5)) / (auto.SHAPE_DECAY + 1))
+    assert shape.ratios(4)[0] == pytest.approx((ratio, auto.SHAPE_DECAY + 1))
+    assert shape.ratios(4)[("draft", 4)] == pytest.approx((0.25, auto.SHAPE_DECAY + 1))  # a quarter in both
+    second = probes[1]
+    second.use_shape(shape.ratios(4, set(second.measured)), ref=4, rows=4)
+    assert second.seconds[4] == pytest.approx(0.012) and second.seconds[0] == pytest.approx(0.012 * ratio)
+    assert second.own[0] == pytest.approx(0.006) and second.draft_s == pytest.approx(0.003 / 4)
+    assert shape.ratios(16) == {} and set(shape.sums) == {4}
+    third = probes[2]  # a probe that also timed K = 2; the next one did not
+    third.observe(0, [(4, 0.005, 0.0)])
+    third.observe(2, [(4, 0.008, 0.002)])
+    third.observe(4, [(4, 0.010, 0.0025)])
+    shape.add(4, third, ref=4)
+    fourth = StepCosts()
+    fourth.observe(0, [(4, 0.005, 0.0)])
+    fourth.observe(4, [(4, 0.010, 0.0025)])
+    shape.add(4, fourth, ref=4)
+    fourth.use_shape(shape.ratios(4, set(fourth.measured)), ref=4, rows=4)
+    assert 2 in shape.ratios(4) and 2 not in fourth.seconds and fourth.step_seconds(2) is not None  # from the line
+    assert CostShape.from_state(json.loads(json.dumps(shape.to_state()))) == shape
+    with pytest.raises(ValueError):
+        CostShape.from_state({"4": {"0": [1.0]}})
+
+
+def test_a_probing_call_pools_its_cost_ratios(monkeypatch):
+    """A probing call adds its timed keys' ratios to the chooser's shape (one plain ratio a probe) and
+    prices them from its deep step; ``pool_costs=False`` prices each probe from its own steps, and a
+    chooser saved without a shape (an older profile) starts one."""
+    monkeypatch.setattr(AutoChooser, "shallow_could_win", lambda self, options, rows: None)
+    model = peaked_model()
+    head = perturbed_head(model, 0.1)
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=24)
+    pooled, own = AutoChooser(), AutoChooser(pool_costs=False)
+    for chooser in (pooled, own):
+        for seed in range(2):
+            generate_auto(model, ToyTokenizer(), _prompts((3, 4, 6)), mtp=head, chooser=chooser, seed=seed,
+                          sampling=sampling)
+    costs, (ratio, weight) = pooled.costs, pooled.shape.ratios(3)[0]
+    assert weight == pytest.approx(auto.SHAPE_DECAY + 1) and costs.shape_ref == 4
+    assert costs.seconds[0] == pytest.approx(ratio * costs.at_rows(4, 3) / costs.scale(3, 0))
+    assert own.shape is None and own.costs.seconds == {k: v for k, v in own.costs.own.items() if isinstance(k, int)}
+    restored = AutoChooser.from_state(json.loads(json.dumps(pooled.to_state())))
+    assert restored.costs.seconds == costs.seconds and restored.shape == pooled.shape
+    assert AutoChooser.from_state(json.loads(json.dumps(own.to_state()))).shape is None
+    older = pooled.to_state()
+    del older["shape"]
+    assert AutoChooser.from_state(json.loads(json.dumps(older))).shape == CostShape()
 
 
 def test_a_one_shot_call_learns_nothing_after_its_decision(monkeypatch):

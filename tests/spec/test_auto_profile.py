@@ -85,6 +85,7 @@ def test_the_key_follows_sampling_and_the_model_files(tmp_path):
     (lambda d: d["chooser"]["acceptance"]["sums"]["rs"].append(1.0), "is corrupt"),
     (lambda d: d.update(calls=-1), "is corrupt"),
     (lambda d: d["chooser"]["held"].pop("mode"), "is corrupt"),
+    (lambda d: d["chooser"].update(shape={"3": {"0": [1.0]}}), "is corrupt"),
 ])
 def test_a_profile_that_does_not_fit_is_refused_and_kept(tmp_path, edit, message):
     path, key = tmp_path / "p.json", _key(tmp_path)
