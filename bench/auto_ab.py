@@ -20,6 +20,9 @@ chooser's run turns on a few early decisions, so one chooser per kind says littl
     alone       the fixed calls of the settings a chooser chose, pooled, over the best's: its choices
                 without its probes' cost.
     within 5%   choosers with ratio >= 0.95 (bench/auto.py's bar, per chooser rather than per group).
+    price noise over a chooser's probes after its first, the sd of log(a fixed setting's price / the
+                best's), mean over the settings (``probe_prices``): how much its probes' prices wander.
+    probes chose  the fixed ratio of the settings those probes chose, mean.
 The summary gives each arm's mean ratio over all groups and the difference to the first arm with its
 standard error over the groups (paired: same group, same calls), and how many calls each arm spent
 at each setting. Lines of ``--out`` (JSONL, appended) hold every group's numbers.
@@ -30,6 +33,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import math
 import statistics
 import sys
 import time
@@ -80,12 +84,29 @@ def run_group(model, tok, head, batch: int, temperature: float, args) -> dict:
              "fixed": {n: pooled_tok_s(calls[n]) / pooled_tok_s(calls[best]) for n in fixed}, "choosers": {}}
     for name, rl in choosers.items():
         chosen = [calls[c][r] for r, c in enumerate(rl.choices) if c in fixed]
+        noise, quality = probe_prices(rl.probes, group["fixed"], best)
         group["choosers"][name] = {
             "arm": name.rstrip("0123456789"), "ratio": pooled_tok_s(calls[name]) / pooled_tok_s(calls[best]),
             "alone": pooled_tok_s(chosen) / pooled_tok_s(calls[best]) if len(chosen) == len(rl.choices) else None,
+            "price_noise": noise, "probe_quality": quality,
             "choices": rl.choices, "probes": rl.probes,  # NOTE: each probe's prices, to read a lock-in's cause
             "forecasts": [f["new"] for f in rl.forecasts]}
     return group
+
+
+def probe_prices(probes: list[dict], fixed: dict[str, float], best: str) -> tuple[float | None, float | None]:
+    """(noise, quality) of a chooser's probes after its first: the sd over them of log(a fixed setting's
+    price / the best's), mean over the other fixed settings (None under two probes); and the fixed
+    calls' ratio of the settings they chose, mean."""
+    later = probes[1:]
+    if not later:
+        return None, None
+    quality = statistics.fmean(fixed.get(p["chose"], 0.0) for p in later)
+    if len(later) < 2:
+        return None, quality
+    spreads = [statistics.stdev(math.log(p["predictions"][n] / p["predictions"][best]) for p in later)
+               for n in fixed if n != best and all(p["predictions"].get(n, 0) > 0 for p in later)]
+    return (statistics.fmean(spreads) if spreads else None), quality
 
 
 def arm_mean(group: dict, arm: str, key: str = "ratio") -> float:
@@ -97,7 +118,8 @@ def format_group(group: dict, arms: list[str]) -> str:
     lines = [f"B={group['B']} T={group['T']}: best {group['best']}; fixed " +
              " ".join(f"{n} {r:.3f}" for n, r in group["fixed"].items())]
     for arm in arms:
-        lines.append(f"  {arm:<8} ratio {arm_mean(group, arm):.3f}  alone {arm_mean(group, arm, 'alone'):.3f}")
+        lines.append(f"  {arm:<8} ratio {arm_mean(group, arm):.3f}  alone {arm_mean(group, arm, 'alone'):.3f}  "
+                     f"price noise {arm_mean(group, arm, 'price_noise'):.3f}  probes chose {arm_mean(group, arm, 'probe_quality'):.3f}")
         for name, c in group["choosers"].items():
             if c["arm"] == arm:
                 lines.append(f"    {name:<10} {c['ratio']:.3f}  {' '.join(c['choices'])}")
@@ -112,7 +134,9 @@ def summary(groups: list[dict], arms: list[str]) -> str:
         spent = collections.Counter(x for g in groups for c in g["choosers"].values() if c["arm"] == arm
                                     for x in c["choices"])
         line = (f"  {arm:<8} mean {statistics.fmean(arm_mean(g, arm) for g in groups):.4f}  within 5% "
-                f"{sum(r >= 0.95 for r in ratios)} of {len(ratios)}  calls " +
+                f"{sum(r >= 0.95 for r in ratios)} of {len(ratios)}  price noise "
+                f"{statistics.median(arm_mean(g, arm, 'price_noise') for g in groups):.3f} (median)  probes chose "
+                f"{statistics.fmean(arm_mean(g, arm, 'probe_quality') for g in groups):.3f}  calls " +
                 " ".join(f"{n} {spent[n]}" for n in NAMES if spent[n]))
         if arm != base:
             diffs = [100 * (arm_mean(g, arm) - arm_mean(g, base)) for g in groups]

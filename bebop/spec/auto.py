@@ -23,7 +23,9 @@ the setting with the highest predicted tokens/s. An RL run (``bebop.rollout``) p
 ``auto_every`` steps and, in between, runs the last decision (``probe=False``: no probe step, no
 pricing); a setting chosen for the first time is confirmed by a probe in the next call
 (``AutoChooser.settle``). A probe times its step costs afresh (``AutoChooser.restart``): every
-setting it compares is timed in the same call, at the machine's speed of that moment. What the
+setting it compares is timed in the same call, at the machine's speed of that moment; their ratios
+to the deep K's step are pooled over the probes at that batch size (``CostShape``: the level is the
+call's, the shape across depths the memory's, as a step's own noise is 10-17%). What the
 policy sets, the acceptance (decayed) and the completion lengths, is carried from call to call:
 it needs many positions and moves only as the policy does.
 
@@ -324,7 +326,9 @@ class StepCosts:
     3.4% (B = 16, 64).
 
     Each depth's cost is the mean of its measurements (the median step of a block of steps),
-    weighted by their timed steps. The costs are a probing call's own (``AutoChooser.restart``).
+    weighted by their timed steps. The costs are a probing call's own (``AutoChooser.restart``);
+    with a shape (``use_shape``), each depth and drafting the call timed is its deep depth's cost
+    times the ratio pooled over probes (``CostShape``).
 
     Example: steps of 9 ms at K=1 and 16 ms at K=4 with c_draft = 2 ms give c_verify = 6.67 + K/3 ms,
     so step(2) = 4 + 7.33 = 11.33 ms.
@@ -450,12 +454,11 @@ class StepCosts:
     def _refresh(self) -> None:
         """``seconds``, ``weights`` and the drafting line from the measurements, all re-read at the newest
         gamma; with a ``shape`` (``use_shape``), every key it holds is depth shape_ref's cost times its ratio."""
-        depths = {key[1] if isinstance(key, tuple) else key for key in self.measured}
-        gammas = {k: self.gamma(k) for k in depths}  # NOTE: once per depth (a step's key and its drafting's)
+        gammas = {k: self.gamma(k) for k in {_depth(key) for key in self.measured}}  # NOTE: once per depth
         weights = {}
         for key, entries in self.measured.items():
             total = sum(w for _, _, w in entries)
-            gamma = gammas[key[1] if isinstance(key, tuple) else key]
+            gamma = gammas[_depth(key)]
             self.own[key], weights[key] = sum(w * s / (1.0 + gamma * r) for r, s, w in entries) / total, total
         values = dict(self.own)
         if self.shape_ref in self.own:
@@ -569,7 +572,10 @@ class CostShape:
 
     Why: at B = 16, T = 0.7 a probe priced rs4 / rs2 with a sd of 6-9% (copies of one chooser, 40
     probes; true ratio 0.98) from one plain and one rs4 step, and the step costs it read ranged 8-16
-    ms for one K = 4 step (13.7 ms median over calls).
+    ms for one K = 4 step (13.7 ms median over calls). Pooled: 1-2.5% (copies of a warm chooser, B = 1
+    and 16), and over an RL-style chooser's probes bench/auto_ab.py's price noise fell from 0.083 to
+    0.052 (median of 6 groups; at B = 16 halved), throughput within that bench's noise; bench/auto.py's
+    B = 16 choosers held rs2 after their first probes (bench/README.md).
     """
 
     sums: dict[int, dict[str, list[float]]] = field(default_factory=dict)  # batch -> key name -> [sum of log ratio, weight]
@@ -650,7 +656,7 @@ class AutoChooser:
 
     The acceptance evidence (decayed by DECAY each call) and the completion lengths (the newest
     ``bebop.spec.tail.HISTORY``) are kept across calls; the step costs are a probe's own
-    (``restart``). Measured side by side (bench/README.md; RL-style choosers beside fixed settings,
+    (``restart``), their ratios across depths pooled over probes (``CostShape``). Measured side by side (bench/README.md; RL-style choosers beside fixed settings,
     B = 16 and 64, T = 0.3 and 1, 30 calls): step costs carried across calls, corrected by a running
     calibration, re-timed by explored blocks and re-priced between probes, ran 1.5 points of
     throughput behind probes that time afresh with a choice held in between (0.961 against 0.976
