@@ -119,7 +119,8 @@ def format_group(group: dict, arms: list[str]) -> str:
              " ".join(f"{n} {r:.3f}" for n, r in group["fixed"].items())]
     for arm in arms:
         lines.append(f"  {arm:<8} ratio {arm_mean(group, arm):.3f}  alone {arm_mean(group, arm, 'alone'):.3f}  "
-                     f"price noise {arm_mean(group, arm, 'price_noise'):.3f}  probes chose {arm_mean(group, arm, 'probe_quality'):.3f}")
+                     f"price noise {arm_mean(group, arm, 'price_noise'):.3f}  "
+                     f"probes chose {arm_mean(group, arm, 'probe_quality'):.3f}")
         for name, c in group["choosers"].items():
             if c["arm"] == arm:
                 lines.append(f"    {name:<10} {c['ratio']:.3f}  {' '.join(c['choices'])}")

@@ -344,7 +344,7 @@ class StepCosts:
     row_stats: dict = field(default_factory=dict, repr=False)  # K -> [n, sum R, sum s, sum R^2, sum R s]
     prefill_slope: float | None = None  # c_verify per extra depth from the prefill, / scale (``fit_prefill``)
     own: dict = field(default_factory=dict, repr=False)  # K or ("draft", K) -> this call's measured seconds / scale
-    shape: dict = field(default_factory=dict, repr=False)  # the same -> (cost / depth shape_ref's, weight) at shape_rows
+    shape: dict = field(default_factory=dict, repr=False)  # the same -> (cost / shape_ref's, weight) at shape_rows
     shape_ref: int | None = None  # the depth ``shape``'s ratios are to (``CostShape``); None: no shape
     shape_rows: float = 0.0  # rows ``shape``'s ratios were measured at
 
@@ -578,7 +578,7 @@ class CostShape:
     B = 16 choosers held rs2 after their first probes (bench/README.md).
     """
 
-    sums: dict[int, dict[str, list[float]]] = field(default_factory=dict)  # batch -> key name -> [sum of log ratio, weight]
+    sums: dict[int, dict[str, list[float]]] = field(default_factory=dict)  # batch -> key -> [sum log ratio, weight]
 
     def add(self, batch: int, costs: StepCosts, ref: int) -> None:
         """Decays the ratios at ``batch`` rows, then adds log(cost / depth ref's cost) of every key ``costs``
@@ -656,8 +656,9 @@ class AutoChooser:
 
     The acceptance evidence (decayed by DECAY each call) and the completion lengths (the newest
     ``bebop.spec.tail.HISTORY``) are kept across calls; the step costs are a probe's own
-    (``restart``), their ratios across depths pooled over probes (``CostShape``). Measured side by side (bench/README.md; RL-style choosers beside fixed settings,
-    B = 16 and 64, T = 0.3 and 1, 30 calls): step costs carried across calls, corrected by a running
+    (``restart``), their ratios across depths pooled over probes (``CostShape``). Measured side by
+    side (bench/README.md; RL-style choosers beside fixed settings, B = 16 and 64, T = 0.3 and 1, 30
+    calls): absolute step costs carried across calls, corrected by a running
     calibration, re-timed by explored blocks and re-priced between probes, ran 1.5 points of
     throughput behind probes that time afresh with a choice held in between (0.961 against 0.976
     of the best, 3 runs), and carrying the lengths as well as the acceptance added 0.75 points (2

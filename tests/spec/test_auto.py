@@ -5,7 +5,8 @@ What pins it:
     the a + b K cost fit, and the choice as the argmax of the predictions (none wins when drafts
     are rarely accepted, to when its alpha is higher at low entropy, rs at high entropy).
   * the models on a real call: the acceptance equals the engine's per-depth means (T > 0) and its
-    accept counts (T = 0).
+    accept counts (T = 0); a probe's step-cost ratios pooled over probes (``CostShape``) by hand
+    and through probing calls.
   * generate_auto: probes, then runs the choice; token-identical to plain greedy decoding at T = 0
     (both auto flags, EOS, a batch of different prompt lengths); by chi-square against the
     enumerated distribution, exact at T = 1 with the setting switched within the first 3 tokens
@@ -23,8 +24,8 @@ import numpy as np
 import pytest
 
 from bebop.spec import auto
-from bebop.spec.auto import (Acceptance, AutoChooser, CostShape, StepCosts, candidates, config_name, expected_accepted, generate_auto,
-                             predict)
+from bebop.spec.auto import (Acceptance, AutoChooser, CostShape, StepCosts, candidates, config_name,
+                             expected_accepted, generate_auto, predict)
 from bebop.spec.engine import Decoder, SamplingParams, SpecConfig, generate
 from bebop.utils.io import BebopError
 from tests.spec.test_engine import (
