@@ -509,20 +509,27 @@ def save_jsonl(path: str, rows: list[dict]) -> None:
     os.replace(tmp, path)
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    model, tok, head = open_bench(args, "auto.py")
+def run_groups(args: argparse.Namespace, run, note) -> tuple[list[dict], float]:
+    """``run(batch, temperature)`` at every (B, T) of ``args``, B outer, with a progress line on stderr
+    after each ("[seconds] done B=.. T=..: " + ``note(group)``) -> (the groups, the start time)."""
     start, groups = time.perf_counter(), []
     for batch in args.batch_sizes:
         for temperature in args.temperatures:
-            groups.append(run_group(model, tok, head, batch, temperature, args))
-            print(f"[{time.perf_counter() - start:.0f}s] done B={batch} T={temperature:g}: auto chose "
-                  f"{groups[-1]['decisions']} (its calls / the grid's call of its choice, same repeat: median "
-                  f"{groups[-1]['auto_own']:.3f}), profiled {groups[-1]['profiled_choices']}, "
-                  f"RL-style {groups[-1]['rl_choices']} (the same: median "
-                  f"{groups[-1]['rl_own']:.3f}; canary {groups[-1]['canary'] * 1e3:.1f} ms), oracle "
-                  f"{dict(collections.Counter(groups[-1]['oracle_choices']))}",
+            groups.append(run(batch, temperature))
+            print(f"[{time.perf_counter() - start:.0f}s] done B={batch} T={temperature:g}: {note(groups[-1])}",
                   file=sys.stderr, flush=True)
+    return groups, start
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    model, tok, head = open_bench(args, "auto.py")
+    groups, start = run_groups(
+        args, lambda batch, temperature: run_group(model, tok, head, batch, temperature, args),
+        lambda g: f"auto chose {g['decisions']} (its calls / the grid's call of its choice, same repeat: median "
+                  f"{g['auto_own']:.3f}), profiled {g['profiled_choices']}, RL-style {g['rl_choices']} (the same: "
+                  f"median {g['rl_own']:.3f}; canary {g['canary'] * 1e3:.1f} ms), oracle "
+                  f"{dict(collections.Counter(g['oracle_choices']))}")
     print("### auto vs the best fixed setting (tok/s at the machine's reference speed, medians; RL-style pooled)\n\n"
           + format_table(groups))
     print(summary(groups, args.auto_every))

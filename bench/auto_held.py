@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from auto import GRID, SETTINGS, RlAuto, open_bench, parse_common, round_trip, run_auto, save_jsonl  # noqa: E402
+from auto import GRID, SETTINGS, RlAuto, open_bench, parse_common, round_trip, run_auto, run_groups, save_jsonl  # noqa: E402
 from rollout import Method, make_prompts, run_bebop, run_order  # noqa: E402
 
 from bebop.spec.auto import config_name  # noqa: E402
@@ -121,12 +121,8 @@ def format_table(groups: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     model, tok, head = open_bench(args, "auto_held.py")
-    start, groups = time.perf_counter(), []
-    for batch in args.batch_sizes:
-        for temperature in args.temperatures:
-            groups.append(run_group(model, tok, head, batch, temperature, args))
-            print(f"[{time.perf_counter() - start:.0f}s] done B={batch} T={temperature:g}: held {groups[-1]['setting']}",
-                  file=sys.stderr, flush=True)
+    groups, start = run_groups(args, lambda batch, temperature: run_group(model, tok, head, batch, temperature, args),
+                               lambda g: f"held {g['setting']}")
     print("### Held auto calls vs generate at the held setting (same tokens; speed = fixed seconds / arm seconds)\n\n"
           + format_table(groups))
     print(f"\ntotal {time.perf_counter() - start:.0f}s")
