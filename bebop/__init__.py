@@ -6,7 +6,7 @@ exact samples of the policy. Folders are the method's parts:
 
 - ``bebop.mtp``: the MTP draft head, its training (``train_mtp``) and exact evaluation (``evaluate_mtp``).
 - ``bebop.losses``: draft objectives (CE, forward/reverse KL, TV, end-to-end TV).
-- ``bebop.spec``: speculative decoding: verification (``rejection_sample``) and the batched engine.
+- ``bebop.speculative``: speculative decoding: verification (``rejection_sample``) and the batched engine.
 - ``bebop.rl``: GRPO with speculative rollouts.
 - ``bebop.analysis``: acceptance-versus-entropy fits, plots and reports.
 - ``bebop.task``: the embedded synthetic task and the math task.

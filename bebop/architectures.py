@@ -3,7 +3,7 @@
 A supported architecture is one whose every part Bebop touches is tested here: the engine's
 target logits equal the model's own forward pass (sliding windows and soft-capping included), and
 an MTP head built from its decoder layer, norm and rotary embedding trains and drafts. Each entry
-is tested in tests/spec/test_attention.py and tests/mtp/test_train.py on a tiny model of its class.
+is tested in tests/speculative/test_attention.py and tests/mtp/test_train.py on a tiny model of its class.
 
 GPT-2, GPT-NeoX, OPT and Phi-1/2 are refused: an MTP layer is built from the backbone's
 decoder-layer class, RMS norm and rotary embedding, and their blocks use LayerNorm and, for GPT-2

@@ -180,9 +180,9 @@ def cmd_eval_mtp(args) -> None:
 
 # ---------------------------------------------------------------------------------------------- generate
 def _auto_profile(args, model, sampling, spec) -> tuple[Path, dict] | None:
-    """(path, key) of generate's auto profile (``bebop.spec.auto_profile``); None for --auto-profile none."""
+    """(path, key) of generate's auto profile (``bebop.speculative.auto.profile``); None for --auto-profile none."""
     from bebop import embedded
-    from bebop.spec import auto_profile as profiles
+    from bebop.speculative.auto import profile as profiles
     from bebop.utils.io import check_output_file
 
     if args.auto_profile == "none":
@@ -198,10 +198,10 @@ def _auto_profile(args, model, sampling, spec) -> tuple[Path, dict] | None:
 
 def cmd_generate(args) -> None:
     from bebop.rollout.base import backend_class, make_backend
-    from bebop.spec import SamplingParams, SpecConfig
-    from bebop.spec import auto_profile as profiles
-    from bebop.spec.auto import candidates
-    from bebop.spec.engine import check_sampling
+    from bebop.speculative import SamplingParams, SpecConfig
+    from bebop.speculative.auto import profile as profiles
+    from bebop.speculative.auto.chooser import candidates
+    from bebop.speculative.engine import check_sampling
     from bebop.utils.io import atomic_write_text, check_output_file, write_json
     from bebop.utils.tokens import encode_prompt
 
@@ -286,10 +286,10 @@ def _read_prompts(path: str | None, num: int) -> list:
 # ---------------------------------------------------------------------------------------------- check-lossless
 def cmd_check_lossless(args) -> int:
     from bebop.rollout.base import backend_class
-    from bebop.spec.lossless import (
+    from bebop.speculative.check.lossless import (
         LOSSLESS_CONFIGS, default_prompts, format_lossless_table, run_lossless_checks, summarize_checks,
     )
-    from bebop.spec.reference import run_reference_checks
+    from bebop.speculative.check.reference import run_reference_checks
     from bebop.utils.tokens import encode_prompt
 
     backend_class(args.backend)  # NOTE: a missing optional package fails here, before the model loads
@@ -309,7 +309,7 @@ def cmd_check_lossless(args) -> int:
 def _check_other_backend(args, model, tok, head, prompts) -> list:
     """Another engine's speculative sampling against its own plain sampling and against Bebop's engine's."""
     from bebop.rollout.base import make_backend
-    from bebop.spec.lossless import BACKEND_LOSSLESS_CONFIGS, run_lossless_checks
+    from bebop.speculative.check.lossless import BACKEND_LOSSLESS_CONFIGS, run_lossless_checks
 
     backend = make_backend(args.backend, model, tok, head, seed=args.seed)
     references = {f"{args.backend} plain": backend, "Bebop plain": make_backend("engine", model, tok, head)}

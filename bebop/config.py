@@ -16,7 +16,7 @@ from typing import Any, Callable, NamedTuple, TypeVar
 from bebop.utils.io import BebopError
 
 T = TypeVar("T")
-AUTO = "auto"  # the value of mode / speculate_k that asks bebop.spec.auto to choose
+AUTO = "auto"  # the value of mode / speculate_k that asks bebop.speculative.auto.chooser to choose
 AUTO_MAX_K = 4  # deepest K that speculate_k auto considers
 AUTO_EVERY = 10  # auto probes every this many calls (rl steps, or generate calls sharing a profile)
 DRAFT_LOSS_NAMES = ("ce", "fkl", "rkl", "tv", "e2e_tv")  # the keys of bebop.losses.DRAFT_LOSSES, without torch (--help)

@@ -188,7 +188,7 @@ def _pretrain(out_dir: str | os.PathLike, cfg: PretrainConfig, show_progress: bo
 @torch.no_grad()
 def evaluate_task(model, tok, num_problems: int = 256, seed: int = 1, temperature: float = 1.0) -> dict:
     """Accuracy and mean next-token entropy (nats, over completion tokens) of T=1 samples."""
-    from bebop.spec.engine import SamplingParams, generate
+    from bebop.speculative.engine import SamplingParams, generate
 
     problems = arith.make_problems(num_problems, seed=seed)
     result = generate(

@@ -1,4 +1,4 @@
-"""Automatic mode/K (``bebop.spec.auto``) against the best fixed setting found by grid search, same run.
+"""Automatic mode/K (``bebop.speculative.auto.chooser``) against the best fixed setting found by grid search, same run.
 
     PYTHONPATH=. .venv/bin/python bench/auto.py --threads 1     # T 0.3/0.7/1, B 1/16/64, 80 repeats (160 at B = 1): ~27 min here
     PYTHONPATH=. .venv/bin/python bench/auto.py --quick         # B 16, T 1, 3 repeats: ~15 s
@@ -24,7 +24,7 @@ the prediction errors are on raw seconds (what the choosers timed).
                 ``generate_auto`` call every ``--auto-every`` calls, ``probe=False`` (the last probe's
                 choice kept, no probe steps) in the others; tok/s pooled over its calls (the
                 probing call included), against the best setting's pooled tok/s.
-    profiled    ``bebop generate`` with an auto profile (``bebop.spec.auto_profile``): each call starts
+    profiled    ``bebop generate`` with an auto profile (``bebop.speculative.auto.profile``): each call starts
                 from the chooser the previous call saved (its JSON state read back after that call's
                 canary: nothing held in memory), probing every AUTO_EVERY calls; the profile's file
                 I/O is not timed (a CLI call's model load dwarfs it). Pooled like RL-style.
@@ -92,8 +92,8 @@ from rollout import (Method, Speedometer, corrected, header, load, make_prompts,
                      warn_if_busy)
 
 from bebop.config import AUTO_EVERY  # noqa: E402
-from bebop.spec import SamplingParams, SpecConfig  # noqa: E402
-from bebop.spec.auto import AUTO, AutoChooser, candidates, config_name, generate_auto, predict  # noqa: E402
+from bebop.speculative import SamplingParams, SpecConfig  # noqa: E402
+from bebop.speculative.auto.chooser import AUTO, AutoChooser, candidates, config_name, generate_auto, predict  # noqa: E402
 
 SETTINGS = candidates(SpecConfig(AUTO, AUTO))  # none, to1..4, rs1..4
 GRID = [config_name(m, k) for m, k in SETTINGS]

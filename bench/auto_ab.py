@@ -44,7 +44,7 @@ from auto import SETTINGS, RlAuto, open_bench, parse_common, pooled_tok_s, side_
 from rollout import Method, corrected, make_prompts  # noqa: E402
 
 from bebop.config import AUTO_EVERY  # noqa: E402
-from bebop.spec.auto import AutoChooser, config_name  # noqa: E402
+from bebop.speculative.auto.chooser import AutoChooser, config_name  # noqa: E402
 
 ARMS = {"confirm": {}, "hold": {"confirm": False}, "pooled": {"replay": False}, "fresh": {"pool_costs": False}}
 NAMES = [config_name(m, k) for m, k in SETTINGS]

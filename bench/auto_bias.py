@@ -18,7 +18,7 @@ Per setting, medians over the rounds:
     step cost   the rest's steps priced at the probe (the depth's ``StepCosts.step_seconds`` x
                 ``scale`` at each step's rows) / their measured seconds - 1 (+: priced dear)
     tokens      (1 + forecast) (1 + step cost) - 1: the error left to the tokens per step and the tail
-    steps       the rest's expected steps as the decision priced them (``bebop.spec.tail.activity``:
+    steps       the rest's expected steps as the decision priced them (``bebop.speculative.auto.tail.activity``:
                 while some row is active) / the steps it ran - 1 (-: it ran longer than priced)
     row-steps   the same for the rows summed over those steps (each row's own steps): right where
                 steps is wrong, the rows' mean is priced well and the call's longest row is not
@@ -40,8 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from auto import SETTINGS, open_bench, parse_common, run_auto  # noqa: E402
 from rollout import make_prompts, run_order  # noqa: E402
 
-from bebop.spec.auto import AutoChooser, Decision, StepCosts, config_name  # noqa: E402
-from bebop.spec.tail import activity  # noqa: E402
+from bebop.speculative.auto.chooser import AutoChooser, Decision, StepCosts, config_name  # noqa: E402
+from bebop.speculative.auto.tail import activity  # noqa: E402
 
 NAMES = [config_name(m, k) for m, k in SETTINGS]
 QUICK = {"batch_sizes": [16], "temperatures": [1.0], "rounds": 1}

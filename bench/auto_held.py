@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from auto import GRID, SETTINGS, RlAuto, open_bench, parse_common, round_trip, run_auto, run_groups, save_jsonl  # noqa: E402
 from rollout import Method, make_prompts, run_bebop, run_order  # noqa: E402
 
-from bebop.spec.auto import config_name  # noqa: E402
+from bebop.speculative.auto.chooser import config_name  # noqa: E402
 
 ARMS = ["fixed", "held", "held_after_forecast"]
 QUICK = {"batch_sizes": [16], "temperatures": [1.0], "repeats": 5, "warm": 2}

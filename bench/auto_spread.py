@@ -41,7 +41,7 @@ from auto import SETTINGS, RlAuto, open_bench, parse_common, pooled_tok_s as poo
 from rollout import Method, corrected, make_prompts  # noqa: E402
 
 from bebop.config import AUTO_EVERY, AUTO_MAX_K  # noqa: E402
-from bebop.spec.auto import config_name  # noqa: E402
+from bebop.speculative.auto.chooser import config_name  # noqa: E402
 
 NAMES = [config_name(m, k) for m, k in SETTINGS]
 

@@ -59,9 +59,9 @@ import transformers
 from bebop.embedded import ensure_embedded_head
 from bebop.models import load_model
 from bebop.mtp.head import MtpHead
-from bebop.spec import SamplingParams, SpecConfig, engine, generate
-from bebop.spec.engine import _Target  # the engine's own verify forward, timed as the engine runs it
-from bebop.spec.kv_cache import RaggedKVCache
+from bebop.speculative import SamplingParams, SpecConfig, engine, generate
+from bebop.speculative.engine import _Target  # the engine's own verify forward, timed as the engine runs it
+from bebop.speculative.kv_cache import RaggedKVCache
 from bebop.task import arith
 
 PROMPT_SEED = 0  # problems drawn for the prompts

@@ -23,7 +23,7 @@ import torch
 
 from bebop.cli import main
 from bebop.mtp import MtpHead
-from bebop.spec.engine import SamplingParams, SpecConfig, generate
+from bebop.speculative.engine import SamplingParams, SpecConfig, generate
 from tests.conftest import save_model_dir, tiny_model, tiny_tokenizer
 
 REWARDS = """

@@ -202,9 +202,9 @@ def test_generate_auto_keeps_a_profile_between_calls(use_cache, tmp_path, capsys
     """The first call with a profile probes and writes it; the next ones start from it and probe while the
     held decision awaits its confirming probe (``AutoChooser.settle``), then keep it without probing; a
     profile of another setup or a corrupt one is refused in one line (exit 2) and left as it was
-    (tests/spec/test_auto_profile.py has the rest); none writes nothing; a fixed setting refuses
+    (tests/speculative/auto/test_profile.py has the rest); none writes nothing; a fixed setting refuses
     --auto-profile."""
-    from bebop.spec import auto_profile as profile
+    from bebop.speculative.auto import profile as profile
 
     path, stats = tmp_path / "auto.json", tmp_path / "stats.json"
     argv = ["generate", "--mode", "auto", "--speculate-k", "auto", "--num-prompts", "3", "--max-new-tokens", "8",
@@ -245,7 +245,7 @@ def test_generate_auto_keeps_a_profile_between_calls(use_cache, tmp_path, capsys
 
 def test_rl_auto_probes_every_n_steps_and_keeps_the_choice_between(use_cache, tmp_path):
     """A step probes when it is scheduled (every --auto-every) or the step before chose a setting for the
-    first time (auto/confirmed False); otherwise it keeps the last choice. tests/spec/test_auto.py
+    first time (auto/confirmed False); otherwise it keeps the last choice. tests/speculative/auto/test_chooser.py
     checks the keeping and the confirming with scripted choices."""
     run = tmp_path / "run"
     assert main(["rl", "--out", str(run), "--mode", "auto", "--speculate-k", "auto", "--auto-every", "3",

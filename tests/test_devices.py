@@ -19,15 +19,15 @@ from bebop.cli import main
 from bebop.mtp import MtpHead
 from bebop.mtp.train import TrainMtpConfig, train_mtp
 from bebop.rl.grpo import token_logprobs
-from bebop.spec import engine
-from bebop.spec.engine import SamplingParams, SpecConfig, generate
-from bebop.spec.sampling import logits_to_probs
+from bebop.speculative import engine
+from bebop.speculative.engine import SamplingParams, SpecConfig, generate
+from bebop.speculative.sampling import logits_to_probs
 from bebop.utils.io import BebopError
 from bebop.utils.optim import MasterWeightAdamW, make_adamw, master_state_dict
 from bebop.utils.torch_utils import resolve_dtype
 from tests.conftest import save_model_dir, tiny_model
 from tests.mtp.test_train import _data
-from tests.spec.test_engine import GREEDY_LENGTHS, VOCAB, ToyTokenizer, _prompts, perturbed_head
+from tests.speculative.test_engine import GREEDY_LENGTHS, VOCAB, ToyTokenizer, _prompts, perturbed_head
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run bench/gpu_smoke.sh on one)")
 BF16 = torch.bfloat16

@@ -21,7 +21,7 @@ from bebop.cli import main
 from bebop.mtp.data import Sequences
 from bebop.mtp.train import TrainMtpConfig, train_mtp
 from bebop.rl import train_rl
-from bebop.spec import SamplingParams, generate
+from bebop.speculative import SamplingParams, generate
 from bebop.utils.io import (
     BebopError,
     atomic_dir,
@@ -170,9 +170,9 @@ def _must_not_run(*args, **kwargs):
 
 def test_generate_and_eval_paths_are_checked_first(use_cache, tmp_path, monkeypatch, capsys):
     import bebop.mtp.evaluate
-    import bebop.spec
+    import bebop.speculative
 
-    monkeypatch.setattr(bebop.spec, "generate", _must_not_run)
+    monkeypatch.setattr(bebop.speculative, "generate", _must_not_run)
     monkeypatch.setattr(bebop.mtp.evaluate, "evaluate_mtp", _must_not_run)
     (tmp_path / "dir").mkdir()
     (tmp_path / "file").write_text("x")
@@ -380,9 +380,9 @@ def test_cli_resume_keeps_the_checkpoint_settings(use_cache, tmp_path, capsys):
 
 
 def test_empty_stop_string_is_an_error(use_cache, tmp_path, monkeypatch, capsys):
-    import bebop.spec
+    import bebop.speculative
 
-    monkeypatch.setattr(bebop.spec, "generate", _must_not_run)
+    monkeypatch.setattr(bebop.speculative, "generate", _must_not_run)
     assert main(["generate", "--mode", "none", "--stop", "", "--out", str(tmp_path / "o.jsonl")]) == 2
     assert "stop strings must be non-empty" in _error_line(capsys)
     model, tok = tiny_policy()

@@ -104,7 +104,7 @@ def _logit_rows(
         return torch.mm(hidden, weight.T, out=out[:rows]), target
     both = torch.mm(torch.cat([hidden, target]), weight.T, out=out[: 2 * rows])  # (2r, V)
     draft_logits, target_logits = both.split(rows)
-    if setup.target_softcap is not None:  # as bebop.spec.attention.final_logits
+    if setup.target_softcap is not None:  # as bebop.speculative.attention.final_logits
         target_logits.div_(setup.target_softcap).tanh_().mul_(setup.target_softcap)
     return draft_logits, target_logits
 

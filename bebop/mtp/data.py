@@ -15,7 +15,7 @@ import torch
 
 from bebop.mtp.chains import CHAIN_UNROLLS
 from bebop.mtp.head import decoder_states
-from bebop.spec.attention import final_logits
+from bebop.speculative.attention import final_logits
 from bebop.utils.io import BebopError, read_jsonl
 from bebop.utils.tokens import encode_completion, encode_prompt
 
@@ -107,7 +107,7 @@ def check_chain_args(data: Sequences, speculate_k: int, temperature: float) -> N
 
 def self_generated(model, tokenizer, num: int, seed: int, temperature: float = 1.0, batch_size: int = 64) -> Sequences:
     """The embedded task's completions sampled from the model itself at ``temperature`` (the policy's own data)."""
-    from bebop.spec.engine import SamplingParams, generate
+    from bebop.speculative.engine import SamplingParams, generate
     from bebop.task import arith
 
     problems = arith.make_problems(num, seed=seed)

@@ -14,7 +14,7 @@ Components are anything with ``state_dict``/``load_state_dict`` (modules, optimi
 name, so this module knows nothing about the RL loop. A policy saved here loads into an HF model
 with ``model.load_state_dict(torch.load(".../policy.pt"))``.
 
-Sampling uses explicit seeds (``bebop.spec.rng``), so the RNG states are saved only for
+Sampling uses explicit seeds (``bebop.speculative.rng``), so the RNG states are saved only for
 completeness: nothing in ``bebop rl`` draws from the global generators after setup.
 """
 

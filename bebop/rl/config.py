@@ -153,7 +153,7 @@ def check_rl_config(cfg: RLConfig) -> None:
     """Raises BebopError (one line) on a value no run could use."""
     from bebop.losses import DRAFT_LOSSES
     from bebop.rollout.base import BACKENDS
-    from bebop.spec.engine import MODES, SamplingParams, check_sampling
+    from bebop.speculative.engine import MODES, SamplingParams, check_sampling
 
     problems = []
     if cfg.backend not in BACKENDS:

@@ -45,7 +45,7 @@ Deviations from textbook GRPO (beyond the numbered list in ``bebop.rl.grpo``):
      count and gradients are summed over ranks, so the update is the one-process update. The
      online head step runs on every rank on the whole rollout (the same step everywhere). Rank 0
      alone writes the run directory.
-  9) ``mode``/``speculate_k`` ``auto`` (``bebop.spec.auto``): every ``auto_every`` steps (and on the
+  9) ``mode``/``speculate_k`` ``auto`` (``bebop.speculative.auto.chooser``): every ``auto_every`` steps (and on the
      first step after a resume) the rollout probes settings for a few decode steps each, timed
      afresh, and then runs the one with the highest predicted tokens/s; a step in between runs
      that choice, without probe steps or pricing (``AutoChooser.held``); a setting chosen for the

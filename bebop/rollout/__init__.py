@@ -2,7 +2,7 @@
 
 - ``base``: ``Completions`` (token ids, text, finish reason, ``SpecStats``) and ``RolloutBackend``,
   the interface every backend implements; ``BACKENDS``, the table ``make_backend`` picks from.
-- ``engine``: Bebop's own engine (``bebop.spec.generate``), the default; exact, with per-token
+- ``engine``: Bebop's own engine (``bebop.speculative.generate``), the default; exact, with per-token
   entropy and counterfactual acceptance.
 - ``vllm``: vLLM with the head exported as the model's native MTP layer; acceptance counts from
   vLLM's metrics, weights synced in place after every policy update.

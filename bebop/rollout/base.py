@@ -31,9 +31,9 @@ class Completions:
     texts: list[str]  # decoded completions, special tokens skipped
     lengths: list[int]
     finish_reasons: list[str]  # "eos" | "length" | "stop"
-    stats: Any  # bebop.spec.stats.SpecStats
+    stats: Any  # bebop.speculative.stats.SpecStats
     token_stats: bool = True  # False: entropy, counterfactual alpha and the accept-length histogram are absent
-    decision: Any = None  # bebop.spec.auto.Decision when this call chose its mode/K (spec auto), else None
+    decision: Any = None  # bebop.speculative.auto.chooser.Decision when this call chose its mode/K (spec auto), else None
 
     @classmethod
     def from_generation(cls, result) -> Completions:
@@ -68,8 +68,8 @@ class RolloutBackend:
 
         Args:
             prompts: token-id lists (B of them); texts are encoded with the tokenizer.
-            sampling: a ``bebop.spec.SamplingParams``.
-            spec: a ``bebop.spec.SpecConfig`` (mode none/to/rs, K).
+            sampling: a ``bebop.speculative.SamplingParams``.
+            spec: a ``bebop.speculative.SpecConfig`` (mode none/to/rs, K).
             group_size: G, completions per prompt.
             seed, step: the randomness of the call (backends that cannot seed rows ignore them).
             first_row: the row id of the first completion (keys its randomness where rows are seeded).

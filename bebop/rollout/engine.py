@@ -6,9 +6,9 @@ from bebop.rollout.base import Completions, RolloutBackend, repeat_prompts
 
 
 class EngineBackend(RolloutBackend):
-    """Samples with ``bebop.spec.generate`` on the modules it was last given (no copy: ``sync`` rebinds).
+    """Samples with ``bebop.speculative.generate`` on the modules it was last given (no copy: ``sync`` rebinds).
 
-    A spec with mode or K ``auto`` runs ``bebop.spec.auto.generate_auto`` with the run's one
+    A spec with mode or K ``auto`` runs ``bebop.speculative.auto.chooser.generate_auto`` with the run's one
     ``AutoChooser`` (probe and choose, or with ``probe=False`` keep the last probe's choice); every
     call, fixed settings' too, feeds that chooser (``AutoChooser.observe``), so each probe's
     decision sees the running acceptance.
@@ -18,7 +18,7 @@ class EngineBackend(RolloutBackend):
 
     def __init__(self, model, tokenizer, head=None, **_options):
         self.model, self.tokenizer, self.head = model, tokenizer, head
-        self.chooser = None  # bebop.spec.auto.AutoChooser, made by the first auto call
+        self.chooser = None  # bebop.speculative.auto.chooser.AutoChooser, made by the first auto call
 
     def sync(self, model, head=None) -> None:
         self.model = model
@@ -26,8 +26,8 @@ class EngineBackend(RolloutBackend):
             self.head = head
 
     def rollout(self, prompts, sampling, spec, group_size=1, seed=0, step=0, first_row=0, probe=True) -> Completions:
-        from bebop.spec.auto import AutoChooser, generate_auto, is_auto
-        from bebop.spec.engine import generate
+        from bebop.speculative.auto.chooser import AutoChooser, generate_auto, is_auto
+        from bebop.speculative.engine import generate
 
         rows = repeat_prompts(prompts, group_size)
         row_ids = list(range(first_row, first_row + len(rows)))

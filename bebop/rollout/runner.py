@@ -38,7 +38,7 @@ class Rollout:
     batch: object  # the PromptBatch answered (prompts, prompt_ids, fields, step)
     result: Completions  # (B*G,) rows, with the backend's SpecStats
     seconds: float  # wall time of the backend call (measured in the background thread when async)
-    decision: object = None  # mode/K auto: the bebop.spec.auto.Decision this rollout ran
+    decision: object = None  # mode/K auto: the bebop.speculative.auto.chooser.Decision this rollout ran
 
 
 def frozen_copy(obj):
@@ -97,7 +97,7 @@ class RolloutRunner:
 
     # ------------------------------------------------------------------ sampling
     def _generate(self, batch) -> Rollout:
-        from bebop.spec.engine import SamplingParams, SpecConfig
+        from bebop.speculative.engine import SamplingParams, SpecConfig
 
         cfg = self.cfg
         sampling = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p, cfg.max_new_tokens)

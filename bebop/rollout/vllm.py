@@ -227,7 +227,7 @@ class VllmBackend(RolloutBackend):
 
     # ------------------------------------------------------------------ sampling
     def rollout(self, prompts, sampling, spec, group_size=1, seed=0, step=0, first_row=0, probe=True) -> Completions:
-        from bebop.spec.stats import SpecStats
+        from bebop.speculative.stats import SpecStats
 
         llm = self._engine(spec)
         k = spec.speculate_k if spec.mode != "none" else 0

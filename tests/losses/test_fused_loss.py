@@ -10,7 +10,7 @@ from torch.utils._pytree import tree_flatten
 from bebop.losses import DRAFT_LOSSES, acceptance_stats, draft_loss, draft_loss_from_hidden
 from bebop.losses import entry_stats
 from bebop.losses.fused import FUSED_LOSSES
-from bebop.spec.attention import final_logits
+from bebop.speculative.attention import final_logits
 from bebop.utils.io import BebopError
 
 NAMES = list(DRAFT_LOSSES)

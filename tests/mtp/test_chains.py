@@ -14,11 +14,11 @@ from bebop.mtp.data import Sequences, chain_tensors
 from bebop.mtp.evaluate import evaluate_mtp
 from bebop.mtp.head import MtpHead
 from bebop.mtp.train import TrainMtpConfig, saved_config, train_mtp
-from bebop.spec import engine
-from bebop.spec.engine import SamplingParams, SpecConfig, generate
+from bebop.speculative import engine
+from bebop.speculative.engine import SamplingParams, SpecConfig, generate
 from bebop.utils.io import BebopError
 from tests.conftest import SLIDING_WINDOW_KWARGS, tiny_model
-from tests.spec.test_engine import MTP_ATOL, VOCAB, ToyTokenizer, _prompts, peaked_model, perturbed_head
+from tests.speculative.test_engine import MTP_ATOL, VOCAB, ToyTokenizer, _prompts, peaked_model, perturbed_head
 
 K = 3
 Z_MAX = 4.42  # two-sided normal tail 1e-5 per depth: false-alarm odds <= 3e-5 for the K = 3 depths together

@@ -13,7 +13,7 @@ from bebop.mtp.data import Sequences
 from bebop.mtp.evaluate import acceptance_table, evaluate_mtp
 from bebop.mtp.head import MtpHead
 from bebop.utils.io import BebopError
-from tests.spec.test_engine import VOCAB, _prompts, peaked_model, perturbed_head
+from tests.speculative.test_engine import VOCAB, _prompts, peaked_model, perturbed_head
 
 K = 3
 LENGTHS = (11, 6, 9, 4, 13)  # ragged rows: padding, chains cut by the end, a row with one one-step chain

@@ -18,7 +18,7 @@ from bebop.mtp.head import MtpHead
 from bebop.rl import RLConfig, config_fields, flat_config, resolve_rl_config, train_rl
 from bebop.rl.loop import Rollout, make_state, rl_step, score_rollout
 from bebop.rl.prompts import PromptBatch, prompt_batch, step_seed
-from bebop.spec.engine import GenerationResult
+from bebop.speculative.engine import GenerationResult
 from bebop.task import arith
 from bebop.utils.io import BebopError
 

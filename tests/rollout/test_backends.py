@@ -14,7 +14,7 @@ import torch
 from bebop.mtp.head import MtpHead
 from bebop.rollout.base import BACKENDS, backend_class, make_backend
 from bebop.rollout.engine import EngineBackend
-from bebop.spec import SamplingParams, SpecConfig, generate
+from bebop.speculative import SamplingParams, SpecConfig, generate
 from bebop.utils.io import BebopError
 from tests.rl.test_loop import tiny_config, tiny_policy
 from tests.rollout import contract
@@ -147,7 +147,7 @@ def test_loop_uses_no_engine_and_no_thread():
     tree = ast.parse(Path(loop_path()).read_text())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    assert not imported & {"bebop.spec.engine", "concurrent.futures", "threading"}, imported
+    assert not imported & {"bebop.speculative.engine", "concurrent.futures", "threading"}, imported
 
 
 def loop_path() -> str:
@@ -175,7 +175,7 @@ class _CrashingBackend(EngineBackend):
 
 
 def test_check_lossless_counts_a_crashing_setting_as_failed_and_names_it(policy):
-    from bebop.spec.lossless import LosslessConfig, format_lossless_table, run_lossless_checks, summarize_checks
+    from bebop.speculative.check.lossless import LosslessConfig, format_lossless_table, run_lossless_checks, summarize_checks
 
     model, tok, head = policy
     backend = _CrashingBackend(model, tok, head)
@@ -190,7 +190,7 @@ def test_check_lossless_counts_a_crashing_setting_as_failed_and_names_it(policy)
 
 
 def test_check_lossless_lets_the_engine_crash_loudly(policy, monkeypatch):
-    from bebop.spec.lossless import LosslessConfig, run_lossless_checks
+    from bebop.speculative.check.lossless import LosslessConfig, run_lossless_checks
 
     model, tok, head = policy
     backend = _CrashingBackend(model, tok, head)

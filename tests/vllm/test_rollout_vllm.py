@@ -26,7 +26,7 @@ from bebop import embedded, models  # noqa: E402
 from bebop.mtp import MtpHead  # noqa: E402
 from bebop.rollout import vllm_cpu_fix  # noqa: E402
 from bebop.rollout.base import make_backend  # noqa: E402
-from bebop.spec import SamplingParams, SpecConfig, generate  # noqa: E402
+from bebop.speculative import SamplingParams, SpecConfig, generate  # noqa: E402
 from bebop.task import arith  # noqa: E402
 from tests.rollout import contract  # noqa: E402
 

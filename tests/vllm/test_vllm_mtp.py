@@ -22,7 +22,7 @@ from bebop.mtp import MtpHead  # noqa: E402
 from bebop.mtp.native import export_mtp  # noqa: E402
 from bebop.rollout import vllm_cpu_fix  # noqa: E402
 from bebop.rollout.vllm import spec_counters  # noqa: E402
-from bebop.spec import SamplingParams, SpecConfig, generate  # noqa: E402
+from bebop.speculative import SamplingParams, SpecConfig, generate  # noqa: E402
 from bebop.task import arith  # noqa: E402
 
 K = 3  # draft depth of every engine here

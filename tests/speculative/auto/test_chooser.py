@@ -1,4 +1,4 @@
-"""Tests for bebop.spec.auto: the acceptance and cost models, the choice, and generation in chunks.
+"""Tests for bebop.speculative.auto.chooser: the acceptance and cost models, the choice, and generation in chunks.
 
 What pins it:
   * the models on synthetic numbers: E[L] and tokens/s by hand, extrapolation of unseen depths,
@@ -12,7 +12,7 @@ What pins it:
     enumerated distribution, exact at T = 1 with the setting switched within the first 3 tokens
     (2 x 6 checks at 1e-4: a correct implementation fails with odds at most 1.2e-3 for a seed picked at
     random; the seed is fixed, so a checkout passes or fails deterministically). The engine's own
-    switching (``Decoder.set_spec``) is pinned in tests/spec/test_engine.py.
+    switching (``Decoder.set_spec``) is pinned in tests/speculative/test_engine.py.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ import math
 import numpy as np
 import pytest
 
-from bebop.spec import auto
-from bebop.spec.auto import (Acceptance, AutoChooser, CostShape, StepCosts, candidates, config_name,
+from bebop.speculative.auto import chooser as auto
+from bebop.speculative.auto.chooser import (Acceptance, AutoChooser, CostShape, StepCosts, candidates, config_name,
                              expected_accepted, generate_auto, predict)
-from bebop.spec.engine import Decoder, SamplingParams, SpecConfig, generate
+from bebop.speculative.engine import Decoder, SamplingParams, SpecConfig, generate
 from bebop.utils.io import BebopError
-from tests.spec.test_engine import (
+from tests.speculative.test_engine import (
     STAT_PROMPT,
     STAT_VOCAB,
     ToyTokenizer,

@@ -1,4 +1,4 @@
-"""Tests for the batch's tail in --mode auto's prediction (bebop.spec.tail).
+"""Tests for the batch's tail in --mode auto's prediction (bebop.speculative.auto.tail).
 
 What pins it, on synthetic numbers (no model): the remaining-length draws, the steps per row, a
 call's tokens/s by hand (lockstep: the longest row sets the steps; the step cost follows the active
@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from bebop.spec import auto, tail
-from bebop.spec.auto import AutoChooser, StepCosts
-from bebop.spec.engine import GenerationResult
-from tests.spec.test_auto import _acceptance
+from bebop.speculative.auto import chooser as auto, tail
+from bebop.speculative.auto.chooser import AutoChooser, StepCosts
+from bebop.speculative.engine import GenerationResult
+from tests.speculative.auto.test_chooser import _acceptance
 
 
 def _finish_steps(rows: tail.Rows, alphas) -> list[int]:
@@ -254,8 +254,8 @@ def test_a_calls_first_step_is_priced_as_prefill():
 def test_a_fixed_calls_alphas_and_lengths_reach_the_chooser_not_its_step_times():
     """A fixed setting's call (``AutoChooser.observe``, the engine backend's fixed calls) teaches what a
     call between probes does: alphas, decayed as a call, and lengths; its step times are not a probe's."""
-    from bebop.spec.engine import SamplingParams, SpecConfig, generate
-    from tests.spec.test_engine import ToyTokenizer, _prompts, peaked_model, perturbed_head
+    from bebop.speculative.engine import SamplingParams, SpecConfig, generate
+    from tests.speculative.test_engine import ToyTokenizer, _prompts, peaked_model, perturbed_head
 
     model = peaked_model()
     result = generate(model, ToyTokenizer(), _prompts((3, 4, 6)), mtp=perturbed_head(model, 0.1),
@@ -272,9 +272,9 @@ def test_a_fixed_calls_alphas_and_lengths_reach_the_chooser_not_its_step_times()
 def test_generate_auto_learns_the_calls_lengths_and_prefill():
     """A call leaves its completion lengths and its prefill's seconds (the head's first pass included)
     to the chooser, for the forecasts of whole calls (``predict_call``)."""
-    from bebop.spec.auto import generate_auto
-    from bebop.spec.engine import SamplingParams
-    from tests.spec.test_engine import ToyTokenizer, _prompts, peaked_model, perturbed_head
+    from bebop.speculative.auto.chooser import generate_auto
+    from bebop.speculative.engine import SamplingParams
+    from tests.speculative.test_engine import ToyTokenizer, _prompts, peaked_model, perturbed_head
 
     model = peaked_model()
     chooser = AutoChooser()

@@ -18,7 +18,7 @@ Transformers via Speculative Decoding"; Chen et al. 2023; Bebop, arXiv 2606.1237
 Randomness is kept apart from the math: `rejection_sample_from_noise` is a deterministic function of
 the probabilities and the noise (K uniforms and one Exp(1) vector per row). `rejection_sample` draws
 that noise from a `torch.Generator`; `rejection_sample_seeded` draws it from the counter-based
-`bebop.spec.rng`, so a row's tokens do not depend on its batch. Stream layout for the engine:
+`bebop.speculative.rng`, so a row's tokens do not depend on its batch. Stream layout for the engine:
     STREAM_ACCEPT    uniform (B, K)   accept coins of one verify step
     STREAM_RESAMPLE  Exp(1) (B, V)    the recovered or bonus token of one verify step
     STREAM_DRAFT + j Exp(1) (B, V)    draft step j (0-based) of the same block, ŷ = argmax(q_j / E)
@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import torch
 
-from bebop.spec import rng
+from bebop.speculative import rng
 
 PAD_TOKEN_ID = -1  # marks unused output slots (after the recovered or bonus token)
 PROB_SUM_TOLERANCE = 1e-3  # |Σ p - 1| allowed: float32 softmax over 256k tokens errs by ~1e-5;
@@ -373,7 +373,7 @@ def rejection_sample(
     """
     batch, k, vocab = _check_verify_shapes(target_probs, draft_tokens, draft_probs)
     device = target_probs.device
-    # Draw bits and map them like bebop.spec.rng does, so both paths share one noise format.
+    # Draw bits and map them like bebop.speculative.rng does, so both paths share one noise format.
     coin_bits = torch.randint(0, 1 << 52, (batch, k), generator=generator, device=device)
     race_bits = torch.randint(0, 1 << 52, (batch, vocab), generator=generator, device=device)
     coins = rng.uniform_from_bits(coin_bits, COIN_DTYPE)

@@ -10,10 +10,10 @@ One verify step of a row (``to``/``rs``)::
 
 Rows accept different numbers of tokens in the same step; a ``RaggedKVCache`` (one per model)
 keeps a length per row, so a rollback costs nothing and nothing is recomputed. Finished rows are
-dropped from the batch. A row's randomness comes from ``bebop.spec.rng`` keyed by (its seed, its
+dropped from the batch. A row's randomness comes from ``bebop.speculative.rng`` keyed by (its seed, its
 number of emitted tokens), so its output does not depend on which other rows share the batch.
 Statistics (``GenerationResult.stats``) count only the tokens the completions keep (see
-``bebop.spec.stats``): each step is logged first and trimmed once every row's end is known.
+``bebop.speculative.stats``): each step is logged first and trimmed once every row's end is known.
 
 Deviations from a textbook implementation:
     1) The MTP head's own KV cache holds one entry per committed position (step-1 inputs); the
@@ -26,7 +26,7 @@ Deviations from a textbook implementation:
        exact, and q no longer spends mass on tokens the filtered target can only reject.
     3) The engine builds its own attention masks (per-row lengths), one per attention pattern the
        target uses: full causal, or the sliding window of each ``sliding_attention`` layer (see
-       ``bebop.spec.attention``, which refuses, in one line, any pattern it cannot reproduce exactly).
+       ``bebop.speculative.attention``, which refuses, in one line, any pattern it cannot reproduce exactly).
        The MTP head's layers are full-attention layers, in training and here.
 """
 
@@ -39,9 +39,9 @@ from dataclasses import dataclass, field
 import torch
 
 from bebop.mtp.head import decoder_states
-from bebop.spec import attention, rng
-from bebop.spec.kv_cache import RaggedKVCache, fill_order
-from bebop.spec.sampling import (
+from bebop.speculative import attention, rng
+from bebop.speculative.kv_cache import RaggedKVCache, fill_order
+from bebop.speculative.sampling import (
     COIN_DTYPE,
     STREAM_ACCEPT,
     STREAM_DRAFT,
@@ -51,7 +51,7 @@ from bebop.spec.sampling import (
     rejection_sample_from_noise,
     sample_from_probs,
 )
-from bebop.spec.stats import EmissionLog, SpecStats, entropy
+from bebop.speculative.stats import EmissionLog, SpecStats, entropy
 from bebop.utils.io import BebopError
 from bebop.utils.torch_utils import cache_kwargs
 
@@ -74,7 +74,7 @@ class SamplingParams:
 class SpecConfig:
     """Which speculative mode runs and how deep it drafts."""
 
-    mode: str = "none"  # none | to | rs (| auto: bebop.spec.auto.generate_auto picks one)
+    mode: str = "none"  # none | to | rs (| auto: bebop.speculative.auto.chooser.generate_auto picks one)
     speculate_k: int | str = 3  # K, drafts verified per target pass (| "auto", as for mode)
     draft_temperature: float | None = None  # temperature of q; None = the sampling temperature
     filter_drafts: bool = False  # apply the sampling top-k/top-p to q too (drafts and verification)
@@ -89,11 +89,11 @@ class GenerationResult:
     texts: list[str]  # decoded completions, special tokens skipped
     lengths: list[int]
     finish_reasons: list[str]  # "eos" | "length" | "stop"
-    stats: SpecStats = field(default_factory=SpecStats)  # kept tokens only (see bebop.spec.stats)
+    stats: SpecStats = field(default_factory=SpecStats)  # kept tokens only (see bebop.speculative.stats)
     log: EmissionLog | None = field(default=None, repr=False)  # every verify step as the verifier emitted it
     # Wall time of every decode step after prefill: (active rows, seconds, seconds of its drafting;
     # 0 unless time_drafts). A step ends with the engine's host syncs, so the time is the step's on
-    # any device (``bebop.spec.auto`` reads it).
+    # any device (``bebop.speculative.auto.chooser`` reads it).
     step_times: list[tuple[int, float, float]] = field(default_factory=list, repr=False)
     prefill_seconds: float = 0.0  # wall time of the prefill (the prompts' forward and first tokens)
 
@@ -195,7 +195,7 @@ def generate(
 class Decoder:
     """One ``generate`` call, a decode step at a time; the mode and K may change between steps.
 
-    ``bebop.spec.auto`` probes settings and switches to the chosen one within a call. A switch
+    ``bebop.speculative.auto.chooser`` probes settings and switches to the chosen one within a call. A switch
     keeps exactness: every step draws from its rows' randomness at a counter no other step uses
     (each step starts at the row's number of emitted tokens), and the setting of a step depends
     only on what came before it. Switching to a deeper K than ``max_speculate_k`` is refused; with
@@ -289,7 +289,7 @@ class Decoder:
 
 def _check_args(model, mtp, prompts, sampling: SamplingParams, spec: SpecConfig) -> None:
     if spec.mode == "auto" or (spec.speculate_k == "auto" and spec.mode != "none"):  # none ignores K
-        raise BebopError("mode/speculate_k 'auto' is chosen by bebop.spec.auto.generate_auto, not by generate")
+        raise BebopError("mode/speculate_k 'auto' is chosen by bebop.speculative.auto.chooser.generate_auto, not by generate")
     if spec.mode not in MODES:
         raise BebopError(f"unknown mode {spec.mode!r}; choose one of {', '.join(MODES)}")
     if spec.mode != "none" and mtp is None:

@@ -3,20 +3,20 @@
 Terms (K = speculation depth, R = rows decoding, p the target's distribution, q the draft's):
     alpha_j     acceptance at draft depth j given drafts 1..j-1 were accepted. Estimated by the mean
                 of the counterfactual alpha_RS = sum min(p_j, q_j) and alpha_TO = p_j(argmax q_j) that
-                the engine records at every kept draft position (``bebop.spec.stats``), whichever mode
+                the engine records at every kept draft position (``bebop.speculative.stats``), whichever mode
                 ran; at T = 0 by the accepted / reached counts (both rules are then greedy matching);
                 per offset in the completion and leaning on the steps run at that K (``Acceptance``).
     E[L]        expected accepted drafts per verify step, sum_{j<=K} prod_{i<=j} alpha_i (arXiv
                 2606.12370 Eq. 12; Leviathan et al. 2023); a verify step emits 1 + E[L] tokens.
     step cost   seconds of one engine decode step: plain_s for ``none``; d_0 + K c_draft + c_verify(K)
                 for ``to``/``rs``, from steps and their drafting timed by the engine (``StepCosts``).
-    predicted   tokens/s of the rest of the call, its tail priced (``bebop.spec.tail``): the rows'
+    predicted   tokens/s of the rest of the call, its tail priced (``bebop.speculative.auto.tail``): the rows'
                 remaining tokens distributed as the completion lengths seen, the steps each row needs
                 at 1 + L tokens a step, every step at the cost of its active rows, the call lasting
                 until its longest row ends, all as exact expectations. Without the rows' state
                 (``shallow_could_win``): R (1 + E[L]) / step cost (``none``: R / plain_s).
 
-``generate_auto`` runs one engine call (``bebop.spec.engine.Decoder``) that switches settings
+``generate_auto`` runs one engine call (``bebop.speculative.engine.Decoder``) that switches settings
 between decode steps, every token kept: a probe (``_probe``: one plain step when plain decoding is
 allowed; steps at the deepest K; then steps at a shallower K if one could win), then the rest at
 the setting with the highest predicted tokens/s. An RL run (``bebop.rollout``) probes every
@@ -45,12 +45,12 @@ Deviations from the paper's speedup formula:
     3) A depth with few recorded positions leans on the depth above it (``Acceptance.alphas``).
        The paper's alphas are one per depth; here they also differ by offset in the completion and
        by the K whose steps drafted them (measured: ``Acceptance``): a K is forecast by replaying
-       its steps on recent completions (``bebop.spec.replay``: alpha by depth and the target's
+       its steps on recent completions (``bebop.speculative.auto.replay``: alpha by depth and the target's
        entropy, which K does not move), and leans on its own steps where it ran.
     4) The tail is priced from the completion lengths of earlier calls; a run's first call has none,
        so its rows are assumed to run to max_new_tokens (no tail: an overestimate, reported by
        ``bench/auto.py``). ``bebop generate`` keeps the chooser in a profile between calls
-       (``bebop.spec.auto_profile``), so only a model's first call has none.
+       (``bebop.speculative.auto.profile``), so only a model's first call has none.
     5) The probe steps run settings that may be slower than the chosen one: the price of a
        one-shot call; an RL run, or generate calls sharing a profile, pay it once every
        ``auto_every`` (AUTO_EVERY) calls.
@@ -67,10 +67,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bebop.config import AUTO, AUTO_MAX_K
-from bebop.spec.engine import Decoder, GenerationResult, SamplingParams, SpecConfig
-from bebop.spec.replay import Replay
-from bebop.spec.stats import EmissionLog, KeptTokens
-from bebop.spec.tail import OFFSET_EDGES, Lengths, Rows, call_rates
+from bebop.speculative.engine import Decoder, GenerationResult, SamplingParams, SpecConfig
+from bebop.speculative.auto.replay import Replay
+from bebop.speculative.stats import EmissionLog, KeptTokens
+from bebop.speculative.auto.tail import OFFSET_EDGES, Lengths, Rows, call_rates
 from bebop.utils.io import BebopError
 
 PROBE_STEPS = 2  # decode steps of each probed setting: enough to time a step, few enough to cost little
@@ -151,13 +151,13 @@ def _shrunk(table: Acceptance, rule: str, prior: list[float]) -> list[float]:
 @dataclass
 class Acceptance:
     """Running per-depth acceptance of both rules: weighted sums of alpha and their weights, over all
-    positions and per offset bucket (``by_offset``, ``bebop.spec.tail.OFFSET_EDGES``), and the same
+    positions and per offset bucket (``by_offset``, ``bebop.speculative.auto.tail.OFFSET_EDGES``), and the same
     per K of the steps that drafted them (``by_k``): a K's alphas lean on its own steps (``alphas``).
     Which tokens depth j drafts depends on K (a K = 1 run drafts depth 1 at every token, hard ones
     included; a K = 4 run where its steps start, after accepted runs or rejections): at offsets >= 8
     depth 1's alpha_RS was 0.75 / 0.94 / 0.87 / 0.97 under rs1 / rs2 / rs3 / rs4 (B = 64, T = 0.3).
     From one pool, a run at K = 1 forecast every deeper K too low and stayed at K = 1; ``replay`` (the
-    chooser's, ``bebop.spec.replay``) forecasts each K where its own steps would start.
+    chooser's, ``bebop.speculative.auto.replay``) forecasts each K where its own steps would start.
     """
 
     sums: dict[str, list[float]] = field(default_factory=lambda: {r: [] for r in RULES})
@@ -259,7 +259,7 @@ class Acceptance:
         flat within a bucket (embedded task, rs K=4, B=64, offsets >= 8: 0.97, 0.74-0.80, 0.54-0.64,
         0.83 at T 0.3-1), and an unseen bucket (a one-shot call's later offsets) is the all-offsets one.
         Then, with ``replay``, the same toward K's alphas replayed on recent completions, weighted by
-        the drafts the replay expects in the bucket (``bebop.spec.replay``): the pooled depths were
+        the drafts the replay expects in the bucket (``bebop.speculative.auto.replay``): the pooled depths were
         read where the K's that ran started their steps, the replay reads where K's own would. Last,
         when steps ran at this K, the same again with that value as the prior and the K's own steps
         (in the bucket) as the evidence (``by_k``).
@@ -277,7 +277,7 @@ class Acceptance:
         if bucket is not None and self.by_offset:
             out = _shrunk(self.by_offset[bucket], rule, out)
         replayed = self.replay.alphas(rule, k, PRIOR_POSITIONS) if self.replay is not None else None
-        if replayed is not None:  # NOTE: K's own step starts (``bebop.spec.replay``), where its completions reach
+        if replayed is not None:  # NOTE: K's own step starts (``bebop.speculative.auto.replay``), where its completions reach
             alphas, drafts = (a[-1 if bucket is None else bucket].tolist() for a in replayed)
             out = [(w * a + PRIOR_POSITIONS * o) / (w + PRIOR_POSITIONS) for a, w, o in zip(alphas, drafts, out)]
         own = self.by_k.get(k)  # NOTE: the steps run at this K (class docstring), leaning on all steps'
@@ -286,7 +286,7 @@ class Acceptance:
         return out
 
     def offset_alphas(self, rule: str, k: int) -> list[list[float]]:
-        """``alphas`` of every offset bucket (``bebop.spec.tail.finished``): all alike when never observed."""
+        """``alphas`` of every offset bucket (``bebop.speculative.auto.tail.finished``): all alike when never observed."""
         return [self.alphas(rule, k, b) for b in range(len(OFFSET_EDGES) + 1)]
 
 
@@ -655,7 +655,7 @@ class AutoChooser:
     """The run's acceptance, cost and length models; ``choose`` picks the best candidate.
 
     The acceptance evidence (decayed by DECAY each call) and the completion lengths (the newest
-    ``bebop.spec.tail.HISTORY``) are kept across calls; the step costs are a probe's own
+    ``bebop.speculative.auto.tail.HISTORY``) are kept across calls; the step costs are a probe's own
     (``restart``), their ratios across depths pooled over probes (``CostShape``). Measured side by
     side (bench/README.md; RL-style choosers beside fixed settings, B = 16 and 64, T = 0.3 and 1, 30
     calls): absolute step costs carried across calls, corrected by a running
@@ -682,7 +682,7 @@ class AutoChooser:
         self.costs = StepCosts()
 
     def to_state(self) -> dict:
-        """The chooser's state, JSON-able: a profile (``bebop.spec.auto_profile``) carries it across calls."""
+        """The chooser's state, JSON-able: a profile (``bebop.speculative.auto.profile``) carries it across calls."""
         held = dataclasses.asdict(self.held) if self.held is not None else None
         return {"acceptance": self.acceptance.to_state(), "costs": self.costs.to_state(),
                 "lengths": self.lengths.seen, "prefill_s": self.prefill_s,
@@ -761,7 +761,7 @@ class AutoChooser:
 
     def rates(self, options: list[tuple[str, int]], rows: Rows, prefill_s: float = 0.0) -> dict[str, float]:
         """Tokens/s of each (mode, K) over the rest of ``rows``, the tail priced
-        (``bebop.spec.tail.call_rates``, alphas per offset bucket); 0 where the costs cannot say."""
+        (``bebop.speculative.auto.tail.call_rates``, alphas per offset bucket); 0 where the costs cannot say."""
         names = [config_name(m, k) for m, k in options]
         bases = [self.costs.step_seconds(0 if m == "none" else k) for m, k in options]
         known = [i for i, b in enumerate(bases) if b]

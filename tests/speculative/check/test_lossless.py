@@ -1,4 +1,4 @@
-"""Tests for bebop.spec.lossless: the harness passes an exact engine and catches broken ones.
+"""Tests for bebop.speculative.check.lossless: the harness passes an exact engine and catches broken ones.
 
 The harness's own statistics: ``chi2_sf`` and ``two_sample_chi2`` against scipy, the pooling of
 rare cells by hand. End to end on a tiny model (V = 8): with alpha = 3e-4 and the 73 default checks,
@@ -20,8 +20,9 @@ import pytest
 import scipy.stats
 import torch
 
-from bebop.spec import engine, lossless, sampling
-from bebop.spec.lossless import (
+from bebop.speculative import engine, sampling
+from bebop.speculative.check import lossless
+from bebop.speculative.check.lossless import (
     ENDED,
     LOSSLESS_CONFIGS,
     LosslessCheck,
@@ -35,7 +36,7 @@ from bebop.spec.lossless import (
     two_sample_chi2,
 )
 from bebop.utils.io import BebopError
-from tests.spec.test_engine import ToyTokenizer, peaked_model, perturbed_head
+from tests.speculative.test_engine import ToyTokenizer, peaked_model, perturbed_head
 
 NUM_SAMPLES = 3000  # rows per sample on the tiny model: ~33k rows of up to 12 tokens for the 7 default configs
 NUM_SAMPLES_BROKEN = 10_000  # one config: 2 runs; enough that a broken sampler gives p < 1e-12

@@ -14,7 +14,7 @@ setting at once, as expectations under the models (no sampling):
                 ``finished``: P(a row has emitted all it has left after t steps), a Markov chain
                 over the tokens emitted, every t at once.
     seconds     prefill + sum over steps of the step cost at the rows active in that step: a step
-                at a rows costs base (1 + gamma a) (``bebop.spec.auto.StepCosts.scale``), linear in
+                at a rows costs base (1 + gamma a) (``bebop.speculative.auto.chooser.StepCosts.scale``), linear in
                 a, so E[seconds] = prefill + base sum_t (P(some row active after t steps) + gamma
                 E[rows active after t steps]), rows independent given the models.
     tokens/s    E[tokens] / E[seconds].

@@ -1,4 +1,4 @@
-"""Tests for bebop.spec.replay: each K's alphas replayed on recorded completions.
+"""Tests for bebop.speculative.auto.replay: each K's alphas replayed on recorded completions.
 
 What pins it:
   * ``replay`` against every path of steps enumerated by hand (random tables and completions, K = 1..3).
@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 import torch
 
-from bebop.spec import replay as rp
-from bebop.spec.auto import Acceptance, AutoChooser, completion_entropies
-from bebop.spec.engine import Decoder, SamplingParams, SpecConfig
-from bebop.spec.stats import EmissionLog
-from bebop.spec.tail import OFFSET_EDGES
-from tests.spec.test_engine import ToyTokenizer, _prompts, peaked_model, perturbed_head
+from bebop.speculative.auto import replay as rp
+from bebop.speculative.auto.chooser import Acceptance, AutoChooser, completion_entropies
+from bebop.speculative.engine import Decoder, SamplingParams, SpecConfig
+from bebop.speculative.stats import EmissionLog
+from bebop.speculative.auto.tail import OFFSET_EDGES
+from tests.speculative.test_engine import ToyTokenizer, _prompts, peaked_model, perturbed_head
 
 BUCKETS = len(OFFSET_EDGES) + 1
 

@@ -43,13 +43,13 @@ caught sooner.
 Deviations from a textbook goodness-of-fit test:
     1) Two samples, not one sample against exact probabilities: the plain distribution of token i
        is a mixture over tokens 1..i-1 that would need V^(i-1) forward passes to enumerate. The
-       engine's own tests (tests/spec/test_engine.py) do enumerate it on a tiny vocabulary.
+       engine's own tests (tests/speculative/test_engine.py) do enumerate it on a tiny vocabulary.
     2) Rare tokens (or token pairs) are pooled into one "other" cell so every cell expects
        >= MIN_EXPECTED counts in both samples (the chi-square approximation needs it); a row that
        ended (EOS) before token i counts as its own cell.
     3) Token 1 is drawn by the same prefill code in every mode, so its checks test the batch
        plumbing (padding, mixes) rather than verification.
-    4) The chi-square survival function is computed in ``bebop.spec.chi2`` (regularized upper
+    4) The chi-square survival function is computed in ``bebop.speculative.check.chi2`` (regularized upper
        incomplete gamma), so scipy stays a development-only dependency.
 """
 
@@ -59,8 +59,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bebop.spec.chi2 import MIN_EXPECTED, chi2_sf, pool_rare_cells, two_sample_chi2  # noqa: F401 (re-exported)
-from bebop.spec.engine import SamplingParams, SpecConfig
+from bebop.speculative.check.chi2 import MIN_EXPECTED, chi2_sf, pool_rare_cells, two_sample_chi2  # noqa: F401 (re-exported)
+from bebop.speculative.engine import SamplingParams, SpecConfig
 from bebop.task import arith
 from bebop.utils.io import BebopError
 from bebop.utils.progress import progress

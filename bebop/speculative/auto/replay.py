@@ -15,7 +15,7 @@ emitted it. A K is then replayed on the recent completions' entropies: its steps
 as a Markov chain from the first decode step (a step at offset s drafts s..s+K-1 and ends after
 the first rejection, or after K accepts and the bonus), and alpha_j of an offset bucket is the
 expected accepts at depth j over the expected drafts at depth j of the steps starting in it. Those
-alphas carry the selection of the K's own step starts, so the tail's chain (``bebop.spec.tail``),
+alphas carry the selection of the K's own step starts, so the tail's chain (``bebop.speculative.auto.tail``),
 which takes the depths' alphas as if positions were alike, prices the K's steps right.
 
 Measured (embedded task, B = 64, rs K = 1..4, 3 calls each): every other K's tokens per step at
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bebop.spec.tail import OFFSET_EDGES
+from bebop.speculative.auto.tail import OFFSET_EDGES
 
 ENTROPY_EDGES = (0.01, 0.05, 0.15, 0.4, 0.8, 1.2, 1.6, 2.2, 3.0)  # nats: H(p) bins of a drafted position
 REPLAY_ROWS = 128  # completions replayed (the newest): enough positions for every bucket at B >= 16

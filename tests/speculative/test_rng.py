@@ -1,4 +1,4 @@
-"""Tests for bebop.spec.rng: the counter-based generator behind batch-independent sampling.
+"""Tests for bebop.speculative.rng: the counter-based generator behind batch-independent sampling.
 
 Statistical checks use a fixed seed, so each outcome is deterministic; the stated false-alarm odds
 (α = 1e-4 per check, 7 checks, so at most 7e-4 for the file by the union bound) are the chance that
@@ -10,7 +10,7 @@ import pytest
 import scipy.stats
 import torch
 
-from bebop.spec import rng
+from bebop.speculative import rng
 
 ALPHA = 1e-4  # false-alarm odds per statistical check
 NUM_SAMPLES = 100_000  # enough for 100-bin chi-square (1000 expected per bin), still milliseconds

@@ -1,4 +1,4 @@
-"""Tests for bebop.spec.stats: the statistics count exactly the tokens the completions keep.
+"""Tests for bebop.speculative.stats: the statistics count exactly the tokens the completions keep.
 
 Each test recounts from the output: the engine's blocks (the tokens one prefill or verify step
 emitted, before truncation) are spied on, cut to the completion lengths, and turned into verify
@@ -14,10 +14,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bebop.spec.engine import SamplingParams, SpecConfig, generate
-from bebop.spec.sampling import logits_to_probs
-from bebop.spec.stats import EmissionLog, entropy
-from tests.spec.test_engine import ToyTokenizer, _prompts, _record_blocks, peaked_model, perturbed_head
+from bebop.speculative.engine import SamplingParams, SpecConfig, generate
+from bebop.speculative.sampling import logits_to_probs
+from bebop.speculative.stats import EmissionLog, entropy
+from tests.speculative.test_engine import ToyTokenizer, _prompts, _record_blocks, peaked_model, perturbed_head
 
 K = 3
 ENTROPY_ATOL = 1e-4  # engine (batched, cached) vs one full forward: same float32 math, other batching

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from bebop.spec import engine
-from bebop.spec.engine import SamplingParams, SpecConfig, generate
-from bebop.spec.sampling import logits_to_probs
-from tests.spec.test_engine import (
+from bebop.speculative import engine
+from bebop.speculative.engine import SamplingParams, SpecConfig, generate
+from bebop.speculative.sampling import logits_to_probs
+from tests.speculative.test_engine import (
     NUM_ROWS,
     STAT_PROMPT,
     STAT_VOCAB,

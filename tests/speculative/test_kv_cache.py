@@ -1,4 +1,4 @@
-"""Tests for bebop.spec.kv_cache: per-row lengths, the attention mask, and dropping finished rows."""
+"""Tests for bebop.speculative.kv_cache: per-row lengths, the attention mask, and dropping finished rows."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bebop.spec.kv_cache import RaggedKVCache, fill_order
+from bebop.speculative.kv_cache import RaggedKVCache, fill_order
 
 HEADS, WIDTH, CAPACITY = 2, 3, 12
 

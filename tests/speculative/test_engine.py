@@ -1,4 +1,4 @@
-"""Tests for bebop.spec.engine: speculative generation must be plain generation, only faster.
+"""Tests for bebop.speculative.engine: speculative generation must be plain generation, only faster.
 
 What pins it:
   * greedy: at temperature 0, modes ``to`` and ``rs`` with K = 1..4 give the tokens of plain greedy
@@ -23,9 +23,9 @@ import scipy.stats
 import torch
 
 from bebop.mtp import MtpHead
-from bebop.spec import engine
-from bebop.spec.engine import SamplingParams, SpecConfig, generate
-from bebop.spec.sampling import logits_to_probs
+from bebop.speculative import engine
+from bebop.speculative.engine import SamplingParams, SpecConfig, generate
+from bebop.speculative.sampling import logits_to_probs
 from bebop.utils.io import BebopError
 from tests.conftest import tiny_model
 

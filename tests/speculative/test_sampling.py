@@ -1,4 +1,4 @@
-"""Tests for bebop.spec.sampling: the verify ops must emit exactly the target's distribution.
+"""Tests for bebop.speculative.sampling: the verify ops must emit exactly the target's distribution.
 
 Three layers:
   * exact: the closed-form output distribution (from `verify_distributions`, which the samplers use)
@@ -18,8 +18,8 @@ import pytest
 import scipy.stats
 import torch
 
-from bebop.spec import rng, sampling
-from bebop.spec.sampling import (
+from bebop.speculative import rng, sampling
+from bebop.speculative.sampling import (
     PAD_TOKEN_ID,
     acceptance_probs,
     greedy_verify,

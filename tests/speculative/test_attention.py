@@ -1,4 +1,4 @@
-"""Tests for bebop.spec.attention and the engine's per-layer masks: the engine's target is the model.
+"""Tests for bebop.speculative.attention and the engine's per-layer masks: the engine's target is the model.
 
 What pins it, on tiny models with a sliding window of WINDOW = 8 tokens and sequences well past it:
   * the engine's target logits, over ragged prefills and speculative blocks with per-row rollbacks,
@@ -17,12 +17,12 @@ import torch
 import transformers
 
 from bebop.mtp import MtpHead
-from bebop.spec import attention, engine
-from bebop.spec.engine import SamplingParams, SpecConfig, generate
+from bebop.speculative import attention, engine
+from bebop.speculative.engine import SamplingParams, SpecConfig, generate
 from bebop.utils.io import BebopError
 from bebop.architectures import SUPPORTED_MODEL_TYPES
 from tests.conftest import ARCHITECTURES, SLIDING_WINDOW_KWARGS, tiny_model
-from tests.spec.test_engine import ToyTokenizer
+from tests.speculative.test_engine import ToyTokenizer
 
 WINDOW = 8  # sliding window of the test models; sequences run to about 4 windows
 VOCAB = 32

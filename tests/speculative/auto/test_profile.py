@@ -1,4 +1,4 @@
-"""Tests for bebop.spec.auto_profile: the chooser's state through JSON, the key, and refused files.
+"""Tests for bebop.speculative.auto.profile: the chooser's state through JSON, the key, and refused files.
 
 What pins it: a restored chooser prices every setting exactly as the one it was saved from and
 keeps or re-prices its last decision as it would have; a
@@ -15,11 +15,11 @@ import os
 import pytest
 import torch
 
-from bebop.spec import auto_profile as profile
-from bebop.spec.auto import AutoChooser, candidates, generate_auto
-from bebop.spec.engine import SamplingParams, SpecConfig
+from bebop.speculative.auto import profile as profile
+from bebop.speculative.auto.chooser import AutoChooser, candidates, generate_auto
+from bebop.speculative.engine import SamplingParams, SpecConfig
 from bebop.utils.io import BebopError
-from tests.spec.test_engine import ToyTokenizer, _prompts, peaked_model, perturbed_head
+from tests.speculative.test_engine import ToyTokenizer, _prompts, peaked_model, perturbed_head
 
 SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=24)
 
