@@ -1,0 +1,122 @@
+"""The README's "Your own model and data" walkthrough, run as written on a tiny random model.
+
+Every fenced block of that section runs in order: ``bash`` blocks line by line (``NAME=value``
+settings, then ``bebop ...`` commands through ``bebop.cli.main``, in this process), and a ``python``
+block whose first line is ``# FILE.py`` is written to FILE.py. The README's settings block sets the
+sizes; this test replaces each value with a tiny one from ``TINY`` (and fails when the README sets
+a name ``TINY`` does not size), so the walkthrough cannot drift from the CLI. The files a user
+brings (the model directory and three JSONL files) are made here. Then the section "The library
+in three lines" runs on the head the walkthrough trained.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from bebop.cli import main
+from tests.conftest import WORDS, save_model_dir, tiny_model
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+WALKTHROUGH = "## Your own model and data"
+LIBRARY = "## The library in three lines"
+TINY = {"MODEL": "./my-model", "NEW_TOKENS": "16", "HEAD_STEPS": "4", "RL_STEPS": "2", "SAMPLES": "200"}
+SETTING = re.compile(r"^([A-Z_][A-Z0-9_]*)=(\S+)$")  # NAME=value, one token
+VARIABLE = re.compile(r"\$(?:\{([A-Z_][A-Z0-9_]*)\}|([A-Z_][A-Z0-9_]*))")
+
+
+def section_blocks(text: str, heading: str) -> list[tuple[str, str]]:
+    """(language, body) of every fenced block between ``heading`` and the next level-2 heading."""
+    start = text.index(heading + "\n")
+    end = text.find("\n## ", start + len(heading))
+    body = text[start:end if end >= 0 else len(text)]
+    return re.findall(r"^```(\w+)\n(.*?)^```", body, flags=re.M | re.S)
+
+
+def shell_commands(body: str) -> list[list[str]]:
+    """A bash block's commands, each split into words; ``\\``-continued lines joined, comments dropped."""
+    joined = re.sub(r"\\\n", " ", body)
+    return [words for line in joined.splitlines() if (words := shlex.split(line, comments=True))]
+
+
+def expand(word: str, settings: dict[str, str]) -> str:
+    def value(match: re.Match) -> str:
+        name = match.group(1) or match.group(2)
+        assert name in settings, f"README uses ${name}, which its settings block does not set"
+        return settings[name]
+
+    return VARIABLE.sub(value, word)
+
+
+def run_block(language: str, body: str, settings: dict[str, str]) -> None:
+    """Runs one README block in the current directory (see the module docstring)."""
+    if language == "python":
+        first = body.splitlines()[0]
+        assert first.startswith("# ") and first.endswith(".py"), f"a python block names its file: {first!r}"
+        Path(first[2:]).write_text(body)
+        return
+    assert language == "bash", f"unexpected block language {language!r}"
+    for words in shell_commands(body):
+        if len(words) == 1 and (setting := SETTING.match(words[0])):
+            name = setting.group(1)
+            assert name in TINY, f"README sets {name}; give it a tiny value in tests/test_readme.py TINY"
+            settings[name] = TINY[name]
+            continue
+        words = [expand(w, settings) for w in words]
+        assert words[0] == "bebop", f"the walkthrough runs bebop commands only: {' '.join(words)}"
+        assert main(words[1:]) == 0, f"README command failed: {' '.join(words)}"
+
+
+def _jsonl(path: Path, rows: list[dict]) -> None:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+@pytest.fixture
+def user_files(tmp_path, monkeypatch):
+    """What the walkthrough says a user brings: a model directory and three JSONL files."""
+    save_model_dir(tmp_path / TINY["MODEL"], tiny_model("qwen3", vocab_size=16))
+    rng = random.Random(0)
+
+    def prompt() -> str:
+        return " ".join(rng.choice(WORDS) for _ in range(4))
+
+    _jsonl(tmp_path / "prompts.jsonl", [{"prompt": prompt()} for _ in range(12)])
+    _jsonl(tmp_path / "heldout-prompts.jsonl", [{"prompt": prompt()} for _ in range(6)])
+    _jsonl(tmp_path / "train.jsonl", [{"prompt": prompt(), "answer": rng.choice(WORDS)} for _ in range(16)])
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_blocks_are_found():
+    text = README.read_text()
+    blocks = section_blocks(text, WALKTHROUGH)
+    assert [lang for lang, _ in blocks].count("python") == 1 and len(blocks) >= 6
+    commands = [w for lang, body in blocks if lang == "bash" for w in shell_commands(body)]
+    runs = [c for c in commands if c[:2] == ["bebop", "rl"]]
+    assert any(c[:2] == ["bebop", "report"] for c in commands) and any("none" in c for c in runs)  # report's baseline
+    assert shell_commands("a \\\n  b  # c\n# d\n\ne") == [["a", "b"], ["e"]]
+
+
+@pytest.mark.slow
+def test_walkthrough_runs_as_written(user_files):
+    text = README.read_text()
+    settings: dict[str, str] = {}
+    for language, body in section_blocks(text, WALKTHROUGH):
+        run_block(language, body, settings)
+    assert settings.keys() == TINY.keys()  # every tiny size was used by the README
+    assert (user_files / "report" / "report.md").is_file()
+    stats = json.loads((user_files / "stats.json").read_text())
+    assert stats["spec/num_drafts"] > 0
+    for run in ("none", "rs"):
+        rows = (user_files / "runs" / run / "metrics.jsonl").read_text().splitlines()
+        assert len(rows) == int(TINY["RL_STEPS"])
+    [(language, code)] = section_blocks(text, LIBRARY)
+    assert language == "python"
+    scope: dict = {}
+    exec(compile(code, "README.md", "exec"), scope)  # noqa: S102 (the README's own example)
+    assert len(scope["out"].texts) == 1
