@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from bebop.config import is_auto
 from bebop.mtp.head import decoder_states
 from bebop.speculative import attention, rng
 from bebop.speculative.kv_cache import RaggedKVCache, fill_order
@@ -288,8 +289,8 @@ class Decoder:
 
 
 def _check_args(model, mtp, prompts, sampling: SamplingParams, spec: SpecConfig) -> None:
-    if spec.mode == "auto" or (spec.speculate_k == "auto" and spec.mode != "none"):  # none ignores K
-        raise BebopError("mode/speculate_k 'auto' is chosen by bebop.speculative.auto.chooser.generate_auto, not by generate")
+    if is_auto(spec.mode, spec.speculate_k):
+        raise BebopError("mode/speculate_k 'auto' is chosen by bebop.speculative.auto.generate.generate_auto, not by generate")
     if spec.mode not in MODES:
         raise BebopError(f"unknown mode {spec.mode!r}; choose one of {', '.join(MODES)}")
     if spec.mode != "none" and mtp is None:

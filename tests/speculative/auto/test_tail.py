@@ -1,9 +1,8 @@
 """Tests for the batch's tail in --mode auto's prediction (bebop.speculative.auto.tail).
 
 What pins it, on synthetic numbers (no model): the remaining-length draws, the steps per row, a
-call's tokens/s by hand (lockstep: the longest row sets the steps; the step cost follows the active
-rows; the prefill), a case where pricing the tail changes the best choice, the row-count slope of the
-step cost, the first step priced as prefill, and what a call leaves to the chooser.
+call's tokens/s by hand (lockstep: the longest row sets the steps; the prefill) and against simulated
+calls. The chooser's use of it is in test_chooser.py.
 """
 
 from __future__ import annotations
@@ -12,10 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from bebop.speculative.auto import chooser as auto, tail
-from bebop.speculative.auto.chooser import AutoChooser, StepCosts
-from bebop.speculative.engine import GenerationResult
-from tests.speculative.auto.test_chooser import _acceptance
+from bebop.speculative.auto import tail
 
 
 def _finish_steps(rows: tail.Rows, alphas) -> list[int]:
@@ -53,10 +49,6 @@ def test_a_fresh_calls_rows_may_end_with_the_prefill():
     decoding = lengths.rows([1, 1], max_new=10)
     assert decoding.left[0, 2] == 1 and tail.call_rates(decoding, [[]], np.array([0.001]))[0] == pytest.approx(2000)
     assert tail.Lengths().fresh(3, 1, max_new=10).left[0, 9] == 1  # nothing seen: the cap
-    chooser = AutoChooser()
-    chooser.costs = StepCosts(seconds={0: 0.001})
-    chooser.lengths = lengths
-    assert chooser.predict_call("none", 0, 2, 10) == pytest.approx((2 + 2) / 0.0015)  # the prefill's 2 tokens too
 
 
 def test_steps_per_row_by_hand():
@@ -121,9 +113,7 @@ def test_call_rate_prices_the_lockstep_tail_by_hand():
     """The module's example: rows with 2 and 10 tokens left take 10 plain steps."""
     rows = tail.Rows.known([0, 0], [2, 10])
     assert tail.call_rates(rows, [[]], np.array([0.001]))[0] == pytest.approx(1200)
-    # 1 ms x (1 + active rows): 2 steps at 2 rows (3 ms), 8 at 1 (2 ms) -> 12 tokens / 22 ms; plus 3 ms prefill
-    assert tail.call_rates(rows, [[]], np.array([0.001]), row_slope=1.0)[0] == pytest.approx(12 / 0.022)
-    assert tail.call_rates(rows, [[]], np.array([0.001]), row_slope=1.0, prefill_s=0.003)[0] == pytest.approx(12 / 0.025)
+    assert tail.call_rates(rows, [[]], np.array([0.001]), prefill_s=0.003)[0] == pytest.approx(12 / 0.013)  # 3 ms prefill
 
 
 def test_a_chain_cut_to_the_longest_remaining_row_prices_the_same():
@@ -136,9 +126,9 @@ def test_a_chain_cut_to_the_longest_remaining_row_prices_the_same():
     assert rows.left.shape[1] == 201 and not rows.left[:, 15:].any()
     short = tail.Rows(rows.done, rows.count, rows.left[:, :15])
     settings = [[], [0.9, 0.5], [[0.4, 0.9], [0.7, 0.6], [0.95, 0.8]]]
-    base, slope = np.array([0.001, 0.002, 0.003]), np.array([0.01, 0.02, 0.03])
-    assert tail.call_rates(rows, settings, base, slope, 0.004) == pytest.approx(
-        tail.call_rates(short, settings, base, slope, 0.004), rel=1e-12)
+    base = np.array([0.001, 0.002, 0.003])
+    assert tail.call_rates(rows, settings, base, 0.004) == pytest.approx(
+        tail.call_rates(short, settings, base, 0.004), rel=1e-12)
     done_by = tail.finished(rows, settings)
     assert done_by.shape == tail.finished(short, settings).shape == (3, 3, 15)  # the same chain: t = 0..14
     assert done_by[..., -1] == pytest.approx(1.0) and not done_by[..., 0].any()  # 14 tokens at most: all done by step 14
@@ -156,14 +146,14 @@ def test_rows_past_the_opener_price_as_a_chain_from_zero():
 
 def test_call_rate_matches_a_simulated_lockstep_call():
     """Expected tokens / expected seconds of whole lockstep calls (4 rows, two in the opener, history
-    lengths, a row-count slope), 20,000 simulated, within 4.4 standard errors (false alarm ~1e-5)."""
+    lengths), 20,000 simulated, within 4.4 standard errors (false alarm ~1e-5)."""
     rng = np.random.default_rng(1)
     alphas = [[0.5, 0.6, 0.7], [0.8, 0.7, 0.6], [0.9, 0.8, 0.5]]
     lengths = tail.Lengths()
     lengths.add(rng.integers(3, 40, 50).tolist())
     done = [0, 0, 5, 9]
     rows = lengths.rows(done, max_new=40)
-    exact = tail.call_rates(rows, [alphas], np.array([0.01]), row_slope=0.1, prefill_s=0.02)[0]
+    exact = tail.call_rates(rows, [alphas], np.array([0.01]), prefill_s=0.02)[0]
     seen, thresholds, n = np.minimum(np.array(lengths.seen), 40), np.cumprod(alphas, 1), 20_000
     offset = np.array(done)[None].repeat(n, 0)  # (calls, rows)
     end = np.stack([rng.choice(seen[seen > d], n) for d in done], 1)
@@ -171,114 +161,9 @@ def test_call_rate_matches_a_simulated_lockstep_call():
     while (active := offset < end).any():
         bucket = np.searchsorted(tail.OFFSET_EDGES, offset, side="right")
         accepted = (rng.random(offset.shape)[..., None] < thresholds[bucket]).sum(-1)
-        seconds += np.where(active.any(1), 0.01 * (1 + 0.1 * active.sum(1)), 0.0)
+        seconds += np.where(active.any(1), 0.01, 0.0)
         offset = offset + active * (1 + accepted)
     rate = tokens.mean() / seconds.mean()
     # delta method: sd of mean(tokens) / mean(seconds)
     se = rate * np.sqrt(np.var(tokens / tokens.mean() - seconds / seconds.mean()) / n)
     assert abs(exact - rate) < 4.4 * se, (exact, rate, se)
-
-
-def test_the_tail_changes_the_best_choice():
-    """64 rows of 40 tokens, rs K=2 at alpha 0.5: 1.75 tokens a step on average for 1.7x a plain step's
-    cost, so rows (1 + E[L]) / cost prefers rs (1.03x plain); but the call lasts until the row with the
-    most steps ends (about 28 steps, not 40 / 1.75 = 23), so with the tail priced plain wins."""
-    chooser = AutoChooser()
-    chooser.acceptance = _acceptance([0.5, 0.5], [0.5, 0.5])
-    chooser.costs = StepCosts(seconds={0: 0.001, 2: 0.0017})  # K=2 timed: no draft split needed
-    chooser.lengths.add([40] * 64)
-    options = [("none", 0), ("rs", 2)]
-    assert chooser.choose(options, rows=64).mode == "rs"
-    decision = chooser.choose(options, rows=64, tail=chooser.lengths.rows([0] * 64, 48))
-    assert decision.mode == "none"
-    assert decision.predictions["none"] == pytest.approx(64 / 0.001)  # plain: exactly 40 steps
-    steps = 64 * 40 / decision.predictions["rs2"] / 0.0017
-    assert 26 < steps < 31  # the longest of 64 rows (mean 22.9 steps, sd 2.3)
-
-
-def test_step_cost_follows_the_active_rows():
-    costs = StepCosts()
-    costs.observe(0, [(r, 0.001 * (1 + 0.1 * r), 0.0) for r in (16, 12, 8, 4, 2, 1)])
-    assert costs.gamma(0) == pytest.approx(0.1) and costs.seconds[0] == pytest.approx(0.001)
-    assert costs.scale(10, 0) == pytest.approx(2.0)
-    assert auto.predict("none", 0, None, costs, rows=10) == pytest.approx(10 / 0.002)
-    costs.observe(0, [(8, 0.003, 0.0)] * 3)  # one row count: the slope stays; the cost joins the first's (6 steps)
-    assert costs.gamma(0) == pytest.approx(0.1) and costs.seconds[0] == pytest.approx((6 * 0.001 + 3 * 0.003 / 1.8) / 9)
-
-
-def test_the_row_slope_is_per_depth():
-    """A step's cost per row grows with the tokens it runs per row: gamma per depth (each fit shrunk
-    toward the other depths', GAMMA_PRIOR_STEPS), a line in K for a depth never fitted (one fitted
-    drafted depth: its gamma)."""
-    costs = StepCosts()
-    for k, gamma in ((0, 0.01), (1, 0.02), (3, 0.04)):
-        costs.observe(k, [(r, 0.001 * (1 + gamma * r), 0.0) for r in (16, 8, 4, 1) * 25])  # 100 steps each
-    m = auto.GAMMA_PRIOR_STEPS
-    assert costs.row_slope == pytest.approx({0: 0.01, 1: 0.02, 3: 0.04})
-    assert costs.gamma(1) == pytest.approx((100 * 0.02 + m * 0.04) / (100 + m))  # toward depth 3, the other drafted
-    assert costs.gamma(0) == pytest.approx(0.01)  # toward the drafted line's K = 0 point, 0.01 (not their mean, 0.03)
-    assert costs.gamma(0) < costs.gamma(1) < costs.gamma(3)
-    assert costs.gamma(2) == pytest.approx(0.03) and costs.gamma(4) == pytest.approx(0.05)
-    assert costs.scale(10, 4) == pytest.approx(1.5)
-    one = StepCosts()
-    one.observe(2, [(r, 0.001 * (1 + 0.03 * r), 0.0) for r in (16, 8, 4, 1)])
-    assert one.gamma(4) == pytest.approx(0.03) and one.gamma(0) == pytest.approx(0.03)
-    assert StepCosts().gamma(1) == 0.0
-
-
-def test_costs_timed_before_the_slope_is_known_are_reread_at_it():
-    """A probe runs at one row count (no slope yet); a later call's tail fits it: the probe's cost is then
-    a cost at its own rows, not a cost per row unit."""
-    costs = StepCosts()
-    costs.observe(4, [(16, 0.026, 0.008)] * 2)  # 26 ms at 16 rows, 2 ms a draft step
-    assert not costs.row_slope and costs.seconds[4] == pytest.approx(0.026)
-    costs.observe(2, [(r, 0.001 * (1 + 0.1 * r), 0.0) for r in (16, 8, 4, 1)])  # gamma = 0.1 at K = 2
-    assert costs.gamma(4) == pytest.approx(0.1)  # the one fitted drafted depth's
-    assert costs.seconds[4] * costs.scale(16, 4) == pytest.approx(0.026)
-    assert costs.draft_s * costs.scale(16, 4) == pytest.approx(0.002)
-
-
-def test_a_calls_first_step_is_priced_as_prefill():
-    """The first step also feeds the head the prompt: it is not a step cost, its excess joins the prefill."""
-    result = GenerationResult(prompt_ids=[[1]], token_ids=[[1, 2, 3]], texts=[""], lengths=[3],
-                              finish_reasons=["eos"], step_times=[(1, 0.010, 0.0), (1, 0.002, 0.0),
-                                                                  (1, 0.002, 0.0)], prefill_seconds=0.005)
-    chooser = AutoChooser()
-    chooser.costs.observe(0, result.step_times[1:])  # as a probe's plain block: its first step not timed
-    chooser.end_call(result, (0, result.step_times[0]))
-    assert chooser.costs.seconds[0] == pytest.approx(0.002)
-    assert chooser.prefill_s == pytest.approx(0.005 + 0.008)
-    assert chooser.lengths.seen == [3]
-
-
-def test_a_fixed_calls_alphas_and_lengths_reach_the_chooser_not_its_step_times():
-    """A fixed setting's call (``AutoChooser.observe``, the engine backend's fixed calls) teaches what a
-    call between probes does: alphas, decayed as a call, and lengths; its step times are not a probe's."""
-    from bebop.speculative.engine import SamplingParams, SpecConfig, generate
-    from tests.speculative.test_engine import ToyTokenizer, _prompts, peaked_model, perturbed_head
-
-    model = peaked_model()
-    result = generate(model, ToyTokenizer(), _prompts((3, 4, 6)), mtp=perturbed_head(model, 0.1),
-                      sampling=SamplingParams(temperature=1.0, max_new_tokens=12), spec=SpecConfig("rs", 2))
-    chooser = AutoChooser()
-    chooser.acceptance = _acceptance([0.5] * 2, [0.4] * 2, weight=50)
-    chooser.observe(result, "rs", greedy=False)
-    fresh = AutoChooser()
-    fresh.acceptance.observe(result.log, result.lengths, greedy=False)
-    assert chooser.acceptance.weights[0] == pytest.approx(50 * auto.DECAY + fresh.acceptance.weights[0])
-    assert chooser.lengths.seen == result.lengths and not chooser.costs.seconds
-
-
-def test_generate_auto_learns_the_calls_lengths_and_prefill():
-    """A call leaves its completion lengths and its prefill's seconds (the head's first pass included)
-    to the chooser, for the forecasts of whole calls (``predict_call``)."""
-    from bebop.speculative.auto.chooser import generate_auto
-    from bebop.speculative.engine import SamplingParams
-    from tests.speculative.test_engine import ToyTokenizer, _prompts, peaked_model, perturbed_head
-
-    model = peaked_model()
-    chooser = AutoChooser()
-    out, decision = generate_auto(model, ToyTokenizer(), _prompts((3, 4, 6)), mtp=perturbed_head(model, 0.1),
-                                  sampling=SamplingParams(temperature=1.0, max_new_tokens=24), chooser=chooser)
-    assert decision.measured_tok_s > 0 and chooser.lengths.seen == out.lengths
-    assert chooser.prefill_s >= out.prefill_seconds > 0
