@@ -44,7 +44,7 @@ class Rows:
 
     @classmethod
     def known(cls, done, left) -> Rows:
-        """Rows whose remaining tokens are known (a finished call's, replayed): point masses."""
+        """Rows whose remaining tokens are known (a finished call's): point masses."""
         done, left = np.asarray(done, dtype=np.int64), np.maximum(np.asarray(left, dtype=np.int64), 1)
         span = int(left.max(initial=1)) + 1
         pairs, count = np.unique(done * span + left, return_counts=True)  # NOTE: 1-D keys: np.unique(axis=0) is slow
