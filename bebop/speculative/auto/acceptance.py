@@ -1,11 +1,10 @@
 """Acceptance model of ``--mode auto``: alpha_j per draft depth, completion offset and K.
 
 Terms (p the target's distribution, q the draft's):
-    alpha_j     acceptance at draft depth j given drafts 1..j-1 were accepted. Estimated by the mean
-                of the counterfactual alpha_RS = sum min(p_j, q_j) and alpha_TO = p_j(argmax q_j)
-                that the engine records at every kept draft position (``bebop.speculative.stats``),
-                whichever mode ran; at T = 0 by whether each draft was accepted (both rules are then
-                greedy matching).
+    alpha_j     acceptance at draft depth j given drafts 1..j-1 were accepted: the mean of the
+                counterfactual alpha_RS = sum min(p_j, q_j) and alpha_TO = p_j(argmax q_j) the engine
+                records at every kept draft position (``bebop.speculative.stats``), whichever mode ran;
+                at T = 0 whether each draft was accepted (both rules are then greedy matching).
     E[L]        expected accepted drafts per verify step, sum_{j<=K} prod_{i<=j} alpha_i (Leviathan
                 et al. 2023; arXiv 2606.12370 Eq. 12); a verify step emits 1 + E[L] tokens.
 
@@ -44,15 +43,6 @@ def expected_accepted(alphas: list[float]) -> float:
     return total
 
 
-def draft_positions(log: EmissionLog, lengths: list[int]) -> dict[str, np.ndarray]:
-    """Every kept draft position of a call (``EmissionLog.kept``) as flat (M,) arrays: depth (1-based),
-    offset (tokens its row had emitted before the step), k (the step's K), alpha_rs, alpha_to and
-    accepted."""
-    kept = log.kept(lengths)
-    return {"depth": kept.depth, "offset": kept.offset, "k": kept.k, "alpha_rs": kept.values[1],
-            "alpha_to": kept.values[2], "accepted": kept.accepted}
-
-
 def _shrunk(table: Acceptance, rule: str, prior: list[float]) -> list[float]:
     """Each depth's mean in ``table`` shrunk toward ``prior`` with the weight of PRIOR_POSITIONS positions."""
     return [(table.sums[rule][j] + PRIOR_POSITIONS * a) / (table.weights[j] + PRIOR_POSITIONS)
@@ -80,17 +70,17 @@ class Acceptance:
         self.sums["to"][depth - 1] += alpha_to
 
     def observe(self, log: EmissionLog, lengths: list[int], greedy: bool, age: float = 1.0) -> None:
-        """Adds a call's kept draft positions (counterfactual alphas; at T = 0 whether each was accepted,
-        as the recorded alphas are T = 1 numbers). The tables of the K's that ran are first decayed by
-        ``age``: a K's own steps age only in calls that run it."""
-        pos = draft_positions(log, lengths)
-        rs, to = (pos["accepted"], pos["accepted"]) if greedy else (pos["alpha_rs"], pos["alpha_to"])
-        bucket = np.searchsorted(OFFSET_EDGES, pos["offset"], side="right")
-        self._add_positions(pos["depth"], bucket, rs, to)
-        for k in np.unique(pos["k"]).tolist():
-            sel, own = pos["k"] == k, self.by_k.setdefault(k, Acceptance())
+        """Adds a call's kept draft positions (at T = 0 whether each was accepted: the recorded alphas are
+        T = 1 numbers). The K's that ran first decay their own tables by ``age``: a K's own steps age
+        only in calls that run it."""
+        kept = log.kept(lengths)  # every kept draft position, flat (M,) arrays
+        rs, to = (kept.accepted, kept.accepted) if greedy else (kept.values[1], kept.values[2])
+        bucket = np.searchsorted(OFFSET_EDGES, kept.offset, side="right")
+        self._add_positions(kept.depth, bucket, rs, to)
+        for k in np.unique(kept.k).tolist():
+            sel, own = kept.k == k, self.by_k.setdefault(k, Acceptance())
             own.decay(age)
-            own._add_positions(pos["depth"][sel], bucket[sel], rs[sel], to[sel])
+            own._add_positions(kept.depth[sel], bucket[sel], rs[sel], to[sel])
 
     def _add_positions(self, depth: np.ndarray, bucket: np.ndarray, rs: np.ndarray, to: np.ndarray) -> None:
         if not self.by_offset:

@@ -150,7 +150,7 @@ class AutoChooser:
     def predict_call(self, mode: str, k: int, batch: int, max_new: int) -> float:
         """Tokens/s of a whole call of ``batch`` fresh rows at (mode, K), prefill included (its seconds
         and the first token of every row)."""
-        rows = self.lengths.fresh(batch, PREFILL_TOKENS, max_new)
+        rows = self.lengths.rows([PREFILL_TOKENS] * batch, max_new, fresh=True)
         rate = self.rates([(mode, k)], rows, self.prefill_s)[config_name(mode, k)]
         decoded = rows.tokens()
         return (decoded + PREFILL_TOKENS * batch) * rate / decoded if rate else 0.0

@@ -50,11 +50,8 @@ def _name_key(name: str):
 
 @dataclass
 class StepCosts:
-    """Seconds of engine decode steps by K (0 = plain), and of their drafting, from timed blocks.
-
-    Each depth's cost is the mean of its blocks' median steps, weighted by their timed steps. The
-    costs are one probing call's own (``AutoChooser.restart``): every setting a probe compares is
-    timed at the machine's speed of that moment.
+    """Seconds of engine decode steps by K (0 = plain) and of their drafting: each depth's the mean of
+    its blocks' median steps, weighted by their timed steps (one probing call's, ``AutoChooser.restart``).
 
     Example: steps of 9 ms at K=1 and 16 ms at K=4 with c_draft = 2 ms give c_verify = 6.67 + K/3 ms,
     so step(2) = 4 + 7.33 = 11.33 ms.
@@ -116,12 +113,10 @@ class StepCosts:
         return self.draft_fixed + k * self.draft_s if k else 0.0
 
     def verify_seconds(self, k: int) -> float | None:
-        """c_verify(K), or None without a timed draft step and a measured depth.
-
-        A line through the measured depths (least squares weighted by their timed steps, slope >= 0);
-        with one drafted depth, the plain step is the line's K = 0 point (a verify pass over one
-        token a row), else the slope is ``prefill_slope``, else 0. Never below a plain step.
-        """
+        """c_verify(K), or None without a timed draft step and a measured depth: a line through the
+        measured depths (least squares weighted by their timed steps, slope >= 0); with one drafted
+        depth, through the plain step as its K = 0 point, else of slope ``prefill_slope`` (or 0).
+        Never below a plain step."""
         points = sorted((j, s - self.draft_seconds(j), self.weights.get(j, 1.0)) for j, s in self.seconds.items()
                         if j >= 1) if self.draft_s is not None else []
         if not points:
@@ -137,12 +132,9 @@ class StepCosts:
         return max(line, self.seconds.get(0, 0.0))
 
     def fit_prefill(self, k: int, prompt_len: float, prefill_s: float) -> None:
-        """``prefill_slope`` from a prefill of ``prompt_len`` tokens a row beside verify steps at depth k.
-
-        The prefill is a forward over prompt_len tokens a row, a verify pass one over k + 1: the
-        difference over the extra tokens estimates the verify cost of one more draft depth (it also
-        holds the head's prefill, so it errs high: toward shallower K). Unchanged when it cannot say.
-        """
+        """``prefill_slope`` from a prefill of ``prompt_len`` tokens a row beside verify steps at depth k: a
+        forward over prompt_len tokens against one over k + 1, the difference per extra token (it also
+        holds the head's prefill, so it errs high: toward shallower K). Unchanged when it cannot say."""
         verify = self.verify_seconds(k) if k in self.seconds else None
         if verify is None or prompt_len <= k + 1:
             return

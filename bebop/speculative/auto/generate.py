@@ -1,19 +1,12 @@
 """``generate_auto``: one engine call that probes settings, chooses one, and decodes the rest at it.
 
 The call runs one ``bebop.speculative.engine.Decoder`` and switches its (mode, K) between decode
-steps, every token kept. A probing call (``_probe``) runs one plain step when plain decoding is
-allowed, steps at the deepest K, then steps at a shallower K if one could win, and decodes the
-rest at the setting the chooser predicts fastest (``AutoChooser.choose``). A call between probes
-(``AutoChooser.should_probe`` false) runs the held decision from its first step.
+steps, every token kept: a probing call (``_probe``, then ``AutoChooser.choose``) or one keeping the
+held decision from its first step, as the chooser's schedule says (``AutoChooser.should_probe``).
 
 Exactness: each step is an exact step of its setting, drawn from its rows' randomness at a counter
-no other step uses, and the setting of a step depends only on the steps before it (and on
-timings); each token is therefore drawn from p given its prefix whatever was chosen, and at T = 0
-every step is greedy.
-
-Deviation from a static K: the probe steps run settings that may be slower than the chosen one:
-the price of a one-shot call; an RL run, or generate calls sharing a profile, pay it once every
-``AutoChooser.every`` calls.
+no other step uses, and a step's setting depends only on the steps before it (and on timings); each
+token is therefore drawn from p given its prefix whatever was chosen, and at T = 0 every step is greedy.
 """
 
 from __future__ import annotations
@@ -46,8 +39,8 @@ def check_auto_spec(spec: SpecConfig) -> None:
 def _block(decoder: Decoder, chooser: AutoChooser, setting, mode: str, k: int, steps_at_least: int,
            positions: int = 0) -> list[StepTime]:
     """Decodes at (mode, K) for ``steps_at_least`` steps, more until ``positions`` rows were decoded, and
-    times them (``StepCosts.observe``). A drafted block's first step is not timed (it also feeds the
-    head what was left pending) unless it is the block's only step; plain steps run no head."""
+    times them; a drafted block's first step also feeds the head what was left pending, so it is
+    timed only when it is the block's only step."""
     decoder.set_spec(setting(mode, k))
     steps = []
     while decoder.num_active and (len(steps) < steps_at_least or sum(r for r, _, _ in steps) < positions):
@@ -59,14 +52,12 @@ def _block(decoder: Decoder, chooser: AutoChooser, setting, mode: str, k: int, s
 
 def _probe(decoder: Decoder, chooser: AutoChooser, options, setting, greedy: bool) -> tuple[int, StepTime] | None:
     """The probe's steps -> (depth, step time) of the call's first drafted step, else of its first step
-    (None: no step); its excess over a step's cost is the head's prefill (``StepCosts.excess``).
+    (None: no step), whose excess over a step's cost is the head's prefill.
 
-    0. One plain step when plain decoding is allowed: the call's first step, so nothing pending
-       inflates it; plain's cost and the verify line's K = 0 point.
+    0. One plain step when plain is allowed: the call's first, nothing pending; the verify line's K = 0.
     1. PROBE_STEPS at the deepest K (``probe_rule``), more until PROBE_POSITIONS rows were drafted
        for: both alphas at every depth, c_draft, c_verify(K).
-    2. PROBE_STEPS at the shallower K predicted best, when it could win (``shallow_could_win``): a
-       second depth for the verify line.
+    2. PROBE_STEPS at the shallower K predicted best when it could win (``shallow_could_win``).
     """
     firsts: list[tuple[int, StepTime]] = []  # (depth, first step) of each block
 

@@ -42,16 +42,6 @@ class Rows:
     count: np.ndarray  # (G,) int
     left: np.ndarray  # (G, C + 1) probabilities over the tokens still to emit, 0..C
 
-    @classmethod
-    def known(cls, done, left) -> Rows:
-        """Rows whose remaining tokens are known (a finished call's): point masses."""
-        done, left = np.asarray(done, dtype=np.int64), np.maximum(np.asarray(left, dtype=np.int64), 1)
-        span = int(left.max(initial=1)) + 1
-        pairs, count = np.unique(done * span + left, return_counts=True)  # NOTE: 1-D keys: np.unique(axis=0) is slow
-        probs = np.zeros((len(pairs), span))
-        probs[np.arange(len(pairs)), pairs % span] = 1.0
-        return cls(pairs // span, count, probs)
-
     def tokens(self) -> float:
         """E[tokens the rows still emit]."""
         return float(self.count @ (self.left @ np.arange(self.left.shape[1])))
@@ -66,25 +56,17 @@ class Lengths:
     def add(self, lengths: list[int]) -> None:
         self.seen = (self.seen + [int(n) for n in lengths])[-HISTORY:]
 
-    def rows(self, generated: list[int], max_new: int) -> Rows:
-        """``Rows`` of rows still decoding that have emitted ``generated`` tokens: each still emits a seen
-        length longer than that (capped at max_new) less what it emitted, uniform over the seen
-        lengths; the cap less what it emitted when none is longer."""
-        return self._rows(generated, max_new, may_have_ended=False)
-
-    def fresh(self, batch: int, emitted: int, max_new: int) -> Rows:
-        """``Rows`` of a call about to start, whose prefill will emit ``emitted`` tokens a row: each row
-        emits a seen length of at least that (capped at max_new) less ``emitted``, 0 for a completion
-        that ends within the prefill's tokens (it runs no step), uniform over the seen lengths; the
-        cap less ``emitted`` when none is that long."""
-        return self._rows([emitted] * batch, max_new, may_have_ended=True)
-
-    def _rows(self, generated: list[int], max_new: int, may_have_ended: bool) -> Rows:
+    def rows(self, generated: list[int], max_new: int, fresh: bool = False) -> Rows:
+        """``Rows`` of rows that have emitted ``generated`` tokens: each still emits a seen length
+        longer than that (capped at max_new) less what it emitted, uniform over the seen lengths; the
+        cap less what it emitted when none is longer. ``fresh``: a call about to start, whose prefill
+        will emit ``generated`` tokens a row: a seen length of at least that, 0 tokens left for a
+        completion that ends within the prefill (it runs no step)."""
         seen = np.minimum(np.asarray(self.seen, dtype=np.int64), max_new)
         done, count = np.unique(np.asarray(generated, dtype=np.int64), return_counts=True)
         left = np.zeros((len(done), max(max_new, 1) + 1))
         for g, d in enumerate(done.tolist()):
-            longer = seen[seen >= d] - d if may_have_ended else seen[seen > d] - d
+            longer = seen[seen >= d] - d if fresh else seen[seen > d] - d
             if len(longer):
                 left[g] = np.bincount(longer, minlength=left.shape[1]) / len(longer)
             else:
@@ -107,12 +89,11 @@ def finished(rows: Rows, alphas: list) -> np.ndarray:
     t = 0..T, T the most tokens a row can still emit (a step emits at least one: every row is
     finished after T steps).
 
-    A Markov chain per setting over o, the tokens a row has emitted (lo..O, O absorbing): a step at
-    o emits 1 + L, L drawn at the alphas of o's offset bucket. Past the last edge the chain is the
-    same at every o, so a group that has emitted more starts at the edge, its target shifted with
-    it: at most OFFSET_EDGES[-1] + 1 chains whatever the batch. The distributions after t = 0..T
-    steps come from matrix products by doubling, the last block cut to the steps still needed. The
-    states run from lo, the lowest start, to O, the most tokens any row can reach, and no further.
+    A Markov chain per setting over o, the tokens a row has emitted (lo..O, O absorbing; lo the lowest
+    start, O the most tokens any row can reach): a step at o emits 1 + L, L drawn at the alphas of
+    o's offset bucket. Past the last edge the chain is the same at every o, so a group that has
+    emitted more starts at the edge, its target shifted with it: at most OFFSET_EDGES[-1] + 1 chains
+    whatever the batch. The distributions after t = 0..T steps come from matrix products by doubling.
     """
     k = max([_depth(a) for a in alphas] + [1])  # every setting padded to the deepest K
     per = [_thresholds(a, k) for a in alphas]
@@ -166,7 +147,7 @@ def call_rates(rows: Rows, alphas: list, base: np.ndarray, prefill_s: float = 0.
     """Predicted tokens/s of the rest of a call at N settings: E[tokens] / (prefill_s + E[step seconds]).
 
     Args:
-        rows: the active rows and their remaining tokens (``Lengths.rows``, ``Rows.known``).
+        rows: the active rows and their remaining tokens (``Lengths.rows``).
         alphas: per setting, alpha_1..alpha_K, or one list per offset bucket, or empty for plain
             decoding.
         base: (N,) seconds of a step of each setting.

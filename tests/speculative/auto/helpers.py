@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from bebop.speculative.auto.acceptance import Acceptance
 from bebop.speculative.auto.chooser import AutoChooser, candidates
 from bebop.speculative.auto.costs import StepCosts
+from bebop.speculative.auto.tail import Rows
 from bebop.speculative.engine import SpecConfig
 
 ALL = candidates(SpecConfig("auto", "auto"))  # none, to1..4, rs1..4
@@ -30,3 +33,13 @@ def with_history() -> AutoChooser:
     chooser.costs.observe(3, [(3, 0.009, 0.003)] * 2)
     chooser.lengths.add([5, 7])
     return chooser
+
+
+def known_rows(done, left) -> Rows:
+    """Rows whose remaining tokens are known (``left[i]`` after ``done[i]``): point masses, grouped."""
+    done, left = np.asarray(done, dtype=np.int64), np.maximum(np.asarray(left, dtype=np.int64), 1)
+    span = int(left.max(initial=1)) + 1
+    pairs, count = np.unique(done * span + left, return_counts=True)
+    probs = np.zeros((len(pairs), span))
+    probs[np.arange(len(pairs)), pairs % span] = 1.0
+    return Rows(pairs // span, count, probs)

@@ -12,6 +12,7 @@ import pytest
 from scipy import stats
 
 from bebop.speculative.auto import tail
+from tests.speculative.auto.helpers import known_rows
 
 
 def _finish_steps(rows: tail.Rows, alphas) -> list[int]:
@@ -31,7 +32,7 @@ def test_remaining_lengths_follow_the_history_longer_than_each_row():
     assert rows.tokens() == pytest.approx(2 * 7.5 + 4 + 8)
     nothing = tail.Lengths().rows([3, 5], 20)
     assert nothing.left[0, 17] == nothing.left[1, 15] == 1
-    known = tail.Rows.known([0, 0, 3], [4, 4, 0])  # a row with nothing left counts one token
+    known = known_rows([0, 0, 3], [4, 4, 0])  # a row with nothing left counts one token
     assert known.done.tolist() == [0, 3] and known.count.tolist() == [2, 1] and known.left[1, 1] == 1
 
 
@@ -42,17 +43,17 @@ def test_a_fresh_calls_rows_may_end_with_the_prefill():
     1.5 steps (none when both end: 1/4), 1,333 tok/s; rows still decoding at offset 1 have 2 left."""
     lengths = tail.Lengths()
     lengths.add([1, 3])
-    fresh = lengths.fresh(2, 1, max_new=10)
+    fresh = lengths.rows([1, 1], max_new=10, fresh=True)
     assert fresh.done.tolist() == [1] and fresh.count.tolist() == [2]
     assert fresh.left[0, 0] == fresh.left[0, 2] == 0.5 and fresh.tokens() == pytest.approx(2.0)
     assert tail.call_rates(fresh, [[]], np.array([0.001]))[0] == pytest.approx(2 / 0.0015)
     decoding = lengths.rows([1, 1], max_new=10)
     assert decoding.left[0, 2] == 1 and tail.call_rates(decoding, [[]], np.array([0.001]))[0] == pytest.approx(2000)
-    assert tail.Lengths().fresh(3, 1, max_new=10).left[0, 9] == 1  # nothing seen: the cap
+    assert tail.Lengths().rows([1] * 3, max_new=10, fresh=True).left[0, 9] == 1  # nothing seen: the cap
 
 
 def test_steps_per_row_by_hand():
-    rows = tail.Rows.known([0, 0], [7, 1])
+    rows = known_rows([0, 0], [7, 1])
     assert _finish_steps(rows, []) == [1, 7]  # plain: a token a step (groups sorted by tokens left)
     assert _finish_steps(rows, [1.0, 1.0]) == [1, 3]  # 3 tokens a step
     assert _finish_steps(rows, [0.0, 0.0]) == [1, 7]
@@ -62,9 +63,9 @@ def test_steps_by_offset_bucket_by_hand():
     """Alphas per offset bucket: a step draws from the bucket of the tokens its row emitted before it."""
     assert tail.OFFSET_EDGES == (4, 8)
     never, always = [0.0, 0.0], [1.0, 1.0]
-    rows = tail.Rows.known([0, 6, 8], [20, 3, 20])
+    rows = known_rows([0, 6, 8], [20, 3, 20])
     assert _finish_steps(rows, [never, never, always]) == [8 + 4, 3, 7]  # 8 singles, 12 at 3 a step; 6, 7, 8; 20 / 3
-    assert _finish_steps(tail.Rows.known([0, 0], [20, 3]), [always, never, always]) == [1, 2 + 2 + 4]  # 0-2, 3-5; 6, 7
+    assert _finish_steps(known_rows([0, 0], [20, 3]), [always, never, always]) == [1, 2 + 2 + 4]  # 0-2, 3-5; 6, 7
     assert _finish_steps(rows, [always] * 3) == _finish_steps(rows, always)  # past the last edge: one chain for all
 
 
@@ -100,7 +101,7 @@ def test_finished_matches_a_simulation():
 def test_all_settings_priced_at_once_as_one_by_one():
     """``call_rates`` pads every setting to the deepest K: each setting's rate is the one it gets alone,
     and equal settings get equal rates."""
-    rows, base = tail.Rows.known([0, 0], [2, 10]), 0.001
+    rows, base = known_rows([0, 0], [2, 10]), 0.001
     settings = [[], [1.0, 1.0], [0.0], [[1.0], [0.0], [1.0]], [1.0, 1.0], [0.5, 0.7, 0.2]]
     together = tail.call_rates(rows, settings, np.full(len(settings), base))
     alone = [tail.call_rates(rows, [a], np.array([base]))[0] for a in settings]
@@ -111,7 +112,7 @@ def test_all_settings_priced_at_once_as_one_by_one():
 
 def test_call_rate_prices_the_lockstep_tail_by_hand():
     """The module's example: rows with 2 and 10 tokens left take 10 plain steps."""
-    rows = tail.Rows.known([0, 0], [2, 10])
+    rows = known_rows([0, 0], [2, 10])
     assert tail.call_rates(rows, [[]], np.array([0.001]))[0] == pytest.approx(1200)
     assert tail.call_rates(rows, [[]], np.array([0.001]), prefill_s=0.003)[0] == pytest.approx(12 / 0.013)  # 3 ms prefill
 
@@ -138,8 +139,8 @@ def test_rows_past_the_opener_price_as_a_chain_from_zero():
     """The chain starts at the lowest start, not at 0: rows that have emitted 6 and 11 tokens finish as
     they do beside a row at 0 (which adds states 0-5 and its own chain), at every step."""
     settings = [[], [0.9, 0.5], [[0.4, 0.9], [0.7, 0.6], [0.95, 0.8]]]
-    late = tail.Rows.known([6, 11], [9, 5])
-    with_early = tail.Rows.known([0, 6, 11], [2, 9, 5])
+    late = known_rows([6, 11], [9, 5])
+    with_early = known_rows([0, 6, 11], [2, 9, 5])
     np.testing.assert_allclose(tail.finished(late, settings),
                                tail.finished(with_early, settings)[:, 1:, :10], rtol=0, atol=1e-12)
 
