@@ -178,10 +178,10 @@ class AutoChooser:
         return Decision(mode, k, predictions[config_name(mode, k)], predictions, rows)
 
     def to_state(self) -> dict:
-        """The chooser's state, JSON-able: a profile (``bebop.speculative.auto.profile``) carries it."""
+        """The chooser's state, JSON-able: a profile (``bebop.speculative.auto.profile``) carries it. Not the
+        step costs: the next probe times its own, and a held call prices nothing."""
         held = dataclasses.asdict(self.held) if self.held is not None else None
-        return {"acceptance": self.acceptance.to_state(), "costs": self.costs.to_state(),
-                "lengths": self.lengths.seen, "prefill_s": self.prefill_s,
+        return {"acceptance": self.acceptance.to_state(), "lengths": self.lengths.seen, "prefill_s": self.prefill_s,
                 "held": held and {k: v if v == v else None for k, v in held.items()},  # NOTE: nan is not JSON
                 "confirm": self.confirm, "every": self.every, "tried": sorted(self.tried)}
 
@@ -193,7 +193,6 @@ class AutoChooser:
             raise ValueError(f"every {chooser.every} < 1")
         chooser.tried = {str(name) for name in state["tried"]}
         chooser.acceptance = Acceptance.from_state(state["acceptance"])
-        chooser.costs = StepCosts.from_state(state["costs"])
         chooser.lengths = Lengths([int(n) for n in state["lengths"]])
         chooser.prefill_s = float(state["prefill_s"])
         held = state["held"]

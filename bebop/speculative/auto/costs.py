@@ -39,15 +39,6 @@ def _line(points: list[tuple[float, float, float]], drafting: bool = False) -> t
     return mean_y - slope * mean_x, slope
 
 
-def _key_name(key) -> str:
-    """A cost key as JSON text: "K" for a depth's steps, "draftK" for its drafting."""
-    return f"draft{key[1]}" if isinstance(key, tuple) else str(key)
-
-
-def _name_key(name: str):
-    return ("draft", int(name[5:])) if name.startswith("draft") else int(name)
-
-
 @dataclass
 class StepCosts:
     """Seconds of engine decode steps by K (0 = plain) and of their drafting: each depth's the mean of
@@ -85,23 +76,6 @@ class StepCosts:
         self.weights = {k: weights[k] for k in self.seconds}
         if drafts:
             self.draft_fixed, self.draft_s = _line(drafts, drafting=True)
-
-    def to_state(self) -> dict:
-        """The measurements as JSON-able lists (``from_state`` re-derives the rest)."""
-        return {"measured": {_key_name(key): [list(e) for e in entries] for key, entries in self.measured.items()},
-                "prefill_slope": self.prefill_slope}
-
-    @classmethod
-    def from_state(cls, state: dict) -> StepCosts:
-        """The costs ``to_state`` wrote; ValueError when an entry does not fit."""
-        measured = {_name_key(name): [tuple(float(x) for x in e) for e in entries]
-                    for name, entries in state["measured"].items()}
-        if any(len(e) != 2 for entries in measured.values() for e in entries):
-            raise ValueError("a cost measurement is not (seconds, steps)")
-        slope = state["prefill_slope"]
-        costs = cls(measured=measured, prefill_slope=None if slope is None else float(slope))
-        costs._refresh()
-        return costs
 
     def excess(self, k: int, step_time: StepTime) -> float:
         """Seconds a call's first step (at depth k) took beyond a step's predicted cost, at least 0."""

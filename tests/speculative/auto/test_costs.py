@@ -2,13 +2,10 @@
 
 What pins it: c_verify(K) as a weighted line through the timed depths (the plain step its K = 0 point
 when one drafted depth is timed, else the prefill's slope), drafting as d_0 + K c_draft, blocks weighed
-by their timed steps, the floor at a plain step, a plain step never priced from drafted steps, and the
-state's round trip.
+by their timed steps, the floor at a plain step, and a plain step never priced from drafted steps.
 """
 
 from __future__ import annotations
-
-import json
 
 import numpy as np
 import pytest
@@ -70,14 +67,3 @@ def test_a_plain_step_is_never_priced_from_drafted_steps():
     # plain step costs ~0.6 c_verify(1), and plain decoding was never probed where it was best)
     assert StepCosts(seconds={4: 0.014}, draft_s=0.002).step_seconds(0) is None
     assert predict("none", 0, Acceptance(), StepCosts(seconds={4: 0.014}, draft_s=0.002), rows=4) == 0.0
-
-
-def test_costs_round_trip_through_json():
-    costs = StepCosts()
-    costs.observe(0, [(16, 0.006, 0.0)] * 2)
-    costs.observe(4, [(16, 0.0125, 0.0025)] * 3)
-    costs.fit_prefill(4, prompt_len=20, prefill_s=0.05)
-    back = StepCosts.from_state(json.loads(json.dumps(costs.to_state())))
-    assert back == costs and back.step_seconds(2) == costs.step_seconds(2)
-    with pytest.raises(ValueError):
-        StepCosts.from_state({"measured": {"4": [[0.01]]}, "prefill_slope": None})

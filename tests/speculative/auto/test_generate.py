@@ -14,6 +14,8 @@ tests/speculative/test_engine.py.
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 
@@ -144,12 +146,12 @@ def test_between_probes_the_last_decision_is_kept(monkeypatch):
 
     probed = call(0)  # nothing held yet
     assert probed.probed and chooser.held is probed and priced == [1]
-    costs, weight = chooser.costs.to_state(), sum(chooser.acceptance.weights)
+    costs, weight = copy.deepcopy(chooser.costs), sum(chooser.acceptance.weights)
     kept = call(1)
     assert not kept.probed and priced == [] and chooser.held is probed
     assert (kept.mode, kept.speculate_k, kept.predictions) == (probed.mode, probed.speculate_k, probed.predictions)
     assert set(ks) == {probed.speculate_k} and len(ks) >= 2 and kept.measured_tok_s > 0
-    assert chooser.costs.to_state() == costs and sum(chooser.acceptance.weights) > weight * acceptance.DECAY
+    assert chooser.costs == costs and sum(chooser.acceptance.weights) > weight * acceptance.DECAY
     chooser.held = auto.Decision("to", 3, 1.0, {"to3": 1.0})  # held, but not allowed by the next spec
     again = call(2, SpecConfig("rs", "auto"))
     assert again.probed and priced == [1] and chooser.held is again and again.mode == "rs"

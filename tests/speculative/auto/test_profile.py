@@ -49,10 +49,11 @@ def test_a_restored_chooser_prices_as_the_saved_one(tmp_path):
     restored = profile.load(path, key)
     assert restored.calls == chooser.calls == 3 and [f.name for f in tmp_path.iterdir() if f.name.startswith(".")] == []  # no temp file left
     options = candidates(SpecConfig("auto", "auto"))
+    restored.costs = chooser.costs  # NOTE: not carried: a probe times its own
     for generated in ([0, 0, 0], [5, 2, 9]):
         assert restored.choose(options, 3, restored.lengths.rows(generated, 24)).predictions == \
             chooser.choose(options, 3, chooser.lengths.rows(generated, 24)).predictions
-    assert restored.costs.seconds == chooser.costs.seconds and restored.costs.weights == chooser.costs.weights
+    assert "costs" not in chooser.to_state()
     assert json.loads(json.dumps(restored.to_state())) == json.loads(json.dumps(chooser.to_state()))  # held too
     assert (restored.held.mode, restored.held.speculate_k) == (chooser.held.mode, chooser.held.speculate_k)
     assert restored.holds(options) and chooser.holds(options)
@@ -81,7 +82,7 @@ def test_the_key_follows_sampling_and_the_model_files(tmp_path):
     (lambda d: d.update(key={**d["key"], "temperature": 0.5}), "temperature differ"),
     (lambda d: d.update(version=99), "not a version-4 profile"),
     (lambda d: d.update(version="1"), "not a version-4 profile"),
-    (lambda d: d["chooser"].update(costs={"measured": {"1": [[1.0, 2.0, 3.0]]}, "prefill_slope": None}), "is corrupt"),
+    (lambda d: d["chooser"].update(lengths=["x"]), "is corrupt"),
     (lambda d: d["chooser"]["acceptance"]["sums"]["rs"].append(1.0), "is corrupt"),
     (lambda d: d.update(calls=-1), "is corrupt"),
     (lambda d: d["chooser"]["held"].pop("mode"), "is corrupt"),
