@@ -9,10 +9,9 @@ Terms (p the target's distribution, q the draft's):
                 et al. 2023; arXiv 2606.12370 Eq. 12); a verify step emits 1 + E[L] tokens.
 
 Deviations from the paper's one alpha per depth:
-    1) alpha also differs by offset in the completion (a completion's first tokens accept least:
-       ``OFFSET_EDGES``) and by the K whose steps drafted the position (steps start where the last
-       one ended, so which tokens depth j sees moves with K): ``Acceptance.alphas`` shrinks each
-       finer table toward the coarser one.
+    1) alpha also differs by completion offset (``OFFSET_EDGES``: a completion's first tokens accept
+       least) and by the K of the drafting steps (steps start where the last one ended, so which
+       tokens depth j sees moves with K); ``Acceptance.alphas`` shrinks each toward the coarser table.
     2) alpha_TO recorded while ``rs`` runs (and alpha_RS while ``to`` runs) is measured on the other
        rule's accepted prefixes, a small bias at depths >= 2.
 """

@@ -1,17 +1,9 @@
-"""The chooser of ``--mode auto`` / ``--speculate-k auto``: its models, its decision and its probe schedule.
+"""The chooser of ``--mode auto`` / ``--speculate-k auto``: its models, its decision, its probe schedule.
 
-``AutoChooser`` predicts the tokens/s of every candidate (mode, K) for the rest of a call from three
-models: acceptance (``bebop.speculative.auto.acceptance``), step costs (``bebop.speculative.auto.costs``)
-and completion lengths, the batch's lockstep tail priced exactly (``bebop.speculative.auto.tail``).
-What the policy sets, the acceptance (decayed by DECAY a call) and the completion lengths, is carried
-from call to call; the step costs are a probing call's own (``restart``).
-
-The probe schedule (``should_probe``): a call probes (``bebop.speculative.auto.generate``) on the
-chooser's first call and every ``every``-th call after, and whenever it holds no confirmed decision
-the spec allows; the other calls keep the held decision, with no probe step and no pricing. A
-setting a probe chooses for the first time is held for one call only (``settle``): the next call
-probes again, then with the acceptance of a whole call at that setting, since a K no call drafted
-with is forecast from the other K's steps.
+``AutoChooser`` predicts every candidate (mode, K)'s tokens/s for the rest of a call from acceptance,
+step costs and completion lengths, the lockstep tail priced exactly. Acceptance (decayed by DECAY a
+call) and lengths carry over from call to call; the step costs are a probing call's own (``restart``).
+Its schedule (``should_probe``) says which calls probe; the others keep the held decision.
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
 """Step-cost model of ``--mode auto``: seconds of an engine decode step by K, timed in the call.
 
-    step(K)     = draft(K) + c_verify(K) for ``to`` / ``rs``; plain_s for ``none`` (K = 0), only
-                  ever measured.
-    draft(K)    = d_0 + K c_draft: a line through the drafted depths' drafting times (d_0 >= 0 is
-                  the head's pass over the positions the last step left pending, paid once a step).
-    c_verify(K) = what a step costs besides its drafting: a line in K through the measured depths,
-                  never below a plain step (a verify pass runs the plain step's forward over K + 1
-                  tokens a row).
+    step(K) = draft(K) + c_verify(K) for ``to`` / ``rs`` (shared); a plain step is only ever measured.
+    draft(K) = d_0 + K c_draft, d_0 >= 0 the head's pass over what the last step left pending.
+    c_verify(K): a line in K through the measured depths, never below a plain step.
 
-Deviation from the paper's speedup formula: costs are whole engine decode steps as the engine
-times them (``GenerationResult.step_times``: drafting, verify forward, verification, bookkeeping),
-not forwards alone, because the overhead around the forwards decides the choice on a small model.
-``to`` and ``rs`` share the costs (they differ only in sampling drafts from q).
+Deviation from the paper's speedup formula: costs are whole engine decode steps as the engine times
+them (``GenerationResult.step_times``), not forwards alone: on a small model the overhead around the
+forwards decides the choice.
 """
 
 from __future__ import annotations

@@ -101,13 +101,12 @@ def generate_auto(
     Args:
         model, tokenizer, prompts, mtp, sampling, seed, step, row_ids: as for ``generate``.
         spec: mode and/or speculate_k ``"auto"``; the other fields as for ``generate``.
-        chooser: the run's models and probe schedule (RL and profiled generate calls keep one);
-            None: a fresh one for this call only, which probes and learns nothing after its
-            decision (no later call reads it).
+        chooser: the run's models and probe schedule; None: a fresh one that probes and learns
+            nothing after its decision (no later call reads it).
 
     Returns:
-        ``(result, decision)``: the completions (every probe token kept) with the statistics of the
-        whole call, and the decision with its prediction and the tokens/s measured after it.
+        ``(result, decision)``: the whole call's completions and statistics (probe tokens kept), and
+        the decision with its prediction and the tokens/s measured after it.
     """
     check_auto_spec(spec)
     options = candidates(spec)

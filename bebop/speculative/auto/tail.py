@@ -1,24 +1,15 @@
-"""The batch's tail in ``--mode auto``'s prediction: a call's decode steps priced row by row, exactly.
+"""The batch's lockstep tail in ``--mode auto``'s prediction, priced exactly (expectations, no sampling).
 
-A batch decodes in lockstep: every step runs the rows still active, and the call lasts until its
-longest row ends, so its tokens/s is lower than rows (1 + E[L]) / step cost. ``call_rates`` prices
-the rest of a call instead, every candidate setting at once, as expectations under the models (no
-sampling):
+A batch decodes until its longest row ends, so its tokens/s is below rows (1 + E[L]) / step cost.
+``call_rates`` prices the rest of a call at every candidate setting at once:
+    remaining   each row's tokens still to emit (``Rows``): the recent completion lengths longer than
+                what it emitted (``Lengths``), capped at max_new_tokens (the cap when none is longer).
+    steps       one token per plain step; 1 + L per verify step, P(L >= j) = prod_{i<=j} alpha_i at
+                the alphas of the step's offset bucket (``OFFSET_EDGES``), a Markov chain (``finished``).
+    tokens/s    E[tokens] / (prefill + step cost x E[steps until the last row ends]).
 
-    remaining   tokens each active row still emits (``Rows``): distributed as the recent completion
-                lengths longer than what the row has emitted (``Lengths``), capped at
-                max_new_tokens; the cap itself when no such length was seen.
-    steps       per row, the steps that emit them: one token per plain step; 1 + L per verify
-                step, P(L >= j) = prod_{i<=j} alpha_i, the alphas of the step's offset bucket
-                (``OFFSET_EDGES``: tokens the row had emitted before the step). ``finished``:
-                P(a row has emitted all it has left after t steps), a Markov chain over the tokens
-                emitted, every t at once.
-    seconds     prefill + step cost x E[steps until the last row ends] (rows independent given the
-                models).
-    tokens/s    E[tokens] / E[seconds].
-
-Example: two rows with 2 and 10 tokens left, plain, 1 ms a step: 10 steps, 12 tokens, 1200 tokens/s;
-rows (tokens per step) / step cost would say 2000.
+Example: rows with 2 and 10 tokens left, plain, 1 ms a step: 10 steps, 12 tokens, 1200 tokens/s
+(rows x tokens per step / step cost would say 2000).
 """
 
 from __future__ import annotations
@@ -148,13 +139,9 @@ def call_rates(rows: Rows, alphas: list, base: np.ndarray, prefill_s: float = 0.
 
     Args:
         rows: the active rows and their remaining tokens (``Lengths.rows``).
-        alphas: per setting, alpha_1..alpha_K, or one list per offset bucket, or empty for plain
-            decoding.
+        alphas: per setting, alpha_1..alpha_K, or one list per offset bucket, or [] for plain decoding.
         base: (N,) seconds of a step of each setting.
         prefill_s: seconds before the first step (0 for the rest of a started call).
-
-    Returns:
-        (N,) tokens/s, all settings priced at once.
     """
     seconds = prefill_s + np.asarray(base, dtype=float) * steps_left(rows, alphas).sum(-1)
     return np.where(seconds > 0, rows.tokens() / np.maximum(seconds, 1e-30), 0.0)
