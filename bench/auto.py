@@ -2,7 +2,7 @@
 bar, ``ab`` compares kinds of chooser side by side.
 
     PYTHONPATH=. .venv/bin/python -m bench.auto grid --threads 1     # T 0.3/0.7/1, B 1/16/64, 80 repeats (160 at B = 1)
-    PYTHONPATH=. .venv/bin/python -m bench.auto grid --quick         # B 16, T 1, 3 repeats
+    PYTHONPATH=. .venv/bin/python -m bench.auto grid --quick         # B 16, T 1, 3 repeats (grid: also with no subcommand)
     PYTHONPATH=. .venv/bin/python -m bench.auto ab --threads 1       # confirm vs hold, B 16/64 x T 0.3/1, 4 choosers a kind
     PYTHONPATH=. .venv/bin/python -m bench.auto ab --quick
 
@@ -49,6 +49,7 @@ import json
 import math
 import os
 import statistics
+import sys
 import time
 
 import numpy as np
@@ -93,6 +94,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.add_argument("--auto-every", type=int, default=AUTO_EVERY, help="RL-style: probe every this many calls")
         p.add_argument("--quick", action="store_true", help="a small run: B 16, T 1, a few calls")
         add_common(p)
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in ("grid", "ab", "-h", "--help"):
+        argv = ["grid", *argv]  # NOTE: no subcommand is grid
     args = ap.parse_args(argv)
     if args.quick:
         vars(args).update(args.quick_values)
