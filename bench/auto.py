@@ -1,5 +1,4 @@
-"""Automatic mode/K (``bebop.speculative.auto``) against fixed settings, same run: ``grid`` measures the
-bar, ``ab`` compares kinds of chooser side by side.
+"""Automatic mode/K against fixed settings in one run: ``grid`` measures the bar, ``ab`` compares choosers.
 
     PYTHONPATH=. .venv/bin/python -m bench.auto grid --threads 1     # T 0.3/0.7/1, B 1/16/64, 80 repeats (160 at B = 1)
     PYTHONPATH=. .venv/bin/python -m bench.auto grid --quick         # B 16, T 1, 3 repeats (grid: also with no subcommand)
