@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from bebop.architectures import supported_families
-from bebop.config import AUTO_EVERY, flags_of, speculate_k_value
+from bebop.config import AUTO_EVERY, flags_of, is_auto, speculate_k_value
 from bebop.mtp.config import CHAIN_CONTEXTS, TrainMtpConfig
 from bebop.rl.config import config_fields
 from bebop.utils.io import BebopError
@@ -200,7 +200,6 @@ def cmd_generate(args) -> None:
     from bebop.rollout.base import backend_class, make_backend
     from bebop.speculative import SamplingParams, SpecConfig
     from bebop.speculative.auto import profile as profiles
-    from bebop.speculative.auto.chooser import candidates
     from bebop.speculative.engine import check_sampling
     from bebop.utils.io import atomic_write_text, check_output_file, write_json
     from bebop.utils.tokens import encode_prompt
@@ -208,7 +207,7 @@ def cmd_generate(args) -> None:
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                               max_new_tokens=args.max_new_tokens, stop=tuple(args.stop or ()))
     check_sampling(sampling)
-    auto = "auto" in (args.mode, args.speculate_k) and args.mode != "none"
+    auto = is_auto(args.mode, args.speculate_k)
     if args.mode != "none" and args.speculate_k != "auto" and args.speculate_k < 1:
         raise BebopError(f"speculate_k must be >= 1 or auto, got {args.speculate_k}")
     if auto and args.backend != "engine":
@@ -225,18 +224,16 @@ def cmd_generate(args) -> None:
     prompt_ids = [encode_prompt(tok, p) for p in prompts]
     backend = make_backend(args.backend, model, tok, head, seed=args.seed)
     profile = _auto_profile(args, model, sampling, spec) if auto else None
-    calls = 0
     if profile is not None:
-        backend.chooser, calls = profiles.load(*profile)
-        probing = calls % AUTO_EVERY == 0 or not backend.chooser.holds(candidates(spec))
-        print(f"auto: profile {profile[0]}, call {calls + 1}: " +
-              ("probing" if probing else "keeping the last probe's choice, no probe"))
+        backend.chooser = profiles.load(*profile)
+        print(f"auto: profile {profile[0]}, call {backend.chooser.calls + 1}: " +
+              ("probing" if backend.chooser.should_probe(spec) else "keeping the last probe's choice, no probe"))
     try:
-        result = backend.rollout(prompt_ids, sampling, spec, seed=args.seed, probe=calls % AUTO_EVERY == 0)
+        result = backend.rollout(prompt_ids, sampling, spec, seed=args.seed)
     finally:
         backend.close()
     if profile is not None:
-        profiles.save(*profile, backend.chooser, calls + 1)
+        profiles.save(*profile, backend.chooser)
     # NOTE: token_ids is the whole sequence and start its first completion index, so this file is
     # train-mtp/eval-mtp --data as is (the policy's own samples, the recommended training data).
     lines = [json.dumps({"prompt": p, "completion": c, "token_ids": i + t, "start": len(i), "finish_reason": f})

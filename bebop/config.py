@@ -19,6 +19,17 @@ T = TypeVar("T")
 AUTO = "auto"  # the value of mode / speculate_k that asks bebop.speculative.auto.chooser to choose
 AUTO_MAX_K = 4  # deepest K that speculate_k auto considers
 AUTO_EVERY = 10  # auto probes every this many calls (rl steps, or generate calls sharing a profile)
+
+
+def is_auto(mode: str, speculate_k: int | str) -> bool:
+    """Whether a (mode, speculate_k) asks ``bebop.speculative.auto`` to choose: mode auto, or K auto in a
+    drafting mode (mode none drafts nothing, so it ignores K).
+
+    Example: is_auto("rs", "auto") -> True; is_auto("none", "auto") -> False.
+    """
+    return mode == AUTO or (speculate_k == AUTO and mode != "none")
+
+
 DRAFT_LOSS_NAMES = ("ce", "fkl", "rkl", "tv", "e2e_tv")  # the keys of bebop.losses.DRAFT_LOSSES, without torch (--help)
 
 

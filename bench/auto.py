@@ -1,76 +1,43 @@
-"""Automatic mode/K (``bebop.speculative.auto.chooser``) against the best fixed setting found by grid search, same run.
+"""Automatic mode/K against fixed settings in one run: ``grid`` measures the bar, ``ab`` compares choosers.
 
-    PYTHONPATH=. .venv/bin/python bench/auto.py --threads 1     # T 0.3/0.7/1, B 1/16/64, 80 repeats (160 at B = 1): ~27 min here
-    PYTHONPATH=. .venv/bin/python bench/auto.py --quick         # B 16, T 1, 3 repeats: ~15 s
+    PYTHONPATH=. .venv/bin/python -m bench.auto grid --threads 1     # T 0.3/0.7/1, B 1/16/64, 80 repeats (160 at B = 1)
+    PYTHONPATH=. .venv/bin/python -m bench.auto grid --quick         # B 16, T 1, 3 repeats (grid: also with no subcommand)
+    PYTHONPATH=. .venv/bin/python -m bench.auto ab --threads 1       # confirm vs hold, B 16/64 x T 0.3/1, 4 choosers a kind
+    PYTHONPATH=. .venv/bin/python -m bench.auto ab --quick
 
 Defaults: the embedded model and its e2e-TV head (both trained and cached on first use), the
 embedded task's prompts, 48 new tokens.
 
-At each (B, T) every setting runs once per repeat, in an order drawn anew for each repeat
-(``rollout.run_order``), so a noisy phase of the machine, or a slot's own bias, hits all of them
-alike, repeat r with sampling seed r in every setting
-(each repeat a new draw of the completions and their acceptance); tok/s are medians of the repeats.
-Speed-corrected: a canary forward of the model is timed after every call (``rollout.Speedometer``),
-and each call's seconds are read at the group's median canary speed (x median canary / the canary
-around the call): this machine runs ~2x slower for seconds at a time, and the correction halves the
-best setting's call-to-call spread. The tables come twice, corrected first, then on raw seconds;
-the prediction errors are on raw seconds (what the choosers timed).
+grid: at each (B, T) every setting runs once per repeat, in an order drawn anew for each repeat
+(``bench.rollout.run_order``), repeat r with sampling seed r in every setting; tok/s are medians of
+the repeats. Speed-corrected: a canary forward of the model is timed after every call
+(``bench.rollout.Speedometer``) and each call's seconds are read at the group's median canary speed;
+the tables come twice, corrected first, then on raw seconds.
     grid        none, to and rs at K = 1..4 (9 fixed settings).
-    one-shot    ``generate_auto`` with mode and K auto and a fresh ``AutoChooser`` per call, as
-                ``bebop generate --mode auto --speculate-k auto --auto-profile none`` runs (a model's
-                first call): its probe steps are part of its time. Reported; the bar below is on
-                the choosers with a history.
-    RL-style    one ``AutoChooser`` across the group's calls, as ``bebop rl`` keeps it: a probing
-                ``generate_auto`` call every ``--auto-every`` calls, ``probe=False`` (the last probe's
-                choice kept, no probe steps) in the others; tok/s pooled over its calls (the
-                probing call included), against the best setting's pooled tok/s.
-    profiled    ``bebop generate`` with an auto profile (``bebop.speculative.auto.profile``): each call starts
-                from the chooser the previous call saved (its JSON state read back after that call's
-                canary: nothing held in memory), probing every AUTO_EVERY calls; the profile's file
-                I/O is not timed (a CLI call's model load dwarfs it). Pooled like RL-style.
-    oracle      a control, not a chooser: each repeat it runs the fixed setting with the best pooled
-                tok/s of the grid's calls made so far in the group (raw seconds; its first call, with
-                none made yet, plain), at no cost of its own and in a random slot like the others. What
-                a chooser that always knew the best would measure: its ratio to the best is the bar's
-                floor at this run's noise (the best of 9 noisy estimates is read high; the oracle's own
-                calls are not the ones that picked it), and RL-style / oracle (same repeats, same
-                seeds, pooled) is what the chooser's choices and own work cost, free of that bias.
-Columns:
-    best        the grid's fastest setting and its tok/s.
-    one-shot/best
-                one-shot's tok/s over the best's, with a 90% bootstrap interval
-                (``interval``: the repeats resampled, the best re-picked in each resample). The
-                summary lines add the ratio to the best picked on the other half of the repeats
-                (``held_out``), free of the winner's curse of picking the best of 9 noisy medians.
-    one-shot chose
-                the setting one-shot picked (the most frequent over the repeats, and how often).
-    chosen/best the grid tok/s of the chosen setting over the best's: the choice alone, without the
-                probes' cost.
-    one-shot/its choice
-                median over the repeats of the one-shot's call / the grid's call of the setting it
-                chose, same repeat (same seed): what its probe and pricing cost.
-    RL-style/its choice
-                median over the repeats of RL-style's call / the grid's call of the setting it chose,
-                same repeat (same seed): what its probes, decisions and bookkeeping cost. The
-                summary adds RL-style's choices alone: the grid's calls of the setting it chose at
-                each call, pooled, over the best's (what it would reach at no cost of its own).
-    oracle/best the oracle's pooled tok/s over the best's, with a 90% bootstrap interval.
-    noise       standard deviation / median of the best setting's repeats: the machine's noise (what
-                the speed correction leaves of it, in the corrected table).
-The bar (the README's "Automatic mode and K"): auto as ``bebop rl`` and ``bebop generate`` run it,
-RL-style and profiled, each within 5% of the best fixed setting (>= 0.95) in every (B, T); a line
-of each summary ("auto as bebop rl and bebop generate run it ...") says whether the run met it (and in what
-share of bootstrap resamples); the lines after it give the oracle's groups within 5% and RL-style
-and profiled over the oracle.
-Prediction error, predicted / measured - 1:
-    tail model  for each RL-style call after the first, its chooser's forecast (made after the call
-                before it and its canary) of a whole call of each grid setting (``AutoChooser.predict_call``:
-                tail and prefill priced; median over the calls) against the grid's measured tok/s:
-                median |error| over the 9 settings, and the error at the best setting and at
-                RL-style's choice.
-    previous    the same chooser's B (1 + E[L]) / step cost (``predict``), the model before the tail.
-    one-shot    the one-shot auto's prediction of the rest of its call at the decision against the
-                tok/s it measured there (no length history: rows assumed to run to the cap).
+    one-shot    ``generate_auto`` with a fresh chooser per call, as ``bebop generate --mode auto
+                --speculate-k auto --auto-profile none`` runs (a model's first call).
+    RL-style    one ``AutoChooser`` across the group's calls, as ``bebop rl`` keeps it (its probe
+                schedule: every ``--auto-every`` calls and to confirm a first choice); tok/s pooled
+                over its calls, against the best setting's pooled tok/s.
+    profiled    ``bebop generate`` with an auto profile: each call starts from the chooser the
+                previous call saved (its JSON state read back); pooled like RL-style.
+    oracle      a control: each repeat the fixed setting with the best pooled tok/s of the grid's
+                calls so far, at no cost of its own: its ratio to the best is the bar's floor at
+                this run's noise (the best of 9 noisy estimates is read high).
+Columns: the best setting and its tok/s; each auto's ratio to the best with a 90% bootstrap interval
+(the repeats resampled, the best re-picked in each); one-shot's most frequent choice; "its choice":
+an auto's calls over the grid's call of the setting it chose, same repeat (its own cost); noise, the
+best setting's sd / median. The summary says whether the run met the bar, RL-style and profiled each
+within 5% of the best (>= 0.95) in every (B, T), and in what share of bootstrap resamples; then the
+oracle, RL-style and profiled over the oracle, and RL-style's choices alone. Prediction error,
+predicted / measured - 1: the RL-style chooser's forecast of a whole call of each setting (``predict_call``,
+tail and prefill priced) and without the tail (``predict``), and one-shot's forecast of the rest of its call.
+
+ab: fixed settings (``--settings``) and ``--choosers`` RL-style choosers of each kind (``ARMS``: ``AutoChooser``
+keyword arguments) over ``--calls`` calls, as grid's RL-style; per arm the mean ratio to the best
+fixed setting (speed-corrected), its choices alone, the probes' price noise (sd over a chooser's
+probes of log(a setting's price / the best's)), and the difference to the first arm with its
+standard error over the groups (paired: same group, same calls).
 """
 
 from __future__ import annotations
@@ -78,197 +45,63 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import math
 import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
-import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rollout import (Method, Speedometer, corrected, header, load, make_prompts, run_bebop, run_order,  # noqa: E402
-                     warn_if_busy)
+from bebop.config import AUTO_EVERY
+from bebop.speculative.auto.chooser import AutoChooser, config_name
+from bench.harness import (GRID, SETTINGS, ProfiledAuto, RlAuto, add_common, open_bench, pooled_tok_s, run_auto,
+                           run_groups, save_jsonl, side_by_side)
+from bench.rollout import Method, Speedometer, corrected, make_prompts, run_bebop, run_order
 
-from bebop.config import AUTO_EVERY  # noqa: E402
-from bebop.speculative import SamplingParams, SpecConfig  # noqa: E402
-from bebop.speculative.auto.chooser import AUTO, AutoChooser, candidates, config_name, generate_auto, predict  # noqa: E402
-
-SETTINGS = candidates(SpecConfig(AUTO, AUTO))  # none, to1..4, rs1..4
-GRID = [config_name(m, k) for m, k in SETTINGS]
-# NOTE: repeat r samples with seed r in every setting. One seed for all repeats would re-time a single
-# draw of each setting's acceptance: at B = 1 a setting's "speed" was then the luck of its one draw
-# (rs4 emitting 21 tokens in 4 steps where the expectation is 5.4), which no choice can predict.
 QUICK = {"batch_sizes": [16], "temperatures": [1.0], "repeats": 3}
-# NOTE: a B = 1 call lasts ~50 ms and its tok/s varies 11-29% from draw to draw (one row's acceptance),
-# against 3-11% at B >= 16: 20 repeats left B = 1's ratios +-5 points from run to run, and RL-style's
-# chooser 20 calls (two probes) to tell apart settings ~10% apart. Below SMALL_BATCH rows a group runs
-# SMALL_BATCH // B times the repeats, at most SMALL_BATCH_MAX times (B = 1: 2x, ~1 min a group).
-# NOTE: 40 repeats, not 20: at B >= 16 a group's ratio moved by 3-5 points between runs of the same code
-# with 20, and 20 calls (two probes) are a short RL run: its first probe's models ruled half of it.
-# NOTE: 80, not 40: two calls of one setting and seed in the same repeat differ by a log-ratio of rms 0.14
-# (adjacent) to 0.18 (apart), whatever the canary says (B = 16, 80 repeats of three identical rs2 settings
-# among eight: the canary's or the neighbouring calls' correction left 0.16-0.20), so a pooled ratio of
-# 40 calls has a standard error of ~2.7% against the bar's 5% margin; 80 halve its variance.
+# NOTE: a B = 1 call's tok/s varies far more from draw to draw (one row's acceptance) than a batch's: below
+# SMALL_BATCH rows a group runs SMALL_BATCH // B times the repeats, at most SMALL_BATCH_MAX times.
 SMALL_BATCH, SMALL_BATCH_MAX = 16, 2
 BOOTSTRAP = 2000  # resamples of the repeats behind each 90% interval
+ARMS = {"confirm": {}, "hold": {"confirm": False}}  # ab's chooser kinds: AutoChooser keyword arguments
+AB_QUICK = {"batch_sizes": [16], "temperatures": [1.0], "calls": 3, "choosers": 1}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64], help="rows B per call")
-    ap.add_argument("--temperatures", type=float, nargs="+", default=[0.3, 0.7, 1.0], help="T (> 0)")
-    ap.add_argument("--max-new-tokens", type=int, default=48, help="completion tokens per row, EOS included")
-    ap.add_argument("--repeats", type=int, default=80, help="timed calls per setting (more below 16 rows: SMALL_BATCH)")
-    ap.add_argument("--auto-every", type=int, default=AUTO_EVERY, help="RL-style auto: probe every this many calls (bebop rl's default)")
-    ap.add_argument("--quick", action="store_true", help="B 16, T 1, 3 repeats; overrides those flags")
-    ap.add_argument("--out", default=None, help="JSONL, a line per group: every call's seconds and tokens, raw "
-                                                "and speed-corrected, the canary, each chooser's choices")
-    return parse_common(ap, argv, QUICK)
-
-
-def parse_common(ap: argparse.ArgumentParser, argv: list[str] | None, quick: dict | None = None,
-                 stat: str = "median") -> argparse.Namespace:
-    """Adds the flags the auto benches share (--model, --mtp, --threads, --device; --stat, read by
-    ``rollout.header``) and parses; with --quick, ``quick``'s values replace the parsed ones."""
-    ap.add_argument("--model", default=None, help="HF model directory (default: the embedded model)")
-    ap.add_argument("--mtp", default=None, help="MTP head directory (default: the embedded e2e_tv head)")
-    ap.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
-    ap.add_argument("--device", default="cpu", help="cpu, cuda or auto")
-    ap.add_argument("--stat", default=stat, help=argparse.SUPPRESS)
+    sub = ap.add_subparsers(dest="command", required=True)
+    grid = sub.add_parser("grid", help="auto against the best fixed setting: the bar")
+    grid.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64], help="rows B per call")
+    grid.add_argument("--temperatures", type=float, nargs="+", default=[0.3, 0.7, 1.0], help="T (> 0)")
+    grid.add_argument("--repeats", type=int, default=80, help="timed calls per setting (more below 16 rows)")
+    grid.add_argument("--out", default=None, help="JSONL, a line per group: every call's seconds and tokens, raw "
+                                                  "and speed-corrected, the canary, each chooser's choices")
+    grid.set_defaults(stat="median", quick_values=QUICK)
+    ab = sub.add_parser("ab", help="RL-style choosers of several kinds side by side with fixed settings")
+    ab.add_argument("--batch-sizes", type=int, nargs="+", default=[16, 64], help="rows B per call")
+    ab.add_argument("--temperatures", type=float, nargs="+", default=[0.3, 1.0], help="T (> 0)")
+    ab.add_argument("--settings", nargs="+", default=["none", "rs1", "rs2", "rs3", "rs4"], choices=GRID,
+                    help="fixed settings timed beside the choosers (the best of them is the reference)")
+    ab.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), help="chooser kinds; the first is the baseline")
+    ab.add_argument("--choosers", type=int, default=4, help="choosers of each kind per group")
+    ab.add_argument("--calls", type=int, default=30, help="calls per chooser and per fixed setting")
+    ab.add_argument("--out", default=None, help="append each group's numbers to this JSONL file")
+    ab.set_defaults(stat="pooled", quick_values=AB_QUICK)
+    for p in (grid, ab):
+        p.add_argument("--max-new-tokens", type=int, default=48, help="completion tokens per row, EOS included")
+        p.add_argument("--auto-every", type=int, default=AUTO_EVERY, help="RL-style: probe every this many calls")
+        p.add_argument("--quick", action="store_true", help="a small run: B 16, T 1, a few calls")
+        add_common(p)
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in ("grid", "ab", "-h", "--help"):
+        argv = ["grid", *argv]  # NOTE: no subcommand is grid
     args = ap.parse_args(argv)
-    if quick and args.quick:
-        for key, value in quick.items():
-            setattr(args, key, value)
+    if args.quick:
+        vars(args).update(args.quick_values)
+    if args.command == "ab":
+        args.repeats = args.calls  # read by bench.rollout.header
     return args
-
-
-def pooled_tok_s(calls: list[tuple[float, int]]) -> float:
-    """Tokens / seconds over (seconds, tokens) calls: a run's throughput, not the mean of its calls'."""
-    return sum(t for _, t in calls) / sum(s for s, _ in calls)
-
-
-def run_auto(model, tok, head, prompts, temperature: float, max_new: int, chooser=None, probe=True, seed=0):
-    """One ``generate_auto`` call -> (seconds, tokens, decision)."""
-    sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new)
-    start = time.perf_counter()
-    result, decision = generate_auto(model, tok, prompts, mtp=head, sampling=sampling, seed=seed,
-                                     chooser=chooser, probe=probe)
-    if next(model.parameters()).device.type == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - start, sum(result.lengths), decision
-
-
-class RlAuto:
-    """Auto as ``bebop rl`` runs it: one chooser across the calls, probing every ``every`` calls and
-    keeping that probe's choice in the others."""
-
-    def __init__(self, every: int, chooser: AutoChooser | None = None):
-        self.every, self.calls, self.chooser, self.decision = every, 0, chooser or AutoChooser(), None
-        self.choices: list[str] = []  # the setting each call chose
-        self.forecasts: list[dict] = []  # per call after the first: {"new"|"old": {setting: tok/s}}
-        self.probes: list[dict] = []  # per probing call: its index, choice and every setting's predicted tok/s
-        self.next_forecast: dict | None = None  # the next call's, made after the last call (``between``)
-        self.batch = self.max_new = 0  # the last call's
-
-    def forecast(self, batch: int, max_new: int) -> dict:
-        """The chooser's whole-call predictions for its next call: tail-priced ("new"), and
-        rows (1 + E[L]) / step cost at B rows ("old", the previous model)."""
-        c = self.chooser
-        return {"new": {config_name(m, k): c.predict_call(m, k, batch, max_new) for m, k in SETTINGS},
-                "old": {config_name(m, k): predict(m, k, c.acceptance, c.costs, batch) for m, k in SETTINGS}}
-
-    def call(self, model, tok, head, prompts, temperature: float, max_new: int, seed: int = 0) -> tuple[float, int]:
-        if self.next_forecast is not None:
-            self.forecasts.append(self.next_forecast)
-        probe = self.calls % self.every == 0
-        seconds, tokens, self.decision = run_auto(model, tok, head, prompts, temperature, max_new, self.chooser, probe,
-                                                  seed)
-        self.calls += 1
-        self.choices.append(config_name(self.decision.mode, self.decision.speculate_k))
-        if self.decision.probed:
-            self.probes.append({"call": self.calls - 1, "chose": self.choices[-1],
-                                "predictions": dict(self.decision.predictions)})
-        self.batch, self.max_new = len(prompts), max_new
-        return seconds, tokens
-
-    def between(self) -> None:
-        """The next call's forecast, made after a call and its canary reading: it lands before the next
-        call of any name, whose "before" canary was read ahead of it.
-
-        Why: made just before a held call, the forecast (~2 ms of numpy) left that call 1-2% slower at
-        B = 1 (bench/auto_held.py, four runs); made after the call and before its canary reading, it
-        slowed that 12-16 ms reading, and the speed correction put RL-style 3% above the oracle's
-        identical calls (0.97-1.02 of them on raw seconds)."""
-        self.next_forecast = self.forecast(self.batch, self.max_new)
-
-
-def open_bench(args: argparse.Namespace, script: str, extra: str = ""):
-    """An auto bench's start: sets torch's threads (--threads; 0 leaves torch's default), loads the
-    model, tokenizer and head (``rollout.load``), prints the header line ("# bench/<script> | <setup>
-    | <extra>") and warns when the machine is busy (``rollout.warn_if_busy``) -> (model, tok, head)."""
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    model, tok, head = load(args)
-    setup = header(args, model, head, next(model.parameters()).device)
-    print(f"# bench/{script} | {setup}" + (f" | {extra}" if extra else "") + "\n", flush=True)
-    warn_if_busy()
-    return model, tok, head
-
-
-def side_by_side(model, tok, head, prompts, fixed: dict[str, Method], choosers: dict[str, RlAuto], temperature: float,
-                 max_new: int, calls: int, seen=None) -> tuple[dict, dict]:
-    """Fixed settings and RL-style choosers over the same calls: one warmup call of each fixed setting,
-    then ``calls`` rounds in an order drawn anew for each (``rollout.run_order``), round r with
-    sampling seed r everywhere -> ((seconds, tokens) per call, the canary after each call
-    (``rollout.Speedometer``)), by name. ``seen(name, result)`` is called after each call with the
-    fixed setting's ``GenerationResult`` (None for a chooser's call)."""
-    names = list(fixed) + list(choosers)
-    timed: dict[str, list[tuple[float, int]]] = {n: [] for n in names}
-    canary: dict[str, list[float]] = {n: [] for n in names}
-    for method in fixed.values():
-        run_bebop(model, tok, head, prompts, method, temperature, 4)
-    speed = Speedometer(model)
-    for r in range(calls):
-        for name in run_order(names, r):
-            result = None
-            if name in fixed:
-                seconds, result, _ = run_bebop(model, tok, head, prompts, fixed[name], temperature, max_new, seed=r)
-                timed[name].append((seconds, sum(result.lengths)))
-            else:
-                timed[name].append(choosers[name].call(model, tok, head, prompts, temperature, max_new, r))
-            if seen is not None:
-                seen(name, result)
-            canary[name].append(speed.around())
-            if name in choosers:
-                choosers[name].between()
-    return timed, canary
-
-
-def round_trip(chooser: AutoChooser) -> AutoChooser:
-    """The chooser a profile would carry: its JSON state written and read back (an independent copy)."""
-    return AutoChooser.from_state(json.loads(json.dumps(chooser.to_state())))
-
-
-class ProfiledAuto:
-    """Auto as ``bebop generate`` runs it with a profile: every call runs the chooser the previous call
-    saved (its JSON text read back between the calls), probing every AUTO_EVERY calls."""
-
-    def __init__(self):
-        self.chooser, self.calls = AutoChooser(), 0
-        self.choices: list[str] = []  # the setting each call chose
-
-    def call(self, model, tok, head, prompts, temperature: float, max_new: int, seed: int = 0) -> tuple[float, int]:
-        seconds, tokens, decision = run_auto(model, tok, head, prompts, temperature, max_new, self.chooser,
-                                             self.calls % AUTO_EVERY == 0, seed)
-        self.calls += 1
-        self.choices.append(config_name(decision.mode, decision.speculate_k))
-        return seconds, tokens
-
-    def between(self) -> None:
-        """The chooser saved and read back, after a call and its canary reading (as ``RlAuto.between``)."""
-        self.chooser = round_trip(self.chooser)
 
 
 def run_group(model, tok, head, batch: int, temperature: float, args) -> dict:
@@ -430,7 +263,7 @@ def errors(g: dict, kind: str) -> dict[str, float]:
 
 def format_errors(groups: list[dict]) -> str:
     lines = ["| B | T | tail model: median abs. error over settings | at the best | at RL-style's choice | "
-             "previous model: median abs. error | one-shot, chosen, rest of call |",
+             "without the tail: median abs. error | one-shot, chosen, rest of call |",
              "|---:|---:|---:|---:|---:|---:|---:|"]
     for g in groups:
         new, old, grid = errors(g, "new"), errors(g, "old"), _grid(g)
@@ -502,28 +335,87 @@ def summary(groups: list[dict], auto_every: int) -> str:
     return "\n".join(lines)
 
 
-def save_jsonl(path: str, rows: list[dict]) -> None:
-    """``rows`` as JSON lines at ``path``, written to a temp file and renamed: never half-written."""
-    tmp = Path(path).with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    os.replace(tmp, path)
+def run_ab_group(model, tok, head, batch: int, temperature: float, args) -> dict:
+    """The fixed settings and every arm's choosers at (B, T), interleaved -> the group's ratios."""
+    prompts = make_prompts(batch)
+    fixed = {n: Method(*SETTINGS[GRID.index(n)]) for n in args.settings}
+    choosers = {f"{arm}{i}": RlAuto(args.auto_every, AutoChooser(every=args.auto_every, **ARMS[arm]))
+                for arm in args.arms for i in range(args.choosers)}
+    timed, canary = side_by_side(model, tok, head, prompts, fixed, choosers, temperature, args.max_new_tokens,
+                                 args.calls)
+    reference = statistics.median(c for v in canary.values() for c in v)
+    calls = {n: corrected(v, canary[n], reference) for n, v in timed.items()}
+    best = max(fixed, key=lambda n: pooled_tok_s(calls[n]))
+    group = {"B": batch, "T": temperature, "best": best,
+             "fixed": {n: pooled_tok_s(calls[n]) / pooled_tok_s(calls[best]) for n in fixed}, "choosers": {}}
+    for name, rl in choosers.items():
+        chosen = [calls[c][r] for r, c in enumerate(rl.choices) if c in fixed]
+        noise, quality = probe_prices(rl.probes, group["fixed"], best)
+        group["choosers"][name] = {
+            "arm": name.rstrip("0123456789"), "ratio": pooled_tok_s(calls[name]) / pooled_tok_s(calls[best]),
+            "alone": pooled_tok_s(chosen) / pooled_tok_s(calls[best]) if len(chosen) == len(rl.choices) else None,
+            "price_noise": noise, "probe_quality": quality,
+            "choices": rl.choices, "probes": rl.probes,  # NOTE: each probe's prices, to read a lock-in's cause
+            "forecasts": [f["new"] for f in rl.forecasts]}
+    return group
 
 
-def run_groups(args: argparse.Namespace, run, note) -> tuple[list[dict], float]:
-    """``run(batch, temperature)`` at every (B, T) of ``args``, B outer, with a progress line on stderr
-    after each ("[seconds] done B=.. T=..: " + ``note(group)``) -> (the groups, the start time)."""
-    start, groups = time.perf_counter(), []
-    for batch in args.batch_sizes:
-        for temperature in args.temperatures:
-            groups.append(run(batch, temperature))
-            print(f"[{time.perf_counter() - start:.0f}s] done B={batch} T={temperature:g}: {note(groups[-1])}",
-                  file=sys.stderr, flush=True)
-    return groups, start
+def probe_prices(probes: list[dict], fixed: dict[str, float], best: str) -> tuple[float | None, float | None]:
+    """(noise, quality) of a chooser's probes after its first: the sd over them of log(a fixed setting's
+    price / the best's), mean over the other fixed settings (None under two probes); and the fixed
+    calls' ratio of the settings they chose, mean."""
+    later = probes[1:]
+    if not later:
+        return None, None
+    quality = statistics.fmean(fixed.get(p["chose"], 0.0) for p in later)
+    if len(later) < 2:
+        return None, quality
+    spreads = [statistics.stdev(math.log(p["predictions"][n] / p["predictions"][best]) for p in later)
+               for n in fixed if n != best and all(p["predictions"].get(n, 0) > 0 for p in later)]
+    return (statistics.fmean(spreads) if spreads else None), quality
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    model, tok, head = open_bench(args, "auto.py")
+def arm_mean(group: dict, arm: str, key: str = "ratio") -> float:
+    values = [c[key] for c in group["choosers"].values() if c["arm"] == arm and c[key] is not None]
+    return statistics.fmean(values) if values else float("nan")
+
+
+def format_group(group: dict, arms: list[str]) -> str:
+    lines = [f"B={group['B']} T={group['T']}: best {group['best']}; fixed " +
+             " ".join(f"{n} {r:.3f}" for n, r in group["fixed"].items())]
+    for arm in arms:
+        lines.append(f"  {arm:<8} ratio {arm_mean(group, arm):.3f}  alone {arm_mean(group, arm, 'alone'):.3f}  "
+                     f"price noise {arm_mean(group, arm, 'price_noise'):.3f}  "
+                     f"probes chose {arm_mean(group, arm, 'probe_quality'):.3f}")
+        for name, c in group["choosers"].items():
+            if c["arm"] == arm:
+                lines.append(f"    {name:<10} {c['ratio']:.3f}  {' '.join(c['choices'])}")
+    return "\n".join(lines)
+
+
+def ab_summary(groups: list[dict], arms: list[str]) -> str:
+    base = arms[0]
+    lines = [f"summary over {len(groups)} groups (ratio to the best fixed setting, speed-corrected):"]
+    for arm in arms:
+        ratios = [c["ratio"] for g in groups for c in g["choosers"].values() if c["arm"] == arm]
+        spent = collections.Counter(x for g in groups for c in g["choosers"].values() if c["arm"] == arm
+                                    for x in c["choices"])
+        line = (f"  {arm:<8} mean {statistics.fmean(arm_mean(g, arm) for g in groups):.4f}  within 5% "
+                f"{sum(r >= 0.95 for r in ratios)} of {len(ratios)}  price noise "
+                f"{statistics.median(arm_mean(g, arm, 'price_noise') for g in groups):.3f} (median)  probes chose "
+                f"{statistics.fmean(arm_mean(g, arm, 'probe_quality') for g in groups):.3f}  calls " +
+                " ".join(f"{n} {spent[n]}" for n in GRID if spent[n]))
+        if arm != base:
+            diffs = [100 * (arm_mean(g, arm) - arm_mean(g, base)) for g in groups]
+            se = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else float("nan")
+            line += (f"\n           vs {base}: {statistics.fmean(diffs):+.2f} points (se {se:.2f}), "
+                     f"ahead in {sum(d > 0 for d in diffs)} of {len(diffs)} groups")
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def main_grid(args: argparse.Namespace) -> None:
+    model, tok, head = open_bench(args, "bench.auto grid")
     groups, start = run_groups(
         args, lambda batch, temperature: run_group(model, tok, head, batch, temperature, args),
         lambda g: f"auto chose {g['decisions']} (its calls / the grid's call of its choice, same repeat: median "
@@ -541,6 +433,26 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\ntotal {time.perf_counter() - start:.0f}s, load {os.getloadavg()[0]:.1f} at the end")
     if args.out:
         save_jsonl(args.out, groups)
+
+
+def main_ab(args: argparse.Namespace) -> None:
+    model, tok, head = open_bench(args, "bench.auto ab", f"arms {' '.join(args.arms)} x {args.choosers}")
+    groups = []
+    for batch in args.batch_sizes:
+        for temperature in args.temperatures:
+            start = time.perf_counter()
+            group = run_ab_group(model, tok, head, batch, temperature, args)
+            groups.append(group)
+            print(format_group(group, args.arms) + f"\n  ({time.perf_counter() - start:.0f} s)", flush=True)
+            if args.out:
+                with open(args.out, "a") as f:
+                    f.write(json.dumps(group) + "\n")
+    print(ab_summary(groups, args.arms), flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    (main_grid if args.command == "grid" else main_ab)(args)
 
 
 if __name__ == "__main__":

@@ -185,7 +185,7 @@ def warn_if_busy() -> None:
 
 
 def run_order(names: list, repeat: int) -> list:
-    """The order of a repeat's calls (``auto.py``, ``auto_spread.py``): a permutation drawn with seed
+    """The order of a repeat's calls (``bench.auto``): a permutation drawn with seed
     ``repeat``, so no setting holds a slot. In the alternating order (A B C, C B A, ...) a fixed setting
     run in the auto choosers' slots of ``auto.py`` read 1.015x the grid's best (mean of 7 groups; it rose
     with the slot, to 1.097), 0.985x in a random order: a slot bias of ~3 points (se ~1.6) that an
@@ -199,7 +199,7 @@ def _sync(device: torch.device) -> None:
 
 
 class Speedometer:
-    """The machine's speed between timed calls (``auto.py``, ``auto_spread.py``): the seconds of a fixed
+    """The machine's speed between timed calls (``bench.auto``): the seconds of a fixed
     forward of the model over CANARY_TOKENS tokens (the canary), read after every call.
 
     These machines run in phases: same-seed rs2 calls at B = 16 took ~110 ms, then ~220 ms for a few

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from bebop.config import flags_of, option, resolve, speculate_k_value
+from bebop.config import flags_of, is_auto, option, resolve, speculate_k_value
 from bebop.mtp.config import CHAIN_CONTEXTS, INITS, TrainMtpConfig
 from bebop.utils.io import BebopError
 
@@ -63,6 +63,12 @@ def test_speculate_k_value():
     assert (speculate_k_value("3"), speculate_k_value("auto")) == (3, "auto")
     with pytest.raises(Exception, match="expected an integer or 'auto'"):
         speculate_k_value("deep")
+
+
+def test_is_auto_is_mode_auto_or_k_auto_in_a_drafting_mode():
+    """The one rule every caller uses (CLI, rl config and loop, rollout runner and backend, engine)."""
+    assert is_auto("auto", 3) and is_auto("auto", "auto") and is_auto("rs", "auto") and is_auto("to", "auto")
+    assert not is_auto("none", "auto") and not is_auto("rs", 3) and not is_auto("none", 1)
 
 
 def test_train_mtp_config_is_torch_free_and_its_names_match_the_code():

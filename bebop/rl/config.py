@@ -30,6 +30,7 @@ from bebop.config import (
     DRAFT_LOSS_NAMES,
     Flag,
     flags_of,
+    is_auto,
     merge_sources,
     option,
     resolve,
@@ -160,7 +161,7 @@ def check_rl_config(cfg: RLConfig) -> None:
         problems.append(f"backend {cfg.backend!r} is not one of {', '.join(BACKENDS)}")
     if cfg.mode not in (*MODES, AUTO):
         problems.append(f"mode {cfg.mode!r} is not one of {', '.join(MODES)}, {AUTO}")
-    if (cfg.mode == AUTO or (cfg.speculate_k == AUTO and cfg.mode != "none")) and cfg.backend != "engine":
+    if is_auto(cfg.mode, cfg.speculate_k) and cfg.backend != "engine":
         problems.append(f"mode/speculate_k {AUTO} needs backend engine (it reads the engine's step times and alphas)")
     if cfg.task not in TASKS:
         problems.append(f"task {cfg.task!r} is not one of {', '.join(TASKS)}")

@@ -45,9 +45,10 @@ Deviations from textbook GRPO (beyond the numbered list in ``bebop.rl.grpo``):
      count and gradients are summed over ranks, so the update is the one-process update. The
      online head step runs on every rank on the whole rollout (the same step everywhere). Rank 0
      alone writes the run directory.
-  9) ``mode``/``speculate_k`` ``auto`` (``bebop.speculative.auto.chooser``): every ``auto_every`` steps (and on the
-     first step after a resume) the rollout probes settings for a few decode steps each, timed
-     afresh, and then runs the one with the highest predicted tokens/s; a step in between runs
+  9) ``mode``/``speculate_k`` ``auto`` (``bebop.config.is_auto``; ``bebop.speculative.auto``): on the
+     chooser's schedule (``AutoChooser.should_probe``: the run's first step, or the first after a
+     resume, and every ``auto_every`` steps after) the rollout probes settings for a few decode
+     steps each, timed afresh, and then runs the one with the highest predicted tokens/s; a step in between runs
      that choice, without probe steps or pricing (``AutoChooser.held``); a setting chosen for the
      first time is confirmed by a probe in the next step (``AutoChooser.settle``). Tokens stay
      exactly the policy's, but the choice depends on timings, so such a run does not repeat bit for
@@ -71,7 +72,7 @@ import torch
 from torch import nn
 
 from bebop.analysis.runs import CONFIG_FILE, METRICS_FILE, TOKEN_STATS_FILE  # the files a run directory holds
-from bebop.config import AUTO
+from bebop.config import is_auto
 from bebop.rl.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from bebop.rl.config import RESUME_MAY_CHANGE, PolicyConfig, RLConfig, check_rl_config, flat_config
 from bebop.rl.grpo import group_advantages, pad_sequences, policy_loss, token_logprobs
@@ -399,7 +400,7 @@ def train_rl(
     distributed.shard_range(cfg.prompts_per_step, "prompts_per_step")
     if distributed.world_size() > 1 and cfg.backend != "engine":
         raise BebopError(f"backend {cfg.backend} does not run under torchrun; use the engine backend or one process")
-    if distributed.world_size() > 1 and AUTO in (cfg.mode, cfg.speculate_k):
+    if distributed.world_size() > 1 and is_auto(cfg.mode, cfg.speculate_k):
         raise BebopError("mode/speculate_k auto does not run under torchrun (each rank would choose from its own "
                          "timings); give a fixed mode and K, or run one process")
     run_dir = Path(run_dir)

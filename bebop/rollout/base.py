@@ -63,7 +63,7 @@ class RolloutBackend:
     reproducible = True
 
     def rollout(self, prompts: list[list[int]], sampling, spec, group_size: int = 1, seed: int = 0, step: int = 0,
-                first_row: int = 0, probe: bool = True) -> Completions:
+                first_row: int = 0) -> Completions:
         """G completions of every prompt, prompt-major.
 
         Args:
@@ -73,8 +73,6 @@ class RolloutBackend:
             group_size: G, completions per prompt.
             seed, step: the randomness of the call (backends that cannot seed rows ignore them).
             first_row: the row id of the first completion (keys its randomness where rows are seeded).
-            probe: with mode or K ``auto``, whether this call probes settings before choosing (else
-                it chooses from what earlier calls measured); backends without auto ignore it.
         """
         raise NotImplementedError
 

@@ -8,34 +8,34 @@ from bebop.rollout.base import Completions, RolloutBackend, repeat_prompts
 class EngineBackend(RolloutBackend):
     """Samples with ``bebop.speculative.generate`` on the modules it was last given (no copy: ``sync`` rebinds).
 
-    A spec with mode or K ``auto`` runs ``bebop.speculative.auto.chooser.generate_auto`` with the run's one
-    ``AutoChooser`` (probe and choose, or with ``probe=False`` keep the last probe's choice); every
-    call, fixed settings' too, feeds that chooser (``AutoChooser.observe``), so each probe's
-    decision sees the running acceptance.
+    A spec with mode or K ``auto`` runs ``bebop.speculative.auto.generate.generate_auto`` with the run's
+    one ``AutoChooser`` (``chooser``: it probes on its own schedule); every call, fixed settings' too,
+    feeds that chooser (``AutoChooser.observe``), so each probe's decision sees the running acceptance.
     """
 
     name = "engine"
 
     def __init__(self, model, tokenizer, head=None, **_options):
         self.model, self.tokenizer, self.head = model, tokenizer, head
-        self.chooser = None  # bebop.speculative.auto.chooser.AutoChooser, made by the first auto call
+        self.chooser = None  # bebop.speculative.auto.chooser.AutoChooser: the runner's, or made by the first auto call
 
     def sync(self, model, head=None) -> None:
         self.model = model
         if head is not None:
             self.head = head
 
-    def rollout(self, prompts, sampling, spec, group_size=1, seed=0, step=0, first_row=0, probe=True) -> Completions:
-        from bebop.speculative.auto.chooser import AutoChooser, generate_auto, is_auto
+    def rollout(self, prompts, sampling, spec, group_size=1, seed=0, step=0, first_row=0) -> Completions:
+        from bebop.config import is_auto
+        from bebop.speculative.auto.chooser import AutoChooser
+        from bebop.speculative.auto.generate import generate_auto
         from bebop.speculative.engine import generate
 
         rows = repeat_prompts(prompts, group_size)
         row_ids = list(range(first_row, first_row + len(rows)))
-        if is_auto(spec):
+        if is_auto(spec.mode, spec.speculate_k):
             self.chooser = self.chooser or AutoChooser()
             result, decision = generate_auto(self.model, self.tokenizer, rows, mtp=self.head, sampling=sampling,
-                                             spec=spec, seed=seed, step=step, row_ids=row_ids, chooser=self.chooser,
-                                             probe=probe)
+                                             spec=spec, seed=seed, step=step, row_ids=row_ids, chooser=self.chooser)
             completions = Completions.from_generation(result)
             completions.decision = decision
             return completions

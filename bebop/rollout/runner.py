@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from bebop.config import is_auto
 from bebop.rollout.base import Completions, RolloutBackend
 from bebop.utils import distributed
 
@@ -86,8 +87,11 @@ class RolloutRunner:
         self.sampler: tuple[nn.Module, nn.Module | None] | None = None
         self.executor: ThreadPoolExecutor | None = None
         self.pending: tuple[int, Future] | None = None
-        self.auto = "auto" in (cfg.mode, cfg.speculate_k) and cfg.mode != "none"
-        self.decision = None  # the last auto decision (None: the next rollout probes; also after a resume)
+        self.decision = None  # the last auto decision (None: none made yet)
+        if is_auto(cfg.mode, cfg.speculate_k):  # NOTE: on the engine backend (check_rl_config); it probes on its schedule
+            from bebop.speculative.auto.chooser import AutoChooser
+
+            backend.chooser = AutoChooser(every=cfg.auto_every)
         if cfg.async_rollout:
             self.sampler = frozen_copy((policy, head))
             self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bebop-rollout")
@@ -102,13 +106,11 @@ class RolloutRunner:
         cfg = self.cfg
         sampling = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p, cfg.max_new_tokens)
         spec = SpecConfig(cfg.mode, cfg.speculate_k)
-        # auto: probe every auto_every steps (and first after a resume); in between, choose from the models
-        probe = not (self.auto and self.decision is not None and batch.step % cfg.auto_every)
         prompts = batch.prompt_ids or batch.prompts
         first, last = distributed.shard_range(len(prompts), "prompts_per_step")  # this rank's prompts
         start = time.perf_counter()
         result = self.backend.rollout(prompts[first:last], sampling, spec, group_size=cfg.group_size,
-                                      seed=cfg.seed, step=batch.step, first_row=first * cfg.group_size, probe=probe)
+                                      seed=cfg.seed, step=batch.step, first_row=first * cfg.group_size)
         seconds = time.perf_counter() - start
         self.decision = result.decision or self.decision
         return Rollout(batch, result, seconds, self.decision)

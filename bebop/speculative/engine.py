@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from bebop.config import is_auto
 from bebop.mtp.head import decoder_states
 from bebop.speculative import attention, rng
 from bebop.speculative.kv_cache import RaggedKVCache, fill_order
@@ -74,7 +75,7 @@ class SamplingParams:
 class SpecConfig:
     """Which speculative mode runs and how deep it drafts."""
 
-    mode: str = "none"  # none | to | rs (| auto: bebop.speculative.auto.chooser.generate_auto picks one)
+    mode: str = "none"  # none | to | rs (| auto: bebop.speculative.auto.generate.generate_auto picks one)
     speculate_k: int | str = 3  # K, drafts verified per target pass (| "auto", as for mode)
     draft_temperature: float | None = None  # temperature of q; None = the sampling temperature
     filter_drafts: bool = False  # apply the sampling top-k/top-p to q too (drafts and verification)
@@ -93,7 +94,7 @@ class GenerationResult:
     log: EmissionLog | None = field(default=None, repr=False)  # every verify step as the verifier emitted it
     # Wall time of every decode step after prefill: (active rows, seconds, seconds of its drafting;
     # 0 unless time_drafts). A step ends with the engine's host syncs, so the time is the step's on
-    # any device (``bebop.speculative.auto.chooser`` reads it).
+    # any device (``bebop.speculative.auto.costs`` reads it).
     step_times: list[tuple[int, float, float]] = field(default_factory=list, repr=False)
     prefill_seconds: float = 0.0  # wall time of the prefill (the prompts' forward and first tokens)
 
@@ -195,7 +196,7 @@ def generate(
 class Decoder:
     """One ``generate`` call, a decode step at a time; the mode and K may change between steps.
 
-    ``bebop.speculative.auto.chooser`` probes settings and switches to the chosen one within a call. A switch
+    ``bebop.speculative.auto.generate`` probes settings and switches to the chosen one within a call. A switch
     keeps exactness: every step draws from its rows' randomness at a counter no other step uses
     (each step starts at the row's number of emitted tokens), and the setting of a step depends
     only on what came before it. Switching to a deeper K than ``max_speculate_k`` is refused; with
@@ -288,8 +289,8 @@ class Decoder:
 
 
 def _check_args(model, mtp, prompts, sampling: SamplingParams, spec: SpecConfig) -> None:
-    if spec.mode == "auto" or (spec.speculate_k == "auto" and spec.mode != "none"):  # none ignores K
-        raise BebopError("mode/speculate_k 'auto' is chosen by bebop.speculative.auto.chooser.generate_auto, not by generate")
+    if is_auto(spec.mode, spec.speculate_k):
+        raise BebopError("mode/speculate_k 'auto' is chosen by bebop.speculative.auto.generate.generate_auto, not by generate")
     if spec.mode not in MODES:
         raise BebopError(f"unknown mode {spec.mode!r}; choose one of {', '.join(MODES)}")
     if spec.mode != "none" and mtp is None:

@@ -171,7 +171,7 @@ class EmissionLog:
         """The kept tokens and draft positions of every step, given each completion's final length
         (host ints), flattened over blocks in order, rows in order, tokens / depths in order; from a
         GPU, one transfer per kind of value (entropies, then each draft value), not one per step.
-        The last answer is kept until the next block: ``to_stats`` and ``bebop.speculative.auto.chooser`` ask for
+        The last answer is kept until the next block: ``to_stats`` and ``bebop.speculative.auto.acceptance`` ask for
         the same lengths."""
         key = tuple(lengths)
         if self._kept is not None and self._kept[0] == key:

@@ -198,6 +198,26 @@ def test_auto_is_refused_under_torchrun(tmp_path, monkeypatch, auto):
     assert not (tmp_path / "run").exists()
 
 
+def test_mode_none_with_k_auto_is_not_auto_under_torchrun(tmp_path, monkeypatch):
+    """``--mode none --speculate-k auto`` is plain decoding (``bebop.config.is_auto``): torchrun's auto
+    refusal lets it through to the next check (here stopped at the run directory's)."""
+    from bebop.rl import loop
+    from bebop.utils import distributed
+
+    class Passed(Exception):
+        pass
+
+    def stop(*args, **kwargs):
+        raise Passed
+
+    monkeypatch.setattr(distributed, "world_size", lambda: 2)
+    monkeypatch.setattr(loop, "check_output_dir", stop)
+    model, tok = tiny_policy()
+    cfg = resolve_rl_config(None, {**flat_config(tiny_config(mode="none")), "speculate_k": "auto"})
+    with pytest.raises(Passed):
+        train_rl(model, tok, None, cfg, tmp_path / "run", show_progress=False)
+
+
 def answer_echo_reward(prompts: list[str], completions: list[str], answer: list[str], **_: list) -> list[float]:
     """Test reward that checks the data rows' extra field arrives once per completion."""
     assert len(answer) == len(completions) == len(prompts)

@@ -1,6 +1,6 @@
-"""``--mode auto`` / ``--speculate-k auto``: the wing that picks a (mode, K) for a call.
+"""``--mode auto`` / ``--speculate-k auto``: the wing that picks a (mode, K) for a call (docs/auto.md).
 
-``chooser`` models acceptance and step costs and predicts tokens/s; ``tail`` prices a call's
-lockstep tail; ``replay`` replays each K's acceptance where its own steps would start; ``profile``
-carries a chooser's state across ``bebop generate`` calls.
+``acceptance`` and ``costs`` are the models, ``tail`` prices a call's lockstep tail, ``chooser``
+decides and owns the probe schedule, ``generate`` runs a call that probes and switches, ``profile``
+carries a chooser across ``bebop generate`` calls.
 """

@@ -1,12 +1,10 @@
 """Auto profiles: what ``--mode auto`` / ``--speculate-k auto`` learned, kept between ``bebop generate`` calls.
 
-A call that starts from nothing probes settings and prices its rows as running to max_new_tokens (it
-has seen no completion lengths): at B = 16 and 64 here that chose a deeper K than the best in most
-calls (bench/auto.py, "one-shot"). A profile is the ``AutoChooser``'s state (acceptance per depth,
-offset and K, the last probe's step costs, completion lengths, that probe's decision) in a JSON
-file; the next call on the same model, head, device and sampling starts from it and runs as ``bebop
-rl`` runs auto: a probing call every AUTO_EVERY calls, in between the last probe's decision (no
-probe steps, no pricing).
+A call that starts from nothing has seen no completion lengths and prices its rows as running to
+max_new_tokens. A profile is the ``AutoChooser``'s state (acceptance, the last probe's step costs,
+completion lengths, the held decision) and its call count in a JSON file; the next call on the
+same model, head, device and sampling starts from it and follows the chooser's probe schedule as
+``bebop rl`` does (``AutoChooser.should_probe``).
 
     key     what the profile is for (``profile_key``): the model and head directories (path, newest
             file mtime, bytes), device, dtype, torch threads, sampling and the candidate settings.
@@ -15,9 +13,9 @@ probe steps, no pricing).
             $BEBOP_CACHE_DIR/auto-profiles/ (``default_path``); ``--auto-profile none``: no profile.
 
 Example:
-    chooser, calls = load(path, key)           # a fresh chooser and 0 when the file does not exist
-    ... generate_auto(..., chooser=chooser, probe=calls % AUTO_EVERY == 0) ...
-    save(path, key, chooser, calls + 1)        # through a temporary file and a rename
+    chooser = load(path, key)                  # a fresh chooser when the file does not exist
+    ... generate_auto(..., chooser=chooser) ...
+    save(path, key, chooser)                   # through a temporary file and a rename
 """
 
 from __future__ import annotations
@@ -33,7 +31,7 @@ from bebop.speculative.auto.chooser import AutoChooser, candidates, config_name
 from bebop.speculative.engine import SamplingParams, SpecConfig
 from bebop.utils.io import BebopError, read_json, write_json
 
-VERSION = 3  # of the file's layout; an older one is a fresh start (replaced by the next save), a newer one refused
+VERSION = 4  # of the file's layout; an older one is a fresh start (replaced by the next save), a newer one refused
 
 
 def _fingerprint(path: str | os.PathLike) -> dict:
@@ -69,20 +67,19 @@ def default_path(key: dict) -> Path:
     return cache_dir() / "auto-profiles" / f"{digest}.json"
 
 
-def load(path: str | os.PathLike, key: dict) -> tuple[AutoChooser, int]:
-    """(chooser, calls made with it) from ``path``; a fresh chooser and 0 when the file does not exist or
-    is a profile of an older layout (version 1 carried a calibration and re-pricing state this
-    version's chooser does not have; version 2 lacked the pending confirmation, ``AutoChooser.settle``).
+def load(path: str | os.PathLike, key: dict) -> AutoChooser:
+    """The chooser saved at ``path`` (its ``calls`` restored); a fresh chooser when the file does not exist
+    or is a profile of an older layout (its models do not fit this chooser's).
 
     Raises BebopError (one line) when the file is not a profile of this or an older version, is for
     another key, or does not parse.
     """
     path = Path(path)
     if not path.exists():
-        return AutoChooser(), 0
+        return AutoChooser()
     data = read_json(path, "auto profile")
     if isinstance(data, dict) and type(data.get("version")) is int and 1 <= data["version"] < VERSION:
-        return AutoChooser(), 0
+        return AutoChooser()
     if not isinstance(data, dict) or data.get("version") != VERSION:
         version = data.get("version") if isinstance(data, dict) else None
         raise BebopError(f"auto profile {path} is not a version-{VERSION} profile (version {version!r}); "
@@ -96,12 +93,14 @@ def load(path: str | os.PathLike, key: dict) -> tuple[AutoChooser, int]:
         calls = int(data["calls"])
         if calls < 0:
             raise ValueError(f"calls {calls} < 0")
-        return AutoChooser.from_state(data["chooser"]), calls
+        chooser = AutoChooser.from_state(data["chooser"])
+        chooser.calls = calls
+        return chooser
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise BebopError(f"auto profile {path} is corrupt ({type(e).__name__}: {e}); delete it or pass "
                          f"--auto-profile none") from None
 
 
-def save(path: str | os.PathLike, key: dict, chooser: AutoChooser, calls: int) -> None:
+def save(path: str | os.PathLike, key: dict, chooser: AutoChooser) -> None:
     """Writes the profile through a temporary file and a rename (a reader never sees half a file)."""
-    write_json(path, {"version": VERSION, "key": key, "calls": calls, "chooser": chooser.to_state()})
+    write_json(path, {"version": VERSION, "key": key, "calls": chooser.calls, "chooser": chooser.to_state()})

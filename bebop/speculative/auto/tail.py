@@ -1,26 +1,15 @@
-"""The batch's tail in ``--mode auto``'s prediction: a call's decode steps priced row by row, exactly.
+"""The batch's lockstep tail in ``--mode auto``'s prediction, priced exactly (expectations, no sampling).
 
-A batch decodes in lockstep: every step runs the rows still active, and the call lasts until its
-longest row ends. Late steps run few rows, so a call's tokens/s is lower than rows (1 + E[L]) / step
-cost at the rows decoding now. ``call_rates`` prices the rest of a call instead, every candidate
-setting at once, as expectations under the models (no sampling):
+A batch decodes until its longest row ends, so its tokens/s is below rows (1 + E[L]) / step cost.
+``call_rates`` prices the rest of a call at every candidate setting at once:
+    remaining   each row's tokens still to emit (``Rows``): the recent completion lengths longer than
+                what it emitted (``Lengths``), capped at max_new_tokens (the cap when none is longer).
+    steps       one token per plain step; 1 + L per verify step, P(L >= j) = prod_{i<=j} alpha_i at
+                the alphas of the step's offset bucket (``OFFSET_EDGES``), a Markov chain (``finished``).
+    tokens/s    E[tokens] / (prefill + step cost x E[steps until the last row ends]).
 
-    remaining   tokens each active row still emits (``Rows``): distributed as the running
-                completion lengths longer than what the row has emitted (``Lengths``), capped at
-                max_new_tokens; the cap itself when no such length was seen.
-    steps       per row, the steps that emit them: one token per plain step; 1 + L per verify
-                step, P(L >= j) = prod_{i<=j} alpha_i (the acceptance model), the alphas of the
-                step's offset bucket (``OFFSET_EDGES``: tokens the row had emitted before the step).
-                ``finished``: P(a row has emitted all it has left after t steps), a Markov chain
-                over the tokens emitted, every t at once.
-    seconds     prefill + sum over steps of the step cost at the rows active in that step: a step
-                at a rows costs base (1 + gamma a) (``bebop.speculative.auto.chooser.StepCosts.scale``), linear in
-                a, so E[seconds] = prefill + base sum_t (P(some row active after t steps) + gamma
-                E[rows active after t steps]), rows independent given the models.
-    tokens/s    E[tokens] / E[seconds].
-
-Example: two rows with 2 and 10 tokens left, plain, 1 ms a step at any rows: 10 steps, 12 tokens,
-1200 tokens/s; rows (tokens per step) / step cost would say 2000.
+Example: rows with 2 and 10 tokens left, plain, 1 ms a step: 10 steps, 12 tokens, 1200 tokens/s
+(rows x tokens per step / step cost would say 2000).
 """
 
 from __future__ import annotations
@@ -30,9 +19,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 HISTORY = 4096  # completion lengths kept (the newest)
-# NOTE: a completion's first tokens accept least (embedded task, rs K=4, B=64, alpha_RS at depth 1 by the
-# tokens emitted before the step: 0.64-0.73 at 0-3, 0.88-0.92 at 4-7, 0.95-0.99 from 8 on, T 0.3-1). One
-# alpha for all offsets prices a deep K's opener too high and its later steps too low.
+# NOTE: a completion's first tokens accept least, so one alpha for all offsets would price a deep K's
+# opener too high and its later steps too low.
 OFFSET_EDGES = (4, 8)  # offset buckets [0, 4), [4, 8), [8, max_new_tokens)
 
 
@@ -44,16 +32,6 @@ class Rows:
     done: np.ndarray  # (G,) int
     count: np.ndarray  # (G,) int
     left: np.ndarray  # (G, C + 1) probabilities over the tokens still to emit, 0..C
-
-    @classmethod
-    def known(cls, done, left) -> Rows:
-        """Rows whose remaining tokens are known (a finished call's, replayed): point masses."""
-        done, left = np.asarray(done, dtype=np.int64), np.maximum(np.asarray(left, dtype=np.int64), 1)
-        span = int(left.max(initial=1)) + 1
-        pairs, count = np.unique(done * span + left, return_counts=True)  # NOTE: 1-D keys: np.unique(axis=0) is slow
-        probs = np.zeros((len(pairs), span))
-        probs[np.arange(len(pairs)), pairs % span] = 1.0
-        return cls(pairs // span, count, probs)
 
     def tokens(self) -> float:
         """E[tokens the rows still emit]."""
@@ -69,25 +47,17 @@ class Lengths:
     def add(self, lengths: list[int]) -> None:
         self.seen = (self.seen + [int(n) for n in lengths])[-HISTORY:]
 
-    def rows(self, generated: list[int], max_new: int) -> Rows:
-        """``Rows`` of rows still decoding that have emitted ``generated`` tokens: each still emits a seen
-        length longer than that (capped at max_new) less what it emitted, uniform over the seen
-        lengths; the cap less what it emitted when none is longer."""
-        return self._rows(generated, max_new, may_have_ended=False)
-
-    def fresh(self, batch: int, emitted: int, max_new: int) -> Rows:
-        """``Rows`` of a call about to start, whose prefill will emit ``emitted`` tokens a row: each row
-        emits a seen length of at least that (capped at max_new) less ``emitted``, 0 for a completion
-        that ends within the prefill's tokens (it runs no step), uniform over the seen lengths; the
-        cap less ``emitted`` when none is that long."""
-        return self._rows([emitted] * batch, max_new, may_have_ended=True)
-
-    def _rows(self, generated: list[int], max_new: int, may_have_ended: bool) -> Rows:
+    def rows(self, generated: list[int], max_new: int, fresh: bool = False) -> Rows:
+        """``Rows`` of rows that have emitted ``generated`` tokens: each still emits a seen length
+        longer than that (capped at max_new) less what it emitted, uniform over the seen lengths; the
+        cap less what it emitted when none is longer. ``fresh``: a call about to start, whose prefill
+        will emit ``generated`` tokens a row: a seen length of at least that, 0 tokens left for a
+        completion that ends within the prefill (it runs no step)."""
         seen = np.minimum(np.asarray(self.seen, dtype=np.int64), max_new)
         done, count = np.unique(np.asarray(generated, dtype=np.int64), return_counts=True)
         left = np.zeros((len(done), max(max_new, 1) + 1))
         for g, d in enumerate(done.tolist()):
-            longer = seen[seen >= d] - d if may_have_ended else seen[seen > d] - d
+            longer = seen[seen >= d] - d if fresh else seen[seen > d] - d
             if len(longer):
                 left[g] = np.bincount(longer, minlength=left.shape[1]) / len(longer)
             else:
@@ -110,16 +80,11 @@ def finished(rows: Rows, alphas: list) -> np.ndarray:
     t = 0..T, T the most tokens a row can still emit (a step emits at least one: every row is
     finished after T steps).
 
-    A Markov chain per setting over o, the tokens a row has emitted (lo..O, O absorbing): a step at
-    o emits 1 + L, L drawn at the alphas of o's offset bucket. Past the last edge the chain is the
-    same at every o, so a group that has emitted more starts at the edge, its target shifted with
-    it: at most OFFSET_EDGES[-1] + 1 chains (9) whatever the batch. The distributions after t = 0..T
-    steps come from matrix products by doubling, the last block cut to the steps still needed. The
-    states run from lo, the lowest start, to O, the most tokens any row can reach, and no further:
-    for a fresh call at B = 16 here (completions of at most 26 tokens under a cap of 48) the chain
-    of 9 settings shrank from 50 states and 64 steps to 27 and 32, and pricing them from 0.53 to
-    0.27 ms; a first call's decision (rows at 7-20 tokens, all to the cap) from 64 steps over 45-49
-    states to 37-42 over 37-42, 0.77 to 0.60 ms (medians over 12 decisions).
+    A Markov chain per setting over o, the tokens a row has emitted (lo..O, O absorbing; lo the lowest
+    start, O the most tokens any row can reach): a step at o emits 1 + L, L drawn at the alphas of
+    o's offset bucket. Past the last edge the chain is the same at every o, so a group that has
+    emitted more starts at the edge, its target shifted with it: at most OFFSET_EDGES[-1] + 1 chains
+    whatever the batch. The distributions after t = 0..T steps come from matrix products by doubling.
     """
     k = max([_depth(a) for a in alphas] + [1])  # every setting padded to the deepest K
     per = [_thresholds(a, k) for a in alphas]
@@ -162,30 +127,21 @@ def _depth(alphas) -> int:
     return len(alphas[-1]) if len(alphas) and isinstance(alphas[0], (list, tuple)) else len(alphas)
 
 
-def activity(rows: Rows, alphas: list) -> tuple[np.ndarray, np.ndarray]:
-    """(N, T + 1) each: P(another step follows step t), and E[rows active after t steps], at N settings
-    (``finished``'s rows independent). Summed over t: the expected steps of the rest of the call, and
-    the expected rows summed over those steps."""
+def steps_left(rows: Rows, alphas: list) -> np.ndarray:
+    """(N, T + 1) P(another step follows step t) at N settings (``finished``'s rows independent); summed
+    over t: the expected steps of the rest of the call."""
     done_by = finished(rows, alphas)  # (N, G, T + 1)
-    count = rows.count[None, :, None]
-    return 1.0 - np.prod(done_by ** count, axis=1), (count * (1.0 - done_by)).sum(1)
+    return 1.0 - np.prod(done_by ** rows.count[None, :, None], axis=1)
 
 
-def call_rates(rows: Rows, alphas: list, base: np.ndarray, row_slope=0.0, prefill_s: float = 0.0) -> np.ndarray:
+def call_rates(rows: Rows, alphas: list, base: np.ndarray, prefill_s: float = 0.0) -> np.ndarray:
     """Predicted tokens/s of the rest of a call at N settings: E[tokens] / (prefill_s + E[step seconds]).
 
     Args:
-        rows: the active rows and their remaining tokens (``Lengths.rows``, ``Rows.known``).
-        alphas: per setting, alpha_1..alpha_K, or one list per offset bucket, or empty for plain
-            decoding.
-        base: (N,) seconds of a step of each setting in units of scale: a step at a active rows costs
-            base (1 + row_slope a); row_slope one for all settings or (N,).
+        rows: the active rows and their remaining tokens (``Lengths.rows``).
+        alphas: per setting, alpha_1..alpha_K, or one list per offset bucket, or [] for plain decoding.
+        base: (N,) seconds of a step of each setting.
         prefill_s: seconds before the first step (0 for the rest of a started call).
-
-    Returns:
-        (N,) tokens/s, all settings priced at once (a decision prices ~9).
     """
-    some_active, active = activity(rows, alphas)
-    slope = np.asarray(row_slope, dtype=float).reshape(-1, 1)  # (N or 1, 1)
-    seconds = prefill_s + np.asarray(base, dtype=float) * (some_active + slope * active).sum(-1)
+    seconds = prefill_s + np.asarray(base, dtype=float) * steps_left(rows, alphas).sum(-1)
     return np.where(seconds > 0, rows.tokens() / np.maximum(seconds, 1e-30), 0.0)
