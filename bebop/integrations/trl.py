@@ -49,7 +49,7 @@ from bebop.speculative import SamplingParams, SpecConfig
 from bebop.speculative.auto.chooser import AUTO, AutoChooser, candidates, check_auto_spec, generate_auto, is_auto
 from bebop.speculative.engine import generate
 from bebop.speculative.stats import SpecStats
-from bebop.utils.io import BebopError
+from bebop.utils.io import BebopError, read_json, write_json
 
 TOKEN_STATS_FILE = "token_stats.jsonl"  # per-position entropy and acceptance, as ``bebop rl`` writes it
 CONFIG_FILE = "bebop_rollout.json"  # the rollout's settings, written beside TRL's output
@@ -290,6 +290,18 @@ def log_spec_metrics(trainer, split: str, stats: SpecStats, seconds: float, max_
     return metrics
 
 
+def rollout_settings(spec: SpecConfig, head) -> dict:
+    """What ``bebop report`` needs to place the run: mode, K, the head and the loss it was trained with."""
+    settings = {"trainer": "trl", "mode": spec.mode, "speculate_k": spec.speculate_k, "mtp": None, "mtp_loss": None}
+    if isinstance(head, (str, Path)):
+        from bebop.mtp.head import CONFIG_NAME
+
+        settings["mtp"] = str(head)
+        saved = read_json(Path(head) / CONFIG_NAME, "MTP head config")
+        settings["mtp_loss"] = (saved.get("train") or {}).get("loss") if isinstance(saved, dict) else None
+    return settings
+
+
 def write_token_stats(trainer, stats: SpecStats, first_row: int, spec: SpecConfig, head) -> None:
     """Appends this rollout's per-position statistics (every process's) as one line, on the main process."""
     from accelerate.utils import gather_object
@@ -305,9 +317,7 @@ def write_token_stats(trainer, stats: SpecStats, first_row: int, spec: SpecConfi
     out = Path(trainer.args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     if not (out / CONFIG_FILE).exists():
-        head_name = str(head) if isinstance(head, (str, Path)) else None
-        (out / CONFIG_FILE).write_text(json.dumps({"mode": spec.mode, "speculate_k": spec.speculate_k,
-                                                   "mtp": head_name, "trainer": "trl"}, indent=2) + "\n")
+        write_json(out / CONFIG_FILE, rollout_settings(spec, head))
     with open(out / TOKEN_STATS_FILE, "a") as f:
         f.write(json.dumps(merged) + "\n")
 
