@@ -62,12 +62,14 @@ def trl_completions(trainer, prompts) -> list[list[int]]:
     return [list(map(int, c)) for c in trainer._generate(list(prompts))[1]]
 
 
-def test_greedy_matches_trl_generation(tmp_path):
-    """T = 0 (do_sample=False): Bebop's rs rollouts are TRL's own greedy completions, token for token."""
+@pytest.mark.parametrize("chat", [False, True])
+def test_greedy_matches_trl_generation(tmp_path, chat):
+    """T = 0 (do_sample=False): Bebop's rs rollouts are TRL's own greedy completions, token for token,
+    for plain and chat (templated by the trainer) prompts."""
     model = peaked_model()
     head = MtpHead(model)
     greedy = dict(generation_kwargs={"do_sample": False})
-    prompts = [p for p in PROMPTS for _ in range(2)]
+    prompts = [[{"role": "user", "content": p}] if chat else p for p in PROMPTS for _ in range(2)]
     ours = trl_completions(make_trainer(tmp_path, model, bebop_rollout_func(head, mode="rs", speculate_k=3),
                                         **greedy), prompts)
     theirs = trl_completions(make_trainer(tmp_path, model, **greedy), prompts)

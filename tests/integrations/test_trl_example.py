@@ -40,3 +40,14 @@ def test_example_leaves_log_history_with_acceptance(example_run):
     assert [r["step"] for r in steps] == [1, 2]
     assert all(1.0 <= r["spec/accept_length"] <= 4.0 and r["spec/target_entropy"] > 0 for r in steps)
     assert len((example_run / "token_stats.jsonl").read_text().splitlines()) == 2
+
+
+@pytest.mark.slow
+def test_report_reads_the_trl_output(example_run, tmp_path):
+    """``bebop report`` on TRL's output directory: the run is placed as rs + e2e-TV, with token statistics."""
+    out = tmp_path / "report"
+    assert bebop_main(["report", str(example_run), "--out", str(out)]) == 0
+    text = (out / "report.md").read_text()
+    assert "trl:rs+e2e_tv" in text and "headline.png" in text
+    token_section = text.split("## Token level")[1].split("\n## ")[0]
+    assert "| trl:rs+e2e_tv |" in token_section  # the token statistics Bebop left beside TRL's history
