@@ -31,7 +31,8 @@ Deviations from TRL's own generation:
     2) The model runs in eval mode during the rollout (no dropout), as a sampler should; TRL's own
        generation leaves it in train mode, which differs only for models with dropout.
     3) ``logprobs`` are recomputed in one teacher-forced forward (no grad) as TRL computes its own:
-       log softmax(logits / args.temperature) of each emitted token, without top-k/top-p.
+       log softmax(logits / args.temperature) of each emitted token, without top-k/top-p; by default
+       only when the trainer reads them (otherwise ``None``, which TRL accepts).
     4) The engine stops at the tokenizer's EOS; completions are then cut after the first of TRL's
        other EOS ids (the statistics count only the kept tokens). Cutting a sample is exact.
 """
@@ -72,14 +73,16 @@ class BebopRollout:
     Attributes:
         head: an ``MtpHead`` on the trainer's model, or the directory of one (loaded at the first call).
         spec: mode (none/to/rs/auto) and K (int or "auto").
-        logprobs: return the policy's log-probabilities of the emitted tokens (one extra forward).
+        logprobs: return the policy's log-probabilities of the emitted tokens (one extra forward);
+            None = only when the trainer reads them (``off_policy_mask_threshold`` set: without vLLM,
+            TRL 1.16 reads a rollout's logprobs nowhere else).
         token_stats: append per-position statistics to ``<output_dir>/token_stats.jsonl``.
         seed: base of the rows' randomness; None = the trainer's ``args.seed``.
     """
 
     head: object = None
     spec: SpecConfig = SpecConfig("rs", 3)
-    logprobs: bool = True
+    logprobs: bool | None = None
     token_stats: bool = True
     seed: int | None = None
     num_calls: int = field(default=0, init=False)  # the call counter keys each call's randomness
@@ -106,8 +109,8 @@ class BebopRollout:
             result = self._generate(model, trainer.processing_class, prompt_ids, head, sampling, seed, first_row)
             seconds = time.perf_counter() - start
             completion_ids, stats = cut_at_eos(result, set(trainer.eos_token_ids))
-            logprobs = (policy_logprobs(model, prompt_ids, completion_ids, trainer.temperature)
-                        if self.logprobs else None)
+            wanted = self.logprobs if self.logprobs is not None else trainer.off_policy_mask_threshold is not None
+            logprobs = policy_logprobs(model, prompt_ids, completion_ids, trainer.temperature) if wanted else None
         finally:
             model.train(was_training)
         self.num_calls += 1
@@ -141,7 +144,7 @@ class BebopRollout:
                         step=self.num_calls, row_ids=row_ids)
 
 
-def bebop_rollout_func(head=None, *, mode: str = "rs", speculate_k: int | str = 3, logprobs: bool = True,
+def bebop_rollout_func(head=None, *, mode: str = "rs", speculate_k: int | str = 3, logprobs: bool | None = None,
                        token_stats: bool = True, seed: int | None = None) -> BebopRollout:
     """A ``rollout_func`` for TRL's ``GRPOTrainer`` that samples with Bebop on the trainer's model.
 
@@ -150,7 +153,8 @@ def bebop_rollout_func(head=None, *, mode: str = "rs", speculate_k: int | str = 
             None only with mode "none".
         mode: "rs" (lossless rejection sampling), "to", "none" or "auto".
         speculate_k: K, drafts per verify step, or "auto".
-        logprobs: return the policy's log-probabilities of the emitted tokens.
+        logprobs: return the policy's log-probabilities of the emitted tokens; None = only when the
+            trainer reads them (``off_policy_mask_threshold``), True = always, False = never.
         token_stats: append per-position statistics to ``<output_dir>/token_stats.jsonl``.
         seed: base of the randomness; None = the trainer's ``args.seed``.
 

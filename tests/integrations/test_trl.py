@@ -111,8 +111,12 @@ def test_rs_samples_match_trl_sampling(tmp_path):
 def test_rollout_returns_trl_contract_and_policy_logprobs(tmp_path):
     """One completion per (repeated) prompt, EOS ends it, logprobs are the policy's at TRL's temperature."""
     model = peaked_model()
-    trainer = make_trainer(tmp_path, model, bebop_rollout_func(MtpHead(model), mode="rs"), temperature=0.7)
+    trainer = make_trainer(tmp_path, model, bebop_rollout_func(MtpHead(model), mode="rs"), temperature=0.7,
+                           off_policy_mask_threshold=0.5)  # a setting that reads the rollout's logprobs
     prompts = [p for p in PROMPTS for _ in range(3)]
+    assert bebop_rollout_func(MtpHead(model), mode="rs", logprobs=False)(prompts, trainer)["logprobs"] is None
+    plain = make_trainer(tmp_path, model, temperature=0.7)  # reads no rollout logprobs: by default none are computed
+    assert bebop_rollout_func(MtpHead(model), mode="rs")(prompts, plain)["logprobs"] is None
     out = trainer.rollout_func(prompts, trainer)
     assert set(out) == {"prompt_ids", "completion_ids", "logprobs"}
     assert len(out["completion_ids"]) == len(prompts) == len(out["logprobs"])
