@@ -164,6 +164,49 @@ def bebop_rollout_func(head=None, *, mode: str = "rs", speculate_k: int | str = 
                         seed=seed)
 
 
+def train_head_on_policy(trainer, out_dir: str | Path, num_prompts: int = 64, samples_per_prompt: int = 4,
+                         config=None, seed: int = 0) -> Path:
+    """Trains an MTP head on the trainer's policy's own samples (as ``bebop train-mtp`` does) and saves it.
+
+    Samples ``samples_per_prompt`` completions of the first ``num_prompts`` training prompts with the
+    trainer's sampling settings (Bebop's engine, plain decoding), then runs ``bebop.mtp.train.train_mtp``
+    (default: e2e-TV, with its CE warm-up when the head starts from the backbone's last layer). Call it
+    before ``trainer.train()``, with ``out_dir`` the head path given to ``bebop_rollout_func``; under
+    several processes every rank calls it and draws the same samples (the head's batches are sharded).
+
+    Args:
+        trainer: a ``GRPOTrainer`` whose ``train_dataset`` has a ``prompt`` column.
+        out_dir: where the head is written (a new or empty directory).
+        num_prompts, samples_per_prompt: how much policy data the head trains on.
+        config: a ``bebop.mtp.config.TrainMtpConfig``; None = its defaults.
+        seed: the samples' randomness.
+
+    Returns:
+        ``out_dir``.
+    """
+    from bebop.mtp.config import TrainMtpConfig
+    from bebop.mtp.data import Sequences
+    from bebop.mtp.train import train_mtp
+
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    prompts = list(trainer.train_dataset["prompt"][:num_prompts])
+    prompt_ids = [ids for ids in prompt_token_ids(trainer, prompts) for _ in range(samples_per_prompt)]
+    was_training, trainable = model.training, [p.requires_grad for p in model.parameters()]
+    model.eval()
+    try:
+        result = generate(model, trainer.processing_class, prompt_ids, sampling=sampling_params(trainer, model),
+                          seed=seed)
+        completions, _ = cut_at_eos(result, set(trainer.eos_token_ids))
+        data = Sequences([p + c for p, c in zip(prompt_ids, completions)], [len(p) for p in prompt_ids])
+        train_mtp(model, data, out_dir, config or TrainMtpConfig(), pad_id=trainer.processing_class.pad_token_id,
+                  show_progress=trainer.accelerator.is_main_process)
+    finally:  # NOTE: train_mtp freezes the backbone; the policy goes back to training as it was
+        for p, flag in zip(model.parameters(), trainable):
+            p.requires_grad_(flag)
+        model.train(was_training)
+    return Path(out_dir)
+
+
 # ----------------------------------------------------------------------------- TRL's settings
 
 
@@ -326,4 +369,5 @@ def write_token_stats(trainer, stats: SpecStats, first_row: int, spec: SpecConfi
         f.write(json.dumps(merged) + "\n")
 
 
-__all__ = ["AUTO", "BebopRollout", "bebop_rollout_func", "cut_at_eos", "policy_logprobs", "sampling_params"]
+__all__ = ["AUTO", "BebopRollout", "bebop_rollout_func", "cut_at_eos", "policy_logprobs", "sampling_params",
+           "train_head_on_policy"]

@@ -226,3 +226,34 @@ def test_two_process_accelerate_launch(tmp_path):
     stats = [json.loads(line) for line in (tmp_path / "out" / "token_stats.jsonl").read_text().splitlines()]
     assert len(stats) == 2
     assert min(stats[0]["row"]) < 2 <= max(stats[0]["row"])  # both ranks' rows, the second's offset past the first's
+
+
+def test_train_head_on_policy_then_roll_out(tmp_path):
+    """One call trains a head on the policy's own samples; the rollout loads it from its path; the policy stays trainable."""
+    from bebop.integrations.trl import train_head_on_policy
+    from bebop.mtp.config import TrainMtpConfig
+
+    model = peaked_model()
+    head_dir = tmp_path / "head"
+    trainer = make_trainer(tmp_path, model, bebop_rollout_func(str(head_dir), mode="rs", speculate_k=2))
+    cfg = TrainMtpConfig(steps=2, batch_size=4, speculate_k=2, save_every=0)
+    assert train_head_on_policy(trainer, head_dir, num_prompts=4, samples_per_prompt=2, config=cfg) == head_dir
+    assert (head_dir / "mtp_config.json").is_file()
+    assert json.loads((head_dir / "mtp_config.json").read_text())["train"]["loss"] == "e2e_tv"
+    assert all(p.requires_grad for p in model.parameters()) and model.training
+    out = trainer.rollout_func(["a b c"] * 4, trainer)
+    assert len(out["completion_ids"]) == 4 and trainer._metrics["train"]["spec/accept_length"]
+
+
+def test_auto_depth_keeps_its_chooser_and_logs_every_depth(tmp_path):
+    """speculate_k="auto": the chooser lives across calls; per-position metrics cover the deepest K it may pick."""
+    from bebop.config import AUTO_MAX_K
+
+    model = peaked_model()
+    rollout = bebop_rollout_func(MtpHead(model), mode="rs", speculate_k="auto")
+    trainer = make_trainer(tmp_path, model, rollout)
+    for _ in range(2):
+        rollout(["a b c", "d e"] * 4, trainer)
+    metrics = trainer._metrics["train"]
+    assert rollout.chooser is not None and len(metrics["spec/accept_length"]) == 2
+    assert f"spec/alpha_rs/{AUTO_MAX_K}" in metrics and f"spec/alpha_rs/{AUTO_MAX_K + 1}" not in metrics
