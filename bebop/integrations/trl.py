@@ -95,7 +95,7 @@ class BebopRollout:
             raise BebopError(f"mode {self.spec.mode!r} needs an MTP head (head=path or MtpHead)")
 
     def __call__(self, prompts: list, trainer) -> dict:
-        model = trainer.accelerator.unwrap_model(trainer.model)
+        model = policy_model(trainer)
         split = "train" if trainer.model.training else "eval"
         sampling = sampling_params(trainer, model)
         prompt_ids = prompt_token_ids(trainer, prompts)
@@ -131,7 +131,8 @@ class BebopRollout:
             from bebop.mtp.head import MtpHead
 
             self.loaded_head = MtpHead.from_pretrained(self.head, model)
-        return self.loaded_head if self.loaded_head is not None else self.head
+        head = self.loaded_head if self.loaded_head is not None else self.head
+        return head.eval()  # NOTE: a sampler runs without dropout, as the policy does here
 
     def _generate(self, model, tokenizer, prompt_ids, head, sampling, seed, first_row):
         row_ids = list(range(first_row, first_row + len(prompt_ids)))
@@ -188,7 +189,7 @@ def train_head_on_policy(trainer, out_dir: str | Path, num_prompts: int = 64, sa
     from bebop.mtp.data import Sequences
     from bebop.mtp.train import train_mtp
 
-    model = trainer.accelerator.unwrap_model(trainer.model)
+    model = policy_model(trainer)
     prompts = list(trainer.train_dataset["prompt"][:num_prompts])
     prompt_ids = [ids for ids in prompt_token_ids(trainer, prompts) for _ in range(samples_per_prompt)]
     was_training, trainable = model.training, [p.requires_grad for p in model.parameters()]
@@ -208,6 +209,15 @@ def train_head_on_policy(trainer, out_dir: str | Path, num_prompts: int = 64, sa
 
 
 # ----------------------------------------------------------------------------- TRL's settings
+
+
+def policy_model(trainer):
+    """The trainer's model, unwrapped; BebopError when its weights are sharded over processes."""
+    plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
+    if getattr(trainer, "is_fsdp_enabled", False) or getattr(plugin, "zero_stage", None) == 3:
+        raise BebopError("bebop_rollout_func needs the whole policy on every process; FSDP and DeepSpeed ZeRO-3 "
+                         "shard it (use DDP or ZeRO-1/2)")
+    return trainer.accelerator.unwrap_model(trainer.model)
 
 
 def _setting(trainer, model, name: str):

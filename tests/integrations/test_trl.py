@@ -183,6 +183,10 @@ def test_refuses_what_it_cannot_reproduce(tmp_path):
     trainer = make_trainer(tmp_path, model, bebop_rollout_func(MtpHead(model)), repetition_penalty=1.2)
     with pytest.raises(BebopError, match="repetition_penalty"):
         trainer.rollout_func(["a b"], trainer)
+    trainer = make_trainer(tmp_path, model, bebop_rollout_func(MtpHead(model)))
+    trainer.is_fsdp_enabled = True  # as accelerate sets it for an FSDP-sharded policy
+    with pytest.raises(BebopError, match="whole policy"):
+        trainer.rollout_func(["a b"], trainer)
     with pytest.raises(BebopError, match="needs an MTP head"):
         bebop_rollout_func(None, mode="rs")
     with pytest.raises(BebopError, match="mode"):
