@@ -62,7 +62,7 @@ def timed_generate(trainer, seconds: list[float]) -> None:
 
 
 def run_arm(arm: str, model, tok, head_dir, args, dataset, out_dir: str) -> tuple[list[float], list[float], list]:
-    """One run of ``arm`` from a copy of ``model``: (step seconds, rollout seconds, accept lengths), warm-up left out."""
+    """One run of ``arm`` from a copy of ``model``: (step s, rollout s, accept lengths), warm-up step left out."""
     from trl import GRPOConfig, GRPOTrainer
 
     from bebop.integrations.trl import bebop_rollout_func
@@ -120,7 +120,8 @@ def main(argv=None) -> None:
                       f"rollout {statistics.fmean(rollout_s):.2f}s", flush=True)
     load_end = os.getloadavg()
     print(f"\nB = {args.prompts_per_step} prompts x G = {args.num_generations}, max {args.max_completion_length} "
-          f"tokens, T = 1, {args.steps - 1} timed steps x {args.repeats} repeats, mode {args.mode} K = {args.speculate_k}")
+          f"tokens, T = 1, {args.steps - 1} timed steps x {args.repeats} repeats, "
+          f"mode {args.mode} K = {args.speculate_k}")
     for arm, runs in results.items():
         step = [statistics.fmean(s) for s, _, _ in runs]
         rollout = [statistics.fmean(x) for _, x, _ in runs]

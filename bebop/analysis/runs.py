@@ -141,7 +141,8 @@ def trl_metrics_row(row: Mapping[str, Any]) -> dict:
     for key, sources in TRL_KEYS.items():
         out[key] = next((row[s] for s in sources if s in row), None)
     for key in TRL_PER_POSITION:
-        depths = sorted(int(k.rsplit("/", 1)[1]) for k in row if k.startswith(key + "/") and k.rsplit("/", 1)[1].isdigit())
+        suffixes = [k[len(key) + 1:] for k in row if k.startswith(key + "/")]
+        depths = sorted(int(j) for j in suffixes if j.isdigit())
         if depths:
             out[key] = [row.get(f"{key}/{j}") for j in range(1, depths[-1] + 1)]
     return out

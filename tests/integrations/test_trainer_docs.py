@@ -43,7 +43,7 @@ def test_trl_snippet_and_fields_exist():
 
 
 def test_vllm_speculative_configs_validate():
-    """Every speculative config the doc quotes names fields and values of vLLM's SpeculativeConfig (vLLM's venv only)."""
+    """The doc's speculative configs name fields and values of vLLM's SpeculativeConfig (in vLLM's venv only)."""
     speculative = pytest.importorskip("vllm.config.speculative")
     fields = {f.name for f in dataclasses.fields(speculative.SpeculativeConfig)}
     for config in _speculative_configs():
