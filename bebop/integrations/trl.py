@@ -106,7 +106,7 @@ class BebopRollout:
         model.eval()
         try:
             start = time.perf_counter()
-            result = self._generate(model, trainer.processing_class, prompt_ids, head, sampling, seed, first_row)
+            result = self._generate(model, text_tokenizer(trainer), prompt_ids, head, sampling, seed, first_row)
             seconds = time.perf_counter() - start
             completion_ids, stats = cut_at_eos(result, set(trainer.eos_token_ids))
             wanted = self.logprobs if self.logprobs is not None else trainer.off_policy_mask_threshold is not None
@@ -195,11 +195,11 @@ def train_head_on_policy(trainer, out_dir: str | Path, num_prompts: int = 64, sa
     was_training, trainable = model.training, [p.requires_grad for p in model.parameters()]
     model.eval()
     try:
-        result = generate(model, trainer.processing_class, prompt_ids, sampling=sampling_params(trainer, model),
+        result = generate(model, text_tokenizer(trainer), prompt_ids, sampling=sampling_params(trainer, model),
                           seed=seed)
         completions, _ = cut_at_eos(result, set(trainer.eos_token_ids))
         data = Sequences([p + c for p, c in zip(prompt_ids, completions)], [len(p) for p in prompt_ids])
-        train_mtp(model, data, out_dir, config or TrainMtpConfig(), pad_id=trainer.processing_class.pad_token_id,
+        train_mtp(model, data, out_dir, config or TrainMtpConfig(), pad_id=text_tokenizer(trainer).pad_token_id,
                   show_progress=trainer.accelerator.is_main_process)
     finally:  # NOTE: train_mtp freezes the backbone; the policy goes back to training as it was
         for p, flag in zip(model.parameters(), trainable):
@@ -244,6 +244,11 @@ def sampling_params(trainer, model) -> SamplingParams:
         top_p=float(_setting(trainer, model, "top_p") or 1.0),
         max_new_tokens=int(trainer.generation_config.max_new_tokens),
     )
+
+
+def text_tokenizer(trainer):
+    """The trainer's tokenizer (a processor's own tokenizer when TRL was given a processor)."""
+    return getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
 
 
 def prompt_token_ids(trainer, prompts: list) -> list[list[int]]:

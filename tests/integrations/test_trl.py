@@ -233,7 +233,7 @@ def test_two_process_accelerate_launch(tmp_path):
 
 
 def test_train_head_on_policy_then_roll_out(tmp_path):
-    """One call trains a head on the policy's samples; the rollout loads it from its path; the policy stays trainable."""
+    """One call trains a head on the policy's samples; the rollout loads it from its path; the policy trains on."""
     from bebop.integrations.trl import train_head_on_policy
     from bebop.mtp.config import TrainMtpConfig
 
