@@ -29,12 +29,16 @@ Deviations from TRL's own generation:
        index, so ranks never share a stream; the samples differ from TRL's draw by draw, not in
        distribution. Greedy decoding is identical token for token.
     2) The model runs in eval mode during the rollout (no dropout), as a sampler should; TRL's own
-       generation leaves it in train mode, which differs only for models with dropout.
+       ``generate`` call runs it in the mode it is in (train mode during training), which differs only
+       for models with dropout.
     3) ``logprobs`` are recomputed in one teacher-forced forward (no grad) as TRL computes its own:
        log softmax(logits / args.temperature) of each emitted token, without top-k/top-p; by default
        only when the trainer reads them (otherwise ``None``, which TRL accepts).
     4) The engine stops at the tokenizer's EOS; completions are then cut after the first of TRL's
        other EOS ids (the statistics count only the kept tokens). Cutting a sample is exact.
+    5) Every process needs the whole policy: FSDP and DeepSpeed ZeRO-3 are refused in one line.
+
+``train_head_on_policy`` trains a head on the policy's own samples in one call, for users without one.
 """
 
 from __future__ import annotations
