@@ -82,24 +82,32 @@ def _leading_pairs(completions: list[list[int]]) -> Counter:
 
 
 @pytest.mark.slow
-def test_rs_samples_match_trl_sampling(tmp_path):
-    """T = 1: the first two tokens of Bebop's rs samples and of TRL's own sampling have one distribution.
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.8, "top_k": 6, "top_p": 0.9}], ids=["T1", "T0.8-k6-p0.9"])
+def test_rs_samples_match_trl_sampling(tmp_path, sampling):
+    """The first two tokens of Bebop's rs samples and of TRL's own sampling have one distribution, at T = 1
+    and with TRL's temperature / top-k / top-p set.
 
     Two-sample chi-square on the (token 1, token 2) pairs (rare pairs pooled); token 2 is the first one a
-    draft can decide. A correct sampler fails with probability ALPHA = 0.001 over random seeds; the
-    seeds here are fixed, so the outcome is deterministic. A deliberately wrong sampler (temperature 2
-    instead of TRL's 1) must fail the same test.
+    draft can decide. A correct sampler fails each case with probability ALPHA = 0.001 over random seeds
+    (0.002 for both); the seeds here are fixed, so the outcome is deterministic. A deliberately wrong
+    sampler must fail the same test: temperature 2 instead of TRL's 1, or top-k/top-p ignored.
     """
     model = peaked_model()
     head = MtpHead(model)
     num = 1500
     prompts = ["a b c"] * num
     torch.manual_seed(0)
-    theirs = trl_completions(make_trainer(tmp_path, model, max_completion_length=2), prompts)
+    theirs = trl_completions(make_trainer(tmp_path, model, max_completion_length=2, **sampling), prompts)
     ours = trl_completions(make_trainer(tmp_path, model, bebop_rollout_func(head, mode="rs", speculate_k=2),
-                                        max_completion_length=2), prompts)
+                                        max_completion_length=2, **sampling), prompts)
     _, dof, p_value = two_sample_chi2(_leading_pairs(ours), _leading_pairs(theirs))
     assert dof >= 3 and p_value > ALPHA
+    if sampling:  # the wrong sampler ignores top-k and top-p
+        wrong = make_trainer(tmp_path, model, bebop_rollout_func(head, mode="rs", speculate_k=2),
+                             max_completion_length=2, temperature=sampling["temperature"])
+        _, _, p_wrong = two_sample_chi2(_leading_pairs(trl_completions(wrong, prompts)), _leading_pairs(theirs))
+        assert p_wrong <= ALPHA
+        return
 
     wrong = make_trainer(tmp_path, model, bebop_rollout_func(head, mode="rs", speculate_k=2),
                          max_completion_length=2)
