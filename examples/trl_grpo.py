@@ -1,6 +1,6 @@
 """GRPO with TRL's GRPOTrainer on the embedded model, rolling out with Bebop (rs, the cached e2e-TV head).
 
-    python examples/trl_grpo.py --max-steps 20 --output-dir runs/trl-grpo
+    python examples/trl_grpo.py --max-steps 20 --output-dir runs/trl-grpo --threads 1
     bebop report runs/trl-grpo --out runs/trl-grpo/report
 
 The embedded model and its head are built on first use (a few CPU minutes, cached in ~/.cache/bebop).
@@ -40,6 +40,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-completion-length", type=int, default=48, help="completion tokens, EOS included")
     p.add_argument("--learning-rate", type=float, default=5e-5, help="policy learning rate")
     p.add_argument("--seed", type=int, default=0, help="seeds the problems, TRL and the rollouts")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: torch's choice; on a busy machine 1 can be much faster)")
     return p.parse_args(argv)
 
 
@@ -53,6 +55,8 @@ def main(argv=None) -> Path:
     from bebop.task.arith import arith_reward
 
     args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     model, tok = load_model(device="cpu", dtype=CACHE_DTYPE)
     head_dir = ensure_embedded_head("e2e_tv", model, tok) if args.mode != "none" else None
     for p in model.parameters():  # load_model freezes the model; GRPO trains all of it
