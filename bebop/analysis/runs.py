@@ -1,8 +1,14 @@
-"""RL run directories as written by ``bebop rl``: loading and checking them.
+"""RL run directories as written by ``bebop rl`` or by TRL with Bebop's rollouts: loading and checking them.
 
 A run directory holds ``config.json`` (the resolved config), ``metrics.jsonl`` (one object per RL
 step) and optionally ``token_stats.jsonl`` (per kept draft position: depth j, completion row,
 H(p), alpha_RS, alpha_TO). Bad files give one ``BebopError`` line naming the file.
+
+A TRL output directory (``GRPOTrainer`` with ``bebop.integrations.trl``) holds TRL's log history
+instead (``trainer_state.json``, ``log_history.json`` or the newest ``checkpoint-N/trainer_state.json``),
+optionally ``bebop_rollout.json`` and the same ``token_stats.jsonl``. Its rows become metrics rows
+by ``TRL_KEYS`` (TRL's mean reward stands for accuracy), and the per-position ``spec/<name>/j`` keys
+become the lists ``spec/<name>``.
 """
 
 from __future__ import annotations
@@ -23,6 +29,11 @@ METRICS_FILE = "metrics.jsonl"  # one JSON object per RL step
 TOKEN_STATS_FILE = "token_stats.jsonl"  # optional per-position entropy and counterfactual acceptance
 TOKEN_STATS_KEYS = ("position", "entropy", "alpha_rs", "alpha_to")  # flat lists, one entry per position
 TOKEN_ROW_KEY = "row"  # optional flat list: the completion each position belongs to (older files lack it)
+TRL_STATE_FILES = ("trainer_state.json", "log_history.json")  # TRL's log history: a state dict, or the bare list
+TRL_ROLLOUT_FILE = "bebop_rollout.json"  # the rollout function's settings (bebop.integrations.trl)
+TRL_KEYS = {"target_entropy": ("spec/target_entropy", "entropy"), "rollout_s": ("spec/rollout_seconds",),
+            "step_s": ("step_time",), "accuracy": ("reward",)}  # metrics key <- first TRL key present
+TRL_PER_POSITION = ("spec/accepted_per_pos", "spec/alpha_rs", "spec/alpha_to")  # logged by TRL as "<key>/j"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +109,8 @@ def load_run(run_dir: str | os.PathLike) -> Run:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise BebopError(f"run directory not found: {run_dir}")
+    if not (run_dir / CONFIG_FILE).exists() and trl_state_file(run_dir) is not None:
+        return load_trl_run(run_dir)
     config = read_json(run_dir / CONFIG_FILE, "run config")
     if not isinstance(config, dict):
         raise BebopError(f"run config {run_dir / CONFIG_FILE} is not a JSON object")
@@ -107,6 +120,57 @@ def load_run(run_dir: str | os.PathLike) -> Run:
     if stats_path.exists():
         token_stats = _check_token_stats(read_jsonl(stats_path, "token stats"), stats_path)
     return Run(run_label(config), config, metrics, token_stats, run_dir)
+
+
+def trl_state_file(run_dir: Path) -> Path | None:
+    """The file holding a TRL output directory's log history, or None when it has none."""
+    for name in TRL_STATE_FILES:
+        if (run_dir / name).is_file():
+            return run_dir / name
+    checkpoints = [p for p in run_dir.glob("checkpoint-*/trainer_state.json") if p.parent.name[11:].isdigit()]
+    return max(checkpoints, key=lambda p: int(p.parent.name[11:]), default=None)
+
+
+def trl_metrics_row(row: Mapping[str, Any]) -> dict:
+    """One TRL log-history row as a metrics row (``TRL_KEYS``, per-position lists).
+
+    Example: {"step": 3, "reward": 0.5, "spec/alpha_rs/1": 0.9, "spec/alpha_rs/2": 0.8}
+        -> {..., "step": 3, "accuracy": 0.5, "spec/alpha_rs": [0.9, 0.8]}
+    """
+    out = dict(row)
+    for key, sources in TRL_KEYS.items():
+        out[key] = next((row[s] for s in sources if s in row), None)
+    for key in TRL_PER_POSITION:
+        suffixes = [k[len(key) + 1:] for k in row if k.startswith(key + "/")]
+        depths = sorted(int(j) for j in suffixes if j.isdigit())
+        if depths:
+            out[key] = [row.get(f"{key}/{j}") for j in range(1, depths[-1] + 1)]
+    return out
+
+
+def load_trl_run(run_dir: str | os.PathLike) -> Run:
+    """Reads a TRL output directory (see the module docstring); BebopError (one line) on a bad file."""
+    run_dir = Path(run_dir)
+    path = trl_state_file(run_dir)
+    if path is None:
+        raise BebopError(f"{run_dir} holds no TRL log history ({', '.join(TRL_STATE_FILES)})")
+    state = read_json(path, "TRL log history")
+    history = state.get("log_history") if isinstance(state, dict) else state
+    if not isinstance(history, list) or not all(isinstance(r, dict) for r in history):
+        raise BebopError(f"TRL log history {path} is not a list of objects")
+    rows = [trl_metrics_row(r) for r in history if "step" in r and ("loss" in r or "spec/accept_length" in r)]
+    metrics = _check_metrics(rows, path)
+    rollout = {}
+    if (run_dir / TRL_ROLLOUT_FILE).exists():
+        rollout = read_json(run_dir / TRL_ROLLOUT_FILE, "Bebop rollout settings")
+        if not isinstance(rollout, dict):
+            raise BebopError(f"Bebop rollout settings {run_dir / TRL_ROLLOUT_FILE} is not a JSON object")
+    config = {"mode": str(rollout.get("mode") or "none"), "speculate_k": rollout.get("speculate_k"),
+              "mtp_loss": rollout.get("mtp_loss"), "mtp_update": "frozen", "trainer": "trl"}
+    config["label"] = "trl:" + run_label(config)
+    stats_path = run_dir / TOKEN_STATS_FILE
+    token_stats = _check_token_stats(read_jsonl(stats_path, "token stats"), stats_path) if stats_path.exists() else None
+    return Run(config["label"], config, metrics, token_stats, run_dir)
 
 
 def _as_float(value: Any) -> float:
