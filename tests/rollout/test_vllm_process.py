@@ -243,3 +243,15 @@ def test_a_defective_vllm_refuses_speculative_sampling_at_positive_temperature(m
                            (SamplingParams(temperature=1.0), SpecConfig("none"))):
         with pytest.raises(BebopError, match="could not generate"):  # sampling goes ahead (and the fake fails)
             backend.rollout([[1, 2]], sampling, spec)
+
+
+def test_vllm_completions_report_both_conventions_and_null_what_they_cannot_count():
+    from bebop.rollout.base import Completions
+    from bebop.speculative.stats import SpecStats
+
+    stats = SpecStats(speculate_k=2, num_drafts=4, num_draft_tokens=8, verifier_num_drafts=4,
+                      verifier_num_accepted_tokens=6, verifier_accepted_per_pos=[4, 2])
+    stats.num_accepted_tokens = vllm_backend.emitted_accepted([5, 4], stats.num_drafts)  # 3 + 4 - 4 = 3
+    m = Completions([[1]] * 2, [[2] * 5, [2] * 4], ["", ""], [5, 4], ["length"] * 2, stats, False).spec_metrics()
+    assert m["spec/accept_length"] == 1.75 and m["spec/verifier_accept_length"] == 2.5
+    assert m["spec/verifier_accepted_per_pos"] == [1.0, 0.5] and m["spec/accepted_per_pos"] is None
