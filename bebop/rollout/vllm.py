@@ -254,11 +254,13 @@ class VllmBackend(RolloutBackend):
     def rollout(self, prompts, sampling, spec, group_size=1, seed=0, step=0, first_row=0, probe=True) -> Completions:
         from bebop.speculative.stats import SpecStats
 
-        llm = self._engine(spec)
         k = spec.speculate_k if spec.mode != "none" else 0
-        line = vllm_process.refusal(self._sampling) if k and sampling.temperature > 0 else None
-        if line:
-            raise BebopError(line)
+        if k and sampling.temperature > 0:  # NOTE: decided before an engine starts, refused before one is paid for
+            self._sampling = self._sampling or vllm_process.prepare_sampling()
+            line = vllm_process.refusal(self._sampling)
+            if line:
+                raise BebopError(line)
+        llm = self._engine(spec)
         params = self.vllm.SamplingParams(
             temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
             max_tokens=sampling.max_new_tokens, stop=list(sampling.stop) or None, include_stop_str_in_output=True,
