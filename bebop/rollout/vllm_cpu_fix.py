@@ -161,3 +161,7 @@ def apply_on_import() -> None:
 def site_dir() -> Path:
     """The folder holding the ``sitecustomize`` module that repairs a process when ``BEBOP_VLLM_CPU_FIX=1``."""
     return Path(__file__).resolve().parent / "vllm_site"
+
+
+if __name__ == "__main__":  # for a vLLM that Bebop does not start: export PYTHONPATH=$(python -m ...) BEBOP_VLLM_CPU_FIX=1
+    print(site_dir())
