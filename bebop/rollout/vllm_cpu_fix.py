@@ -163,5 +163,5 @@ def site_dir() -> Path:
     return Path(__file__).resolve().parent / "vllm_site"
 
 
-if __name__ == "__main__":  # for a vLLM that Bebop does not start: export PYTHONPATH=$(python -m ...) BEBOP_VLLM_CPU_FIX=1
+if __name__ == "__main__":  # a vLLM Bebop does not start: export PYTHONPATH=$(python -m ...) BEBOP_VLLM_CPU_FIX=1
     print(site_dir())

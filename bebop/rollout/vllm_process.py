@@ -11,7 +11,7 @@
    (``log_to_file``); a command's output stays its own. The workdir is the run's ``backend/``
    folder under ``bebop rl``, a fresh ``bebop-vllm-*`` folder in the system's temp dir otherwise.
 4. ``failure_line`` turns what vLLM raised (and the log's tail) into one line naming the cause
-   and the remedy, for the CLI to print (``BebopError``).
+   and the remedy, for the CLI to print (``VllmFailure``, a ``BebopError``).
 """
 
 from __future__ import annotations
@@ -45,6 +45,11 @@ CAUSES = (
     (r"Model architectures \[([^\]]*)\] (?:failed to be inspected|are not supported)",
      "vLLM cannot load the model's architecture {0} (the log says why): use --backend engine"),
 )
+
+
+class VllmFailure(BebopError, RuntimeError):
+    """vLLM could not start or generate: one line for the CLI (a ``BebopError``) and, as any engine crash,
+    a ``RuntimeError`` (``check-lossless`` counts a setting whose sampling crashed as a failed check)."""
 
 
 def provide_torchvision(environ=os.environ) -> bool:
@@ -130,7 +135,7 @@ def failure_line(error: BaseException, log_path: Path | None, what: str = "start
 
 
 def raise_failure(error: BaseException, log_path: Path | None, what: str = "start") -> None:
-    """Raises ``BebopError(failure_line(...))`` from ``error``; a BebopError or an interrupt passes unchanged."""
+    """Raises ``VllmFailure(failure_line(...))`` from ``error``; a BebopError or an interrupt passes unchanged."""
     if isinstance(error, (BebopError, KeyboardInterrupt)):
         raise error
-    raise BebopError(failure_line(error, log_path, what)) from error
+    raise VllmFailure(failure_line(error, log_path, what)) from error
