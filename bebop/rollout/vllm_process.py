@@ -135,7 +135,7 @@ def failure_line(error: BaseException, log_path: Path | None, what: str = "start
 
 
 def raise_failure(error: BaseException, log_path: Path | None, what: str = "start") -> None:
-    """Raises ``VllmFailure(failure_line(...))`` from ``error``; a BebopError or an interrupt passes unchanged."""
-    if isinstance(error, (BebopError, KeyboardInterrupt)):
+    """Raises ``VllmFailure(failure_line(...))`` from ``error``; a BebopError passes unchanged."""
+    if isinstance(error, BebopError):
         raise error
     raise VllmFailure(failure_line(error, log_path, what)) from error
