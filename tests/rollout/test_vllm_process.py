@@ -256,3 +256,29 @@ def test_vllm_completions_report_both_conventions_and_null_what_they_cannot_coun
     m = Completions([[1]] * 2, [[2] * 5, [2] * 4], ["", ""], [5, 4], ["length"] * 2, stats, False).spec_metrics()
     assert m["spec/accept_length"] == 1.75 and m["spec/verifier_accept_length"] == 2.5
     assert m["spec/verifier_accepted_per_pos"] == [1.0, 0.5] and m["spec/accepted_per_pos"] is None
+
+
+class _BrokenVllmFinder:
+    """Finds a ``vllm`` whose import fails on a missing dependency (as an incomplete install does)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "vllm":
+            return None
+        import importlib.util
+
+        return importlib.util.spec_from_loader(name, self)
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        raise ModuleNotFoundError("No module named 'xformers'", name="xformers")
+
+
+def test_a_vllm_whose_import_fails_on_a_dependency_is_named_in_one_line(monkeypatch):
+    monkeypatch.delitem(sys.modules, "vllm", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [_BrokenVllmFinder(), *sys.meta_path])
+    with pytest.raises(BebopError) as caught:
+        vllm_backend.import_vllm()
+    assert str(caught.value) == ("vLLM could not be imported: Python module xformers is missing from vLLM's "
+                                 "environment: install it there (pip install xformers)")
