@@ -32,7 +32,8 @@ bench: $(STAMP)
 
 # vLLM's CPU build pins transformers < 5.20, so it gets a venv of its own (about 3.6 GB, 2-4 minutes to
 # build) and its tests run only here, never in `make test` or .ci/run. The torchvision the registry
-# serves does not load beside the CPU torch build: it is removed, and tests/vllm/stubs stands in for it.
+# serves does not load beside the CPU torch build: it is removed, and Bebop puts its own import-only
+# stand-in on vLLM's path when it starts vLLM (bebop/rollout/vllm_process.py); no variable is needed.
 VLLM_VENV  ?= .venv-vllm
 VLLM_PY    := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed
@@ -49,7 +50,7 @@ $(VLLM_STAMP): pyproject.toml
 	touch $(VLLM_STAMP)
 
 test-vllm: $(VLLM_STAMP)
-	PYTHONPATH=tests/vllm/stubs $(VLLM_PY) -m pytest tests/vllm -m vllm -p no:cacheprovider -o addopts= -q $(PYTEST_ARGS)
+	$(VLLM_PY) -m pytest tests/vllm -m vllm -p no:cacheprovider -o addopts= -q $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info

@@ -6,7 +6,7 @@ hits both alike), and prints mean seconds per step of the whole step, its rollou
 update, the head step and the weight sync, and vLLM / engine ratios. The first step of each run is excluded (vLLM
 compiles and warms up there; its engine start is not part of any step). Needs vLLM (``.venv-vllm``):
 
-    PYTHONPATH=.:tests/vllm/stubs BEBOP_VLLM_CPU_FIX=1 .venv-vllm/bin/python bench/rl_backends.py --steps 4
+    .venv-vllm/bin/python bench/rl_backends.py --steps 4
 """
 
 from __future__ import annotations

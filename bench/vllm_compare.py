@@ -1,16 +1,16 @@
 """Rollout tokens/s of vLLM's CPU build beside Bebop's engine, on the exported embedded model + head.
 
     make test-vllm                                   # builds .venv-vllm once (see the Makefile)
-    PYTHONPATH=tests/vllm/stubs .venv-vllm/bin/python bench/vllm_compare.py            # ~3-5 min
-    PYTHONPATH=tests/vllm/stubs .venv-vllm/bin/python bench/vllm_compare.py --rows 64 --repeats 5
+    .venv-vllm/bin/python bench/vllm_compare.py            # ~3-5 min
+    .venv-vllm/bin/python bench/vllm_compare.py --rows 64 --repeats 5
 
 Four configurations, same prompts (embedded-task problems), same temperature and token budget:
 Bebop ``none`` and ``rs`` (K drafts, the cached e2e-TV head) and vLLM plain and vLLM MTP with
 probabilistic drafts (rejection sampling) on the directory ``bebop export-mtp`` writes. Every
 repeat runs all four in alternating order (A B C D, D C B A, ...) so slow phases of a shared
-machine hit all of them; the table shows medians. vLLM engines start once, before timing, with
-the opt-in CPU fix of ``bebop.rollout.vllm_cpu_fix`` (vllm-cpu 0.32.0 samples wrong tokens at
-T > 0 without it).
+machine hit all of them; the table shows medians. vLLM engines start once, before timing, in a
+process prepared as the backend prepares it (``bebop.rollout.vllm_process``: the torchvision
+stand-in, and the repair of vllm-cpu 0.32.0's wrong tokens at T > 0 when its probe finds them).
 
 Terms: tok/s = completion tokens (EOS included) / wall seconds of one call; accept length = 1 +
 accepted drafts per verify step (vLLM: from its spec-decode counters, by difference).
@@ -19,7 +19,6 @@ accepted drafts per verify step (vLLM: from its spec-decode counters, by differe
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -31,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bebop import embedded, models  # noqa: E402
 from bebop.mtp import MtpHead  # noqa: E402
 from bebop.mtp.native import export_mtp  # noqa: E402
-from bebop.rollout import vllm_cpu_fix  # noqa: E402
+from bebop.rollout import vllm_cpu_fix, vllm_process  # noqa: E402
 from bebop.rollout.vllm import spec_counters  # noqa: E402
 from bebop.speculative import SamplingParams, SpecConfig, generate  # noqa: E402
 from bebop.task import arith  # noqa: E402
@@ -82,9 +81,9 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    os.environ[vllm_cpu_fix.ENV_FLAG] = "1"
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(vllm_cpu_fix.site_dir()), os.environ.get("PYTHONPATH")]))
-    vllm_cpu_fix.apply()
+    vllm_process.provide_torchvision()
+    if vllm_process.prepare_sampling() == vllm_cpu_fix.DEFECTIVE:
+        raise SystemExit("this vLLM samples wrong tokens at T > 0 and Bebop's repair did not take")
     model_dir, head_dir = embedded.ensure_embedded_model(), embedded.ensure_embedded_head("e2e_tv")
     model, tok = models.load_model(model_dir)
     head = MtpHead.from_pretrained(head_dir, model).eval()

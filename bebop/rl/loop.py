@@ -36,9 +36,9 @@ Deviations from textbook GRPO (beyond the numbered list in ``bebop.rl.grpo``):
      correct, and the overlap comes from the host side (the engine's Python loop and kernel launches).
   6) Full-batch updates: each of the update_epochs is one optimizer step on all B*G rows.
   7) ``backend vllm``: rollouts are not seeded per row (vLLM cannot seed requests that draft), so a
-     run does not repeat bit for bit; ``spec/alpha_*``, ``spec/accept_length_hist`` and
-     ``target_entropy`` are null (vLLM does not expose the distributions), and acceptance counts
-     are vLLM's (every verify step before the stop check).
+     run does not repeat bit for bit; ``spec/alpha_*``, ``spec/accept_length_hist``,
+     ``spec/accepted_per_pos`` and ``target_entropy`` are null (vLLM does not expose the
+     distributions), and ``spec/verifier_*`` are vLLM's own counters (docs/vllm.md).
   8) Under torchrun (engine backend only) each rank samples 1/W of the prompts (``RolloutRunner``);
      every rank then holds the whole rollout, scores it and computes the advantages, but computes
      logprobs and gradients on its own rows only; the loss is normalised by the global token

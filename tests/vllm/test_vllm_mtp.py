@@ -1,8 +1,9 @@
 """The exported embedded model + e2e-TV head served by vLLM's CPU build (``make test-vllm``).
 
 Skipped wherever vLLM is not installed (the main suite). Engines start once per test session (one
-with probabilistic drafts, one with greedy drafts); they run with the opt-in CPU fix of
-``bebop.rollout.vllm_cpu_fix`` on, since vllm-cpu 0.32.0 samples wrong tokens at T > 0 without it.
+with probabilistic drafts, one with greedy drafts), prepared as the backend prepares them
+(``bebop.rollout.vllm_process``: the torchvision stand-in, and the repair of vllm-cpu 0.32.0's
+wrong tokens at T > 0 when the probe finds the defect).
 The embedded model and its head come from the user's Bebop cache (trained on first use).
 """
 
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import gc
 import math
-import os
 
 import pytest
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.vllm
 from bebop import embedded, models  # noqa: E402
 from bebop.mtp import MtpHead  # noqa: E402
 from bebop.mtp.native import export_mtp  # noqa: E402
-from bebop.rollout import vllm_cpu_fix  # noqa: E402
+from bebop.rollout import vllm_cpu_fix, vllm_process  # noqa: E402
 from bebop.rollout.vllm import spec_counters  # noqa: E402
 from bebop.speculative import SamplingParams, SpecConfig, generate  # noqa: E402
 from bebop.task import arith  # noqa: E402
@@ -41,10 +41,8 @@ def served(tmp_path_factory):
 
 
 def _engine(model_dir, draft_sample_method: str | None):
-    os.environ[vllm_cpu_fix.ENV_FLAG] = "1"
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(vllm_cpu_fix.site_dir()),
-                                                             os.environ.get("PYTHONPATH")]))
-    vllm_cpu_fix.apply()
+    vllm_process.provide_torchvision()
+    assert vllm_process.prepare_sampling() != vllm_cpu_fix.DEFECTIVE
     spec = {"method": "mtp", "num_speculative_tokens": K}
     if draft_sample_method:
         spec["draft_sample_method"] = draft_sample_method

@@ -1,4 +1,9 @@
-"""Applies bebop.rollout.vllm_cpu_fix at interpreter start when BEBOP_VLLM_CPU_FIX=1 (opt-in; see that module)."""
+"""Repairs vLLM's CPU expand fallback in this process when BEBOP_VLLM_CPU_FIX=1 (bebop.rollout.vllm_cpu_fix).
+
+Bebop puts this folder on PYTHONPATH, with the flag, for the processes started after it found the
+installed fallback wrong; importing vLLM eagerly here would cost seconds in every Python process,
+so the module is patched the moment vLLM imports it.
+"""
 
 import os
 

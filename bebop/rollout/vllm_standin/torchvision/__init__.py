@@ -1,7 +1,9 @@
-"""Import-only stand-in for torchvision in the vLLM test venv.
+"""Import-only stand-in for torchvision, which Bebop puts on the path of a vLLM that lacks a working one.
 
 vLLM's Qwen3.5 module imports torchvision through transformers' image processors, and the
-registry's torchvision does not load beside the CPU torch build. Text-only models never call it:
+registry's torchvision does not load beside the CPU torch build (``make .venv-vllm`` removes it).
+Bebop adds this folder's parent to ``sys.path`` and ``PYTHONPATH`` only when ``import torchvision``
+fails (``bebop.rollout.vllm_process.provide_torchvision``). Text-only models never call it:
 every name is a placeholder class (its attributes too, so enum members used as dict keys at import
 time exist) that raises when instantiated. Submodules that are imported are registered here too.
 """
@@ -9,7 +11,7 @@ time exist) that raises when instantiated. Submodules that are imported are regi
 import sys
 import types
 
-__version__ = "0.0.0+stub"
+__version__ = "0.0.0+bebop.standin"
 SUBMODULES = ("io", "ops", "transforms", "transforms.functional", "transforms.v2", "transforms.v2.functional")
 
 
@@ -20,7 +22,8 @@ class _Placeholder(type):
         return _placeholder(f"{cls.__name__}.{name}")
 
     def __call__(cls, *args, **kwargs):
-        raise RuntimeError(f"torchvision is a stub in this venv (text-only vLLM tests): {cls.__name__} is unavailable")
+        raise RuntimeError(f"torchvision is not installed (Bebop's import-only stand-in serves text-only vLLM): "
+                           f"{cls.__name__} is unavailable")
 
 
 def _placeholder(name: str) -> type:
