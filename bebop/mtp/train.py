@@ -165,9 +165,10 @@ def train_mtp(
     distributed.barrier()  # NOTE: every rank has read the checkpoint before rank 0 writes
     main = distributed.is_main()
     with contextlib.ExitStack() as held:
-        if main:  # NOTE: the first write to out_dir, which stays locked until the head is saved
+        if main:  # NOTE: the first write to out_dir, locked until the head is saved; a new one without a checkpoint
+            # is removed if the run fails (its log rows are of steps no checkpoint holds)
             held.enter_context(output_dir(out_dir, resume=resume, overwrite=overwrite, what="head directory",
-                                          announce=say))
+                                          announce=say, worth_keeping=lambda d: (d / CHECKPOINT_DIR).is_dir()))
         logger = held.enter_context(contextlib.closing(JsonlLogger(out_dir / METRICS_FILE, kept) if main
                                                        else NullLogger()))
         meta = {"model_sha256": model_sha256, "resumes": resumes, "ce_steps": ce_steps}
@@ -200,8 +201,11 @@ def _train_steps(backbone, head: MtpHead, opt, data: Sequences, out_dir: Path, c
         index = _batch_index(len(data), cfg.batch_size, cfg.seed, step)[first:last]
         ids, lengths, starts = data.batch(index, pad_id, device)
         loss_name = "ce" if step < ce_steps else cfg.loss
-        loss, alpha_rs, mask = chain_loss(backbone, head, ids, lengths, starts, cfg.speculate_k, cfg.chain_context,
-                                          loss_name, cfg.temperature)
+        try:
+            loss, alpha_rs, mask = chain_loss(backbone, head, ids, lengths, starts, cfg.speculate_k,
+                                              cfg.chain_context, loss_name, cfg.temperature)
+        except (BebopError, ValueError) as e:  # NOTE: the losses' own checks, e.g. NaN or inf draft states
+            raise BebopError(_stopped(step + 1, str(e), out_dir)) from None
         loss = _global_share(loss, loss_name, mask)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -226,11 +230,13 @@ def _train_steps(backbone, head: MtpHead, opt, data: Sequences, out_dir: Path, c
 
 def _check_finite_step(step: int, loss: float, grad_norm: float, out_dir: Path) -> None:
     """Raises BebopError (one line) when a step's loss or gradient norm is NaN or inf (every rank sees the same)."""
-    if math.isfinite(loss) and math.isfinite(grad_norm):
-        return
-    raise BebopError(f"train-mtp: step {step} has a non-finite loss ({loss}) or gradient norm ({grad_norm}); stopped "
-                     f"before the update (the last checkpoint in {out_dir / CHECKPOINT_DIR} is kept): check the data "
-                     "and the backbone's logits, or lower --lr")
+    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+        raise BebopError(_stopped(step, f"a non-finite loss ({loss}) or gradient norm ({grad_norm})", out_dir))
+
+
+def _stopped(step: int, why: str, out_dir: Path) -> str:
+    return (f"train-mtp: step {step} has {why}; stopped before the update (the last checkpoint in "
+            f"{out_dir / CHECKPOINT_DIR} is kept): check the data and the backbone's logits, or lower --lr")
 
 
 def initial_head(backbone, cfg: TrainMtpConfig, model_dir: str | os.PathLike | None) -> tuple[MtpHead, str]:

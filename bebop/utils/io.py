@@ -70,7 +70,7 @@ def _busy(path: Path, holder: str, what: str) -> str:
 
 
 def lock_holder(path: str | os.PathLike) -> str | None:
-    """The pid (as written) of another process holding ``output_lock(path)``, or None; creates nothing."""
+    """The pid (as written; "" if not yet) of the command holding ``output_lock(path)``, or None; creates nothing."""
     lock = _lock_file(Path(path))
     if fcntl is None or not lock.is_file():
         return None
@@ -82,8 +82,7 @@ def lock_holder(path: str | os.PathLike) -> str | None:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # NOTE: released at once by the close below
         return None
     except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
-        return None if holder == str(os.getpid()) else holder  # NOTE: this process's own lock is no obstacle
+        return os.pread(fd, 32, 0).decode(errors="replace").strip()
     except OSError:  # no locks on this file system
         return None
     finally:
@@ -118,8 +117,9 @@ def output_lock(path: str | os.PathLike, what: str = "output directory") -> Iter
                 break
         os.close(fd)  # NOTE: the holder removed the file between our open and lock: take the new one
     try:
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        with contextlib.suppress(OSError):  # NOTE: the pid only informs; on a full device the lock still holds
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
         yield
     finally:
         with contextlib.suppress(OSError):
@@ -153,20 +153,21 @@ def check_output_file(path: str | os.PathLike, what: str = "output file") -> Non
 
 def check_output_dir(
     path: str | os.PathLike, resume: bool = False, overwrite: bool = False, what: str = "output directory",
-    inputs: tuple = (),
+    inputs: tuple = (), locked: bool = False,
 ) -> None:
     """Raises BebopError unless ``path`` may be written as an output directory; changes nothing.
 
     A missing or empty directory is fine. A non-empty one is refused unless ``resume`` (continue
     what it holds) or ``overwrite`` (``prepare_output_dir`` moves it aside first). Also refused:
     a ``path`` that another command is writing (``output_lock``), and one that is, contains or lies
-    inside one of ``inputs`` (paths the command reads; None entries are skipped).
+    inside one of ``inputs`` (paths the command reads; None entries are skipped). ``locked``: the
+    caller holds ``output_lock(path)`` itself.
     """
     path = Path(path)
     if resume and overwrite:
         raise BebopError("--resume and --overwrite exclude each other")
     _check_apart(path, inputs, what)
-    holder = lock_holder(path)
+    holder = None if locked else lock_holder(path)
     if holder is not None:
         raise BebopError(_busy(path, holder, what))
     if path.exists() and not path.is_dir():
@@ -209,6 +210,9 @@ def move_aside(path: str | os.PathLike) -> Path:
 def prepare_output_dir(path: str | os.PathLike, overwrite: bool = False, announce=None) -> Path | None:
     """Creates ``path`` after ``check_output_dir`` passed; with ``overwrite`` a non-empty one is moved aside.
 
+    Refused while another command holds ``output_lock(path)``; the lock is held only for this call
+    (``output_dir`` holds it for a whole write).
+
     Args:
         path: the output directory.
         overwrite: move an existing non-empty ``path`` to ``NAME.old-<timestamp>`` first.
@@ -217,10 +221,11 @@ def prepare_output_dir(path: str | os.PathLike, overwrite: bool = False, announc
     Returns:
         Where the old directory was moved, or None.
     """
-    path = Path(path)
-    holder = lock_holder(path)
-    if holder is not None:
-        raise BebopError(_busy(path, holder, "output directory"))
+    with output_lock(path):
+        return _prepare(Path(path), overwrite, announce)
+
+
+def _prepare(path: Path, overwrite: bool, announce) -> Path | None:
     old = None
     if overwrite and path.is_dir() and any(path.iterdir()):
         old = move_aside(path)
@@ -229,30 +234,37 @@ def prepare_output_dir(path: str | os.PathLike, overwrite: bool = False, announc
     return old
 
 
+def any_file(path: Path) -> bool:
+    """Whether directory ``path`` holds anything (``output_dir``'s default test of what a failed command leaves)."""
+    return any(path.iterdir())
+
+
 @contextlib.contextmanager
 def output_dir(
     path: str | os.PathLike, resume: bool = False, overwrite: bool = False, what: str = "output directory",
-    inputs: tuple = (), announce=None,
+    inputs: tuple = (), announce=None, worth_keeping=any_file,
 ) -> Iterator[Path]:
     """The one way a command takes its output directory: checked, locked, prepared, and put back on failure.
 
     Checks ``path`` (``check_output_dir``), holds ``output_lock`` for the block (no other command
     writes or moves it meanwhile), moves a non-empty one aside with ``overwrite`` and creates it
-    (``prepare_output_dir``). If the block raises, a directory it created that is still empty is
-    removed and the one it moved aside is put back: a failed command leaves ``path`` as it was.
-    Yields ``path``.
+    (``prepare_output_dir``). If the block raises, a directory it created is removed unless
+    ``worth_keeping(path)`` (default: it holds anything; a trainer passes "holds a checkpoint"), and
+    the one it moved aside is put back: a failed command leaves ``path`` as it found it. A
+    directory that existed (a resume) is never removed. Yields ``path``.
     """
     path = Path(path)
     check_output_dir(path, resume=resume, overwrite=overwrite, what=what, inputs=inputs)
     with output_lock(path, what):
-        check_output_dir(path, resume=resume, overwrite=overwrite, what=what, inputs=inputs)  # NOTE: now locked
+        check_output_dir(path, resume=resume, overwrite=overwrite, what=what, inputs=inputs, locked=True)
         existed = path.is_dir()
-        old = prepare_output_dir(path, overwrite=overwrite, announce=announce)
+        with no_space_left(path):
+            old = _prepare(path, overwrite, announce)
         try:
             yield path
         except BaseException:
-            if (old is not None or not existed) and path.is_dir() and not any(path.iterdir()):
-                path.rmdir()
+            if (old is not None or not existed) and path.is_dir() and not worth_keeping(path):
+                shutil.rmtree(path)
                 if old is not None:
                     os.rename(old, path)
                     (announce or _stderr)(f"bebop: moved {old} back to {path}")
@@ -431,7 +443,8 @@ class JsonlLogger:
             self._f.flush()
 
     def close(self) -> None:
-        self._f.close()
+        with no_space_left(self.path):  # NOTE: the file is closed even when its last flush fails
+            self._f.close()
 
 
 class NullLogger:
