@@ -332,7 +332,7 @@ def _full_line(err: str) -> str:
     return line
 
 
-def test_disk_full_generate_import_export_report(plain, native, small_fs, tmp_path, capsys):
+def test_disk_full_generate_import_export(plain, native, small_fs, tmp_path, capsys):
     mount, fill = small_fs
     root, _, _ = native
     fill(0)
@@ -347,7 +347,7 @@ def test_disk_full_generate_import_export_report(plain, native, small_fs, tmp_pa
     assert sorted(p.name for p in mount.iterdir()) == [".filler"]  # nothing half-written, no empty directory
 
 
-def test_disk_full_rl_keeps_the_previous_checkpoint(plain, small_fs, capsys):
+def test_disk_full_rl_keeps_the_previous_checkpoint_and_report_leaves_nothing(plain, small_fs, capsys):
     mount, fill = small_fs
     run_dir = mount / "run"
     rl = ["rl", "--model", plain / "model", "--data", plain / "prompts.jsonl", "--mode", "none", "--prompts-per-step",
@@ -361,6 +361,10 @@ def test_disk_full_rl_keeps_the_previous_checkpoint(plain, small_fs, capsys):
     assert sorted(p.name for p in run_dir.iterdir() if p.name.startswith(".")) == []  # no temporary directories
     (mount / ".filler").unlink()
     assert run([*rl, "--resume", run_dir, "--steps", "3"], capsys)[0] == 0  # resumes from the intact checkpoint
+    fill(0)
+    status, err = run(["report", run_dir, "--out", mount / "report"], capsys)
+    assert status == 2 and str(mount / "report") in _full_line(err)
+    assert sorted(p.name for p in mount.iterdir()) == [".filler", "run"]  # no report directory, empty or not
 
 
 def test_disk_full_train_mtp_and_pretrain_leave_nothing(plain, small_fs, capsys):

@@ -142,7 +142,8 @@ def train_mtp(
     _check(cfg)
     check_chain_args(data, cfg.speculate_k, cfg.temperature)
     out_dir = Path(out_dir)
-    check_output_dir(out_dir, resume=resume, overwrite=overwrite, what="head directory")
+    inputs = (model_dir, cfg.init_from or None)  # NOTE: the head directory never is, holds or lies in one
+    check_output_dir(out_dir, resume=resume, overwrite=overwrite, what="head directory", inputs=inputs)
     if len(data) == 0:
         raise BebopError("no training sequences")
     distributed.shard_range(cfg.batch_size)  # NOTE: checks the batch splits over the ranks, before anything loads
@@ -168,7 +169,8 @@ def train_mtp(
         if main:  # NOTE: the first write to out_dir, locked until the head is saved; a new one without a checkpoint
             # is removed if the run fails (its log rows are of steps no checkpoint holds)
             held.enter_context(output_dir(out_dir, resume=resume, overwrite=overwrite, what="head directory",
-                                          announce=say, worth_keeping=lambda d: (d / CHECKPOINT_DIR).is_dir()))
+                                          inputs=inputs, announce=say,
+                                          worth_keeping=lambda d: (d / CHECKPOINT_DIR).is_dir()))
         logger = held.enter_context(contextlib.closing(JsonlLogger(out_dir / METRICS_FILE, kept) if main
                                                        else NullLogger()))
         meta = {"model_sha256": model_sha256, "resumes": resumes, "ce_steps": ce_steps}

@@ -59,8 +59,11 @@ def entry_lock(path: str | os.PathLike) -> contextlib.AbstractContextManager[Non
 
 
 def _lock_file(path: Path) -> Path:
-    """``.NAME.pid`` beside ``path``: the pid of the command writing ``path``, locked while it runs."""
-    path = path.absolute()
+    """``.NAME.pid`` beside ``path``: the pid of the command writing ``path``, locked while it runs.
+
+    ``path`` is resolved first, so two spellings of one directory (``run``, ``./x/../run``, a link) share a lock.
+    """
+    path = path.resolve()
     return path.with_name(f".{path.name}.pid")
 
 
