@@ -3,12 +3,13 @@
 ``import_mtp`` builds an ``MtpHead`` from the MTP layer a checkpoint ships (Qwen3.5, Qwen3-Next,
 DeepSeek-V3, GLM-4.5, MiMo), reading its tensors straight from the safetensors shards:
 transformers drops them when it loads the model. ``export_mtp`` writes a model directory that
-vLLM and SGLang serve as is: the backbone's config with the family's MTP field, copies of its weight
-files, its other regular files (tokenizer, generation config; symbolic links and folders are skipped
-and named), and the head's tensors under the family's names in a shard of their own, listed in the
-index. Export reads only config.json and the head (every tensor's name and shape checked against a
-weightless, meta-device copy of the backbone): it never loads the backbone's weights, so it works
-on checkpoints larger than memory. Heads with NaN or inf weights are refused both ways.
+vLLM and SGLang serve as is: the backbone's config with the family's MTP field, copies of its
+weight files (copy-on-write where the file system shares blocks), its other regular files
+(tokenizer, generation config; symbolic links and folders are skipped and named), and the head's
+tensors under the family's names in a shard of their own, listed in the index. Export reads only
+config.json and the head (every tensor's name and shape checked against a weightless, meta-device
+copy of the backbone): it never loads the backbone's weights, so it works on checkpoints larger
+than memory. Heads with NaN or inf weights are refused both ways.
 
 Deviations from a plain copy of the checkpoint:
     1) a backbone shard that holds an old MTP layer is rewritten without it (a shard that holds
@@ -19,6 +20,7 @@ Deviations from a plain copy of the checkpoint:
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -265,12 +267,30 @@ def _write_backbone_shards(model_dir: Path, tmp: Path, files: dict[str, str], ol
         if len(keep) == len(names):
             with _open(model_dir / file):
                 pass
-            shutil.copyfile(model_dir / file, tmp / file)
+            _copy_file(model_dir / file, tmp / file)
         elif keep:
             with _open(model_dir / file) as f:
                 save_file({n: f.get_tensor(n) for n in keep}, str(tmp / file), metadata={"format": "pt"})
         mapping.update({n: file for n in keep})
     return mapping
+
+
+def _copy_file(src: Path, dst: Path) -> None:
+    """A real copy of ``src`` at ``dst``, made in the kernel (``copy_file_range``): XFS and btrfs share
+    the blocks copy-on-write, so copying a large shard is cheap there and a write to one file still
+    never reaches the other. Falls back to a plain copy where the call is missing or refused."""
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        try:
+            while os.copy_file_range(fin.fileno(), fout.fileno(), 1 << 30):
+                pass
+            return
+        except (AttributeError, OSError) as e:
+            if isinstance(e, OSError) and e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+                raise  # NOTE: e.g. ENOSPC, which the caller's atomic_dir names
+            fin.seek(0)
+            fout.seek(0)
+            fout.truncate()
+        shutil.copyfileobj(fin, fout, 1 << 24)
 
 
 def _copy_other_files(model_dir: Path, tmp: Path) -> None:
@@ -287,6 +307,6 @@ def _copy_other_files(model_dir: Path, tmp: Path) -> None:
             kind = "a symbolic link" if path.is_symlink() else "a folder" if path.is_dir() else "not a regular file"
             skipped.append(f"{path.name} ({kind})")
             continue
-        shutil.copyfile(path, tmp / path.name)
+        _copy_file(path, tmp / path.name)
     if skipped:
         say(f"export-mtp: copied regular files only; skipped {', '.join(skipped)} of {model_dir}")
