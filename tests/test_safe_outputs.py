@@ -74,7 +74,8 @@ def plain(tmp_path_factory):
     model = tiny_model("llama", vocab_size=16)
     save_model_dir(root / "model", model)
     MtpHead(model).save_pretrained(root / "head")
-    (root / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p, "answer": "7"}) + "\n" for p in ("a b", "c d")))
+    rows = [{"prompt": "a b", "answer": "7"}, {"prompt": "c d", "answer": "7"}]
+    (root / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (root / "data.jsonl").write_text(json.dumps({"token_ids": [1, 4, 5, 6, 7, 8, 9, 10], "start": 2}) + "\n")
     return root
 
@@ -93,7 +94,9 @@ def test_import_mtp_refuses_a_native_layer_holding_nan(native, tmp_path, capsys)
     bad = tmp_path / "model"
     _save_checkpoint("qwen3_5", model, bad)
     _tokenizer(bad)
-    poisoned = {**tensors, "mtp.fc.weight": tensors["mtp.fc.weight"].clone().index_fill_(0, torch.tensor([3]), float("nan"))}
+    fc = tensors["mtp.fc.weight"].clone()
+    fc[3, 5] = float("nan")
+    poisoned = {**tensors, "mtp.fc.weight": fc}
     save_file({k: v.contiguous() for k, v in poisoned.items()}, str(bad / "model-native-mtp.safetensors"))
     status, err = run(["import-mtp", "--model", bad, "--out", tmp_path / "head"], capsys)
     assert status == 2
