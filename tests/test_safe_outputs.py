@@ -105,7 +105,7 @@ def test_import_mtp_refuses_a_native_layer_holding_nan(native, tmp_path, capsys)
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
-def test_generate_and_export_refuse_a_head_holding_nan_or_inf(native, tmp_path, capsys, value):
+def test_generate_check_lossless_and_export_refuse_a_head_holding_nan_or_inf(native, tmp_path, capsys, value):
     root, _, _ = native
     state = load_file(str(root / "head" / "model.safetensors"))
     state["layers.0.eh_proj.weight"][0, 0] = value
@@ -114,6 +114,8 @@ def test_generate_and_export_refuse_a_head_holding_nan_or_inf(native, tmp_path, 
                        "--num-prompts", "1", "--max-new-tokens", "2"], capsys)
     assert status == 2 and "weight layers.0.eh_proj.weight holds NaN or inf" in one_error_line(err)
     assert not (tmp_path / "out.jsonl").exists()
+    status, err = run(["check-lossless", "--model", root / "model", "--mtp", bad, "--samples", "10"], capsys)
+    assert status == 2 and "holds NaN or inf" in one_error_line(err)
     status, err = run(["export-mtp", "--model", root / "model", "--mtp", bad, "--out", tmp_path / "served"], capsys)
     assert status == 2 and "holds NaN or inf" in one_error_line(err)
     assert not (tmp_path / "served").exists()
