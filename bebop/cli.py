@@ -432,14 +432,13 @@ def cmd_report(args) -> None:
 
 def cmd_demo(args) -> None:
     from bebop.demo import quick_or_default, run_demo
-    from bebop.utils.io import prepare_output_dir
+    from bebop.utils.io import output_dir
     from bebop.utils.torch_utils import resolve_device, resolve_dtype
 
     cfg = quick_or_default(args.quick, args.out, args.device, args.dtype)
     resolve_dtype(cfg.dtype, resolve_device(cfg.device))  # NOTE: a bad --device/--dtype fails before any output
-    if args.overwrite:
-        prepare_output_dir(cfg.out, overwrite=True)
-    report = run_demo(cfg)
+    with output_dir(cfg.out, resume=not args.overwrite, overwrite=args.overwrite, what="demo directory"):
+        report = run_demo(cfg)
     print(f"demo report: {report}")
 
 
