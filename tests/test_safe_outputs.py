@@ -31,7 +31,7 @@ from bebop.mtp import MtpHead
 from bebop.mtp.native import import_mtp
 from bebop.speculative.engine import SamplingParams, SpecConfig, generate
 from bebop.speculative.sampling import finite_at_drafts
-from bebop.utils.io import BebopError, is_disk_full, lock_holder, output_lock
+from bebop.utils.io import BebopError, is_disk_full, lock_holder, output_dir, output_lock
 from tests.conftest import save_model_dir, tiny_model, tiny_tokenizer
 from tests.mtp.test_native import _backbone, _keep_architectures, _save_checkpoint, _tokenizer
 
@@ -298,6 +298,27 @@ def test_rl_holds_its_run_directory_for_the_whole_run(plain, tmp_path, capsys, m
                      tmp_path / "run"], capsys)
     assert status == 0 and seen == [str(os.getpid())] * 2
     assert not (tmp_path / ".run.pid").exists()
+
+
+def test_a_failed_command_leaves_its_output_as_it_found_it(tmp_path):
+    """output_dir: a new directory a failed command leaves nothing worth keeping in is removed, and a
+    directory moved aside by --overwrite comes back; one worth keeping stays."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "kept.txt").write_text("the earlier run")
+    lines = []
+    has_checkpoint = lambda d: (d / "ckpt").is_dir()  # noqa: E731 - what a trainer passes
+    with pytest.raises(RuntimeError), output_dir(out, overwrite=True, announce=lines.append,
+                                                 worth_keeping=has_checkpoint):
+        (out / "metrics.jsonl").write_text("{}\n")  # a log of steps no checkpoint holds
+        raise RuntimeError("the run failed")
+    assert snapshot(out) == {"kept.txt": b"the earlier run"} and not list(tmp_path.glob("out.old-*"))
+    assert lines[-1].startswith("bebop: moved") and lines[-1].endswith(f"back to {out}")
+    with pytest.raises(RuntimeError), output_dir(tmp_path / "new", worth_keeping=has_checkpoint):
+        (tmp_path / "new" / "ckpt").mkdir()
+        raise RuntimeError("failed after a checkpoint")
+    assert (tmp_path / "new" / "ckpt").is_dir()
+    assert not (tmp_path / ".out.pid").exists() and not (tmp_path / ".new.pid").exists()
 
 
 def test_output_lock_never_waits(tmp_path):
