@@ -349,6 +349,11 @@ def atomic_dir(final: str | os.PathLike) -> Iterator[Path]:
             os.replace(tmp, final)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
+    except BebopError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if str(tmp) not in str(e):
+            raise
+        raise BebopError(str(e).replace(str(tmp), str(final))) from e  # NOTE: name the file the user asked for
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
