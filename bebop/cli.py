@@ -86,7 +86,7 @@ def _sequences(args, model, tok, split: str):
 # ---------------------------------------------------------------------------------------------- pretrain
 def cmd_pretrain(args) -> None:
     from bebop import embedded
-    from bebop.utils.io import check_output_dir, entry_lock, prepare_output_dir
+    from bebop.utils.io import check_output_dir, entry_lock, output_dir
 
     overrides = {"steps": args.steps, "seed": args.seed, "device": args.device, "eval_problems": args.eval_problems,
                  "dtype": args.dtype}
@@ -95,8 +95,8 @@ def cmd_pretrain(args) -> None:
     out = Path(args.out) if args.out else embedded.embedded_model_dir()
     check_output_dir(out, overwrite=args.overwrite, what="model directory")
     # NOTE: the cache's lock, so a command building the cached model meanwhile waits instead of racing
-    with entry_lock(out) if out == embedded.embedded_model_dir() else contextlib.nullcontext():
-        prepare_output_dir(out, overwrite=args.overwrite)
+    with entry_lock(out) if out == embedded.embedded_model_dir() else contextlib.nullcontext(), \
+            output_dir(out, overwrite=args.overwrite, what="model directory"):
         summary = embedded.pretrain(out, cfg)
     print(json.dumps({k: v for k, v in summary.items() if k != "config"}, indent=2))
     print(f"saved to {out}")
@@ -132,23 +132,26 @@ def cmd_train_mtp(args) -> None:
 def cmd_import_mtp(args) -> None:
     from bebop import models
     from bebop.mtp.native import import_mtp, native_layout
+    from bebop.utils.io import check_output_dir, output_dir
     from bebop.utils.torch_utils import resolve_device, resolve_dtype
 
     resolve_dtype(args.dtype, resolve_device(args.device))
+    check_output_dir(args.out, overwrite=args.overwrite, what="head directory", inputs=(args.model,))
     native_layout(args.model)  # NOTE: checked before the (possibly large) model loads
     model, _ = models.load_model(args.model, device=args.device, dtype=args.dtype)
     head = import_mtp(args.model, model)
-    head.save_pretrained(args.out, extra={"imported_from": str(Path(args.model).resolve())})
+    with output_dir(args.out, overwrite=args.overwrite, what="head directory", inputs=(args.model,)):
+        head.save_pretrained(args.out, extra={"imported_from": str(Path(args.model).resolve())})
     print(f"imported the {head.config.family} MTP layer of {args.model} to {args.out}")
 
 
 def cmd_export_mtp(args) -> None:
     from bebop import embedded
     from bebop.mtp.native import export_mtp
+    from bebop.utils.io import check_output_dir
 
     out = Path(args.out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise BebopError(f"--out {out} already exists; give a new directory")
+    check_output_dir(out, overwrite=args.overwrite, what="export directory", inputs=(args.model, args.mtp))
     if args.model is None:
         model_dir = embedded.ensure_embedded_model()
         head_dir = args.mtp or embedded.ensure_embedded_head("e2e_tv")
@@ -156,7 +159,7 @@ def cmd_export_mtp(args) -> None:
         raise BebopError("--mtp is required with --model (a head trained by `bebop train-mtp --model ...`)")
     else:
         model_dir, head_dir = args.model, args.mtp
-    export_mtp(model_dir, head_dir, out, fmt=args.format)
+    export_mtp(model_dir, head_dir, out, fmt=args.format, overwrite=args.overwrite)
     print(f"wrote {out}: serve it with vLLM (speculative method \"mtp\") or SGLang (NEXTN); see the README")
 
 
@@ -405,10 +408,10 @@ def _add_config_flags(p: argparse.ArgumentParser, flags: dict) -> None:
 
 # ---------------------------------------------------------------------------------------------- report / demo
 def cmd_report(args) -> None:
-    from bebop.analysis.report import write_report
-    from bebop.utils.io import check_output_dir, prepare_output_dir, read_json
+    from bebop.analysis.report import REPORT_FILE, write_report
+    from bebop.utils.io import atomic_dir, check_output_dir, output_dir, read_json
 
-    check_output_dir(args.out, overwrite=args.overwrite, what="report directory")
+    check_output_dir(args.out, overwrite=args.overwrite, what="report directory", inputs=tuple(args.runs))
     for run in args.runs:
         if not Path(run).is_dir():
             raise BebopError(f"run directory not found: {run}")
@@ -418,22 +421,27 @@ def cmd_report(args) -> None:
         if not isinstance(result, dict) or "alpha_rs" not in result:
             raise BebopError(f"{file} is not a `bebop eval-mtp --json` result (no alpha_rs)")
         head_evals.append(result)
-    prepare_output_dir(args.out, overwrite=args.overwrite)
-    path = write_report([Path(d) for d in args.runs], Path(args.out), head_evals=head_evals)
-    print(f"report written to {path}")
+    with output_dir(args.out, overwrite=args.overwrite, what="report directory", inputs=tuple(args.runs)), \
+            atomic_dir(args.out) as tmp:  # NOTE: a sibling of --out, so the runs' relative links hold
+        write_report([Path(d) for d in args.runs], tmp, head_evals=head_evals)
+    print(f"report written to {Path(args.out) / REPORT_FILE}")
 
 
 def cmd_demo(args) -> None:
     from bebop.demo import quick_or_default, run_demo
-    from bebop.utils.io import prepare_output_dir
+    from bebop.utils.io import output_dir
     from bebop.utils.torch_utils import resolve_device, resolve_dtype
 
     cfg = quick_or_default(args.quick, args.out, args.device, args.dtype)
     resolve_dtype(cfg.dtype, resolve_device(cfg.device))  # NOTE: a bad --device/--dtype fails before any output
-    if args.overwrite:
-        prepare_output_dir(cfg.out, overwrite=True)
-    report = run_demo(cfg)
+    with output_dir(cfg.out, resume=not args.overwrite, overwrite=args.overwrite, what="demo directory"):
+        report = run_demo(cfg)
     print(f"demo report: {report}")
+
+
+def _add_overwrite_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--overwrite", action="store_true",
+                   help="if OUT exists and is not empty, move it aside to NAME.old-<timestamp> first")
 
 
 def _add_backend_arg(p: argparse.ArgumentParser, what: str = "that samples: engine (Bebop's) or vllm") -> None:
@@ -483,15 +491,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="HF model directory with a native MTP layer")
     p.add_argument("--out", required=True, help="output head directory (weights in --dtype)")
     _add_device_args(p)
+    _add_overwrite_arg(p)
     p.set_defaults(func=cmd_import_mtp)
 
     p = sub.add_parser("export-mtp", help="write a model directory with the head as its native MTP layer, "
                                           "for vLLM and SGLang")
     _add_model_args(p)
-    p.add_argument("--out", required=True, help="output model directory (must not exist)")
+    p.add_argument("--out", required=True, help="output model directory (new or empty; never the model or the head)")
     p.add_argument("--format", default="auto",
                    help="MTP layout to write: auto (the backbone's family, default) or a family name; an unknown "
                         "name is refused with the list")
+    _add_overwrite_arg(p)
     p.set_defaults(func=cmd_export_mtp)
 
     p = sub.add_parser("eval-mtp", help="exact RS/TO acceptance of a head along teacher-forced chains")

@@ -29,6 +29,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from bebop.analysis.fit import linear_fit
+from bebop.utils.io import no_space_left
 
 FIG_DPI = 120  # sharp enough for a report, small enough to keep PNGs around 50 kB
 PANEL_INCHES = (6.4, 4.2)  # width, height of one panel
@@ -38,12 +39,12 @@ ACCEPT_LENGTH_LABEL = "accept length (tokens per verify pass, incl. bonus)"
 
 
 def _save(fig: Figure, path: str | os.PathLike) -> Path:
-    """Writes ``fig`` as a PNG to ``path`` through a temporary file and a rename."""
+    """Writes ``fig`` as a PNG to ``path`` through a temporary file and a rename (a full device: one line)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", suffix=".png", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb") as f:
+        with no_space_left(path), os.fdopen(fd, "wb") as f:
             fig.savefig(f, format="png", dpi=FIG_DPI, bbox_inches="tight")
         os.chmod(tmp, PNG_MODE)
         os.replace(tmp, path)

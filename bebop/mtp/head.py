@@ -229,10 +229,11 @@ class MtpHead(nn.Module):
 
         ``state`` replaces ``self.state_dict()``: training passes the float32 master weights of a
         bfloat16 head (``bebop.utils.optim.master_state_dict``), or the full weights of a head
-        sharded over processes.
+        sharded over processes. Raises BebopError, writing nothing, when a weight holds NaN or inf.
         """
+        state = {k: v.detach().contiguous().cpu() for k, v in (state or self.state_dict()).items()}
+        check_finite_weights(state, f"MTP head for {directory}")  # NOTE: a NaN head is never written
         with atomic_dir(directory) as tmp:
-            state = {k: v.detach().contiguous().cpu() for k, v in (state or self.state_dict()).items()}
             save_file(state, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
             (tmp / CONFIG_NAME).write_text(json.dumps({**asdict(self.config), **(extra or {})}, indent=2) + "\n")
 
@@ -294,7 +295,8 @@ def decoder_states(backbone: nn.Module, target_prenorm: bool = False, **decoder_
 
 
 def read_head_files(directory: Path) -> tuple[MtpConfig, dict[str, torch.Tensor]]:
-    """(config, state dict) of a saved head, read without a backbone; BebopError (one line) when missing or corrupt."""
+    """(config, state dict) of a saved head, read without a backbone; BebopError (one line) when missing or
+    corrupt, or when a weight holds NaN or inf (every load and export of a head reads it here)."""
     cfg_path, weights_path = directory / CONFIG_NAME, directory / WEIGHTS_NAME
     for path in (cfg_path, weights_path):
         if not path.is_file():
@@ -304,7 +306,19 @@ def read_head_files(directory: Path) -> tuple[MtpConfig, dict[str, torch.Tensor]
         state = load_file(str(weights_path))
     except Exception as e:  # noqa: BLE001 - any parse failure is a corrupt file
         raise BebopError(f"corrupt MTP head in {directory}: {str(e).splitlines()[0]}") from None
+    check_finite_weights(state, f"MTP head in {directory}")
     return MtpConfig(**{k: raw[k] for k in MtpConfig.__dataclass_fields__ if k in raw}), state
+
+
+def check_finite_weights(state: dict[str, torch.Tensor], where: str) -> None:
+    """Raises BebopError naming the first weight of ``state`` that holds NaN or inf.
+
+    A head with one non-finite weight drafts NaN probabilities, and verification against NaN is no
+    longer exact, so such a head is refused wherever one enters or leaves Bebop.
+    """
+    for name, tensor in state.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise BebopError(f"{where}: weight {name} holds NaN or inf; the head cannot draft exactly")
 
 
 def causal_bias(length: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -3,10 +3,13 @@
 ``import_mtp`` builds an ``MtpHead`` from the MTP layer a checkpoint ships (Qwen3.5, Qwen3-Next,
 DeepSeek-V3, GLM-4.5, MiMo), reading its tensors straight from the safetensors shards:
 transformers drops them when it loads the model. ``export_mtp`` writes a model directory that
-vLLM and SGLang serve as is: the backbone's config with the family's MTP field, its weight files
-(hard links), its tokenizer files, and the head's tensors under the family's names in a shard of
-their own, listed in the index. Export reads only config.json and the head: it never loads the
-backbone, so it works on checkpoints larger than memory.
+vLLM and SGLang serve as is: the backbone's config with the family's MTP field, copies of its
+weight files (copy-on-write where the file system shares blocks), its other regular files
+(tokenizer, generation config; symbolic links and folders are skipped and named), and the head's
+tensors under the family's names in a shard of their own, listed in the index. Export reads only
+config.json and the head (every tensor's name and shape checked against a weightless, meta-device
+copy of the backbone): it never loads the backbone's weights, so it works on checkpoints larger
+than memory. Heads with NaN or inf weights are refused both ways.
 
 Deviations from a plain copy of the checkpoint:
     1) a backbone shard that holds an old MTP layer is rewritten without it (a shard that holds
@@ -17,17 +20,20 @@ Deviations from a plain copy of the checkpoint:
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
 from pathlib import Path
 
+import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
 from bebop.mtp.families import FAMILIES, Family, detect_family
-from bebop.mtp.head import MtpConfig, MtpHead, read_head_files
-from bebop.utils.io import BebopError, atomic_dir, read_json, write_json
+from bebop.mtp.head import MtpConfig, MtpHead, check_finite_weights, read_head_files
+from bebop.utils.io import BebopError, atomic_dir, output_dir, read_json, write_json
+from bebop.utils.progress import say
 
 INDEX_NAME = "model.safetensors.index.json"  # HF's shard index
 SINGLE_NAME = "model.safetensors"  # HF's single-file checkpoint
@@ -67,6 +73,8 @@ def weight_map(model_dir: str | os.PathLike) -> dict[str, str]:
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise BebopError(f"corrupt checkpoint index {index}: {e}") from None
         for file in sorted(set(mapping.values())):
+            if not isinstance(file, str) or Path(file).name != file or file in (".", ".."):
+                raise BebopError(f"checkpoint index {index} names {file!r}, which is not a file name in {model_dir}")
             if not (model_dir / file).is_file():
                 raise BebopError(f"checkpoint index {index} names {file}, which does not exist")
         return dict(mapping)
@@ -121,7 +129,8 @@ def import_mtp(model_dir: str | os.PathLike, backbone) -> MtpHead:
     """The MTP head a checkpoint ships, on ``backbone`` (the same checkpoint, loaded).
 
     Reads only the shards that hold MTP tensors. Raises BebopError (one line) when the model has
-    no native MTP layer, when a tensor is missing, or when a shape does not fit the backbone.
+    no native MTP layer, when a tensor is missing, when a shape does not fit the backbone, or when
+    a tensor holds NaN or inf.
     """
     model_dir = Path(model_dir)
     config = read_config(model_dir)
@@ -145,6 +154,7 @@ def import_mtp(model_dir: str | os.PathLike, backbone) -> MtpHead:
                 f"MTP tensor {names[ours]} in {model_dir} has shape {tuple(tensor.shape)} but the backbone needs "
                 f"{tuple(expected[ours].shape)}"
             )
+    check_finite_weights({names[k]: v for k, v in state.items()}, f"MTP layer of {model_dir}")
     head.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()})
     return head.to(next(backbone.parameters()).device)
 
@@ -179,22 +189,56 @@ def _export_family(config: dict, head: MtpConfig, fmt: str, model_dir: Path) -> 
     return family
 
 
+def _check_head_layout(model_dir: Path, config: dict, head: MtpConfig, state: dict, family: Family) -> None:
+    """Every tensor of the head, by name and shape, is what the family's MTP layer on this backbone holds.
+
+    The reference is an ``MtpHead`` built on a meta-device copy of the backbone (no weights read
+    or allocated); a missing, unexpected or misshapen tensor is named by its checkpoint name.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        hf_config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise BebopError(f"cannot read the model config of {model_dir}: {str(e).splitlines()[0]}") from None
+    with torch.device("meta"):
+        backbone = AutoModelForCausalLM.from_config(hf_config)
+        expected = MtpHead(backbone, num_layers=head.num_layers, family=family.name, warm_start=False).state_dict()
+    names = _native_names(family, _text_config(config)["num_hidden_layers"], list(expected))
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        raise BebopError(f"the head lacks {names[missing[0]]} ({missing[0]}), which a {family.name} MTP layer holds")
+    unexpected = sorted(set(state) - set(expected))
+    if unexpected:
+        raise BebopError(f"the head holds {unexpected[0]}, which a {family.name} MTP layer on {model_dir} has not")
+    for name, tensor in state.items():
+        if tuple(tensor.shape) != tuple(expected[name].shape):
+            raise BebopError(f"the head's {names[name]} ({name}) has shape {tuple(tensor.shape)} but a {family.name} "
+                             f"MTP layer on {model_dir} needs {tuple(expected[name].shape)}")
+
+
 def export_mtp(
-    model_dir: str | os.PathLike, head_dir: str | os.PathLike, out_dir: str | os.PathLike, fmt: str = "auto"
+    model_dir: str | os.PathLike, head_dir: str | os.PathLike, out_dir: str | os.PathLike, fmt: str = "auto",
+    overwrite: bool = False,
 ) -> Path:
     """Writes ``out_dir``: the model at ``model_dir`` with the head at ``head_dir`` as its native MTP layer.
 
+    Everything is checked before ``out_dir`` changes: the family, every head tensor's name and shape
+    (``_check_head_layout``), finite weights, and ``out_dir`` itself (``bebop.utils.io.output_dir``:
+    a non-empty one only with ``overwrite``, which moves it aside; never an input or inside one).
     Atomic: the directory appears complete or not at all. Returns ``out_dir``.
     """
     model_dir, head_dir, out_dir = Path(model_dir), Path(head_dir), Path(out_dir)
+    what, inputs = "export directory", (model_dir, head_dir)
     config = read_config(model_dir)
     head, state = read_head_files(head_dir)
     family = _export_family(config, head, fmt, model_dir)
+    _check_head_layout(model_dir, config, head, state, family)
     files = weight_map(model_dir)
     text = _text_config(config)
     new_names = _native_names(family, text["num_hidden_layers"], list(state))
     old_mtp = {name for name in files if family.is_mtp_tensor(name, text["num_hidden_layers"])}
-    with atomic_dir(out_dir) as tmp:
+    with output_dir(out_dir, overwrite=overwrite, what=what, inputs=inputs, announce=say), atomic_dir(out_dir) as tmp:
         mapping = _write_backbone_shards(model_dir, tmp, files, old_mtp)
         save_file({new_names[k]: v.contiguous() for k, v in state.items()}, str(tmp / MTP_SHARD),
                   metadata={"format": "pt"})
@@ -210,13 +254,20 @@ def export_mtp(
 
 
 def _write_backbone_shards(model_dir: Path, tmp: Path, files: dict[str, str], old_mtp: set[str]) -> dict[str, str]:
-    """Hard-links every backbone shard into ``tmp``; rewrites only shards that hold old MTP tensors."""
+    """Copies every backbone shard into ``tmp``; rewrites only shards that hold old MTP tensors.
+
+    NOTE: copies, never hard links: an in-place write to one file would change the other. A shard
+    is read through a symbolic link (HF's cache keeps shards that way) only after its header opens
+    as safetensors, so a link to some other file is never copied into the export.
+    """
     mapping = {}
     for file in sorted(set(files.values())):
         names = [n for n, f in files.items() if f == file]
         keep = [n for n in names if n not in old_mtp]
         if len(keep) == len(names):
-            _link(model_dir / file, tmp / file)
+            with _open(model_dir / file):
+                pass
+            _copy_file(model_dir / file, tmp / file)
         elif keep:
             with _open(model_dir / file) as f:
                 save_file({n: f.get_tensor(n) for n in keep}, str(tmp / file), metadata={"format": "pt"})
@@ -224,15 +275,38 @@ def _write_backbone_shards(model_dir: Path, tmp: Path, files: dict[str, str], ol
     return mapping
 
 
-def _link(src: Path, dst: Path) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:  # another file system, or links not allowed: copy
-        shutil.copy2(src, dst)
+def _copy_file(src: Path, dst: Path) -> None:
+    """A real copy of ``src`` at ``dst``, made in the kernel (``copy_file_range``): XFS and btrfs share
+    the blocks copy-on-write, so copying a large shard is cheap there and a write to one file still
+    never reaches the other. Falls back to a plain copy where the call is missing or refused."""
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        try:
+            while os.copy_file_range(fin.fileno(), fout.fileno(), 1 << 30):
+                pass
+            return
+        except (AttributeError, OSError) as e:
+            if isinstance(e, OSError) and e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+                raise  # NOTE: e.g. ENOSPC, which the caller's atomic_dir names
+            fin.seek(0)
+            fout.seek(0)
+            fout.truncate()
+        shutil.copyfileobj(fin, fout, 1 << 24)
 
 
 def _copy_other_files(model_dir: Path, tmp: Path) -> None:
-    """Tokenizer, generation config, chat template…: every small file that is not a weight file."""
+    """Tokenizer, generation config, chat template…: every regular file that is not a weight file.
+
+    Symbolic links (which may point anywhere, e.g. outside the model) and folders are not copied;
+    one line names them.
+    """
+    skipped = []
     for path in sorted(model_dir.iterdir()):
-        if path.is_file() and path.name not in ("config.json", INDEX_NAME) and not path.name.endswith(WEIGHT_SUFFIXES):
-            shutil.copy2(path, tmp / path.name)
+        if path.name in ("config.json", INDEX_NAME) or path.name.endswith(WEIGHT_SUFFIXES):
+            continue
+        if path.is_symlink() or not path.is_file():
+            kind = "a symbolic link" if path.is_symlink() else "a folder" if path.is_dir() else "not a regular file"
+            skipped.append(f"{path.name} ({kind})")
+            continue
+        _copy_file(path, tmp / path.name)
+    if skipped:
+        say(f"export-mtp: copied regular files only; skipped {', '.join(skipped)} of {model_dir}")

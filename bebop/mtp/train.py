@@ -23,7 +23,10 @@ are gathered in full, so they load with or without FSDP and at any W.
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
+import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -44,8 +47,9 @@ from bebop.utils.io import (
     atomic_dir,
     check_output_dir,
     log_rows_until,
-    prepare_output_dir,
+    output_dir,
     read_json,
+    save_torch,
     write_json,
 )
 from bebop.utils.optim import make_adamw, master_state_dict
@@ -138,10 +142,11 @@ def train_mtp(
     _check(cfg)
     check_chain_args(data, cfg.speculate_k, cfg.temperature)
     out_dir = Path(out_dir)
-    check_output_dir(out_dir, resume=resume, overwrite=overwrite, what="head directory")
+    inputs = (model_dir, cfg.init_from or None)  # NOTE: the head directory never is, holds or lies in one
+    check_output_dir(out_dir, resume=resume, overwrite=overwrite, what="head directory", inputs=inputs)
     if len(data) == 0:
         raise BebopError("no training sequences")
-    first, last = distributed.shard_range(cfg.batch_size)  # this rank's rows of each step's global batch
+    distributed.shard_range(cfg.batch_size)  # NOTE: checks the batch splits over the ranks, before anything loads
     device = next(backbone.parameters()).device
     for p in backbone.parameters():
         p.requires_grad_(False)
@@ -160,10 +165,30 @@ def train_mtp(
     kept = log_rows_until(out_dir / METRICS_FILE, start_step, what="metrics") if resume else []
     distributed.barrier()  # NOTE: every rank has read the checkpoint before rank 0 writes
     main = distributed.is_main()
-    if main:
-        prepare_output_dir(out_dir, overwrite=overwrite, announce=say)  # NOTE: the first write to out_dir
-    logger = JsonlLogger(out_dir / METRICS_FILE, kept) if main else NullLogger()
-    meta = {"model_sha256": model_sha256, "resumes": resumes, "ce_steps": ce_steps}
+    with contextlib.ExitStack() as held:
+        if main:  # NOTE: the first write to out_dir, locked until the head is saved; a new one without a checkpoint
+            # is removed if the run fails (its log rows are of steps no checkpoint holds)
+            held.enter_context(output_dir(out_dir, resume=resume, overwrite=overwrite, what="head directory",
+                                          inputs=inputs, announce=say,
+                                          worth_keeping=lambda d: (d / CHECKPOINT_DIR).is_dir()))
+        logger = held.enter_context(contextlib.closing(JsonlLogger(out_dir / METRICS_FILE, kept) if main
+                                                       else NullLogger()))
+        meta = {"model_sha256": model_sha256, "resumes": resumes, "ce_steps": ce_steps}
+        _train_steps(backbone, head, opt, data, out_dir, cfg, pad_id, meta, logger, start_step, fsdp, device,
+                     show_progress)
+        _save_head(out_dir, head, opt, cfg, meta, fsdp)
+    return head
+
+
+def _train_steps(backbone, head: MtpHead, opt, data: Sequences, out_dir: Path, cfg: TrainMtpConfig, pad_id: int,
+                 meta: dict, logger, start_step: int, fsdp: bool, device: torch.device, show_progress: bool) -> None:
+    """Steps ``start_step``..``cfg.steps`` of ``train_mtp``: one row of ``logger`` per step, checkpoints on the way.
+
+    Stops with BebopError before an update whose loss or gradient is NaN or inf: the head on disk
+    (the last checkpoint) stays finite.
+    """
+    first, last = distributed.shard_range(cfg.batch_size)  # this rank's rows of each step's global batch
+    ce_steps = meta["ce_steps"]
     say(f"train-mtp: loss={cfg.loss} K={cfg.speculate_k} steps={cfg.steps} sequences={len(data)} from step {start_step}")
     if ce_steps:
         say(f"train-mtp: the first {ce_steps} steps train with CE (a CE-trained start for {cfg.loss}; --ce-warmup 0 skips it)")
@@ -178,18 +203,23 @@ def train_mtp(
         index = _batch_index(len(data), cfg.batch_size, cfg.seed, step)[first:last]
         ids, lengths, starts = data.batch(index, pad_id, device)
         loss_name = "ce" if step < ce_steps else cfg.loss
-        loss, alpha_rs, mask = chain_loss(backbone, head, ids, lengths, starts, cfg.speculate_k, cfg.chain_context,
-                                          loss_name, cfg.temperature)
+        try:
+            loss, alpha_rs, mask = chain_loss(backbone, head, ids, lengths, starts, cfg.speculate_k,
+                                              cfg.chain_context, loss_name, cfg.temperature)
+        except (BebopError, ValueError) as e:  # NOTE: the losses' own checks, e.g. NaN or inf draft states
+            raise BebopError(_stopped(step + 1, str(e), out_dir)) from None
         loss = _global_share(loss, loss_name, mask)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         distributed.sum_gradients(head.parameters())
         grad_norm = torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.grad_clip)
+        # NOTE: the step's two host syncs (loss, gradient norm) come before the update, so a NaN never reaches it
+        loss_value = distributed.sum_floats({"loss": loss.item()})["loss"]  # the global batch's loss
+        _check_finite_step(step + 1, loss_value, float(grad_norm), out_dir)
         opt.step()
         with torch.no_grad():
             sums = distributed.sum_tensor(torch.stack([(alpha_rs * mask).sum(0), mask.sum(0)]))  # (2, K)
             per_step = (sums[0] / sums[1].clamp_min(1)).tolist()
-        loss_value = distributed.sum_floats({"loss": loss.item()})["loss"]  # the global batch's loss
         row = {"step": step + 1, "loss": loss_value, "loss_name": loss_name, "lr": lr, "grad_norm": float(grad_norm),
                "alpha_rs": per_step, "seconds": time.time() - t0}
         logger.log(row)
@@ -198,9 +228,17 @@ def train_mtp(
                           {"loss": row["loss"], "alpha1": per_step[0], "lr": lr}))
         if cfg.save_every and (step + 1) % cfg.save_every == 0 and step + 1 < cfg.steps:
             _save_checkpoint(out_dir, *_states(head, opt, fsdp), step + 1, cfg, meta)
-    logger.close()
-    _save_head(out_dir, head, opt, cfg, meta, fsdp)
-    return head
+
+
+def _check_finite_step(step: int, loss: float, grad_norm: float, out_dir: Path) -> None:
+    """Raises BebopError (one line) when a step's loss or gradient norm is NaN or inf (every rank sees the same)."""
+    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+        raise BebopError(_stopped(step, f"a non-finite loss ({loss}) or gradient norm ({grad_norm})", out_dir))
+
+
+def _stopped(step: int, why: str, out_dir: Path) -> str:
+    return (f"train-mtp: step {step} has {why}; stopped before the update (the last checkpoint in "
+            f"{out_dir / CHECKPOINT_DIR} is kept): check the data and the backbone's logits, or lower --lr")
 
 
 def initial_head(backbone, cfg: TrainMtpConfig, model_dir: str | os.PathLike | None) -> tuple[MtpHead, str]:
@@ -223,9 +261,15 @@ def _save_head(out_dir: Path, head: MtpHead, opt, cfg: TrainMtpConfig, meta: dic
     """Writes the trained head into ``out_dir`` and the final checkpoint (rank 0; every rank gathers with fsdp)."""
     head_state, opt_state = _states(head, opt, fsdp)
     if distributed.is_main():
-        head.save_pretrained(out_dir / "head.tmp", extra={"train": asdict(cfg), **meta}, state=head_state)
+        # NOTE: head and checkpoint are both written before the head is installed (renames only), so a
+        # failure (a full device) leaves the previous head and checkpoint as they were.
+        try:
+            head.save_pretrained(out_dir / "head.tmp", extra={"train": asdict(cfg), **meta}, state=head_state)
+            _save_checkpoint(out_dir, head_state, opt_state, cfg.steps, cfg, meta)
+        except BaseException:
+            shutil.rmtree(out_dir / "head.tmp", ignore_errors=True)
+            raise
         _install_head(out_dir)
-        _save_checkpoint(out_dir, head_state, opt_state, cfg.steps, cfg, meta)
     distributed.barrier()  # NOTE: no rank returns before the head is on disk
 
 
@@ -275,7 +319,7 @@ def _save_checkpoint(out_dir: Path, head_state: dict, opt_state: dict, step: int
     if not distributed.is_main():
         return
     with atomic_dir(out_dir / CHECKPOINT_DIR) as tmp:
-        torch.save({"head": head_state, "optimizer": opt_state, "step": step}, tmp / "state.pt")
+        save_torch({"head": head_state, "optimizer": opt_state, "step": step}, tmp / "state.pt")
         write_json(tmp / "config.json", {**asdict(cfg), **meta})
 
 

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from bebop.utils.io import BebopError, atomic_dir, read_json, write_json
+from bebop.utils.io import BebopError, atomic_dir, read_json, save_torch, write_json
 
 CHECKPOINT_DIR = "checkpoint"  # inside the run directory
 STATE_FILE = "trainer_state.json"  # step and component names
@@ -89,8 +89,8 @@ def save_checkpoint(
     final = checkpoint_dir(run_dir)
     with atomic_dir(final) as tmp:
         for name, component in components.items():
-            torch.save(component.state_dict(), tmp / f"{name}.pt")
-        torch.save(rng_state(), tmp / RNG_FILE)
+            save_torch(component.state_dict(), tmp / f"{name}.pt")
+        save_torch(rng_state(), tmp / RNG_FILE)
         write_json(tmp / STATE_FILE, {"step": step, "components": sorted(components)})
         write_json(tmp / "config.json", config)
     return final

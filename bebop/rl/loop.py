@@ -61,6 +61,7 @@ Deviations from textbook GRPO (beyond the numbered list in ``bebop.rl.grpo``):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -88,7 +89,7 @@ from bebop.utils.io import (
     NullLogger,
     check_output_dir,
     log_rows_until,
-    prepare_output_dir,
+    output_dir,
     write_json,
 )
 from bebop.utils.optim import make_adamw
@@ -411,6 +412,7 @@ def train_rl(
     state = make_state(model, tokenizer, head, cfg, backend_options={"workdir": run_dir / BACKEND_DIR})
     rows_out: list[dict] = []
     loggers: list[JsonlLogger | NullLogger] = []
+    held = contextlib.ExitStack()  # NOTE: holds the run directory's lock (``output_dir``) until the run ends
     try:
         data_rows = _checked_prompts(cfg, tokenizer, model, state.reward_fn)
         start = _start_step(state, run_dir, config, resume)
@@ -420,7 +422,8 @@ def train_rl(
         main = distributed.is_main()
         # NOTE: nothing above writes; from here on the run directory changes.
         if main:
-            prepare_output_dir(run_dir, overwrite=overwrite, announce=say)
+            held.enter_context(output_dir(run_dir, resume=resume, overwrite=overwrite, what="run directory",
+                                          announce=say))
             write_json(run_dir / CONFIG_FILE, config)
         say(f"rl: resolved config {json.dumps(config)}")
         say(f"rl: mode={cfg.mode} steps={cfg.steps} B={cfg.prompts_per_step} G={cfg.group_size} from step {start}")
@@ -445,6 +448,7 @@ def train_rl(
         close_state(state)
         for logger in loggers:
             logger.close()
+        held.close()
     return rows_out
 
 

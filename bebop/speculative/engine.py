@@ -47,6 +47,7 @@ from bebop.speculative.sampling import (
     STREAM_ACCEPT,
     STREAM_DRAFT,
     STREAM_RESAMPLE,
+    finite_at_drafts,
     greedy_verify,
     logits_to_probs,
     rejection_sample_from_noise,
@@ -469,7 +470,11 @@ class _Runner:
             out, accepted = rejection_sample_from_noise(p, drafts, q_verify, coins, race, validate=False)
         p_draft = p[:, : self.k]
         alpha_to = p_draft.gather(-1, q.argmax(-1, keepdim=True))[..., 0]
-        num_accepted = accepted.tolist()  # NOTE: host sync 1 of 2 per step (counts drive the host-side bookkeeping)
+        # NOTE: host sync 1 of 2 per step: the counts (they drive the host-side bookkeeping) carry q's finiteness
+        # along (``finite_at_drafts``: R flags read at the drafts), so the check costs no sync of its own
+        num_accepted, finite = torch.stack([accepted, finite_at_drafts(q, drafts).long()]).tolist()
+        if not all(finite):  # verification against a NaN q is not exact: no token of this step is kept
+            raise BebopError("the MTP head drafted NaN or infinite probabilities; check its weights and --dtype")
         kept = [n + 1 for n in num_accepted]
         token_entropy = entropy(p)  # (R, K+1)
         self._log_block(rows, kept, token_entropy,

@@ -133,6 +133,21 @@ def _token_checks(tokens: torch.Tensor, vocab: int) -> list[tuple[torch.Tensor, 
     return [(in_range, f"draft_tokens must lie in [0, {vocab})")]
 
 
+def finite_at_drafts(
+    draft_probs: torch.Tensor,  # (B, K, V) q, from softmax (optionally top-k/top-p filtered)
+    draft_tokens: torch.Tensor,  # (B, K) int64
+) -> torch.Tensor:  # (B,) bool
+    """Whether each row's draft distributions are finite, read at the drafted tokens only: (B, K)
+    values instead of (B, K, V), and no host sync.
+
+    NOTE: enough for q made by softmax: one NaN or inf logit makes the normaliser NaN and with it
+    the whole row (top-k/top-p keep it so), so a non-finite row is non-finite at its draft too.
+
+    Example: q = [[[nan, nan]]], draft [[1]] -> [False]; q = [[[0.5, 0.5]]] -> [True].
+    """
+    return torch.isfinite(draft_probs.gather(-1, draft_tokens[..., None])).all(-1).all(-1)
+
+
 # ----------------------------------------------------------------------------- samplers
 
 

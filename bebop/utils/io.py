@@ -1,13 +1,16 @@
 """Atomic file and directory writes, locks, output-directory rules, JSONL metrics and clear errors.
 
-Output directories follow one rule (``check_output_dir``, ``prepare_output_dir``): a non-empty
-directory is written into only to resume it, or after moving it aside to ``NAME.old-<timestamp>``
-(overwrite); nothing is ever deleted to make room.
+Output directories follow one rule (``output_dir``: ``check_output_dir``, ``output_lock``,
+``prepare_output_dir``): a non-empty directory is written into only to resume it, or after moving
+it aside to ``NAME.old-<timestamp>`` (overwrite); nothing is ever deleted to make room; an output
+is never an input or inside one; one command at a time writes it. A full device while writing ends
+in one line naming the file (``no_space_left``), with the previous contents intact.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -55,6 +58,78 @@ def entry_lock(path: str | os.PathLike) -> contextlib.AbstractContextManager[Non
     return file_lock(path.with_name(f".{path.name}.lock"))
 
 
+def _lock_file(path: Path) -> Path:
+    """``.NAME.pid`` beside ``path``: the pid of the command writing ``path``, locked while it runs.
+
+    ``path`` is resolved first, so two spellings of one directory (``run``, ``./x/../run``, a link) share a lock.
+    """
+    path = path.resolve()
+    return path.with_name(f".{path.name}.pid")
+
+
+def _busy(path: Path, holder: str, what: str) -> str:
+    return (f"{what} {path} is being written by another bebop command (pid {holder or 'unknown'}); wait for it "
+            "to end or choose another --out")
+
+
+def lock_holder(path: str | os.PathLike) -> str | None:
+    """The pid (as written; "" if not yet) of the command holding ``output_lock(path)``, or None; creates nothing."""
+    lock = _lock_file(Path(path))
+    if fcntl is None or not lock.is_file():
+        return None
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # NOTE: released at once by the close below
+        return None
+    except BlockingIOError:
+        return os.pread(fd, 32, 0).decode(errors="replace").strip()
+    except OSError:  # no locks on this file system
+        return None
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def output_lock(path: str | os.PathLike, what: str = "output directory") -> Iterator[None]:
+    """Holds ``.NAME.pid`` beside ``path`` for the block, so one command at a time writes (or moves) ``path``.
+
+    Never waits: when another process holds it, raises BebopError naming that process's pid. The
+    lock is on the path, not the directory, so it also covers moving the old directory aside. The
+    file is removed on release; a killed holder leaves it, unlocked, and the next command takes it.
+    """
+    lock = _lock_file(Path(path))
+    if fcntl is None:
+        yield
+        return
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            os.close(fd)
+            raise BebopError(_busy(Path(path), holder, what)) from None
+        except OSError:  # NOTE: e.g. ENOLCK on some network file systems: run unlocked
+            break
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
+                break
+        os.close(fd)  # NOTE: the holder removed the file between our open and lock: take the new one
+    try:
+        with contextlib.suppress(OSError):  # NOTE: the pid only informs; on a full device the lock still holds
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(lock)  # NOTE: while still locked, so a waiter that locked the old file sees it gone
+        os.close(fd)
+
+
 def _nearest_existing(path: Path) -> Path:
     path = path.absolute()
     while not path.exists() and path != path.parent:
@@ -80,16 +155,24 @@ def check_output_file(path: str | os.PathLike, what: str = "output file") -> Non
 
 
 def check_output_dir(
-    path: str | os.PathLike, resume: bool = False, overwrite: bool = False, what: str = "output directory"
+    path: str | os.PathLike, resume: bool = False, overwrite: bool = False, what: str = "output directory",
+    inputs: tuple = (), locked: bool = False,
 ) -> None:
     """Raises BebopError unless ``path`` may be written as an output directory; changes nothing.
 
     A missing or empty directory is fine. A non-empty one is refused unless ``resume`` (continue
-    what it holds) or ``overwrite`` (``prepare_output_dir`` moves it aside first).
+    what it holds) or ``overwrite`` (``prepare_output_dir`` moves it aside first). Also refused:
+    a ``path`` that another command is writing (``output_lock``), and one that is, contains or lies
+    inside one of ``inputs`` (paths the command reads; None entries are skipped). ``locked``: the
+    caller holds ``output_lock(path)`` itself.
     """
     path = Path(path)
     if resume and overwrite:
         raise BebopError("--resume and --overwrite exclude each other")
+    _check_apart(path, inputs, what)
+    holder = None if locked else lock_holder(path)
+    if holder is not None:
+        raise BebopError(_busy(path, holder, what))
     if path.exists() and not path.is_dir():
         raise BebopError(f"{what} {path} is a file, not a directory")
     if path.is_dir():
@@ -100,6 +183,19 @@ def check_output_dir(
                              f"it aside to {path.name}.old-<timestamp>")
     else:
         _check_writable_parent(path, what)
+
+
+def _check_apart(path: Path, inputs: tuple, what: str) -> None:
+    """An output must not be an input, hold one, or lie in one: writing it would change what is read."""
+    out = path.resolve()
+    for given in inputs:
+        if given is None:
+            continue
+        source = Path(given).resolve()
+        relation = "is" if out == source else "contains" if source.is_relative_to(out) else \
+            "lies inside" if out.is_relative_to(source) else ""
+        if relation:
+            raise BebopError(f"{what} {path} {relation} the input {given}; choose another --out")
 
 
 def move_aside(path: str | os.PathLike) -> Path:
@@ -117,6 +213,9 @@ def move_aside(path: str | os.PathLike) -> Path:
 def prepare_output_dir(path: str | os.PathLike, overwrite: bool = False, announce=None) -> Path | None:
     """Creates ``path`` after ``check_output_dir`` passed; with ``overwrite`` a non-empty one is moved aside.
 
+    Refused while another command holds ``output_lock(path)``; the lock is held only for this call
+    (``output_dir`` holds it for a whole write).
+
     Args:
         path: the output directory.
         overwrite: move an existing non-empty ``path`` to ``NAME.old-<timestamp>`` first.
@@ -125,13 +224,98 @@ def prepare_output_dir(path: str | os.PathLike, overwrite: bool = False, announc
     Returns:
         Where the old directory was moved, or None.
     """
-    path = Path(path)
+    with output_lock(path):
+        return _prepare(Path(path), overwrite, announce)
+
+
+def _prepare(path: Path, overwrite: bool, announce) -> Path | None:
     old = None
     if overwrite and path.is_dir() and any(path.iterdir()):
         old = move_aside(path)
         (announce or _stderr)(f"bebop: moved the existing {path} aside to {old}")
     path.mkdir(parents=True, exist_ok=True)
     return old
+
+
+def any_file(path: Path) -> bool:
+    """Whether directory ``path`` holds anything (``output_dir``'s default test of what a failed command leaves)."""
+    return any(path.iterdir())
+
+
+@contextlib.contextmanager
+def output_dir(
+    path: str | os.PathLike, resume: bool = False, overwrite: bool = False, what: str = "output directory",
+    inputs: tuple = (), announce=None, worth_keeping=any_file,
+) -> Iterator[Path]:
+    """The one way a command takes its output directory: checked, locked, prepared, and put back on failure.
+
+    Checks ``path`` (``check_output_dir``), holds ``output_lock`` for the block (no other command
+    writes or moves it meanwhile), moves a non-empty one aside with ``overwrite`` and creates it
+    (``prepare_output_dir``). If the block raises, a directory it created is removed unless
+    ``worth_keeping(path)`` (default: it holds anything; a trainer passes "holds a checkpoint"), and
+    the one it moved aside is put back: a failed command leaves ``path`` as it found it. A
+    directory that existed (a resume) is never removed. Yields ``path``.
+    """
+    path = Path(path)
+    check_output_dir(path, resume=resume, overwrite=overwrite, what=what, inputs=inputs)
+    with output_lock(path, what):
+        check_output_dir(path, resume=resume, overwrite=overwrite, what=what, inputs=inputs, locked=True)
+        existed = path.is_dir()
+        with no_space_left(path):
+            old = _prepare(path, overwrite, announce)
+        try:
+            yield path
+        except BaseException:
+            if (old is not None or not existed) and path.is_dir() and not worth_keeping(path):
+                shutil.rmtree(path)
+                if old is not None:
+                    os.rename(old, path)
+                    (announce or _stderr)(f"bebop: moved {old} back to {path}")
+            raise
+
+
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)  # a full device or a full quota: the same remedy
+DISK_FULL_WORDS = ("No space left on device", "Disk quota exceeded", "os error 28", "os error 122")  # as
+# writers without an errno word it (safetensors' Rust writer: "I/O error: No space left on device (os error 28)")
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """Whether ``error``, or an exception it was raised from or while handling, is a full device.
+
+    Example: torch.save into a Python file raises RuntimeError("... unexpected pos ...") whose
+    ``__context__`` is the file's OSError(28): True.
+    """
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in DISK_FULL_ERRNOS:
+            return True
+        if any(word in str(error) for word in DISK_FULL_WORDS):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+@contextlib.contextmanager
+def no_space_left(path: str | os.PathLike) -> Iterator[None]:
+    """Turns a full device inside the block into one BebopError line naming ``path``; other errors pass."""
+    try:
+        yield
+    except BebopError:
+        raise
+    except Exception as e:
+        if not is_disk_full(e):
+            raise
+        raise BebopError(f"no space left on the device while writing {path}") from e
+
+
+def save_torch(obj: Any, path: str | os.PathLike) -> None:
+    """``torch.save`` through a Python file: a full device then raises OSError(ENOSPC), which
+    ``no_space_left`` names, where torch's own file writer says only "basic_ios::clear"."""
+    import torch
+
+    with open(path, "wb") as f:
+        torch.save(obj, f)
 
 
 def _stderr(line: str) -> None:
@@ -145,13 +329,16 @@ def atomic_dir(final: str | os.PathLike) -> Iterator[Path]:
     """Yields a temporary directory beside ``final``; on success it replaces ``final`` in one rename.
 
     Nothing is left half-written: an exception removes the temporary directory and keeps any
-    previous ``final`` intact. Concurrent writers are safe: the last swap wins, nothing is left over.
+    previous ``final`` intact (a full device is one BebopError line, ``no_space_left``). Concurrent
+    writers are safe: the last swap wins, nothing is left over.
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    with no_space_left(final):
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:
-        yield tmp
+        with no_space_left(final):
+            yield tmp
         old = None
         # NOTE: two renames are not one atomic step; the lock on the parent keeps two writers of
         # ``final`` from interleaving them (else "Directory not empty" and leftover .old- folders).
@@ -162,18 +349,24 @@ def atomic_dir(final: str | os.PathLike) -> Iterator[Path]:
             os.replace(tmp, final)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
+    except BebopError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if str(tmp) not in str(e):
+            raise
+        raise BebopError(str(e).replace(str(tmp), str(final))) from e  # NOTE: name the file the user asked for
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Writes ``text`` to ``path`` through a temporary file and a rename."""
+    """Writes ``text`` to ``path`` through a temporary file and a rename (a full device: ``no_space_left``)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    with no_space_left(path):
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as f:
+        with no_space_left(path), os.fdopen(fd, "w") as f:
             f.write(text)
         os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are meant to be shared
         os.replace(tmp, path)
@@ -253,11 +446,13 @@ class JsonlLogger:
         self._f = open(self.path, "a")
 
     def log(self, row: dict) -> None:
-        self._f.write(json.dumps(row) + "\n")
-        self._f.flush()
+        with no_space_left(self.path):  # NOTE: a torn last line is what resume drops (``log_rows_until``)
+            self._f.write(json.dumps(row) + "\n")
+            self._f.flush()
 
     def close(self) -> None:
-        self._f.close()
+        with no_space_left(self.path):  # NOTE: the file is closed even when its last flush fails
+            self._f.close()
 
 
 class NullLogger:
