@@ -51,7 +51,9 @@ from pathlib import Path
 import torch
 
 from bebop.speculative import SamplingParams, SpecConfig
-from bebop.speculative.auto.chooser import AUTO, AutoChooser, candidates, check_auto_spec, generate_auto, is_auto
+from bebop.config import AUTO, is_auto
+from bebop.speculative.auto.chooser import AutoChooser, candidates
+from bebop.speculative.auto.generate import check_auto_spec, generate_auto
 from bebop.speculative.engine import generate
 from bebop.speculative.stats import SpecStats
 from bebop.utils.io import BebopError, read_json, write_json
@@ -140,7 +142,7 @@ class BebopRollout:
 
     def _generate(self, model, tokenizer, prompt_ids, head, sampling, seed, first_row):
         row_ids = list(range(first_row, first_row + len(prompt_ids)))
-        if is_auto(self.spec):
+        if is_auto(self.spec.mode, self.spec.speculate_k):
             self.chooser = self.chooser or AutoChooser()
             result, _ = generate_auto(model, tokenizer, prompt_ids, mtp=head, sampling=sampling, spec=self.spec,
                                       seed=seed, step=self.num_calls, row_ids=row_ids, chooser=self.chooser)
