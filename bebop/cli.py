@@ -341,6 +341,7 @@ def cmd_rl(args) -> None:
         if not file:
             overrides = {**{k: v for k, v in saved.items() if k in config_fields()},
                          **{k: v for k, v in overrides.items() if v is not None}}
+        overrides["reward"] = _resume_reward(args, saved, run_dir)  # NOTE: before any reward is imported
     elif args.mtp and overrides.get("mtp_loss") is None:
         overrides["mtp_loss"] = _head_loss(Path(args.mtp))  # label runs by the head's own training loss
     cfg = resolve_rl_config(file, overrides)
@@ -383,6 +384,19 @@ def _saved_run(run_dir: Path, args) -> dict:
             raise BebopError(f"cannot resume {run_dir} with --{key} {given}: the run used {was} (start a new run "
                              "with --out to change it)")
     return saved
+
+
+def _resume_reward(args, saved: dict, run_dir: Path) -> str:
+    """The reward a resumed run loads: its own when built in, else only one this command names again
+    (--reward, or the reward of its --config file; ``bebop.rl.rewards.resume_reward``)."""
+    from bebop.config import load_config_file
+    from bebop.rl.rewards import resume_reward
+
+    given = args.reward if args.reward is not None or not args.config else load_config_file(args.config).get("reward")
+    try:
+        return resume_reward(saved.get("reward", ""), given, str(run_dir))
+    except ValueError as e:
+        raise BebopError(str(e)) from None
 
 
 def _head_loss(path: Path) -> str | None:

@@ -128,7 +128,24 @@ def score_rollout(reward_fn: RewardFn, rollout: Rollout, group_size: int) -> tor
         rewards = call_reward(reward_fn, prompts, rollout.result.texts, **fields)
     except ValueError as e:
         raise BebopError(f"step {batch.step + 1}: {e}") from None
-    return torch.tensor(rewards, dtype=torch.float32)
+    out = torch.tensor(rewards, dtype=torch.float32)
+    if not bool(torch.isfinite(out).all()):
+        name = getattr(reward_fn, "__name__", type(reward_fn).__name__)
+        raise BebopError(f"step {batch.step + 1}: reward function {name} returned {max(rewards, key=abs):.3g}, beyond "
+                         "float32's range; scale the rewards down (nothing was updated or written for this step)")
+    return out
+
+
+def check_advantages(reward_fn: RewardFn, rewards: torch.Tensor, advantages: torch.Tensor, step: int) -> None:
+    """Raises BebopError (one line naming the reward) unless the advantages (B*G,) of the rewards (B*G,)
+    are finite: a spread whose square overflows float32 would make the update NaN."""
+    if bool(torch.isfinite(advantages).all()):  # sync point, once a step
+        return
+    name = getattr(reward_fn, "__name__", type(reward_fn).__name__)
+    top = rewards.abs().max().item()
+    raise BebopError(f"step {step + 1}: reward function {name} gave rewards up to {top:.3g} in magnitude, whose "
+                     "group advantages are not finite in float32; scale the rewards down (nothing was updated or "
+                     "written for this step)")
 
 
 # ------------------------------------------------------------------------------ loss and updates
@@ -179,6 +196,9 @@ def update_policy(
         loss.backward()
         distributed.sum_gradients(params)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        if not math.isfinite(float(grad_norm)):  # NOTE: a NaN step would poison every weight; sync per epoch
+            raise BebopError(f"the policy loss ({loss.item():.3g}) has a non-finite gradient (norm "
+                             f"{float(grad_norm)}); scale the rewards down (nothing was written for this step)")
         optimizer.step()
         metrics = distributed.sum_floats({**metrics, "rl/loss": loss.item()})  # sync per epoch
         history.append({**metrics, "rl/grad_norm": float(grad_norm)})
@@ -274,6 +294,7 @@ def rl_step(
     rollout, wait_s = state.rollouts.collect(batch)
     rewards = score_rollout(state.reward_fn, rollout, cfg.group_size)
     advantages = group_advantages(rewards, cfg.group_size, scale=not cfg.policy.mean_only)
+    check_advantages(state.reward_fn, rewards, advantages, batch.step)
     train_start = time.perf_counter()
     inputs = sequence_tensors(rollout, state.pad_id, next(state.policy.parameters()).device)
     first, last = (n * cfg.group_size for n in distributed.shard_range(len(rollout.batch.prompts), "prompts_per_step"))
