@@ -37,6 +37,12 @@ def returns_nan(prompts, completions, **_):
     return [float("nan")] * len(completions)
 def returns_inf(prompts, completions, **_):
     return [float("inf")] * len(completions)
+def exits(prompts, completions, **_):
+    raise SystemExit(0)
+def huge(prompts, completions, **_):
+    return [1e308 * (i % 2) for i in range(len(completions))]
+def near_float32_max(prompts, completions, **_):
+    return [3e38] * len(completions)
 """
 RL = ["rl", "--model", "model", "--data", "prompts.jsonl", "--out", "run", "--mode", "none", "--steps", "1",
       "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "3"]
@@ -119,6 +125,13 @@ TABLE = {  # case (command): argv, the error line it must give (regex)
                                               r"prompts.jsonl:1: the reward needs field\(s\) \['answer'\]"),
     "reward function returning NaN (rl)": ([*RL, "--reward", "bad_rewards:returns_nan"], r"step 1: .*returned nan"),
     "reward function returning inf (rl)": ([*RL, "--reward", "bad_rewards:returns_inf"], r"step 1: .*returned inf"),
+    "reward function raising SystemExit(0) (rl)": ([*RL, "--reward", "bad_rewards:exits"],
+                                                   r"step 1: reward function exits raised SystemExit: 0"),
+    "reward function returning 1e308 (rl)": ([*RL, "--reward", "bad_rewards:huge"],
+                                             r"step 1: reward function huge returned 1e\+308, beyond float32"),
+    "rewards whose group mean overflows float32 (rl)": (
+        [*RL, "--reward", "bad_rewards:near_float32_max"],
+        r"step 1: reward function near_float32_max gave rewards up to 3e\+38 .* advantages are not finite"),
     "rl --resume DIR where DIR holds no run": (["rl", "--resume", "empty-dir"], r"nothing to resume"),
     "--device nonsense": ([*GEN, "--model", "model", "--device", "nonsense"], r"unknown device 'nonsense'"),
     "--device cuda without CUDA": ([*GEN, "--model", "model", "--device", "cuda"], r"CUDA is not available"),
@@ -144,6 +157,56 @@ def test_bad_input_is_one_line(case, workdir, monkeypatch, capsys):
     assert err[-1].startswith("bebop: error: ") and "Traceback" not in "\n".join(err)
     assert re.search(message, err[-1]), err[-1]
     assert not (workdir / "new-head").exists() and not (workdir / "out.jsonl").exists()  # nothing half-written
+    assert not (workdir / "run").exists()  # an rl run whose first step failed leaves no run directory
+
+
+EVIL_REWARD = """import pathlib
+pathlib.Path("reward-code-ran").write_text("imported")
+def score(prompts, completions, **_):
+    return [float(len(c)) for c in completions]
+"""
+
+
+def test_resume_runs_no_reward_code_its_command_does_not_name(workdir, monkeypatch, capsys):
+    """Issue 46 item 9: a received run directory's reward file is imported only when --reward names it again."""
+    monkeypatch.chdir(workdir)
+    (workdir / "sent_reward.py").write_text(EVIL_REWARD)
+    marker = workdir / "reward-code-ran"
+    args = [*RL[:5], "--out", "sent-run", *RL[7:], "--save-every", "1"]
+    assert main([*args, "--reward", "sent_reward.py:score"]) == 0
+    marker.unlink()
+    assert main(["rl", "--resume", "sent-run", "--steps", "2"]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "used the reward 'sent_reward.py:score'" in line and line.endswith("add --reward sent_reward.py:score")
+    assert main(["rl", "--resume", "sent-run", "--steps", "2", "--reward", "bad_rewards:no_fields"]) == 2
+    assert "cannot resume sent-run with --reward bad_rewards:no_fields" in capsys.readouterr().err
+    assert not marker.exists()  # neither command imported the run's reward file
+    assert len((workdir / "sent-run" / "metrics.jsonl").read_text().splitlines()) == 1
+    assert main(["rl", "--resume", "sent-run", "--steps", "2", "--reward", "./sent_reward.py:score"]) == 0
+    assert marker.exists()  # named again (the same file by another path): it runs
+    assert len((workdir / "sent-run" / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_resume_with_a_builtin_reward_needs_no_flag(workdir, monkeypatch):
+    monkeypatch.chdir(workdir)
+    (workdir / "answers.jsonl").write_text(json.dumps({"prompt": "a b", "answer": "1"}) + "\n")
+    args = [*RL[:3], "--data", "answers.jsonl", "--out", "math-run", *RL[7:], "--reward", "math"]
+    assert main(args) == 0
+    assert main(["rl", "--resume", "math-run", "--steps", "2"]) == 0
+    assert len((workdir / "math-run" / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_failed_first_step_with_overwrite_puts_the_old_run_back(workdir, monkeypatch, capsys):
+    """Issue 46 item 14: a run whose first step fails leaves no run directory; --overwrite's moved run returns."""
+    monkeypatch.chdir(workdir)
+    old = workdir / "kept-run"
+    old.mkdir(exist_ok=True)
+    (old / "config.json").write_text("{}")
+    args = [*RL[:5], "--out", "kept-run", *RL[7:], "--overwrite", "--reward", "bad_rewards:exits"]
+    assert main(args) == 2
+    assert "raised SystemExit" in capsys.readouterr().err
+    assert [p.name for p in old.iterdir()] == ["config.json"] and (old / "config.json").read_text() == "{}"
+    assert not list(workdir.glob("kept-run.old-*"))
 
 
 def test_corrupted_cached_embedded_model_says_how_to_rebuild(workdir, monkeypatch, capsys, tmp_path):

@@ -62,6 +62,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -431,6 +433,7 @@ def train_rl(
     state = make_state(model, tokenizer, head, cfg, backend_options={"workdir": run_dir / BACKEND_DIR})
     rows_out: list[dict] = []
     loggers: list[JsonlLogger | NullLogger] = []
+    started: list[Path | None] = []  # a fresh run's directory made by this call: [where the old one went]
     try:
         data_rows = _checked_prompts(cfg, tokenizer, model, state.reward_fn)
         start = _start_step(state, run_dir, config, resume)
@@ -440,7 +443,9 @@ def train_rl(
         main = distributed.is_main()
         # NOTE: nothing above writes; from here on the run directory changes.
         if main:
-            prepare_output_dir(run_dir, overwrite=overwrite, announce=say)
+            existed = run_dir.exists()
+            moved = prepare_output_dir(run_dir, overwrite=overwrite, announce=say)
+            started += [moved] if not resume and (moved or not existed) else []
             write_json(run_dir / CONFIG_FILE, config)
         say(f"rl: resolved config {json.dumps(config)}")
         say(f"rl: mode={cfg.mode} steps={cfg.steps} B={cfg.prompts_per_step} G={cfg.group_size} from step {start}")
@@ -461,11 +466,23 @@ def train_rl(
             if main and ((cfg.save_every and (step + 1) % cfg.save_every == 0) or step + 1 == cfg.steps):
                 save_checkpoint(run_dir, checkpoint_components(state), step + 1, config)
         distributed.barrier()  # NOTE: no rank returns before the last checkpoint is on disk
+        started.clear()
     finally:
         close_state(state)
         for logger in loggers:
             logger.close()
+        if started and not rows_out:  # NOTE: after the close: a backend (vLLM) writes inside the run directory
+            _discard_unstarted(run_dir, started[0])
     return rows_out
+
+
+def _discard_unstarted(run_dir: Path, moved: Path | None) -> None:
+    """Removes a fresh run's directory whose first step failed (only config.json and empty logs), and
+    puts back the directory ``--overwrite`` moved aside, so a failed start leaves things as they were."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    if moved is not None and not run_dir.exists():
+        os.rename(moved, run_dir)
+        say(f"bebop: moved {moved} back to {run_dir}")
 
 
 def _checked_prompts(cfg: RLConfig, tokenizer, model: nn.Module, reward_fn: RewardFn) -> list[dict] | None:
