@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -651,6 +652,13 @@ def config_name(mode: str, k: int) -> str:
     return mode if mode == "none" else f"{mode}{k}"
 
 
+def _setting_name(name) -> str:
+    """``name`` when it names a setting (``config_name``: none, to<K>, rs<K>); ValueError otherwise."""
+    if not isinstance(name, str) or not re.fullmatch(r"none|(to|rs)[1-9][0-9]*", name):
+        raise ValueError(f"unknown setting name {name!r} (none, to<K> or rs<K>)")
+    return name
+
+
 class AutoChooser:
     """The run's acceptance, cost and length models; ``choose`` picks the best candidate.
 
@@ -696,7 +704,7 @@ class AutoChooser:
         shape = state.get("shape", {})  # NOTE: a profile saved before cost pooling starts a shape
         chooser = cls(confirm=bool(state["confirm"]), pool_costs=shape is not None)
         chooser.shape = CostShape.from_state(shape) if shape is not None else None
-        chooser.tried = {str(name) for name in state["tried"]}
+        chooser.tried = {_setting_name(name) for name in state["tried"]}
         chooser.acceptance = Acceptance.from_state(state["acceptance"])
         if chooser.acceptance.replay is None:  # NOTE: a profile saved before the replay model starts one
             chooser.acceptance.replay = Replay()
@@ -709,7 +717,8 @@ class AutoChooser:
             if set(held) != fields:
                 raise ValueError(f"a held decision has fields {sorted(held)}, not {sorted(fields)}")
             chooser.held = Decision(**{k: math.nan if v is None else v for k, v in held.items()})
-            chooser.held.predictions = {str(n): float(v) for n, v in chooser.held.predictions.items()}
+            chooser.held.predictions = {_setting_name(n): float(v) for n, v in chooser.held.predictions.items()}
+            _setting_name(config_name(str(chooser.held.mode), chooser.held.speculate_k))
         return chooser
 
     def holds(self, options: list[tuple[str, int]]) -> bool:
