@@ -59,6 +59,9 @@ def workdir(tmp_path_factory):
     for name, data in (("truncated", weights[:100]), ("empty", b"")):
         shutil.copytree(root / "model", root / name)
         (root / name / "model.safetensors").write_bytes(data)
+    shutil.copytree(root / "model", root / "bin-model")  # issue 46 item 13: a corrupt pickled pytorch_model.bin
+    (root / "bin-model" / "model.safetensors").unlink()
+    (root / "bin-model" / "pytorch_model.bin").write_bytes(b"\x80\x04not a pickle")
     shutil.copytree(root / "head", root / "head-truncated")
     (root / "head-truncated" / "model.safetensors").write_bytes(b"\x00" * 10)
     with torch.no_grad():
@@ -92,6 +95,9 @@ TABLE = {  # case (command): argv, the error line it must give (regex)
                                                 r"\(model.safetensors\)"),
     "truncated model.safetensors (rl)": ([*RL[:1], "--model", "truncated", *RL[3:]], r"\(model.safetensors\)"),
     "truncated model.safetensors (check-lossless)": ([*LOSSLESS, "--model", "truncated"], r"\(model.safetensors\)"),
+    "corrupt pickled pytorch_model.bin (generate)": ([*GEN, "--model", "bin-model"],
+                                                     r"cannot load model from bin-model \(pytorch_model.bin\): not a "
+                                                     r"file of tensors"),
     "truncated head model.safetensors (generate)": ([*GEN[:2], "rs", *GEN[3:], "--model", "model", "--mtp",
                                                      "head-truncated"], r"corrupt MTP head in head-truncated"),
     # issue 14: --out/--json an existing directory, under a regular file, or not writable; pretrain --out a file.
@@ -207,6 +213,38 @@ def test_failed_first_step_with_overwrite_puts_the_old_run_back(workdir, monkeyp
     assert "raised SystemExit" in capsys.readouterr().err
     assert [p.name for p in old.iterdir()] == ["config.json"] and (old / "config.json").read_text() == "{}"
     assert not list(workdir.glob("kept-run.old-*"))
+
+
+class _Payload:
+    def __reduce__(self):
+        return (print, ("pickle payload ran",))
+
+
+CHECKPOINT_DAMAGE = {  # issue 46 item 13: file of a run's checkpoint -> what is done to it, the line it must give
+    "rng.pt garbage": ("rng.pt", lambda f: f.write_bytes(b"garbage"), r"corrupt checkpoint file .*rng.pt: not a file"),
+    "rng.pt missing": ("rng.pt", lambda f: f.unlink(), r"checkpoint file .*rng.pt is missing"),
+    "rng.pt a pickled object": ("rng.pt", lambda f: torch.save(_Payload(), f), r"rng.pt: not a file of tensors"),
+    "rng.pt of other tensors": ("rng.pt", lambda f: torch.save({"x": torch.zeros(1)}, f),
+                                r"rng.pt: not RNG states \(KeyError"),
+    "policy.pt garbage": ("policy.pt", lambda f: f.write_bytes(b"\x80\x04junk"), r"corrupt checkpoint file .*policy.pt: "),
+}
+
+
+@pytest.mark.parametrize("case", list(CHECKPOINT_DAMAGE))
+def test_a_damaged_checkpoint_file_is_one_line_naming_it(case, workdir, monkeypatch, capsys):
+    monkeypatch.chdir(workdir)
+    name, damage, message = CHECKPOINT_DAMAGE[case]
+    if not (workdir / "ckpt-run").exists():
+        assert main([*RL[:5], "--out", "ckpt-run", *RL[7:], "--reward", "bad_rewards:no_fields"]) == 0
+    run = workdir / f"damaged-{name}-{len(list(workdir.glob('damaged-*')))}"
+    shutil.copytree(workdir / "ckpt-run", run)
+    damage(run / "checkpoint" / name)
+    before = (run / "metrics.jsonl").read_text()
+    assert main(["rl", "--resume", run.name, "--steps", "2", "--reward", "bad_rewards:no_fields"]) == 2
+    out, err = capsys.readouterr()
+    assert "pickle payload ran" not in out + err and "Traceback" not in err
+    assert re.search(message, err.strip().splitlines()[-1]), err
+    assert (run / "metrics.jsonl").read_text() == before  # the run is as it was
 
 
 def test_corrupted_cached_embedded_model_says_how_to_rebuild(workdir, monkeypatch, capsys, tmp_path):
