@@ -277,7 +277,9 @@ def _read_prompts(path: str | None, num: int) -> list:
     if file.suffix.lower() in JSONL_SUFFIXES + PARQUET_SUFFIXES:
         prompts = [r["prompt"] for r in load_prompts(file)]
     else:
-        prompts = [line for line in file.read_text().splitlines() if line.strip()]
+        from bebop.utils.io import read_text
+
+        prompts = [line for line in read_text(file, "prompts file").splitlines() if line.strip()]
     if not prompts:
         raise BebopError(f"prompts file {file} holds no prompt")
     return prompts

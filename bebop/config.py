@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, TypeVar
 
-from bebop.utils.io import BebopError
+from bebop.utils.io import BebopError, read_text
 
 T = TypeVar("T")
 AUTO = "auto"  # the value of mode / speculate_k that asks bebop.speculative.auto.chooser to choose
@@ -78,7 +78,7 @@ def load_config_file(path: str | os.PathLike) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise BebopError(f"config file not found: {path}")
-    text = path.read_text()
+    text = read_text(path, "config file")
     try:
         if path.suffix == ".toml":
             import tomllib

@@ -75,6 +75,11 @@ def workdir(tmp_path_factory):
             "number-prompt.jsonl": [{"prompt": "a b"}, {"prompt": 7}]}
     for name, content in rows.items():
         (root / name).write_text("".join(json.dumps(r) + "\n" for r in content))
+    (root / "latin1.jsonl").write_bytes('{"prompt": "a b"}\n{"prompt": "caf\u00e9"}\n'.encode("latin-1"))
+    (root / "latin1.txt").write_bytes("a b\ncaf\u00e9\n".encode("latin-1"))
+    (root / "latin1-data.jsonl").write_bytes(('{"token_ids": [1, 4, 5, 6, 7, 8, 9, 10], "start": 2}\n'
+                                              '{"text": "caf\u00e9"}\n').encode("latin-1"))
+    (root / "latin1.toml").write_bytes("# bebop rl --config latin1.toml (caf\u00e9)\nsteps = 1\n".encode("latin-1"))
     (root / "bool-k.toml").write_text("# bebop train-mtp --config bool-k.toml\nspeculate_k = true\n")
     (root / "bool-k-rl.toml").write_text("# bebop rl --config bool-k-rl.toml\nspeculate_k = true\n")
     (root / "bad_rewards.py").write_text(REWARDS)
@@ -118,6 +123,15 @@ TABLE = {  # case (command): argv, the error line it must give (regex)
                                            r"'speculate_k' should be int, got True"),
     # issue 14: pretrain --steps 0 or negative.
     "model whose weights give NaN logits (generate)": ([*GEN, "--model", "nan-model"], r"NaN or infinite logits"),
+    "non-UTF-8 JSONL prompts (generate)": ([*GEN[:6], "latin1.jsonl", "--model", "model"],
+                                           r"prompt file latin1.jsonl is not UTF-8 text: line 2 has byte 0xe9"),
+    "non-UTF-8 text prompts (generate)": ([*GEN[:6], "latin1.txt", "--model", "model"],
+                                          r"prompts file latin1.txt is not UTF-8 text: line 2 has byte 0xe9"),
+    "non-UTF-8 data (train-mtp)": ([*TRAIN[:3], "--data", "latin1-data.jsonl", *TRAIN[5:]],
+                                   r"data file latin1-data.jsonl is not UTF-8 text: line 2"),
+    "non-UTF-8 prompt file (rl)": ([*RL[:3], "--data", "latin1.jsonl", *RL[5:]],
+                                   r"prompt file latin1.jsonl is not UTF-8 text: line 2"),
+    "non-UTF-8 config file (rl)": ([*RL, "--config", "latin1.toml"], r"config file latin1.toml is not UTF-8 text: line 1"),
     "prompt field that is a number (generate)": ([*GEN[:6], "number-prompt.jsonl", "--model", "model"],
                                                  r"number-prompt.jsonl:2: 'prompt' must be a string or a list"),
     "reward function that raises (rl)": ([*RL, "--reward", "bad_rewards:raises"],

@@ -188,13 +188,23 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
+def read_text(path: str | os.PathLike, what: str = "file") -> str:
+    """The UTF-8 text of an input file; BebopError naming it (and the byte) when it is not UTF-8."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        line = Path(path).read_bytes()[:e.start].count(b"\n") + 1
+        raise BebopError(f"{what} {path} is not UTF-8 text: line {line} has byte 0x{e.object[e.start]:02x}; "
+                         "save it as UTF-8") from None
+
+
 def read_json(path: str | os.PathLike, what: str = "file") -> Any:
     """Reads a JSON file, raising BebopError with one clear line when missing or corrupt."""
     path = Path(path)
     if not path.is_file():
         raise BebopError(f"{what} not found: {path}")
     try:
-        return json.loads(path.read_text())
+        return json.loads(read_text(path, what))
     except json.JSONDecodeError as e:
         raise BebopError(f"{what} {path} is not valid JSON: {e}") from None
 
@@ -211,7 +221,7 @@ def read_jsonl(path: str | os.PathLike, what: str = "file", torn_tail_ok: bool =
     path = Path(path)
     if not path.is_file():
         raise BebopError(f"{what} not found: {path}")
-    lines = path.read_text().splitlines()
+    lines = read_text(path, what).splitlines()
     last = max((i for i, line in enumerate(lines, start=1) if line.strip()), default=0)
     rows = []
     for i, line in enumerate(lines, start=1):
