@@ -77,7 +77,8 @@ def _sequences(args, model, tok, split: str):
     from bebop.mtp.data import load_sequences
 
     if args.data:
-        return load_sequences(args.data, tok, vocab_size=model.get_input_embeddings().num_embeddings)
+        return load_sequences(args.data, tok, vocab_size=model.get_input_embeddings().num_embeddings,
+                              max_positions=getattr(model.config.get_text_config(), "max_position_embeddings", None))
     if args.model is None:
         return embedded.embedded_data(split, model, tok, num=args.num_sequences)
     raise BebopError("--data is required with --model (a JSONL of text or prompt/completion rows)")

@@ -72,6 +72,7 @@ def workdir(tmp_path_factory):
             "big-id.jsonl": [{"token_ids": [1, 4, 5, 6, 7], "start": 1}, {"token_ids": [1, 4, 99, 6, 7], "start": 1}],
             "negative-id.jsonl": [{"token_ids": [1, 4, -3, 6, 7], "start": 1}],
             "prompts.jsonl": [{"prompt": "a b"}, {"prompt": "c d"}],
+            "long.jsonl": [{"token_ids": [1, 4, 5, 6, 7], "start": 1}, {"token_ids": [1] + [4] * 300, "start": 1}],
             "number-prompt.jsonl": [{"prompt": "a b"}, {"prompt": 7}]}
     for name, content in rows.items():
         (root / name).write_text("".join(json.dumps(r) + "\n" for r in content))
@@ -109,6 +110,11 @@ TABLE = {  # case (command): argv, the error line it must give (regex)
     "token id beyond the vocabulary (eval-mtp)": ([*EVAL[:6], "big-id.jsonl"], r"big-id.jsonl line 2: token id 99"),
     "negative token id (train-mtp)": ([*TRAIN[:3], "--data", "negative-id.jsonl", *TRAIN[5:]],
                                       r"negative-id.jsonl line 1: token id -3"),
+    "rows beyond the model's positions, K=1 (train-mtp)": (  # issue 46 item 14; the tiny model has 256
+        [*TRAIN[:3], "--data", "long.jsonl", *TRAIN[5:], "--speculate-k", "1"],
+        r"long.jsonl line 2: 301 tokens exceed the model's max_position_embeddings=256"),
+    "rows beyond the model's positions, K=1 (eval-mtp)": ([*EVAL[:6], "long.jsonl", "--speculate-k", "1"],
+                                                          r"long.jsonl line 2: 301 tokens exceed"),
     "eval-mtp --speculate-k 0": ([*EVAL, "--speculate-k", "0"], r"speculate_k must be an integer >= 1, got 0"),
     "eval-mtp --speculate-k -2": ([*EVAL, "--speculate-k", "-2"], r"speculate_k must be an integer >= 1"),
     "eval-mtp --speculate-k deeper than the data": ([*EVAL, "--speculate-k", "50"], r"deeper than the data allows"),
