@@ -107,6 +107,17 @@ TABLE = {  # case (command): argv, the error line it must give (regex)
     "truncated head model.safetensors (generate)": ([*GEN[:2], "rs", *GEN[3:], "--model", "model", "--mtp",
                                                      "head-truncated"], r"corrupt MTP head in head-truncated"),
     # issue 14: --out/--json an existing directory, under a regular file, or not writable; pretrain --out a file.
+    # issue 46 item 14: an output place where nothing can be created (/proc; as root a chmod'ed directory is
+    # writable, so /proc stands for every such place), refused before the work.
+    "--out under /proc (generate)": ([*GEN[:4], "/proc/bebop/out.jsonl", *GEN[5:], "--model", "model"],
+                                     r"--out file /proc/bebop/out.jsonl: cannot write in /proc$"),
+    "--json under /proc (eval-mtp)": ([*EVAL, "--json", "/proc/bebop/e.json"], r"--json file .*cannot write in /proc$"),
+    "--out under /proc (train-mtp)": ([*TRAIN[:5], "--out", "/proc/bebop/head", *TRAIN[7:]],
+                                      r"head directory /proc/bebop/head: cannot write in /proc$"),
+    "--out under /proc (rl)": ([*RL[:5], "--out", "/proc/bebop/run", *RL[7:]],
+                               r"run directory /proc/bebop/run: cannot write in /proc$"),
+    "--out under /proc (report)": (["report", "empty-dir", "--out", "/proc/bebop/report"],
+                                   r"report directory /proc/bebop/report: cannot write in /proc$"),
     "token id beyond the vocabulary (eval-mtp)": ([*EVAL[:6], "big-id.jsonl"], r"big-id.jsonl line 2: token id 99"),
     "negative token id (train-mtp)": ([*TRAIN[:3], "--data", "negative-id.jsonl", *TRAIN[5:]],
                                       r"negative-id.jsonl line 1: token id -3"),
@@ -172,6 +183,8 @@ def test_bad_input_is_one_line(case, workdir, monkeypatch, capsys):
     argv, message = TABLE[case]
     if "cuda" in argv and torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
+    if any(a.startswith("/proc/") for a in argv) and not Path("/proc/self").is_dir():
+        pytest.skip("this machine has no /proc")
     monkeypatch.chdir(workdir)
     (workdir / "empty-dir").mkdir(exist_ok=True)
     (workdir / "ok-answers.jsonl").write_text(json.dumps({"prompt": "a", "answer": "1"}) + "\n")

@@ -67,8 +67,20 @@ def _check_writable_parent(path: Path, what: str) -> None:
     base = _nearest_existing(path.parent)
     if not base.is_dir():
         raise BebopError(f"{what} {path}: {base} is not a directory")
-    if not os.access(base, os.W_OK | os.X_OK):
+    if not _writable(base):
         raise BebopError(f"{what} {path}: cannot write in {base}")
+
+
+def _writable(directory: Path) -> bool:
+    """Whether a file can be created in ``directory``, tried with a temporary file (removed at once):
+    permission bits do not tell for root, a read-only mount or /proc."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=".bebop-write-test-", dir=directory)
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(name)
+    return True
 
 
 def check_output_file(path: str | os.PathLike, what: str = "output file") -> None:
@@ -93,7 +105,7 @@ def check_output_dir(
     if path.exists() and not path.is_dir():
         raise BebopError(f"{what} {path} is a file, not a directory")
     if path.is_dir():
-        if not os.access(path, os.W_OK | os.X_OK):
+        if not _writable(path):
             raise BebopError(f"{what} {path}: cannot write in it")
         if not resume and not overwrite and any(path.iterdir()):
             raise BebopError(f"{what} {path} is not empty; give --resume to continue it or --overwrite to move "
