@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from bebop.architectures import supported_families
-from bebop.config import AUTO_EVERY, flags_of, speculate_k_value
+from bebop.config import AUTO_EVERY, flags_of, seed_value, speculate_k_value
 from bebop.mtp.config import CHAIN_CONTEXTS, TrainMtpConfig
 from bebop.rl.config import config_fields
 from bebop.utils.io import BebopError
@@ -471,7 +471,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("pretrain", help="train the embedded default model on the embedded task")
     p.add_argument("--out", help="output directory (default: the cache location every command reads)")
     p.add_argument("--steps", type=int, help="optimizer steps (default 1200)")
-    p.add_argument("--seed", type=int, help="seed for init and data (default 0)")
+    p.add_argument("--seed", type=seed_value, help="seed for init and data (default 0)")
     p.add_argument("--eval-problems", type=int, help="held-out problems sampled to measure accuracy (default 256)")
     _add_device_args(p, dtype_default=None, dtype_help="weights while training: float32 (default; the cached model's) "
                      "or bfloat16 / auto (bfloat16 on CUDA), with float32 master weights; saved in float32 either way")
@@ -544,7 +544,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="apply --top-k/--top-p to the draft distribution q too (drafts and verification; exact)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="completion length limit (default 64)")
     p.add_argument("--stop", action="append", help="stop string, non-empty (repeatable)")
-    p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    p.add_argument("--seed", type=seed_value, default=0, help="seed (default 0)")
     p.add_argument("--out", required=True, help="output JSONL, one line per completion (prompt, completion, "
                                                 "token_ids = prompt + completion ids, start): train-mtp --data as is")
     p.add_argument("--stats-json", help="write speculative-decoding statistics here")
@@ -565,7 +565,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", help="prompt file (the first prompt is tested; the others are mixed into batches); "
                                      "default: five-term task prompts, whose continuations branch early")
     p.add_argument("--alpha", type=float, default=3e-4, help="false-alarm probability of each check (default 3e-4)")
-    p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    p.add_argument("--seed", type=seed_value, default=0, help="seed (default 0)")
     _add_backend_arg(p, "whose speculative sampling is judged: engine (Bebop's) or vllm (against vLLM's own plain "
                         "sampling and Bebop's, K=3, T 1 and 0.7, top-k/top-p)")
     p.set_defaults(func=cmd_check_lossless)

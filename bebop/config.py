@@ -35,6 +35,28 @@ def speculate_k_value(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
 
 
+SEED_MAX = 2**63 - 1  # seeds become int64 words (bebop.speculative.rng) and torch seeds
+
+
+def check_seed(value: Any, where: str = "seed") -> int:
+    """``value`` when it is a seed: an integer in [0, SEED_MAX]; BebopError naming ``where`` otherwise.
+    The one check of every seed: --seed flags (``seed_value``) and config files (``resolve``)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= SEED_MAX:
+        raise BebopError(f"{where} must be an integer in [0, 2**63 - 1], got {value!r}")
+    return value
+
+
+def seed_value(text: str) -> int:
+    """A ``--seed`` value (``check_seed``).
+
+    Example: seed_value("7") -> 7; seed_value(str(2**64)) is refused.
+    """
+    try:
+        return check_seed(int(text))
+    except (ValueError, BebopError):
+        raise argparse.ArgumentTypeError(f"must be an integer in [0, 2**63 - 1], got {text!r}") from None
+
+
 def option(default: Any, help: str, choices: tuple[str, ...] = (), aliases: tuple[str, ...] = ()) -> Any:
     """A config field with its help text, when it takes one of a few names those names, and other
     spellings of its flag: the CLI makes each such field a flag (``flags_of``), as HF's
@@ -68,7 +90,7 @@ def flags_of(cls: type, skip: tuple[str, ...] = ()) -> dict[str, Flag]:
             continue
         if "help" not in f.metadata:
             raise AssertionError(f"{cls.__name__}.{f.name} has no help text (declare it with option)")
-        out[f.name] = Flag(type(f.default), f.default, f.metadata["help"], f.metadata.get("choices", ()),
+        out[f.name] = Flag(seed_value if f.name == "seed" else type(f.default), f.default, f.metadata["help"], f.metadata.get("choices", ()),
                            f.metadata.get("aliases", ()))
     return out
 
@@ -126,4 +148,6 @@ def resolve(cls: type[T], file: str | os.PathLike | None = None, overrides: dict
             raise BebopError(f"config key {name!r} should be {type(default).__name__}, got {value!r}")
         elif default is not None and default is not dataclasses.MISSING and not isinstance(value, type(default)):
             raise BebopError(f"config key {name!r} should be {type(default).__name__}, got {value!r}")
+        if name == "seed":
+            check_seed(value, "config key 'seed'")
     return cls(**values)

@@ -81,6 +81,7 @@ def workdir(tmp_path_factory):
     (root / "latin1-data.jsonl").write_bytes(('{"token_ids": [1, 4, 5, 6, 7, 8, 9, 10], "start": 2}\n'
                                               '{"text": "caf\u00e9"}\n').encode("latin-1"))
     (root / "latin1.toml").write_bytes("# bebop rl --config latin1.toml (caf\u00e9)\nsteps = 1\n".encode("latin-1"))
+    (root / "huge-seed.toml").write_text(f"# bebop rl --config huge-seed.toml\nseed = {2**64}\n")
     (root / "bool-k.toml").write_text("# bebop train-mtp --config bool-k.toml\nspeculate_k = true\n")
     (root / "bool-k-rl.toml").write_text("# bebop rl --config bool-k-rl.toml\nspeculate_k = true\n")
     (root / "bad_rewards.py").write_text(REWARDS)
@@ -169,6 +170,9 @@ TABLE = {  # case (command): argv, the error line it must give (regex)
     "rewards whose group mean overflows float32 (rl)": (
         [*RL, "--reward", "bad_rewards:near_float32_max"],
         r"step 1: reward function near_float32_max gave rewards up to 3e\+38 .* advantages are not finite"),
+    "a seed beyond 64 bits in a config file (rl)": ([*RL, "--config", "huge-seed.toml"],
+                                                   r"config key 'seed' must be an integer in \[0, 2\*\*63 - 1\], got "
+                                                   f"{2**64}"),
     "rl --resume DIR where DIR holds no run": (["rl", "--resume", "empty-dir"], r"nothing to resume"),
     "--device nonsense": ([*GEN, "--model", "model", "--device", "nonsense"], r"unknown device 'nonsense'"),
     "--device cuda without CUDA": ([*GEN, "--model", "model", "--device", "cuda"], r"CUDA is not available"),
@@ -246,6 +250,22 @@ def test_failed_first_step_with_overwrite_puts_the_old_run_back(workdir, monkeyp
     assert "raised SystemExit" in capsys.readouterr().err
     assert [p.name for p in old.iterdir()] == ["config.json"] and (old / "config.json").read_text() == "{}"
     assert not list(workdir.glob("kept-run.old-*"))
+
+
+SEED_COMMANDS = {  # issue 46 item 14: every --seed is checked by bebop.config.check_seed, naming the flag
+    "generate": GEN, "check-lossless": LOSSLESS, "rl": RL, "train-mtp": TRAIN, "pretrain": ["pretrain", "--out", "p"],
+}
+
+
+@pytest.mark.parametrize("command", list(SEED_COMMANDS))
+@pytest.mark.parametrize("seed", [str(2**64), str(2**63), "-1", "1.5"])
+def test_a_seed_that_is_not_an_int64_names_the_flag(command, seed, workdir, monkeypatch, capsys):
+    monkeypatch.chdir(workdir)
+    with pytest.raises(SystemExit) as exit_:
+        main([*SEED_COMMANDS[command], "--seed", seed])
+    assert exit_.value.code == 2
+    assert f"error: argument --seed: must be an integer in [0, 2**63 - 1], got '{seed}'" in capsys.readouterr().err
+    assert not (workdir / "p").exists() and not (workdir / "run").exists()
 
 
 class _Payload:
