@@ -426,12 +426,11 @@ def _add_config_flags(p: argparse.ArgumentParser, flags: dict) -> None:
 # ---------------------------------------------------------------------------------------------- report / demo
 def cmd_report(args) -> None:
     from bebop.analysis.report import write_report
+    from bebop.analysis.runs import load_run
     from bebop.utils.io import check_output_dir, prepare_output_dir, read_json
 
     check_output_dir(args.out, overwrite=args.overwrite, what="report directory")
-    for run in args.runs:
-        if not Path(run).is_dir():
-            raise BebopError(f"run directory not found: {run}")
+    runs = [load_run(run) for run in args.runs]  # NOTE: a run that cannot be read fails before --out is created
     head_evals = []
     for file in args.eval or []:
         result = read_json(file, what="eval-mtp JSON")
@@ -439,7 +438,7 @@ def cmd_report(args) -> None:
             raise BebopError(f"{file} is not a `bebop eval-mtp --json` result (no alpha_rs)")
         head_evals.append(result)
     prepare_output_dir(args.out, overwrite=args.overwrite)
-    path = write_report([Path(d) for d in args.runs], Path(args.out), head_evals=head_evals)
+    path = write_report(runs, Path(args.out), head_evals=head_evals)
     print(f"report written to {path}")
 
 

@@ -92,12 +92,13 @@ def check_output_file(path: str | os.PathLike, what: str = "output file") -> Non
 
 
 def check_output_dir(
-    path: str | os.PathLike, resume: bool = False, overwrite: bool = False, what: str = "output directory"
+    path: str | os.PathLike, resume: bool | None = None, overwrite: bool = False, what: str = "output directory"
 ) -> None:
     """Raises BebopError unless ``path`` may be written as an output directory; changes nothing.
 
     A missing or empty directory is fine. A non-empty one is refused unless ``resume`` (continue
-    what it holds) or ``overwrite`` (``prepare_output_dir`` moves it aside first).
+    what it holds) or ``overwrite`` (``prepare_output_dir`` moves it aside first); ``resume`` None
+    (the default) is a command without --resume, whose refusal does not suggest one.
     """
     path = Path(path)
     if resume and overwrite:
@@ -108,7 +109,8 @@ def check_output_dir(
         if not _writable(path):
             raise BebopError(f"{what} {path}: cannot write in it")
         if not resume and not overwrite and any(path.iterdir()):
-            raise BebopError(f"{what} {path} is not empty; give --resume to continue it or --overwrite to move "
+            resumable = "--resume to continue it or " if resume is not None else ""  # NOTE: None: no --resume
+            raise BebopError(f"{what} {path} is not empty; give {resumable}--overwrite to move "
                              f"it aside to {path.name}.old-<timestamp>")
     else:
         _check_writable_parent(path, what)
