@@ -290,14 +290,19 @@ def _read_prompts(path: str | None, num: int) -> list:
 def cmd_check_lossless(args) -> int:
     from bebop.rollout.base import backend_class
     from bebop.speculative.check.lossless import (
-        LOSSLESS_CONFIGS, default_prompts, format_lossless_table, run_lossless_checks, summarize_checks,
+        LOSSLESS_CONFIGS, check_prompt_known, default_prompts, format_lossless_table, run_lossless_checks,
+        summarize_checks,
     )
     from bebop.speculative.check.reference import run_reference_checks
     from bebop.utils.tokens import encode_prompt
 
     backend_class(args.backend)  # NOTE: a missing optional package fails here, before the model loads
     model, tok, head, _ = _load(args, need_mtp=True)
-    prompts = [encode_prompt(tok, p) for p in _read_prompts(args.prompts, 4)] if args.prompts else default_prompts()
+    texts = _read_prompts(args.prompts, 4) if args.prompts else default_prompts()
+    check_prompt_known(tok, texts[0], defaults=not args.prompts)
+    print(f"testing {texts[0]!r}, with {len(texts) - 1} other prompt(s) mixed into batches"
+          + ("" if args.prompts else " (the embedded task's; --prompts gives your own)"))
+    prompts = [encode_prompt(tok, p) for p in texts] if args.prompts else texts
     if args.backend == "engine":
         checks = run_lossless_checks(model, tok, head, num_samples=args.samples, seed=args.seed, prompts=prompts,
                                      alpha=args.alpha, show_progress=True)

@@ -82,6 +82,7 @@ def workdir(tmp_path_factory):
                                               '{"text": "caf\u00e9"}\n').encode("latin-1"))
     (root / "latin1.toml").write_bytes("# bebop rl --config latin1.toml (caf\u00e9)\nsteps = 1\n".encode("latin-1"))
     (root / "huge-seed.toml").write_text(f"# bebop rl --config huge-seed.toml\nseed = {2**64}\n")
+    (root / "unknown-words.txt").write_text("x y z a\nb c\n")
     (root / "bool-k.toml").write_text("# bebop train-mtp --config bool-k.toml\nspeculate_k = true\n")
     (root / "bool-k-rl.toml").write_text("# bebop rl --config bool-k-rl.toml\nspeculate_k = true\n")
     (root / "bad_rewards.py").write_text(REWARDS)
@@ -174,6 +175,11 @@ TABLE = {  # case (command): argv, the error line it must give (regex)
                                                    r"config key 'seed' must be an integer in \[0, 2\*\*63 - 1\], got "
                                                    f"{2**64}"),
     "rl --resume DIR where DIR holds no run": (["rl", "--resume", "empty-dir"], r"nothing to resume"),
+    "check-lossless on a model whose tokenizer does not know the task prompts": (  # issue 46 item 16
+        [*LOSSLESS[:5], "--model", "model"],
+        r"the tested prompt 'Q [^']*' is (\d+) of \1 unknown tokens .*the embedded task's prompts.*give --prompts"),
+    "check-lossless --prompts mostly unknown tokens": ([*LOSSLESS[:6], "unknown-words.txt", "--model", "model"],
+                                                       r"the tested prompt 'x y z a' is 3 of 4 unknown tokens"),
     "--device nonsense": ([*GEN, "--model", "model", "--device", "nonsense"], r"unknown device 'nonsense'"),
     "--device cuda without CUDA": ([*GEN, "--model", "model", "--device", "cuda"], r"CUDA is not available"),
     "--dtype float16 (issue 12: auto, float32 or bfloat16)": ([*GEN, "--model", "model", "--dtype", "float16"],

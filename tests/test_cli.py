@@ -155,6 +155,7 @@ def test_check_lossless_small(use_cache, capsys):
     status = main(["check-lossless", "--samples", "300"])
     out = capsys.readouterr().out
     assert "False-alarm odds" in out and status in (0, 1)
+    assert out.startswith("testing 'Q ") and "(the embedded task's; --prompts gives your own)" in out.splitlines()[0]
     assert "Tested prompt: 'Q " in out and " informative" in out  # which prompts, and how many checks compared something
     assert "tokens 5 & 6 (joint)" in out and ", token 12 |" in out  # K = 3 settings reach token 3K + 3
 
