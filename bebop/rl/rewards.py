@@ -330,6 +330,7 @@ def resume_reward(used: str, given: str | None, run: str) -> str:
         raise ValueError(f"run {run} used the reward {used!r}, code from outside Bebop that --resume runs only "
                          f"when this command names it: add --reward {used}")
     if not _same_reward(used, given):
-        raise ValueError(f"cannot resume {run} with --reward {given}: the run used {used or 'the task reward'!r} "
+        was = repr(used) if used else "the task's own reward"
+        raise ValueError(f"cannot resume {run} with --reward {given}: the run used {was} "
                          "(compared by name and path; start a new run with --out to change it)")
     return used  # NOTE: the saved text, so the checkpoint's config check sees the same value
