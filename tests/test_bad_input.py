@@ -245,6 +245,34 @@ def test_resume_with_a_builtin_reward_needs_no_flag(workdir, monkeypatch):
     assert len((workdir / "math-run" / "metrics.jsonl").read_text().splitlines()) == 2
 
 
+STEP_TWO_REWARD = """import pathlib
+def score(prompts, completions, **_):
+    huge = pathlib.Path("make-rewards-huge").exists()
+    return [(1e308 if huge else 1.0) * (i % 2) for i in range(len(completions))]
+"""
+
+
+def test_a_step_with_rewards_beyond_float32_writes_nothing_and_keeps_the_checkpoint(workdir, monkeypatch, capsys):
+    """Issue 46 item 11: rewards of 1e308 at step 2 stop the run in one line before the update; the log and the
+    checkpoint of step 1 stay as they were (no NaN policy)."""
+    monkeypatch.chdir(workdir)
+    (workdir / "step_two_reward.py").write_text(STEP_TWO_REWARD)
+    args = [*RL[:5], "--out", "huge-run", *RL[7:], "--save-every", "1", "--reward", "step_two_reward.py:score"]
+    assert main(args) == 0
+    checkpoint = workdir / "huge-run" / "checkpoint"
+    before = {f.name: f.read_bytes() for f in checkpoint.iterdir()}
+    metrics = (workdir / "huge-run" / "metrics.jsonl").read_text()
+    (workdir / "make-rewards-huge").write_text("")
+    try:
+        assert main(["rl", "--resume", "huge-run", "--steps", "2", "--reward", "step_two_reward.py:score"]) == 2
+    finally:
+        (workdir / "make-rewards-huge").unlink()
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "step 2: reward function score returned 1e+308, beyond float32's range" in line
+    assert {f.name: f.read_bytes() for f in checkpoint.iterdir()} == before
+    assert (workdir / "huge-run" / "metrics.jsonl").read_text() == metrics
+
+
 def test_failed_first_step_with_overwrite_puts_the_old_run_back(workdir, monkeypatch, capsys):
     """Issue 46 item 14: a run whose first step fails leaves no run directory; --overwrite's moved run returns."""
     monkeypatch.chdir(workdir)
