@@ -718,7 +718,8 @@ class AutoChooser:
                 raise ValueError(f"a held decision has fields {sorted(held)}, not {sorted(fields)}")
             chooser.held = Decision(**{k: math.nan if v is None else v for k, v in held.items()})
             chooser.held.predictions = {_setting_name(n): float(v) for n, v in chooser.held.predictions.items()}
-            _setting_name(config_name(str(chooser.held.mode), chooser.held.speculate_k))
+            k = chooser.held.speculate_k
+            _setting_name(config_name(str(chooser.held.mode), k) if type(k) is int else f"{chooser.held.mode}{k!r}")
         return chooser
 
     def holds(self, options: list[tuple[str, int]]) -> bool:

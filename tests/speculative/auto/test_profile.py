@@ -111,6 +111,7 @@ def _set_held_prediction(d, value):
     (lambda d: _set_held_prediction(d, float("inf")), r"predictions.rs3 is inf"),
     (lambda d: d["chooser"].update(tried=["rs3", "turbo9"]), "unknown setting name 'turbo9'"),
     (lambda d: d["chooser"]["held"].update(mode="turbo"), "unknown setting name 'turbo"),
+    (lambda d: d["chooser"]["held"].update(speculate_k="3"), "unknown setting name \"rs'3'\""),
 ])
 def test_a_corrupt_profile_is_set_aside_with_one_line_and_the_call_starts_fresh(tmp_path, edit, message, capsys):
     path, key = tmp_path / "p.json", _key(tmp_path)
