@@ -90,7 +90,8 @@ def flags_of(cls: type, skip: tuple[str, ...] = ()) -> dict[str, Flag]:
             continue
         if "help" not in f.metadata:
             raise AssertionError(f"{cls.__name__}.{f.name} has no help text (declare it with option)")
-        out[f.name] = Flag(seed_value if f.name == "seed" else type(f.default), f.default, f.metadata["help"], f.metadata.get("choices", ()),
+        parse = seed_value if f.name == "seed" else type(f.default)  # NOTE: every seed is checked by check_seed
+        out[f.name] = Flag(parse, f.default, f.metadata["help"], f.metadata.get("choices", ()),
                            f.metadata.get("aliases", ()))
     return out
 

@@ -204,8 +204,8 @@ def call_reward(reward_fn: RewardFn, prompts: list[str], completions: list[str],
 
     Raises:
         ValueError: one line naming the function, for an exception inside it (a missing field such as
-            ``answer`` included; any BaseException but KeyboardInterrupt, so SystemExit too), a result that is not a list of numbers of the right length, or a
-            NaN/infinite reward.
+            ``answer`` included; any BaseException but KeyboardInterrupt, so SystemExit too), a result that
+            is not a list of numbers of the right length, or a NaN/infinite reward.
 
     Example: call_reward(lambda prompts, completions, **_: [1.0] * len(completions), ["p"], ["c"]) -> [1.0].
     """
