@@ -150,7 +150,8 @@ TABLE = {  # case (command): argv, the error line it must give (regex)
                                    r"data file latin1-data.jsonl is not UTF-8 text: line 2"),
     "non-UTF-8 prompt file (rl)": ([*RL[:3], "--data", "latin1.jsonl", *RL[5:]],
                                    r"prompt file latin1.jsonl is not UTF-8 text: line 2"),
-    "non-UTF-8 config file (rl)": ([*RL, "--config", "latin1.toml"], r"config file latin1.toml is not UTF-8 text: line 1"),
+    "non-UTF-8 config file (rl)": ([*RL, "--config", "latin1.toml"],
+                                   r"config file latin1.toml is not UTF-8 text: line 1"),
     "prompt field that is a number (generate)": ([*GEN[:6], "number-prompt.jsonl", "--model", "model"],
                                                  r"number-prompt.jsonl:2: 'prompt' must be a string or a list"),
     "reward function that raises (rl)": ([*RL, "--reward", "bad_rewards:raises"],
@@ -313,7 +314,8 @@ CHECKPOINT_DAMAGE = {  # issue 46 item 13: file of a run's checkpoint -> what is
     "rng.pt a pickled object": ("rng.pt", lambda f: torch.save(_Payload(), f), r"rng.pt: not a file of tensors"),
     "rng.pt of other tensors": ("rng.pt", lambda f: torch.save({"x": torch.zeros(1)}, f),
                                 r"rng.pt: not RNG states \(KeyError"),
-    "policy.pt garbage": ("policy.pt", lambda f: f.write_bytes(b"\x80\x04junk"), r"corrupt checkpoint file .*policy.pt: "),
+    "policy.pt garbage": ("policy.pt", lambda f: f.write_bytes(b"\x80\x04junk"),
+                          r"corrupt checkpoint file .*policy.pt: "),
 }
 
 

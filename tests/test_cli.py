@@ -202,9 +202,9 @@ def test_generate_auto_logs_the_decision(use_cache, tmp_path, capsys):
 def test_generate_auto_keeps_a_profile_between_calls(use_cache, tmp_path, capsys):
     """The first call with a profile probes and writes it; the next ones start from it and probe while the
     held decision awaits its confirming probe (``AutoChooser.settle``), then keep it without probing; a
-    profile of another setup is refused in one line (exit 2) and left as it was, a corrupt one set aside
-    as NAME.bad with a warning (tests/speculative/auto/test_profile.py has the rest); none writes nothing; a fixed setting refuses
-    --auto-profile."""
+    profile of another setup is refused in one line (exit 2) and left as it was, a corrupt one set
+    aside as NAME.bad with a warning (tests/speculative/auto/test_profile.py has the rest); none writes
+    nothing; a fixed setting refuses --auto-profile."""
     from bebop.speculative.auto import profile as profile
 
     path, stats = tmp_path / "auto.json", tmp_path / "stats.json"
