@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from bebop.architectures import supported_families
-from bebop.config import AUTO_EVERY, flags_of, is_auto, speculate_k_value
+from bebop.config import AUTO_EVERY, flags_of, is_auto, seed_value, speculate_k_value
 from bebop.mtp.config import CHAIN_CONTEXTS, TrainMtpConfig
 from bebop.rl.config import config_fields
 from bebop.utils.io import BebopError
@@ -77,7 +77,8 @@ def _sequences(args, model, tok, split: str):
     from bebop.mtp.data import load_sequences
 
     if args.data:
-        return load_sequences(args.data, tok, vocab_size=model.get_input_embeddings().num_embeddings)
+        return load_sequences(args.data, tok, vocab_size=model.get_input_embeddings().num_embeddings,
+                              max_positions=getattr(model.config.get_text_config(), "max_position_embeddings", None))
     if args.model is None:
         return embedded.embedded_data(split, model, tok, num=args.num_sequences)
     raise BebopError("--data is required with --model (a JSONL of text or prompt/completion rows)")
@@ -277,7 +278,9 @@ def _read_prompts(path: str | None, num: int) -> list:
     if file.suffix.lower() in JSONL_SUFFIXES + PARQUET_SUFFIXES:
         prompts = [r["prompt"] for r in load_prompts(file)]
     else:
-        prompts = [line for line in file.read_text().splitlines() if line.strip()]
+        from bebop.utils.io import read_text
+
+        prompts = [line for line in read_text(file, "prompts file").splitlines() if line.strip()]
     if not prompts:
         raise BebopError(f"prompts file {file} holds no prompt")
     return prompts
@@ -287,14 +290,19 @@ def _read_prompts(path: str | None, num: int) -> list:
 def cmd_check_lossless(args) -> int:
     from bebop.rollout.base import backend_class
     from bebop.speculative.check.lossless import (
-        LOSSLESS_CONFIGS, default_prompts, format_lossless_table, run_lossless_checks, summarize_checks,
+        LOSSLESS_CONFIGS, check_prompt_known, default_prompts, format_lossless_table, run_lossless_checks,
+        summarize_checks,
     )
     from bebop.speculative.check.reference import run_reference_checks
     from bebop.utils.tokens import encode_prompt
 
     backend_class(args.backend)  # NOTE: a missing optional package fails here, before the model loads
     model, tok, head, _ = _load(args, need_mtp=True)
-    prompts = [encode_prompt(tok, p) for p in _read_prompts(args.prompts, 4)] if args.prompts else default_prompts()
+    texts = _read_prompts(args.prompts, 4) if args.prompts else default_prompts()
+    check_prompt_known(tok, texts[0], defaults=not args.prompts)
+    print(f"testing {texts[0]!r}, with {len(texts) - 1} other prompt(s) mixed into batches"
+          + ("" if args.prompts else " (the embedded task's; --prompts gives your own)"))
+    prompts = [encode_prompt(tok, p) for p in texts] if args.prompts else texts
     if args.backend == "engine":
         checks = run_lossless_checks(model, tok, head, num_samples=args.samples, seed=args.seed, prompts=prompts,
                                      alpha=args.alpha, show_progress=True)
@@ -341,6 +349,7 @@ def cmd_rl(args) -> None:
         if not file:
             overrides = {**{k: v for k, v in saved.items() if k in config_fields()},
                          **{k: v for k, v in overrides.items() if v is not None}}
+        overrides["reward"] = _resume_reward(args, saved, run_dir)  # NOTE: before any reward is imported
     elif args.mtp and overrides.get("mtp_loss") is None:
         overrides["mtp_loss"] = _head_loss(Path(args.mtp))  # label runs by the head's own training loss
     cfg = resolve_rl_config(file, overrides)
@@ -385,6 +394,19 @@ def _saved_run(run_dir: Path, args) -> dict:
     return saved
 
 
+def _resume_reward(args, saved: dict, run_dir: Path) -> str:
+    """The reward a resumed run loads: its own when built in, else only one this command names again
+    (--reward, or the reward of its --config file; ``bebop.rl.rewards.resume_reward``)."""
+    from bebop.config import load_config_file
+    from bebop.rl.rewards import resume_reward
+
+    given = args.reward if args.reward is not None or not args.config else load_config_file(args.config).get("reward")
+    try:
+        return resume_reward(saved.get("reward", ""), given, str(run_dir))
+    except ValueError as e:
+        raise BebopError(str(e)) from None
+
+
 def _head_loss(path: Path) -> str | None:
     """The loss a head was trained with, from its mtp_config.json (None when it does not say)."""
     try:
@@ -409,12 +431,11 @@ def _add_config_flags(p: argparse.ArgumentParser, flags: dict) -> None:
 # ---------------------------------------------------------------------------------------------- report / demo
 def cmd_report(args) -> None:
     from bebop.analysis.report import REPORT_FILE, write_report
+    from bebop.analysis.runs import load_run
     from bebop.utils.io import atomic_dir, check_output_dir, output_dir, read_json
 
     check_output_dir(args.out, overwrite=args.overwrite, what="report directory", inputs=tuple(args.runs))
-    for run in args.runs:
-        if not Path(run).is_dir():
-            raise BebopError(f"run directory not found: {run}")
+    runs = [load_run(run) for run in args.runs]  # NOTE: a run that cannot be read fails before --out is created
     head_evals = []
     for file in args.eval or []:
         result = read_json(file, what="eval-mtp JSON")
@@ -423,7 +444,7 @@ def cmd_report(args) -> None:
         head_evals.append(result)
     with output_dir(args.out, overwrite=args.overwrite, what="report directory", inputs=tuple(args.runs)), \
             atomic_dir(args.out) as tmp:  # NOTE: a sibling of --out, so the runs' relative links hold
-        write_report([Path(d) for d in args.runs], tmp, head_evals=head_evals)
+        write_report(runs, tmp, head_evals=head_evals)
     print(f"report written to {Path(args.out) / REPORT_FILE}")
 
 
@@ -459,7 +480,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("pretrain", help="train the embedded default model on the embedded task")
     p.add_argument("--out", help="output directory (default: the cache location every command reads)")
     p.add_argument("--steps", type=int, help="optimizer steps (default 1200)")
-    p.add_argument("--seed", type=int, help="seed for init and data (default 0)")
+    p.add_argument("--seed", type=seed_value, help="seed for init and data (default 0)")
     p.add_argument("--eval-problems", type=int, help="held-out problems sampled to measure accuracy (default 256)")
     _add_device_args(p, dtype_default=None, dtype_help="weights while training: float32 (default; the cached model's) "
                      "or bfloat16 / auto (bfloat16 on CUDA), with float32 master weights; saved in float32 either way")
@@ -534,7 +555,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="apply --top-k/--top-p to the draft distribution q too (drafts and verification; exact)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="completion length limit (default 64)")
     p.add_argument("--stop", action="append", help="stop string, non-empty (repeatable)")
-    p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    p.add_argument("--seed", type=seed_value, default=0, help="seed (default 0)")
     p.add_argument("--out", required=True, help="output JSONL, one line per completion (prompt, completion, "
                                                 "token_ids = prompt + completion ids, start): train-mtp --data as is")
     p.add_argument("--stats-json", help="write speculative-decoding statistics here")
@@ -555,7 +576,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", help="prompt file (the first prompt is tested; the others are mixed into batches); "
                                      "default: five-term task prompts, whose continuations branch early")
     p.add_argument("--alpha", type=float, default=3e-4, help="false-alarm probability of each check (default 3e-4)")
-    p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    p.add_argument("--seed", type=seed_value, default=0, help="seed (default 0)")
     _add_backend_arg(p, "whose speculative sampling is judged: engine (Bebop's) or vllm (against vLLM's own plain "
                         "sampling and Bebop's, K=3, T 1 and 0.7, top-k/top-p)")
     p.set_defaults(func=cmd_check_lossless)

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, TypeVar
 
-from bebop.utils.io import BebopError
+from bebop.utils.io import BebopError, read_text
 
 T = TypeVar("T")
 AUTO = "auto"  # the value of mode / speculate_k that asks bebop.speculative.auto.chooser to choose
@@ -44,6 +44,28 @@ def speculate_k_value(text: str) -> int | str:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
+
+
+SEED_MAX = 2**63 - 1  # seeds become int64 words (bebop.speculative.rng) and torch seeds
+
+
+def check_seed(value: Any, where: str = "seed") -> int:
+    """``value`` when it is a seed: an integer in [0, SEED_MAX]; BebopError naming ``where`` otherwise.
+    The one check of every seed: --seed flags (``seed_value``) and config files (``resolve``)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= SEED_MAX:
+        raise BebopError(f"{where} must be an integer in [0, 2**63 - 1], got {value!r}")
+    return value
+
+
+def seed_value(text: str) -> int:
+    """A ``--seed`` value (``check_seed``).
+
+    Example: seed_value("7") -> 7; seed_value(str(2**64)) is refused.
+    """
+    try:
+        return check_seed(int(text))
+    except (ValueError, BebopError):
+        raise argparse.ArgumentTypeError(f"must be an integer in [0, 2**63 - 1], got {text!r}") from None
 
 
 def option(default: Any, help: str, choices: tuple[str, ...] = (), aliases: tuple[str, ...] = ()) -> Any:
@@ -79,7 +101,8 @@ def flags_of(cls: type, skip: tuple[str, ...] = ()) -> dict[str, Flag]:
             continue
         if "help" not in f.metadata:
             raise AssertionError(f"{cls.__name__}.{f.name} has no help text (declare it with option)")
-        out[f.name] = Flag(type(f.default), f.default, f.metadata["help"], f.metadata.get("choices", ()),
+        parse = seed_value if f.name == "seed" else type(f.default)  # NOTE: every seed is checked by check_seed
+        out[f.name] = Flag(parse, f.default, f.metadata["help"], f.metadata.get("choices", ()),
                            f.metadata.get("aliases", ()))
     return out
 
@@ -89,7 +112,7 @@ def load_config_file(path: str | os.PathLike) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise BebopError(f"config file not found: {path}")
-    text = path.read_text()
+    text = read_text(path, "config file")
     try:
         if path.suffix == ".toml":
             import tomllib
@@ -137,4 +160,6 @@ def resolve(cls: type[T], file: str | os.PathLike | None = None, overrides: dict
             raise BebopError(f"config key {name!r} should be {type(default).__name__}, got {value!r}")
         elif default is not None and default is not dataclasses.MISSING and not isinstance(value, type(default)):
             raise BebopError(f"config key {name!r} should be {type(default).__name__}, got {value!r}")
+        if name == "seed":
+            check_seed(value, "config key 'seed'")
     return cls(**values)

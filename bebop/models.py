@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 from pathlib import Path
 
 import torch
@@ -18,6 +19,10 @@ from safetensors import SafetensorError
 from bebop.architectures import check_architecture
 from bebop.utils.io import BebopError
 from bebop.utils.torch_utils import resolve_device, resolve_dtype
+
+
+UNPICKLABLE = ("not a file of tensors (corrupt, or a pickle of other objects, refused because loading it could run "
+               "code)")  # NOTE: what torch's weights_only loader refuses; its own advice is to load it unsafely
 
 
 def load_model(model_dir: str | os.PathLike | None = None, device: str = "auto", show_progress: bool = True,
@@ -45,11 +50,14 @@ def load_model(model_dir: str | os.PathLike | None = None, device: str = "auto",
     try:
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=weights_dtype)
         tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError, json.JSONDecodeError, SafetensorError) as e:
-        weights = ", ".join(sorted(p.name for p in path.glob("*.safetensors"))) or "no *.safetensors"
+    except (OSError, ValueError, json.JSONDecodeError, SafetensorError, pickle.UnpicklingError, RuntimeError) as e:
+        # NOTE: a corrupt pickled *.bin raises UnpicklingError (torch's weights_only loader) or RuntimeError (zip)
+        weights = ", ".join(sorted(p.name for p in [*path.glob("*.safetensors"), *path.glob("*.bin")])) or \
+            "no *.safetensors or *.bin"
         fix = f"; it is the cached embedded model: delete {path} and it is pretrained again on next use" \
             if model_dir is None else ""
-        raise BebopError(f"cannot load model from {path} ({weights}): {str(e).splitlines()[0]}{fix}") from None
+        reason = UNPICKLABLE if isinstance(e, pickle.UnpicklingError) else str(e).splitlines()[0]
+        raise BebopError(f"cannot load model from {path} ({weights}): {reason}{fix}") from None
     check_architecture(model)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token

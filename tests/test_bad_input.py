@@ -37,6 +37,12 @@ def returns_nan(prompts, completions, **_):
     return [float("nan")] * len(completions)
 def returns_inf(prompts, completions, **_):
     return [float("inf")] * len(completions)
+def exits(prompts, completions, **_):
+    raise SystemExit(0)
+def huge(prompts, completions, **_):
+    return [1e308 * (i % 2) for i in range(len(completions))]
+def near_float32_max(prompts, completions, **_):
+    return [3e38] * len(completions)
 """
 RL = ["rl", "--model", "model", "--data", "prompts.jsonl", "--out", "run", "--mode", "none", "--steps", "1",
       "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "3"]
@@ -53,6 +59,9 @@ def workdir(tmp_path_factory):
     for name, data in (("truncated", weights[:100]), ("empty", b"")):
         shutil.copytree(root / "model", root / name)
         (root / name / "model.safetensors").write_bytes(data)
+    shutil.copytree(root / "model", root / "bin-model")  # issue 46 item 13: a corrupt pickled pytorch_model.bin
+    (root / "bin-model" / "model.safetensors").unlink()
+    (root / "bin-model" / "pytorch_model.bin").write_bytes(b"\x80\x04not a pickle")
     shutil.copytree(root / "head", root / "head-truncated")
     (root / "head-truncated" / "model.safetensors").write_bytes(b"\x00" * 10)
     with torch.no_grad():
@@ -63,9 +72,17 @@ def workdir(tmp_path_factory):
             "big-id.jsonl": [{"token_ids": [1, 4, 5, 6, 7], "start": 1}, {"token_ids": [1, 4, 99, 6, 7], "start": 1}],
             "negative-id.jsonl": [{"token_ids": [1, 4, -3, 6, 7], "start": 1}],
             "prompts.jsonl": [{"prompt": "a b"}, {"prompt": "c d"}],
+            "long.jsonl": [{"token_ids": [1, 4, 5, 6, 7], "start": 1}, {"token_ids": [1] + [4] * 300, "start": 1}],
             "number-prompt.jsonl": [{"prompt": "a b"}, {"prompt": 7}]}
     for name, content in rows.items():
         (root / name).write_text("".join(json.dumps(r) + "\n" for r in content))
+    (root / "latin1.jsonl").write_bytes('{"prompt": "a b"}\n{"prompt": "caf\u00e9"}\n'.encode("latin-1"))
+    (root / "latin1.txt").write_bytes("a b\ncaf\u00e9\n".encode("latin-1"))
+    (root / "latin1-data.jsonl").write_bytes(('{"token_ids": [1, 4, 5, 6, 7, 8, 9, 10], "start": 2}\n'
+                                              '{"text": "caf\u00e9"}\n').encode("latin-1"))
+    (root / "latin1.toml").write_bytes("# bebop rl --config latin1.toml (caf\u00e9)\nsteps = 1\n".encode("latin-1"))
+    (root / "huge-seed.toml").write_text(f"# bebop rl --config huge-seed.toml\nseed = {2**64}\n")
+    (root / "unknown-words.txt").write_text("x y z a\nb c\n")
     (root / "bool-k.toml").write_text("# bebop train-mtp --config bool-k.toml\nspeculate_k = true\n")
     (root / "bool-k-rl.toml").write_text("# bebop rl --config bool-k-rl.toml\nspeculate_k = true\n")
     (root / "bad_rewards.py").write_text(REWARDS)
@@ -86,12 +103,31 @@ TABLE = {  # case (command): argv, the error line it must give (regex)
                                                 r"\(model.safetensors\)"),
     "truncated model.safetensors (rl)": ([*RL[:1], "--model", "truncated", *RL[3:]], r"\(model.safetensors\)"),
     "truncated model.safetensors (check-lossless)": ([*LOSSLESS, "--model", "truncated"], r"\(model.safetensors\)"),
+    "corrupt pickled pytorch_model.bin (generate)": ([*GEN, "--model", "bin-model"],
+                                                     r"cannot load model from bin-model \(pytorch_model.bin\): not a "
+                                                     r"file of tensors"),
     "truncated head model.safetensors (generate)": ([*GEN[:2], "rs", *GEN[3:], "--model", "model", "--mtp",
                                                      "head-truncated"], r"corrupt MTP head in head-truncated"),
     # issue 14: --out/--json an existing directory, under a regular file, or not writable; pretrain --out a file.
+    # issue 46 item 14: an output place where nothing can be created (/proc; as root a chmod'ed directory is
+    # writable, so /proc stands for every such place), refused before the work.
+    "--out under /proc (generate)": ([*GEN[:4], "/proc/bebop/out.jsonl", *GEN[5:], "--model", "model"],
+                                     r"--out file /proc/bebop/out.jsonl: cannot write in /proc$"),
+    "--json under /proc (eval-mtp)": ([*EVAL, "--json", "/proc/bebop/e.json"], r"--json file .*cannot write in /proc$"),
+    "--out under /proc (train-mtp)": ([*TRAIN[:5], "--out", "/proc/bebop/head", *TRAIN[7:]],
+                                      r"head directory /proc/bebop/head: cannot write in /proc$"),
+    "--out under /proc (rl)": ([*RL[:5], "--out", "/proc/bebop/run", *RL[7:]],
+                               r"run directory /proc/bebop/run: cannot write in /proc$"),
+    "--out under /proc (report)": (["report", "empty-dir", "--out", "/proc/bebop/report"],
+                                   r"report directory /proc/bebop/report: cannot write in /proc$"),
     "token id beyond the vocabulary (eval-mtp)": ([*EVAL[:6], "big-id.jsonl"], r"big-id.jsonl line 2: token id 99"),
     "negative token id (train-mtp)": ([*TRAIN[:3], "--data", "negative-id.jsonl", *TRAIN[5:]],
                                       r"negative-id.jsonl line 1: token id -3"),
+    "rows beyond the model's positions, K=1 (train-mtp)": (  # issue 46 item 14; the tiny model has 256
+        [*TRAIN[:3], "--data", "long.jsonl", *TRAIN[5:], "--speculate-k", "1"],
+        r"long.jsonl line 2: 301 tokens exceed the model's max_position_embeddings=256"),
+    "rows beyond the model's positions, K=1 (eval-mtp)": ([*EVAL[:6], "long.jsonl", "--speculate-k", "1"],
+                                                          r"long.jsonl line 2: 301 tokens exceed"),
     "eval-mtp --speculate-k 0": ([*EVAL, "--speculate-k", "0"], r"speculate_k must be an integer >= 1, got 0"),
     "eval-mtp --speculate-k -2": ([*EVAL, "--speculate-k", "-2"], r"speculate_k must be an integer >= 1"),
     "eval-mtp --speculate-k deeper than the data": ([*EVAL, "--speculate-k", "50"], r"deeper than the data allows"),
@@ -106,6 +142,16 @@ TABLE = {  # case (command): argv, the error line it must give (regex)
                                            r"'speculate_k' should be int, got True"),
     # issue 14: pretrain --steps 0 or negative.
     "model whose weights give NaN logits (generate)": ([*GEN, "--model", "nan-model"], r"NaN or infinite logits"),
+    "non-UTF-8 JSONL prompts (generate)": ([*GEN[:6], "latin1.jsonl", "--model", "model"],
+                                           r"prompt file latin1.jsonl is not UTF-8 text: line 2 has byte 0xe9"),
+    "non-UTF-8 text prompts (generate)": ([*GEN[:6], "latin1.txt", "--model", "model"],
+                                          r"prompts file latin1.txt is not UTF-8 text: line 2 has byte 0xe9"),
+    "non-UTF-8 data (train-mtp)": ([*TRAIN[:3], "--data", "latin1-data.jsonl", *TRAIN[5:]],
+                                   r"data file latin1-data.jsonl is not UTF-8 text: line 2"),
+    "non-UTF-8 prompt file (rl)": ([*RL[:3], "--data", "latin1.jsonl", *RL[5:]],
+                                   r"prompt file latin1.jsonl is not UTF-8 text: line 2"),
+    "non-UTF-8 config file (rl)": ([*RL, "--config", "latin1.toml"],
+                                   r"config file latin1.toml is not UTF-8 text: line 1"),
     "prompt field that is a number (generate)": ([*GEN[:6], "number-prompt.jsonl", "--model", "model"],
                                                  r"number-prompt.jsonl:2: 'prompt' must be a string or a list"),
     "reward function that raises (rl)": ([*RL, "--reward", "bad_rewards:raises"],
@@ -119,7 +165,22 @@ TABLE = {  # case (command): argv, the error line it must give (regex)
                                               r"prompts.jsonl:1: the reward needs field\(s\) \['answer'\]"),
     "reward function returning NaN (rl)": ([*RL, "--reward", "bad_rewards:returns_nan"], r"step 1: .*returned nan"),
     "reward function returning inf (rl)": ([*RL, "--reward", "bad_rewards:returns_inf"], r"step 1: .*returned inf"),
+    "reward function raising SystemExit(0) (rl)": ([*RL, "--reward", "bad_rewards:exits"],
+                                                   r"step 1: reward function exits raised SystemExit: 0"),
+    "reward function returning 1e308 (rl)": ([*RL, "--reward", "bad_rewards:huge"],
+                                             r"step 1: reward function huge returned 1e\+308, beyond float32"),
+    "rewards whose group mean overflows float32 (rl)": (
+        [*RL, "--reward", "bad_rewards:near_float32_max"],
+        r"step 1: reward function near_float32_max gave rewards up to 3e\+38 .* advantages are not finite"),
+    "a seed beyond 64 bits in a config file (rl)": ([*RL, "--config", "huge-seed.toml"],
+                                                   r"config key 'seed' must be an integer in \[0, 2\*\*63 - 1\], got "
+                                                   f"{2**64}"),
     "rl --resume DIR where DIR holds no run": (["rl", "--resume", "empty-dir"], r"nothing to resume"),
+    "check-lossless on a model whose tokenizer does not know the task prompts": (  # issue 46 item 16
+        [*LOSSLESS[:5], "--model", "model"],
+        r"the tested prompt 'Q [^']*' is (\d+) of \1 unknown tokens .*the embedded task's prompts.*give --prompts"),
+    "check-lossless --prompts mostly unknown tokens": ([*LOSSLESS[:6], "unknown-words.txt", "--model", "model"],
+                                                       r"the tested prompt 'x y z a' is 3 of 4 unknown tokens"),
     "--device nonsense": ([*GEN, "--model", "model", "--device", "nonsense"], r"unknown device 'nonsense'"),
     "--device cuda without CUDA": ([*GEN, "--model", "model", "--device", "cuda"], r"CUDA is not available"),
     "--dtype float16 (issue 12: auto, float32 or bfloat16)": ([*GEN, "--model", "model", "--dtype", "float16"],
@@ -133,6 +194,8 @@ def test_bad_input_is_one_line(case, workdir, monkeypatch, capsys):
     argv, message = TABLE[case]
     if "cuda" in argv and torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
+    if any(a.startswith("/proc/") for a in argv) and not Path("/proc/self").is_dir():
+        pytest.skip("this machine has no /proc")
     monkeypatch.chdir(workdir)
     (workdir / "empty-dir").mkdir(exist_ok=True)
     (workdir / "ok-answers.jsonl").write_text(json.dumps({"prompt": "a", "answer": "1"}) + "\n")
@@ -144,6 +207,133 @@ def test_bad_input_is_one_line(case, workdir, monkeypatch, capsys):
     assert err[-1].startswith("bebop: error: ") and "Traceback" not in "\n".join(err)
     assert re.search(message, err[-1]), err[-1]
     assert not (workdir / "new-head").exists() and not (workdir / "out.jsonl").exists()  # nothing half-written
+    assert not (workdir / "run").exists()  # an rl run whose first step failed leaves no run directory
+
+
+EVIL_REWARD = """import pathlib
+pathlib.Path("reward-code-ran").write_text("imported")
+def score(prompts, completions, **_):
+    return [float(len(c)) for c in completions]
+"""
+
+
+def test_resume_runs_no_reward_code_its_command_does_not_name(workdir, monkeypatch, capsys):
+    """Issue 46 item 9: a received run directory's reward file is imported only when --reward names it again."""
+    monkeypatch.chdir(workdir)
+    (workdir / "sent_reward.py").write_text(EVIL_REWARD)
+    marker = workdir / "reward-code-ran"
+    args = [*RL[:5], "--out", "sent-run", *RL[7:], "--save-every", "1"]
+    assert main([*args, "--reward", "sent_reward.py:score"]) == 0
+    marker.unlink()
+    assert main(["rl", "--resume", "sent-run", "--steps", "2"]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "used the reward 'sent_reward.py:score'" in line and line.endswith("add --reward sent_reward.py:score")
+    assert main(["rl", "--resume", "sent-run", "--steps", "2", "--reward", "bad_rewards:no_fields"]) == 2
+    assert "cannot resume sent-run with --reward bad_rewards:no_fields" in capsys.readouterr().err
+    assert not marker.exists()  # neither command imported the run's reward file
+    assert len((workdir / "sent-run" / "metrics.jsonl").read_text().splitlines()) == 1
+    assert main(["rl", "--resume", "sent-run", "--steps", "2", "--reward", "./sent_reward.py:score"]) == 0
+    assert marker.exists()  # named again (the same file by another path): it runs
+    assert len((workdir / "sent-run" / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_resume_with_a_builtin_reward_needs_no_flag(workdir, monkeypatch):
+    monkeypatch.chdir(workdir)
+    (workdir / "answers.jsonl").write_text(json.dumps({"prompt": "a b", "answer": "1"}) + "\n")
+    args = [*RL[:3], "--data", "answers.jsonl", "--out", "math-run", *RL[7:], "--reward", "math"]
+    assert main(args) == 0
+    assert main(["rl", "--resume", "math-run", "--steps", "2"]) == 0
+    assert len((workdir / "math-run" / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+STEP_TWO_REWARD = """import pathlib
+def score(prompts, completions, **_):
+    huge = pathlib.Path("make-rewards-huge").exists()
+    return [(1e308 if huge else 1.0) * (i % 2) for i in range(len(completions))]
+"""
+
+
+def test_a_step_with_rewards_beyond_float32_writes_nothing_and_keeps_the_checkpoint(workdir, monkeypatch, capsys):
+    """Issue 46 item 11: rewards of 1e308 at step 2 stop the run in one line before the update; the log and the
+    checkpoint of step 1 stay as they were (no NaN policy)."""
+    monkeypatch.chdir(workdir)
+    (workdir / "step_two_reward.py").write_text(STEP_TWO_REWARD)
+    args = [*RL[:5], "--out", "huge-run", *RL[7:], "--save-every", "1", "--reward", "step_two_reward.py:score"]
+    assert main(args) == 0
+    checkpoint = workdir / "huge-run" / "checkpoint"
+    before = {f.name: f.read_bytes() for f in checkpoint.iterdir()}
+    metrics = (workdir / "huge-run" / "metrics.jsonl").read_text()
+    (workdir / "make-rewards-huge").write_text("")
+    try:
+        assert main(["rl", "--resume", "huge-run", "--steps", "2", "--reward", "step_two_reward.py:score"]) == 2
+    finally:
+        (workdir / "make-rewards-huge").unlink()
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "step 2: reward function score returned 1e+308, beyond float32's range" in line
+    assert {f.name: f.read_bytes() for f in checkpoint.iterdir()} == before
+    assert (workdir / "huge-run" / "metrics.jsonl").read_text() == metrics
+
+
+def test_failed_first_step_with_overwrite_puts_the_old_run_back(workdir, monkeypatch, capsys):
+    """Issue 46 item 14: a run whose first step fails leaves no run directory; --overwrite's moved run returns."""
+    monkeypatch.chdir(workdir)
+    old = workdir / "kept-run"
+    old.mkdir(exist_ok=True)
+    (old / "config.json").write_text("{}")
+    args = [*RL[:5], "--out", "kept-run", *RL[7:], "--overwrite", "--reward", "bad_rewards:exits"]
+    assert main(args) == 2
+    assert "raised SystemExit" in capsys.readouterr().err
+    assert [p.name for p in old.iterdir()] == ["config.json"] and (old / "config.json").read_text() == "{}"
+    assert not list(workdir.glob("kept-run.old-*"))
+
+
+SEED_COMMANDS = {  # issue 46 item 14: every --seed is checked by bebop.config.check_seed, naming the flag
+    "generate": GEN, "check-lossless": LOSSLESS, "rl": RL, "train-mtp": TRAIN, "pretrain": ["pretrain", "--out", "p"],
+}
+
+
+@pytest.mark.parametrize("command", list(SEED_COMMANDS))
+@pytest.mark.parametrize("seed", [str(2**64), str(2**63), "-1", "1.5"])
+def test_a_seed_that_is_not_an_int64_names_the_flag(command, seed, workdir, monkeypatch, capsys):
+    monkeypatch.chdir(workdir)
+    with pytest.raises(SystemExit) as exit_:
+        main([*SEED_COMMANDS[command], "--seed", seed])
+    assert exit_.value.code == 2
+    assert f"error: argument --seed: must be an integer in [0, 2**63 - 1], got '{seed}'" in capsys.readouterr().err
+    assert not (workdir / "p").exists() and not (workdir / "run").exists()
+
+
+class _Payload:
+    def __reduce__(self):
+        return (print, ("pickle payload ran",))
+
+
+CHECKPOINT_DAMAGE = {  # issue 46 item 13: file of a run's checkpoint -> what is done to it, the line it must give
+    "rng.pt garbage": ("rng.pt", lambda f: f.write_bytes(b"garbage"), r"corrupt checkpoint file .*rng.pt: not a file"),
+    "rng.pt missing": ("rng.pt", lambda f: f.unlink(), r"checkpoint file .*rng.pt is missing"),
+    "rng.pt a pickled object": ("rng.pt", lambda f: torch.save(_Payload(), f), r"rng.pt: not a file of tensors"),
+    "rng.pt of other tensors": ("rng.pt", lambda f: torch.save({"x": torch.zeros(1)}, f),
+                                r"rng.pt: not RNG states \(KeyError"),
+    "policy.pt garbage": ("policy.pt", lambda f: f.write_bytes(b"\x80\x04junk"),
+                          r"corrupt checkpoint file .*policy.pt: "),
+}
+
+
+@pytest.mark.parametrize("case", list(CHECKPOINT_DAMAGE))
+def test_a_damaged_checkpoint_file_is_one_line_naming_it(case, workdir, monkeypatch, capsys):
+    monkeypatch.chdir(workdir)
+    name, damage, message = CHECKPOINT_DAMAGE[case]
+    if not (workdir / "ckpt-run").exists():
+        assert main([*RL[:5], "--out", "ckpt-run", *RL[7:], "--reward", "bad_rewards:no_fields"]) == 0
+    run = workdir / f"damaged-{name}-{len(list(workdir.glob('damaged-*')))}"
+    shutil.copytree(workdir / "ckpt-run", run)
+    damage(run / "checkpoint" / name)
+    before = (run / "metrics.jsonl").read_text()
+    assert main(["rl", "--resume", run.name, "--steps", "2", "--reward", "bad_rewards:no_fields"]) == 2
+    out, err = capsys.readouterr()
+    assert "pickle payload ran" not in out + err and "Traceback" not in err
+    assert re.search(message, err.strip().splitlines()[-1]), err
+    assert (run / "metrics.jsonl").read_text() == before  # the run is as it was
 
 
 def test_corrupted_cached_embedded_model_says_how_to_rebuild(workdir, monkeypatch, capsys, tmp_path):

@@ -155,6 +155,7 @@ def test_check_lossless_small(use_cache, capsys):
     status = main(["check-lossless", "--samples", "300"])
     out = capsys.readouterr().out
     assert "False-alarm odds" in out and status in (0, 1)
+    assert out.startswith("testing 'Q ") and "(the embedded task's; --prompts gives your own)" in out.splitlines()[0]
     assert "Tested prompt: 'Q " in out and " informative" in out  # which prompts, and how many checks compared something
     assert "tokens 5 & 6 (joint)" in out and ", token 12 |" in out  # K = 3 settings reach token 3K + 3
 
@@ -201,9 +202,9 @@ def test_generate_auto_logs_the_decision(use_cache, tmp_path, capsys):
 def test_generate_auto_keeps_a_profile_between_calls(use_cache, tmp_path, capsys):
     """The first call with a profile probes and writes it; the next ones start from it and probe while the
     held decision awaits its confirming probe (``AutoChooser.settle``), then keep it without probing; a
-    profile of another setup or a corrupt one is refused in one line (exit 2) and left as it was
-    (tests/speculative/auto/test_profile.py has the rest); none writes nothing; a fixed setting refuses
-    --auto-profile."""
+    profile of another setup is refused in one line (exit 2) and left as it was, a corrupt one set
+    aside as NAME.bad with a warning (tests/speculative/auto/test_profile.py has the rest); none writes
+    nothing; a fixed setting refuses --auto-profile."""
     from bebop.speculative.auto import profile as profile
 
     path, stats = tmp_path / "auto.json", tmp_path / "stats.json"
@@ -228,8 +229,9 @@ def test_generate_auto_keeps_a_profile_between_calls(use_cache, tmp_path, capsys
     assert json.loads(path.read_text())["calls"] == calls + 1
     good = path.read_text()
     assert main([*argv, "--temperature", "0.5"]) == 2 and "temperature differ" in _error_line(capsys)
-    path.write_text("{not json")
-    assert main(argv) == 2 and f"auto profile {path}" in _error_line(capsys) and path.read_text() == "{not json"
+    path.write_text("{not json")  # corrupt: set aside with a warning, the call starts fresh and writes anew
+    assert main(argv) == 0 and f"auto profile {path} is corrupt" in capsys.readouterr().err
+    assert path.with_name(path.name + ".bad").read_text() == "{not json" and json.loads(path.read_text())["calls"] == 1
     path.write_text(good)
 
     def written():  # every profile file and its text: the default ones and ours

@@ -51,7 +51,7 @@ def test_resume_remembers_the_model_and_refuses_another(workdir, capsys):
     assert main(["rl", "--model", "model", "--data", "prompts.jsonl", "--steps", "1", "--out", "run", *RL_ARGS]) == 0
     config = json.loads((workdir / "run" / "config.json").read_text())
     assert config["model"] == str((workdir / "model").resolve()) and config["mtp"] is None
-    assert main(["rl", "--resume", "run", "--steps", "2"]) == 0  # no --model: the run's own
+    assert main(["rl", "--resume", "run", "--steps", "2", "--reward", "my_rewards:score"]) == 0  # the run's model
     assert len((workdir / "run" / "metrics.jsonl").read_text().splitlines()) == 2
     assert not list(Path(os.environ["BEBOP_CACHE_DIR"]).glob("embedded-*"))  # nothing pretrained on the side
     save_model_dir(workdir / "other", tiny_model("llama", vocab_size=16, seed=1))

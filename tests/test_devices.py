@@ -226,9 +226,9 @@ def test_bfloat16_on_cpu_end_to_end(workdir, capsys):
     row = json.loads((workdir / "run" / "metrics.jsonl").read_text())
     assert all(torch.isfinite(torch.tensor(row[k])) for k in ("rl/loss", "mtp/loss"))  # policy and online head
     capsys.readouterr()
-    assert main(["rl", "--resume", "run", "--steps", "2", "--dtype", "float32"]) == 2
+    assert main(["rl", "--resume", "run", "--steps", "2", "--dtype", "float32", "--reward", "rewards:score"]) == 2
     assert "dtype: 'bfloat16' -> None" in capsys.readouterr().err
-    assert main(["rl", "--resume", "run", "--steps", "2"]) == 0
+    assert main(["rl", "--resume", "run", "--steps", "2", "--reward", "rewards:score"]) == 0
     assert len((workdir / "run" / "metrics.jsonl").read_text().splitlines()) == 2
 
 

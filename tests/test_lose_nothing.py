@@ -60,7 +60,10 @@ def test_output_dir_rules(tmp_path):
     full.mkdir()
     (full / "metrics.jsonl").write_text("{}\n")
     with pytest.raises(BebopError, match="not empty; give --resume .* or --overwrite"):
+        check_output_dir(full, resume=False)
+    with pytest.raises(BebopError, match="not empty; give --overwrite") as err:  # a command without --resume
         check_output_dir(full)
+    assert "--resume" not in str(err.value)
     check_output_dir(full, resume=True)
     with pytest.raises(BebopError, match="exclude each other"):
         check_output_dir(full, resume=True, overwrite=True)

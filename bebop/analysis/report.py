@@ -428,7 +428,8 @@ def write_report(
     Files are written atomically; plots are linked by relative path.
 
     Args:
-        run_dirs: Run directories (from ``bebop rl`` or the user's own runs in the same format).
+        run_dirs: Run directories (from ``bebop rl`` or the user's own runs in the same format), or runs
+            ``load_run`` already read.
         out_dir: Output directory, created if needed.
         title: Level-1 heading of the report.
         extra_sections: Markdown blocks appended at the end, in order.
@@ -443,7 +444,7 @@ def write_report(
     """
     if not run_dirs:
         raise BebopError("write_report needs at least one run directory")
-    runs = [load_run(d) for d in run_dirs]  # NOTE: before creating out_dir, so a bad run leaves nothing behind
+    runs = [d if isinstance(d, Run) else load_run(d) for d in run_dirs]  # NOTE: before creating out_dir
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     labels = _unique_labels(runs)

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from bebop.utils.io import BebopError, read_json, read_jsonl
+from bebop.utils.progress import say
 
 CONFIG_FILE = "config.json"  # resolved config of the run
 METRICS_FILE = "metrics.jsonl"  # one JSON object per RL step
@@ -93,6 +94,17 @@ def _check_token_stats(rows: list[dict], path: Path) -> list[dict]:
     return rows
 
 
+def _read_log(path: Path, what: str) -> list[dict]:
+    """A run's JSONL log; a torn last line (a run killed while appending) is dropped with a note, as
+    ``bebop rl --resume`` drops it; a corrupt line elsewhere is an error."""
+    try:
+        return read_jsonl(path, what)
+    except BebopError:
+        rows = read_jsonl(path, what, torn_tail_ok=True)  # NOTE: raises again unless only the last line is torn
+    say(f"bebop: note: {path}: left out its torn last line (a run stopped while writing it; --resume drops it too)")
+    return rows
+
+
 def load_run(run_dir: str | os.PathLike) -> Run:
     """Reads a run directory.
 
@@ -114,11 +126,11 @@ def load_run(run_dir: str | os.PathLike) -> Run:
     config = read_json(run_dir / CONFIG_FILE, "run config")
     if not isinstance(config, dict):
         raise BebopError(f"run config {run_dir / CONFIG_FILE} is not a JSON object")
-    metrics = _check_metrics(read_jsonl(run_dir / METRICS_FILE, "metrics"), run_dir / METRICS_FILE)
+    metrics = _check_metrics(_read_log(run_dir / METRICS_FILE, "metrics"), run_dir / METRICS_FILE)
     stats_path = run_dir / TOKEN_STATS_FILE
     token_stats = None
     if stats_path.exists():
-        token_stats = _check_token_stats(read_jsonl(stats_path, "token stats"), stats_path)
+        token_stats = _check_token_stats(_read_log(stats_path, "token stats"), stats_path)
     return Run(run_label(config), config, metrics, token_stats, run_dir)
 
 

@@ -46,13 +46,14 @@ class Sequences:
 
 
 def load_sequences(path: str | os.PathLike, tokenizer, max_len: int | None = None,
-                   vocab_size: int | None = None) -> Sequences:
+                   vocab_size: int | None = None, max_positions: int | None = None) -> Sequences:
     """Reads a JSONL file of ``{"text"}``, ``{"prompt", "completion"}`` or ``{"token_ids", "start"}`` rows.
 
     ``token_ids`` is the whole sequence and ``start`` its first completion index (``bebop generate``
     writes such rows); a prompt (text or chat messages) and its completion are tokenized as generation
     sees them (``bebop.utils.tokens``: one BOS, EOS at the end of the completion); a text is encoded as is.
-    With ``vocab_size``, a token id outside [0, vocab_size) is an error naming the file and line.
+    With ``vocab_size``, a token id outside [0, vocab_size) is an error naming the file and line; with
+    ``max_positions`` (the model's max_position_embeddings), so is a row longer than that.
     """
     rows = read_jsonl(path, what="data file")
     if not rows:
@@ -77,6 +78,9 @@ def load_sequences(path: str | os.PathLike, tokenizer, max_len: int | None = Non
                              f"[0, {vocab_size})")
         if max_len is not None:
             ids = ids[:max_len]
+        if max_positions is not None and len(ids) > max_positions:
+            raise BebopError(f"data file {path} line {i}: {len(ids)} tokens exceed the model's "
+                             f"max_position_embeddings={max_positions}; shorten the row")
         if len(ids) >= start + 2:  # at least one chain with one verified step
             token_ids.append(ids)
             starts.append(start)

@@ -125,6 +125,10 @@ def native_layout(model_dir: str | os.PathLike, config: dict | None = None) -> t
     return family, count
 
 
+class NoNativeTensors(BebopError):
+    """A config that declares MTP layers over a checkpoint holding none of their tensors."""
+
+
 def import_mtp(model_dir: str | os.PathLike, backbone) -> MtpHead:
     """The MTP head a checkpoint ships, on ``backbone`` (the same checkpoint, loaded).
 
@@ -140,13 +144,21 @@ def import_mtp(model_dir: str | os.PathLike, backbone) -> MtpHead:
     names = _native_names(family, _text_config(config)["num_hidden_layers"], list(expected))
     files = weight_map(model_dir)
     missing = [native for native in names.values() if native not in files]
+    if len(missing) == len(names):
+        raise NoNativeTensors(f"model {model_dir} declares {count} {family.name} MTP layer(s) but its checkpoint holds "
+                              f"none of their tensors (no {missing[0]}; save_pretrained of a fresh config leaves "
+                              "none): start the head from the backbone with --init backbone")
     if missing:
         raise BebopError(f"model {model_dir} declares {count} {family.name} MTP layer(s) but has no tensor {missing[0]}")
     state = {}
     for file in sorted({files[native] for native in names.values()}):  # only shards that hold MTP tensors
         with _open(model_dir / file) as f:
+            held = set(f.keys())
             for ours, native in names.items():
                 if files[native] == file:
+                    if native not in held:
+                        raise BebopError(f"checkpoint index {model_dir / INDEX_NAME} puts tensor {native} in {file}, "
+                                         "which does not hold it")
                     state[ours] = f.get_tensor(native)
     for ours, tensor in state.items():
         if tensor.shape != expected[ours].shape:

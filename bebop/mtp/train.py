@@ -244,7 +244,7 @@ def _stopped(step: int, why: str, out_dir: Path) -> str:
 def initial_head(backbone, cfg: TrainMtpConfig, model_dir: str | os.PathLike | None) -> tuple[MtpHead, str]:
     """(head, origin): the head training starts from, and where it came from: "init_from" (``cfg.init_from``),
     "native" (the checkpoint's own MTP layer) or "backbone" (a copy of its last decoder layer)."""
-    from bebop.mtp.native import import_mtp, native_layer_count, read_config
+    from bebop.mtp.native import NoNativeTensors, import_mtp, native_layer_count, read_config
 
     if cfg.init_from:
         return MtpHead.from_pretrained(cfg.init_from, backbone), "init_from"
@@ -252,8 +252,15 @@ def initial_head(backbone, cfg: TrainMtpConfig, model_dir: str | os.PathLike | N
     if cfg.init == "native" or (cfg.init == "auto" and has_native):
         if model_dir is None:
             raise BebopError("init=native needs the model's checkpoint directory (--model DIR with its own MTP layer)")
-        say(f"train-mtp: starting from the native MTP layer of {model_dir}")
-        return import_mtp(model_dir, backbone), "native"
+        try:
+            head = import_mtp(model_dir, backbone)
+            say(f"train-mtp: starting from the native MTP layer of {model_dir}")
+            return head, "native"
+        except NoNativeTensors:
+            if cfg.init == "native":
+                raise
+            say(f"train-mtp: note: the config of {model_dir} declares an MTP layer but its checkpoint holds none of "
+                "its tensors; starting from a copy of the backbone's last decoder layer (--init backbone)")
     return MtpHead(backbone, num_layers=cfg.num_layers).to(next(backbone.parameters()).device), "backbone"
 
 

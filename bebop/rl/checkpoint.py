@@ -21,6 +21,7 @@ completeness: nothing in ``bebop rl`` draws from the global generators after set
 from __future__ import annotations
 
 import os
+import pickle
 import random
 from pathlib import Path
 from typing import Any, Protocol
@@ -28,6 +29,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from bebop.models import UNPICKLABLE
 from bebop.utils.io import BebopError, atomic_dir, read_json, save_torch, write_json
 
 CHECKPOINT_DIR = "checkpoint"  # inside the run directory
@@ -135,14 +137,29 @@ def load_checkpoint(
     if missing:
         raise BebopError(f"checkpoint {where} lacks {missing}; it holds {trainer.get('components')}")
     for name, component in components.items():
-        try:
-            state = torch.load(where / f"{name}.pt", map_location="cpu", weights_only=True)
-        except Exception as e:  # noqa: BLE001 - any load failure is a corrupt checkpoint
-            raise BebopError(f"corrupt checkpoint file {where / f'{name}.pt'}: {str(e).splitlines()[0]}") from None
+        state = _load_file(where / f"{name}.pt")
         try:
             component.load_state_dict(state)
         except (RuntimeError, ValueError, KeyError) as e:  # shapes or names of another model
             raise BebopError(f"checkpoint file {where / f'{name}.pt'} does not fit this run's {name}: "
                              f"{' '.join(str(e).split())[:300]}") from None
-    set_rng_state(torch.load(where / RNG_FILE, weights_only=True))
+    rng = _load_file(where / RNG_FILE)
+    try:
+        set_rng_state(rng)
+    except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as e:  # a loadable file of other contents
+        raise BebopError(f"corrupt checkpoint file {where / RNG_FILE}: not RNG states ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''})") from None
     return int(trainer["step"])
+
+
+def _load_file(path: Path) -> Any:
+    """``torch.load`` of a checkpoint file (tensors and plain containers only); one line when missing or corrupt."""
+    if not path.is_file():
+        raise BebopError(f"checkpoint file {path} is missing; the checkpoint is incomplete")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise BebopError(f"corrupt checkpoint file {path}: {UNPICKLABLE}") from None
+    except Exception as e:  # noqa: BLE001 - any load failure is a corrupt checkpoint
+        first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
+        raise BebopError(f"corrupt checkpoint file {path}: {first}") from None

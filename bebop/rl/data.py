@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from bebop.utils.io import read_text
+
 PROMPT_FIELD = "prompt"  # the one field every row must have
 JSONL_SUFFIXES = (".jsonl", ".ndjson")  # one JSON object per line
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -34,15 +36,14 @@ def _check_row(row: object, where: str) -> dict:
 def _read_jsonl(path: Path) -> list[tuple[str, dict]]:
     """(where, row) of a JSONL file; blank lines are skipped, ``where`` names the 1-based line."""
     rows = []
-    with path.open(encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{line_no}: invalid JSON ({err.msg})") from err
-            rows.append((f"{path}:{line_no}", _check_row(row, f"{path}:{line_no}")))
+    for line_no, line in enumerate(read_text(path, "prompt file").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{line_no}: invalid JSON ({err.msg})") from err
+        rows.append((f"{path}:{line_no}", _check_row(row, f"{path}:{line_no}")))
     return rows
 
 

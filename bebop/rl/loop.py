@@ -130,7 +130,24 @@ def score_rollout(reward_fn: RewardFn, rollout: Rollout, group_size: int) -> tor
         rewards = call_reward(reward_fn, prompts, rollout.result.texts, **fields)
     except ValueError as e:
         raise BebopError(f"step {batch.step + 1}: {e}") from None
-    return torch.tensor(rewards, dtype=torch.float32)
+    out = torch.tensor(rewards, dtype=torch.float32)
+    if not bool(torch.isfinite(out).all()):
+        name = getattr(reward_fn, "__name__", type(reward_fn).__name__)
+        raise BebopError(f"step {batch.step + 1}: reward function {name} returned {max(rewards, key=abs):.3g}, beyond "
+                         "float32's range; scale the rewards down (nothing was updated or written for this step)")
+    return out
+
+
+def check_advantages(reward_fn: RewardFn, rewards: torch.Tensor, advantages: torch.Tensor, step: int) -> None:
+    """Raises BebopError (one line naming the reward) unless the advantages (B*G,) of the rewards (B*G,)
+    are finite: a spread whose square overflows float32 would make the update NaN."""
+    if bool(torch.isfinite(advantages).all()):  # sync point, once a step
+        return
+    name = getattr(reward_fn, "__name__", type(reward_fn).__name__)
+    top = rewards.abs().max().item()
+    raise BebopError(f"step {step + 1}: reward function {name} gave rewards up to {top:.3g} in magnitude, whose "
+                     "group advantages are not finite in float32; scale the rewards down (nothing was updated or "
+                     "written for this step)")
 
 
 # ------------------------------------------------------------------------------ loss and updates
@@ -181,6 +198,9 @@ def update_policy(
         loss.backward()
         distributed.sum_gradients(params)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        if not math.isfinite(float(grad_norm)):  # NOTE: a NaN step would poison every weight; sync per epoch
+            raise BebopError(f"the policy loss ({loss.item():.3g}) has a non-finite gradient (norm "
+                             f"{float(grad_norm)}); scale the rewards down (nothing was written for this step)")
         optimizer.step()
         metrics = distributed.sum_floats({**metrics, "rl/loss": loss.item()})  # sync per epoch
         history.append({**metrics, "rl/grad_norm": float(grad_norm)})
@@ -276,6 +296,7 @@ def rl_step(
     rollout, wait_s = state.rollouts.collect(batch)
     rewards = score_rollout(state.reward_fn, rollout, cfg.group_size)
     advantages = group_advantages(rewards, cfg.group_size, scale=not cfg.policy.mean_only)
+    check_advantages(state.reward_fn, rewards, advantages, batch.step)
     train_start = time.perf_counter()
     inputs = sequence_tensors(rollout, state.pad_id, next(state.policy.parameters()).device)
     first, last = (n * cfg.group_size for n in distributed.shard_range(len(rollout.batch.prompts), "prompts_per_step"))
@@ -412,7 +433,8 @@ def train_rl(
     state = make_state(model, tokenizer, head, cfg, backend_options={"workdir": run_dir / BACKEND_DIR})
     rows_out: list[dict] = []
     loggers: list[JsonlLogger | NullLogger] = []
-    held = contextlib.ExitStack()  # NOTE: holds the run directory's lock (``output_dir``) until the run ends
+    held = contextlib.ExitStack()  # NOTE: holds the run directory (``output_dir``) until the run ends
+    failure: BaseException | None = None
     try:
         data_rows = _checked_prompts(cfg, tokenizer, model, state.reward_fn)
         start = _start_step(state, run_dir, config, resume)
@@ -423,7 +445,7 @@ def train_rl(
         # NOTE: nothing above writes; from here on the run directory changes.
         if main:
             held.enter_context(output_dir(run_dir, resume=resume, overwrite=overwrite, what="run directory",
-                                          announce=say))
+                                          announce=say, worth_keeping=lambda _: bool(rows_out)))
             write_json(run_dir / CONFIG_FILE, config)
         say(f"rl: resolved config {json.dumps(config)}")
         say(f"rl: mode={cfg.mode} steps={cfg.steps} B={cfg.prompts_per_step} G={cfg.group_size} from step {start}")
@@ -444,11 +466,20 @@ def train_rl(
             if main and ((cfg.save_every and (step + 1) % cfg.save_every == 0) or step + 1 == cfg.steps):
                 save_checkpoint(run_dir, checkpoint_components(state), step + 1, config)
         distributed.barrier()  # NOTE: no rank returns before the last checkpoint is on disk
+    except BaseException as error:
+        failure = error
+        raise
     finally:
         close_state(state)
         for logger in loggers:
             logger.close()
-        held.close()
+        # NOTE: after the close, since a backend (vLLM) writes inside the run directory. A failure hands
+        # output_dir its exception: a fresh run whose first step failed is removed (and the run that
+        # --overwrite moved aside put back); a run with a logged step is kept for --resume.
+        if failure is None:
+            held.close()
+        else:
+            held.__exit__(type(failure), failure, failure.__traceback__)
     return rows_out
 
 

@@ -204,15 +204,17 @@ def call_reward(reward_fn: RewardFn, prompts: list[str], completions: list[str],
 
     Raises:
         ValueError: one line naming the function, for an exception inside it (a missing field such as
-            ``answer`` included), a result that is not a list of numbers of the right length, or a
-            NaN/infinite reward.
+            ``answer`` included; any BaseException but KeyboardInterrupt, so SystemExit too), a result that
+            is not a list of numbers of the right length, or a NaN/infinite reward.
 
     Example: call_reward(lambda prompts, completions, **_: [1.0] * len(completions), ["p"], ["c"]) -> [1.0].
     """
     name = getattr(reward_fn, "__name__", type(reward_fn).__name__)
     try:
         rewards = reward_fn(prompts, completions, **fields)
-    except Exception as err:  # noqa: BLE001 - any error of user code is reported as such, in one line
+    except KeyboardInterrupt:
+        raise
+    except BaseException as err:  # noqa: BLE001 - user code's errors (SystemExit too) are reported in one line
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""
         raise ValueError(f"reward function {name} raised {type(err).__name__}: {first}") from err
     try:
@@ -243,7 +245,9 @@ def _import_module(module_spec: str):
         sys.modules[name] = module  # so pickling and dataclasses inside the file work
         try:
             spec.loader.exec_module(module)
-        except Exception as err:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as err:  # noqa: BLE001 - SystemExit at import is the user code's error too
             del sys.modules[name]
             raise ImportError(f"error importing reward file {path}: {err}") from err
         return module
@@ -255,7 +259,9 @@ def _import_module(module_spec: str):
         return importlib.import_module(module_spec)
     except ImportError as err:
         raise ImportError(f"cannot import reward module {module_spec!r}: {err}") from err
-    except Exception as err:  # noqa: BLE001 - the user's module raised while importing
+    except KeyboardInterrupt:
+        raise
+    except BaseException as err:  # noqa: BLE001 - the user's module raised (or exited) while importing
         raise ImportError(f"error importing reward module {module_spec!r}: {type(err).__name__}: {err}") from err
     finally:
         if added:
@@ -297,3 +303,34 @@ def load_reward(spec: str) -> RewardFn:
     if not callable(fn):
         raise ValueError(f"reward {spec!r} is a {type(fn).__name__}, not a callable")
     return fn
+
+
+def _same_reward(spec_a: str, spec_b: str) -> bool:
+    """Whether two reward specs name the same function: equal text, or the same file (resolved here) and name."""
+    if spec_a == spec_b:
+        return True
+    (file_a, _, name_a), (file_b, _, name_b) = spec_a.rpartition(":"), spec_b.rpartition(":")
+    is_file = all(f.endswith(".py") or "/" in f for f in (file_a, file_b))
+    return is_file and name_a == name_b and Path(file_a).expanduser().resolve() == Path(file_b).expanduser().resolve()
+
+
+def resume_reward(used: str, given: str | None, run: str) -> str:
+    """The reward spec a resumed run loads: ``used`` (the run's config.json) when it is built in, else only
+    when this command names it again (``given``, its --reward or config file), so a run directory someone
+    sends runs no code of its own.
+
+    Example: resume_reward("math", None, "run") -> "math"; resume_reward("r.py:f", "./r.py:f", "run") -> "r.py:f".
+
+    Raises:
+        ValueError: one line: the run's reward is user code not named by this command, or another reward.
+    """
+    if given is None or given == "":
+        if used in REWARDS or not used:
+            return used
+        raise ValueError(f"run {run} used the reward {used!r}, code from outside Bebop that --resume runs only "
+                         f"when this command names it: add --reward {used}")
+    if not _same_reward(used, given):
+        was = repr(used) if used else "the task's own reward"
+        raise ValueError(f"cannot resume {run} with --reward {given}: the run used {was} "
+                         "(compared by name and path; start a new run with --out to change it)")
+    return used  # NOTE: the saved text, so the checkpoint's config check sees the same value

@@ -142,8 +142,20 @@ def _check_writable_parent(path: Path, what: str) -> None:
     base = _nearest_existing(path.parent)
     if not base.is_dir():
         raise BebopError(f"{what} {path}: {base} is not a directory")
-    if not os.access(base, os.W_OK | os.X_OK):
+    if not _writable(base):
         raise BebopError(f"{what} {path}: cannot write in {base}")
+
+
+def _writable(directory: Path) -> bool:
+    """Whether a file can be created in ``directory``, tried with a temporary file (removed at once):
+    permission bits do not tell for root, a read-only mount or /proc."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=".bebop-write-test-", dir=directory)
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(name)
+    return True
 
 
 def check_output_file(path: str | os.PathLike, what: str = "output file") -> None:
@@ -155,13 +167,14 @@ def check_output_file(path: str | os.PathLike, what: str = "output file") -> Non
 
 
 def check_output_dir(
-    path: str | os.PathLike, resume: bool = False, overwrite: bool = False, what: str = "output directory",
+    path: str | os.PathLike, resume: bool | None = None, overwrite: bool = False, what: str = "output directory",
     inputs: tuple = (), locked: bool = False,
 ) -> None:
     """Raises BebopError unless ``path`` may be written as an output directory; changes nothing.
 
     A missing or empty directory is fine. A non-empty one is refused unless ``resume`` (continue
-    what it holds) or ``overwrite`` (``prepare_output_dir`` moves it aside first). Also refused:
+    what it holds) or ``overwrite`` (``prepare_output_dir`` moves it aside first); ``resume`` None
+    (the default) is a command without --resume, whose refusal does not suggest one. Also refused:
     a ``path`` that another command is writing (``output_lock``), and one that is, contains or lies
     inside one of ``inputs`` (paths the command reads; None entries are skipped). ``locked``: the
     caller holds ``output_lock(path)`` itself.
@@ -176,10 +189,11 @@ def check_output_dir(
     if path.exists() and not path.is_dir():
         raise BebopError(f"{what} {path} is a file, not a directory")
     if path.is_dir():
-        if not os.access(path, os.W_OK | os.X_OK):
+        if not _writable(path):
             raise BebopError(f"{what} {path}: cannot write in it")
         if not resume and not overwrite and any(path.iterdir()):
-            raise BebopError(f"{what} {path} is not empty; give --resume to continue it or --overwrite to move "
+            resumable = "--resume to continue it or " if resume is not None else ""  # NOTE: None: no --resume
+            raise BebopError(f"{what} {path} is not empty; give {resumable}--overwrite to move "
                              f"it aside to {path.name}.old-<timestamp>")
     else:
         _check_writable_parent(path, what)
@@ -244,7 +258,7 @@ def any_file(path: Path) -> bool:
 
 @contextlib.contextmanager
 def output_dir(
-    path: str | os.PathLike, resume: bool = False, overwrite: bool = False, what: str = "output directory",
+    path: str | os.PathLike, resume: bool | None = None, overwrite: bool = False, what: str = "output directory",
     inputs: tuple = (), announce=None, worth_keeping=any_file,
 ) -> Iterator[Path]:
     """The one way a command takes its output directory: checked, locked, prepared, and put back on failure.
@@ -381,13 +395,23 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
+def read_text(path: str | os.PathLike, what: str = "file") -> str:
+    """The UTF-8 text of an input file; BebopError naming it (and the byte) when it is not UTF-8."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        line = Path(path).read_bytes()[:e.start].count(b"\n") + 1
+        raise BebopError(f"{what} {path} is not UTF-8 text: line {line} has byte 0x{e.object[e.start]:02x}; "
+                         "save it as UTF-8") from None
+
+
 def read_json(path: str | os.PathLike, what: str = "file") -> Any:
     """Reads a JSON file, raising BebopError with one clear line when missing or corrupt."""
     path = Path(path)
     if not path.is_file():
         raise BebopError(f"{what} not found: {path}")
     try:
-        return json.loads(path.read_text())
+        return json.loads(read_text(path, what))
     except json.JSONDecodeError as e:
         raise BebopError(f"{what} {path} is not valid JSON: {e}") from None
 
@@ -404,7 +428,7 @@ def read_jsonl(path: str | os.PathLike, what: str = "file", torn_tail_ok: bool =
     path = Path(path)
     if not path.is_file():
         raise BebopError(f"{what} not found: {path}")
-    lines = path.read_text().splitlines()
+    lines = read_text(path, what).splitlines()
     last = max((i for i, line in enumerate(lines, start=1) if line.strip()), default=0)
     rows = []
     for i, line in enumerate(lines, start=1):

@@ -167,13 +167,37 @@ def test_write_report_disambiguates_duplicate_labels(tmp_path, runs):
     assert "No `none` run" in text
 
 
-def test_corrupt_metrics_gives_one_line_error(tmp_path, runs):
+def test_a_torn_last_line_is_left_out_with_a_note_as_resume_does(tmp_path, runs, capsys):
+    """Issue 46 item 14: a run killed while appending its last row reports like the run --resume continues."""
     metrics = runs[1] / "metrics.jsonl"
     metrics.write_text(metrics.read_text() + '{"step": 40, "mode": \n')
+    run = load_run(runs[1])
+    assert len(run.metrics) == NUM_STEPS
+    assert f"{metrics}: left out its torn last line" in capsys.readouterr().err
+
+
+def test_a_corrupt_line_before_the_last_gives_one_line_error(tmp_path, runs):
+    metrics = runs[1] / "metrics.jsonl"
+    lines = metrics.read_text().splitlines()
+    metrics.write_text("\n".join([*lines[:5], '{"step": 5, "mode": ', *lines[5:]]) + "\n")
     with pytest.raises(BebopError) as err:
         load_run(runs[1])
     message = str(err.value)
-    assert "\n" not in message and str(metrics) in message and "line 41" in message
+    assert "\n" not in message and str(metrics) in message and "line 6" in message
+
+
+def test_report_of_a_bad_run_leaves_no_out_directory_nor_suggests_resume(tmp_path, runs, capsys):
+    """Issue 46 item 14: the runs are read before --out is made; report has no --resume to suggest."""
+    from bebop.cli import main
+
+    (runs[1] / "metrics.jsonl").write_text("")
+    assert main(["report", *map(str, runs), "--out", str(tmp_path / "report")]) == 2
+    assert "no steps" in capsys.readouterr().err and not (tmp_path / "report").exists()
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("x")
+    assert main(["report", str(runs[0]), "--out", str(tmp_path / "full")]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "is not empty; give --overwrite to move it aside" in line and "--resume" not in line
 
 
 @pytest.mark.parametrize(

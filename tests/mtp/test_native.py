@@ -324,3 +324,43 @@ def test_cli_import_from_a_model_without_mtp_layer(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no native MTP layer" in err and "--init backbone" in err
     assert not (tmp_path / "head").exists()
+
+
+def test_an_index_naming_a_tensor_its_shard_lacks_is_one_line(tmp_path, capsys):
+    """Issue 46 item 13: the index puts mtp.norm.weight in a shard that does not hold it."""
+    from bebop.cli import main
+
+    model = _backbone("qwen3_5")
+    tensors = _save_checkpoint("qwen3_5", model, tmp_path / "native")
+    _tokenizer(tmp_path / "native")
+    save_file({k: v for k, v in tensors.items() if k != "mtp.norm.weight"},
+              str(tmp_path / "native" / "model-native-mtp.safetensors"))
+    assert main(["import-mtp", "--model", str(tmp_path / "native"), "--out", str(tmp_path / "imported")]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("bebop: error: checkpoint index") and "Traceback" not in line
+    assert "puts tensor mtp.norm.weight in model-native-mtp.safetensors, which does not hold it" in line
+    assert not (tmp_path / "imported").exists()
+
+
+@pytest.mark.parametrize("family", ["deepseek_v3", "glm4_moe"])
+def test_train_mtp_init_auto_on_a_declared_but_absent_mtp_layer_starts_from_the_backbone(family, tmp_path, capsys):
+    """Issue 46 item 15: save_pretrained of a fresh DeepSeek-V3 / GLM-4.5 config declares an MTP layer and writes
+    none of its tensors; --init auto starts from the backbone with a note, --init native names the remedy."""
+    from bebop.cli import main
+
+    model = _backbone(family)
+    model.save_pretrained(tmp_path / "model")
+    _tokenizer(tmp_path / "model")
+    assert json.loads((tmp_path / "model" / "config.json").read_text())["num_nextn_predict_layers"] == 1
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"token_ids": list(range(3, 15)), "start": 2}) + "\n" for _ in range(4)))
+    train = ["train-mtp", "--model", str(tmp_path / "model"), "--data", str(data), "--steps", "1", "--batch-size", "2",
+             "--speculate-k", "2"]
+    assert main([*train, "--out", str(tmp_path / "head")]) == 0
+    err = capsys.readouterr().err
+    assert "declares an MTP layer but its checkpoint holds none of its tensors; starting from a copy of the " \
+           "backbone's last decoder layer" in err
+    assert (tmp_path / "head" / "model.safetensors").is_file()
+    assert main([*train, "--init", "native", "--out", str(tmp_path / "native-head")]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "holds none of their tensors" in line and line.endswith("--init backbone")

@@ -12,6 +12,7 @@ from bebop.rl.rewards import (
     extract_final_answer,
     load_reward,
     math_reward,
+    resume_reward,
 )
 
 
@@ -165,6 +166,14 @@ def _no_fields(prompts, completions):
     return [1.0] * len(completions)
 
 
+def _exits(prompts, completions, **_):
+    raise SystemExit(0)
+
+
+def _interrupted(prompts, completions, **_):
+    raise KeyboardInterrupt
+
+
 @pytest.mark.parametrize("fn, fields, message", [
     (_raises, {}, "reward function _raises raised ZeroDivisionError: division by zero"),
     (_returns_none, {}, "reward function _returns_none must return a list of numbers, got NoneType"),
@@ -173,6 +182,7 @@ def _no_fields(prompts, completions):
     (_returns_one, {}, "reward function _returns_one returned 1 rewards for 2 completions"),
     (_no_fields, {"answer": ["1", "2"]}, "reward function _no_fields raised TypeError: .*unexpected keyword"),
     (math_reward, {}, "reward function math_reward raised TypeError: .*answer"),  # a data file with no answer column
+    (_exits, {}, "reward function _exits raised SystemExit: 0"),  # user code cannot end the command silently
 ])
 def test_call_reward_errors_name_the_function(fn, fields, message):
     with pytest.raises(ValueError, match=message):
@@ -218,3 +228,24 @@ def test_docstring_examples():
     import bebop.rl.rewards
 
     assert doctest.testmod(bebop.rl.rewards).failed == 0
+
+
+def test_ctrl_c_inside_a_reward_stays_an_interrupt():
+    with pytest.raises(KeyboardInterrupt):
+        call_reward(_interrupted, ["p"], ["a"])
+
+
+def test_resume_reward_runs_only_code_the_command_names(tmp_path, monkeypatch):
+    """A run's user-code reward is loaded on resume only when named again (same text, or the same file by
+    another path); built-in rewards need no flag."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    assert resume_reward("math", None, "run") == "math" and resume_reward("", None, "run") == ""
+    with pytest.raises(ValueError, match="used the reward 'r.py:f', code from outside Bebop .* add --reward r.py:f"):
+        resume_reward("r.py:f", None, "run")
+    assert resume_reward("r.py:f", "r.py:f", "run") == "r.py:f"
+    assert resume_reward("r.py:f", "./sub/../r.py:f", "run") == "r.py:f"  # same file: the run's text is kept
+    assert resume_reward("mod:f", "mod:f", "run") == "mod:f"
+    for other in ("r.py:g", "sub/r.py:f", "mod:f", "math"):
+        with pytest.raises(ValueError, match=f"cannot resume run with --reward {other}: the run used 'r.py:f'"):
+            resume_reward("r.py:f", other, "run")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +37,13 @@ def candidates(spec: SpecConfig) -> list[tuple[str, int]]:
 def config_name(mode: str, k: int) -> str:
     """"none", "rs2", "to4", ...: a (mode, K) as metrics and profiles name it."""
     return mode if mode == "none" else f"{mode}{k}"
+
+
+def _setting_name(name) -> str:
+    """``name`` when it names a setting (``config_name``: none, to<K>, rs<K>); ValueError otherwise."""
+    if not isinstance(name, str) or not re.fullmatch(r"none|(to|rs)[1-9][0-9]*", name):
+        raise ValueError(f"unknown setting name {name!r} (none, to<K> or rs<K>)")
+    return name
 
 
 def predict(mode: str, k: int, acceptance: Acceptance, costs: StepCosts, rows: float) -> float:
@@ -183,7 +191,7 @@ class AutoChooser:
         chooser = cls(confirm=bool(state["confirm"]), every=int(state["every"]))
         if chooser.every < 1:
             raise ValueError(f"every {chooser.every} < 1")
-        chooser.tried = {str(name) for name in state["tried"]}
+        chooser.tried = {_setting_name(name) for name in state["tried"]}
         chooser.acceptance = Acceptance.from_state(state["acceptance"])
         chooser.lengths = Lengths([int(n) for n in state["lengths"]])
         chooser.prefill_s = float(state["prefill_s"])
@@ -193,7 +201,9 @@ class AutoChooser:
             if set(held) != fields:
                 raise ValueError(f"a held decision has fields {sorted(held)}, not {sorted(fields)}")
             chooser.held = Decision(**{k: math.nan if v is None else v for k, v in held.items()})
-            chooser.held.predictions = {str(n): float(v) for n, v in chooser.held.predictions.items()}
+            mode, k = chooser.held.mode, chooser.held.speculate_k
+            _setting_name(mode if (mode, k) == ("none", 0) else f"{mode}{k!r}")  # NOTE: repr: K "3" is not K 3
+            chooser.held.predictions = {_setting_name(n): float(v) for n, v in chooser.held.predictions.items()}
         return chooser
 
 

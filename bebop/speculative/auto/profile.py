@@ -71,13 +71,21 @@ def load(path: str | os.PathLike, key: dict) -> AutoChooser:
     """The chooser saved at ``path`` (its ``calls`` restored); a fresh chooser when the file does not exist
     or is a profile of an older layout (its models do not fit this chooser's).
 
-    Raises BebopError (one line) when the file is not a profile of this or an older version, is for
-    another key, or does not parse.
+    A corrupt profile (not JSON, fields that do not fit, NaN, infinite or absurd numbers, unknown
+    setting names) is moved to ``NAME.bad`` with a one-line warning, and the call starts fresh.
+
+    Raises BebopError (one line) when the file is a profile of a newer version or for another key:
+    those are left as they are.
     """
     path = Path(path)
     if not path.exists():
         return AutoChooser()
-    data = read_json(path, "auto profile")
+    try:
+        data = read_json(path, "auto profile")
+    except (BebopError, UnicodeDecodeError) as e:  # NOTE: not JSON (a torn or edited file): a corrupt profile
+        if not path.is_file():
+            raise
+        return _set_aside(path, str(e))
     if isinstance(data, dict) and type(data.get("version")) is int and 1 <= data["version"] < VERSION:
         return AutoChooser()
     if not isinstance(data, dict) or data.get("version") != VERSION:
@@ -93,12 +101,44 @@ def load(path: str | os.PathLike, key: dict) -> AutoChooser:
         calls = int(data["calls"])
         if calls < 0:
             raise ValueError(f"calls {calls} < 0")
+        _check_numbers(data["chooser"], "chooser")
         chooser = AutoChooser.from_state(data["chooser"])
         chooser.calls = calls
         return chooser
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise BebopError(f"auto profile {path} is corrupt ({type(e).__name__}: {e}); delete it or pass "
-                         f"--auto-profile none") from None
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
+        return _set_aside(path, f"{type(e).__name__}: {e}")
+
+
+MAX_VALUE = 1e15  # bound on a profile's numbers (seconds, counts, rates): beyond it a file was edited
+
+
+def _check_numbers(state, where: str) -> None:
+    """ValueError naming the first number in ``state`` (nested lists and dicts) that is NaN, infinite or
+    beyond +-MAX_VALUE: no measurement of a profile is."""
+    if isinstance(state, dict):
+        for name, value in state.items():
+            _check_numbers(value, f"{where}.{name}")
+    elif isinstance(state, list):
+        for i, value in enumerate(state):
+            _check_numbers(value, f"{where}[{i}]")
+    elif isinstance(state, (int, float)) and not isinstance(state, bool) and not abs(state) <= MAX_VALUE:
+        raise ValueError(f"{where} is {state!r}")
+
+
+def _set_aside(path: Path, reason: str) -> AutoChooser:
+    """Renames a corrupt profile to ``NAME.bad`` (``NAME.bad-2``, ... if taken), says so in one line and
+    returns a fresh chooser."""
+    from bebop.utils.progress import say
+
+    bad = path.with_name(path.name + ".bad")
+    for n in range(2, 1000):
+        if not bad.exists():
+            break
+        bad = path.with_name(f"{path.name}.bad-{n}")
+    os.replace(path, bad)
+    say(f"bebop: warning: auto profile {path} is corrupt ({' '.join(reason.split())[:200]}); moved it to {bad} "
+        "and starting afresh")
+    return AutoChooser()
 
 
 def save(path: str | os.PathLike, key: dict, chooser: AutoChooser) -> None:

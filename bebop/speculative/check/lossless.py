@@ -263,6 +263,31 @@ def default_prompts(num: int = DEFAULT_NUM_PROMPTS, seed: int = 0) -> list[str]:
     return [p.prompt for p in arith.make_problems(num, seed, cfg)]
 
 
+MAX_UNKNOWN_SHARE = 0.5  # a tested prompt mostly of the unknown token tests a prompt the model never sees in use
+
+
+def check_prompt_known(tokenizer, prompt, defaults: bool) -> None:
+    """Raises BebopError (one line) when the tested prompt (text or chat messages) encodes to more than
+    MAX_UNKNOWN_SHARE unknown tokens: its continuations say little about the model on its own text (the
+    embedded task's prompts, ``defaults``, to a foreign tokenizer). Tokenizers without an unknown token pass.
+
+    Example: with a word-level tokenizer that knows "a" and "b" only, "Q 14 + 2 = ?" is refused.
+    """
+    from bebop.utils.tokens import encode_prompt
+
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is None:
+        return
+    special = set(getattr(tokenizer, "all_special_ids", [])) - {unk}
+    text_ids = [t for t in encode_prompt(tokenizer, prompt) if t not in special]  # NOTE: BOS is not the text
+    num_unknown = sum(t == unk for t in text_ids)
+    if text_ids and num_unknown > MAX_UNKNOWN_SHARE * len(text_ids):
+        fix = ("these are the embedded task's prompts, not your model's text: give --prompts" if defaults
+               else "give --prompts with text of your model's own domain")
+        raise BebopError(f"the tested prompt {_describe_prompt(prompt)} is {num_unknown} of {len(text_ids)} "
+                         f"unknown tokens to this tokenizer, so the check would test little; {fix}")
+
+
 def _check_inputs(head, prompts, num_samples: int, alpha: float, configs) -> None:
     if head is None:
         raise BebopError("check-lossless needs an MTP head: modes to and rs draft with it")

@@ -1,15 +1,18 @@
 """Tests for bebop.speculative.auto.profile: the chooser's state through JSON, the key, and refused files.
 
 What pins it: a restored chooser prices every setting exactly as the one it was saved from and
-keeps its last decision and call count; a missing file is a fresh start; a profile for another key (sampling, or a model file rewritten in
-place), of another version, or not parsing is refused with one line and left untouched. The CLI's
-use (the chooser's probe schedule across calls) is pinned in tests/test_cli.py.
+keeps its last decision and call count; a missing file is a fresh start; a profile for another key
+(sampling, or a model file rewritten in place) or of a newer version is refused with one line and left
+untouched; a corrupt one (not JSON, NaN or out-of-range numbers, unknown setting names, fields that do
+not fit) is renamed to NAME.bad with a one-line warning and the call starts fresh. The CLI's use (the
+chooser's probe schedule across calls) is pinned in tests/test_cli.py.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 import torch
@@ -82,13 +85,8 @@ def test_the_key_follows_sampling_and_the_model_files(tmp_path):
     (lambda d: d.update(key={**d["key"], "temperature": 0.5}), "temperature differ"),
     (lambda d: d.update(version=99), "not a version-4 profile"),
     (lambda d: d.update(version="1"), "not a version-4 profile"),
-    (lambda d: d["chooser"].update(lengths=["x"]), "is corrupt"),
-    (lambda d: d["chooser"]["acceptance"]["sums"]["rs"].append(1.0), "is corrupt"),
-    (lambda d: d.update(calls=-1), "is corrupt"),
-    (lambda d: d["chooser"]["held"].pop("mode"), "is corrupt"),
-    (lambda d: d["chooser"].update(every=0), "is corrupt"),
 ])
-def test_a_profile_that_does_not_fit_is_refused_and_kept(tmp_path, edit, message):
+def test_a_profile_for_another_setup_is_refused_and_kept(tmp_path, edit, message):
     path, key = tmp_path / "p.json", _key(tmp_path)
     profile.save(path, key, _learned())
     data = json.loads(path.read_text())
@@ -99,11 +97,47 @@ def test_a_profile_that_does_not_fit_is_refused_and_kept(tmp_path, edit, message
     assert "\n" not in str(err.value) and json.loads(path.read_text()) == data
 
 
-def test_a_profile_that_is_not_json_is_refused(tmp_path):
+def _set_held_prediction(d, value):
+    d["chooser"]["held"]["predictions"]["rs3"] = value
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d["chooser"].update(lengths=["x"]), "ValueError"),
+    (lambda d: d["chooser"].update(every=0), "every 0 < 1"),
+    (lambda d: d["chooser"]["acceptance"]["sums"]["rs"].append(1.0), "mismatched depths"),
+    (lambda d: d.update(calls=-1), "calls -1 < 0"),
+    (lambda d: d["chooser"]["held"].pop("mode"), "a held decision has fields"),
+    (lambda d: d["chooser"].update(prefill_s=-1e30), r"chooser.prefill_s is -1e\+30"),  # issue 46 item 12
+    (lambda d: d["chooser"]["acceptance"]["weights"].__setitem__(0, float("nan")), r"weights\[0\] is nan"),
+    (lambda d: _set_held_prediction(d, float("inf")), r"predictions.rs3 is inf"),
+    (lambda d: d["chooser"].update(tried=["rs3", "turbo9"]), "unknown setting name 'turbo9'"),
+    (lambda d: d["chooser"]["held"].update(mode="turbo"), "unknown setting name 'turbo"),
+    (lambda d: d["chooser"]["held"].update(speculate_k="3"), "unknown setting name \"[a-z]+'3'\""),
+])
+def test_a_corrupt_profile_is_set_aside_with_one_line_and_the_call_starts_fresh(tmp_path, edit, message, capsys):
+    path, key = tmp_path / "p.json", _key(tmp_path)
+    profile.save(path, key, _learned())
+    data = json.loads(path.read_text())
+    edit(data)
+    text = json.dumps(data)  # NOTE: Python writes NaN and Infinity, as an edited file might hold them
+    path.write_text(text)
+    chooser = profile.load(path, key)
+    assert chooser.calls == 0 and chooser.held is None and not chooser.tried
+    assert not path.exists() and (tmp_path / "p.json.bad").read_text() == text
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"auto profile {path} is corrupt" in err[0] and "p.json.bad" in err[0]
+    assert re.search(message, err[0]), err[0]
+    path.write_text(text)  # a second bad file goes beside the first
+    profile.load(path, key)
+    assert (tmp_path / "p.json.bad-2").read_text() == text
+
+
+def test_a_profile_that_is_not_json_is_set_aside(tmp_path, capsys):
     path = tmp_path / "p.json"
     path.write_text("{not json")
-    with pytest.raises(BebopError, match="not valid JSON"):
-        profile.load(path, _key(tmp_path))
+    chooser = profile.load(path, _key(tmp_path))
+    assert chooser.calls == 0 and chooser.held is None and (tmp_path / "p.json.bad").is_file()
+    assert "not valid JSON" in capsys.readouterr().err
 
 
 def test_a_profile_of_an_older_layout_is_a_fresh_start_and_replaced(tmp_path):
