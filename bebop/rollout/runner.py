@@ -101,7 +101,7 @@ class RolloutRunner:
 
         cfg = self.cfg
         sampling = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p, cfg.max_new_tokens)
-        spec = SpecConfig(cfg.mode, cfg.speculate_k)
+        spec = SpecConfig(cfg.mode, cfg.speculate_k, verify=cfg.verify)
         # auto: probe every auto_every steps (and first after a resume); in between, choose from the models
         probe = not (self.auto and self.decision is not None and batch.step % cfg.auto_every)
         prompts = batch.prompt_ids or batch.prompts
