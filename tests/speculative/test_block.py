@@ -391,3 +391,22 @@ def test_verify_setting_errors():
         block_verify(p * 2, t, q)
     with pytest.raises(ValueError, match="uniform noise"):
         block_verify_from_noise(p, t, q, torch.ones(2, 2), torch.ones(2, 4))
+
+
+@pytest.mark.slow
+def test_engine_wrong_block_verifier_fails(monkeypatch):
+    """Power check end to end, with the block correction dropped from the residual everywhere (its mass in
+    the thresholds too): the engine's tokens fail the same checks (p < α, or tokens outside p's support).
+    The emission-only defect above changes this model's token distributions by less than 1e5 rows resolve."""
+    monkeypatch.setattr(block, "block_residual", lambda p, q, w: (p.double() - q.double()).clamp_min(0.0))
+    k, sampling = ENGINE_CONFIGS["block-k2-t1"]
+    model, head = _stat_model()
+    out = generate(model, ToyTokenizer(), [STAT_PROMPT] * ENGINE_ROWS, mtp=head, sampling=sampling,
+                   spec=SpecConfig("rs", k, verify="block"), seed=1)
+    tokens = np.array(out.token_ids)
+    joint = exact_joint(model, STAT_PROMPT, sampling)
+    v = STAT_VOCAB
+    with pytest.raises(AssertionError, match="p = |outside the support"):
+        assert_fits(np.bincount(tokens[:, 1], minlength=v), joint.sum((0, 2)), "token 2")
+        assert_fits(np.bincount(tokens[:, 2], minlength=v), joint.sum((0, 1)), "token 3")
+        assert_fits(np.bincount(tokens[:, 0] * v + tokens[:, 1], minlength=v * v), joint.sum(2), "(1, 2)")
