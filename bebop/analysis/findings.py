@@ -194,7 +194,7 @@ def _rs_flatness_finding(sweep: Sequence[Mapping], runs: Sequence[Run]) -> Findi
 
 
 # --------------------------------------------------------------------------------------------
-# Findings 3-5: head evaluations
+# Findings 3-5 and 8: head evaluations
 # --------------------------------------------------------------------------------------------
 
 

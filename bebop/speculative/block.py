@@ -29,7 +29,7 @@ Deviations from the paper's pseudo-code:
     1) The coins are compared as u_j < h_j (the paper writes η <= h): the same event up to the 2^-53
        grid of the float64 coins, and the token-wise sampler's convention.
     2) h_j = 0 when its denominator m_j + 1 - w_j is 0 (w_j = 1 and p_{j+1} <= q_{j+1}, so p_{j+1} =
-       q_{j+1}): then P(τ > j | ŷ_1..ŷ_j) = 1 and h_j is never consulted, any value is exact.
+       q_{j+1}): then P(τ > j | ŷ_1..ŷ_j) = 1, so u_j never decides τ and any value is exact.
     3) If q_j(ŷ_j) = 0 (a sampled draft cannot have it) w_j = 1 when w_{j-1} > 0 and p_j(ŷ_j) > 0,
        else 0, the limit of min(1, w_{j-1} p/q); never a NaN. An all-zero residual (reached with
        probability 0) falls back to p_{j+1}, as `sampling.recovery_weights` does.
@@ -240,8 +240,8 @@ def block_verify(
     device = target_probs.device
     coin_bits = torch.randint(0, 1 << 52, (batch, k), generator=generator, device=device)
     race_bits = torch.randint(0, 1 << 52, (batch, vocab), generator=generator, device=device)
-    return block_verify_from_noise(target_probs, draft_tokens, draft_probs, rng.uniform_from_bits(coin_bits, COIN_DTYPE),
-                                   rng.exponential_from_bits(race_bits), validate=validate)
+    coins, race = rng.uniform_from_bits(coin_bits, COIN_DTYPE), rng.exponential_from_bits(race_bits)
+    return block_verify_from_noise(target_probs, draft_tokens, draft_probs, coins, race, validate=validate)
 
 
 def block_verify_seeded(

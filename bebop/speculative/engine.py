@@ -5,7 +5,8 @@ One verify step of a row (``to``/``rs``)::
 
     draft:   d_1..d_K from the MTP head, chained (step j feeds step j-1's hidden state and d_{j-1})
     verify:  one target forward over [last token, d_1..d_K] -> p_1..p_{K+1}
-    accept:  rejection_sample (RS, q = the draft's distribution) or target-only (q one-hot)
+    accept:  rejection_sample (RS, q = the draft's distribution) or target-only (q one-hot); RS with
+             ``SpecConfig.verify="block"`` accepts the chain jointly (``bebop.speculative.block``)
     commit:  the row keeps 1 + num_accepted KV entries; the recovered/bonus token is the next "last token"
 
 Rows accept different numbers of tokens in the same step; a ``RaggedKVCache`` (one per model)
