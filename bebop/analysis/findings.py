@@ -302,7 +302,7 @@ def _block_finding(head_evals: Mapping[str, Mapping], sweep: Sequence[Mapping]) 
     gain_block = lengths[TV_LOSS][1] - lengths[CE_LOSS][1]
     verdict = REPRODUCED if gain_block > BLOCK_TIE else NOT_REPRODUCED if gain_block < -BLOCK_TIE else INCONCLUSIVE
     change = gain_block - gain_token
-    trend = "unchanged" if abs(change) <= BLOCK_TIE else "grows" if change > 0 else "shrinks"
+    trend = "is unchanged" if abs(change) <= BLOCK_TIE else "grows" if change > 0 else "shrinks"
     facts = [f"gain under block {gain_block:+.3f} vs token-wise {gain_token:+.3f} tokens per verify step: it {trend} "
              f"({change:+.3f}; ±{BLOCK_TIE} cannot be told apart: head evaluations report means only)"]
     below = [k for k, (t, b) in lengths.items() if b < t - 1e-6]
