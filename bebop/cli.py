@@ -511,7 +511,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "name is refused with the list")
     p.set_defaults(func=cmd_export_mtp)
 
-    p = sub.add_parser("eval-mtp", help="exact RS/TO acceptance of a head along teacher-forced chains")
+    p = sub.add_parser("eval-mtp", help="exact RS/TO acceptance of a head along teacher-forced chains "
+                                        "(RS token-wise and with block verification)")
     _add_model_args(p)
     p.add_argument("--loss", default="e2e_tv", help="which cached embedded head to use when --mtp is not given")
     p.add_argument("--data", help="JSONL evaluation data (default: held-out self-generated embedded data)")

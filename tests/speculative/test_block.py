@@ -2,7 +2,7 @@
 
 Layers, as for the token-wise sampler (tests/speculative/test_sampling.py, whose chains they reuse):
   * exact: the closed-form output of a whole verify step (`block_distributions`, which the sampler
-    uses) is enumerated over every draft sequence, V = 3..5, K = 1..3, and compared with the target's
+    uses) is enumerated over every draft sequence, V = 3..4, K = 1..3, and compared with the target's
     joint to 1e-6; crafted coins pin the sampler to that closed form. A block verifier without the
     block correction of the residual must fail the same enumeration.
   * expectation: block accepts at least as many drafts as token-wise on random chains (exact
@@ -364,7 +364,7 @@ def test_engine_seeded_determinism_and_stats():
     assert first.stats.num_drafts > 0
 
 
-def test_greedy_verify_is_untouched_by_one_hot_targets():
+def test_one_hot_target_reduces_to_greedy():
     """With p one-hot at the argmax, block verification gives exactly greedy_verify's output."""
     gen = torch.Generator().manual_seed(5)
     logits = torch.randn(500, 4, 7, generator=gen)
