@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from bebop.architectures import supported_families
-from bebop.config import AUTO_EVERY, flags_of, is_auto, seed_value, speculate_k_value
+from bebop.config import AUTO_EVERY, VERIFY_CHOICES, flags_of, is_auto, seed_value, speculate_k_value
 from bebop.mtp.config import CHAIN_CONTEXTS, TrainMtpConfig
 from bebop.rl.config import config_fields
 from bebop.utils.io import BebopError
@@ -204,6 +204,7 @@ def cmd_generate(args) -> None:
     from bebop.rollout.base import backend_class, make_backend
     from bebop.speculative import SamplingParams, SpecConfig
     from bebop.speculative.auto import profile as profiles
+    from bebop.speculative.block import verify_problem
     from bebop.speculative.engine import check_sampling
     from bebop.utils.io import atomic_write_text, check_output_file, write_json
     from bebop.utils.tokens import encode_prompt
@@ -218,13 +219,16 @@ def cmd_generate(args) -> None:
         raise BebopError("--mode/--speculate-k auto needs --backend engine (it reads the engine's step times)")
     if args.auto_profile and not auto:
         raise BebopError("--auto-profile needs --mode auto or --speculate-k auto")
+    if problem := verify_problem(args.mode, args.verify, args.backend):
+        raise BebopError(problem)
     check_output_file(args.out, "--out file")
     if args.stats_json:
         check_output_file(args.stats_json, "--stats-json file")
     prompts = _read_prompts(args.prompts, args.num_prompts)
     backend_class(args.backend)  # NOTE: a missing optional package fails here, before the model loads
     model, tok, head, _ = _load(args, need_mtp=args.mode != "none")
-    spec = SpecConfig(mode=args.mode, speculate_k=args.speculate_k, filter_drafts=args.filter_drafts)
+    spec = SpecConfig(mode=args.mode, speculate_k=args.speculate_k, filter_drafts=args.filter_drafts,
+                      verify=args.verify)
     prompt_ids = [encode_prompt(tok, p) for p in prompts]
     backend = make_backend(args.backend, model, tok, head, seed=args.seed)
     profile = _auto_profile(args, model, sampling, spec) if auto else None
@@ -289,13 +293,17 @@ def _read_prompts(path: str | None, num: int) -> list:
 # ---------------------------------------------------------------------------------------------- check-lossless
 def cmd_check_lossless(args) -> int:
     from bebop.rollout.base import backend_class
+    from bebop.speculative.block import verify_problem
     from bebop.speculative.check.lossless import (
-        LOSSLESS_CONFIGS, check_prompt_known, default_prompts, format_lossless_table, run_lossless_checks,
+        LOSSLESS_CONFIGS, check_prompt_known, default_prompts, format_lossless_table, lossless_configs,
+        run_lossless_checks,
         summarize_checks,
     )
     from bebop.speculative.check.reference import run_reference_checks
     from bebop.utils.tokens import encode_prompt
 
+    if problem := verify_problem("rs", args.verify, args.backend):
+        raise BebopError(problem)
     backend_class(args.backend)  # NOTE: a missing optional package fails here, before the model loads
     model, tok, head, _ = _load(args, need_mtp=True)
     texts = _read_prompts(args.prompts, 4) if args.prompts else default_prompts()
@@ -305,7 +313,7 @@ def cmd_check_lossless(args) -> int:
     prompts = [encode_prompt(tok, p) for p in texts] if args.prompts else texts
     if args.backend == "engine":
         checks = run_lossless_checks(model, tok, head, num_samples=args.samples, seed=args.seed, prompts=prompts,
-                                     alpha=args.alpha, show_progress=True)
+                                     alpha=args.alpha, show_progress=True, configs=lossless_configs(args.verify))
         # Plain sampling against the model's own forward pass: catches defects plain and speculative share.
         checks += run_reference_checks(model, tok, prompts, args.samples, args.seed, args.alpha, LOSSLESS_CONFIGS)
     else:
@@ -473,6 +481,12 @@ def _add_backend_arg(p: argparse.ArgumentParser, what: str = "that samples: engi
 
 
 # ---------------------------------------------------------------------------------------------- parser
+def _add_verify_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--verify", choices=VERIFY_CHOICES, default="token",
+                   help="how mode rs verifies a drafted chain: token (token-wise, default) or block (jointly, "
+                        "Sun et al. 2024: exact, never fewer accepted drafts in expectation; engine backend only)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bebop", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -525,7 +539,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_overwrite_arg(p)
     p.set_defaults(func=cmd_export_mtp)
 
-    p = sub.add_parser("eval-mtp", help="exact RS/TO acceptance of a head along teacher-forced chains")
+    p = sub.add_parser("eval-mtp", help="exact RS/TO acceptance of a head along teacher-forced chains "
+                                        "(RS token-wise and with block verification)")
     _add_model_args(p)
     p.add_argument("--loss", default="e2e_tv", help="which cached embedded head to use when --mtp is not given")
     p.add_argument("--data", help="JSONL evaluation data (default: held-out self-generated embedded data)")
@@ -551,6 +566,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature, 0 = greedy (default 1)")
     p.add_argument("--top-k", type=int, default=0, help="top-k on the target, 0 = off")
     p.add_argument("--top-p", type=float, default=1.0, help="top-p on the target, 1 = off")
+    _add_verify_arg(p)
     p.add_argument("--filter-drafts", action="store_true",
                    help="apply --top-k/--top-p to the draft distribution q too (drafts and verification; exact)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="completion length limit (default 64)")
@@ -577,6 +593,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "default: five-term task prompts, whose continuations branch early")
     p.add_argument("--alpha", type=float, default=3e-4, help="false-alarm probability of each check (default 3e-4)")
     p.add_argument("--seed", type=seed_value, default=0, help="seed (default 0)")
+    _add_verify_arg(p)
     _add_backend_arg(p, "whose speculative sampling is judged: engine (Bebop's) or vllm (against vLLM's own plain "
                         "sampling and Bebop's, K=3, T 1 and 0.7, top-k/top-p)")
     p.set_defaults(func=cmd_check_lossless)

@@ -5,6 +5,8 @@
     PYTHONPATH=. .venv/bin/python bench/rollout.py --model DIR --mtp DIR --json rows.json
     PYTHONPATH=. .venv/bin/python bench/rollout.py --filtered --batch-sizes 16 --ks 3 --temperatures 1 --no-hf
                                                                     # + rs at top-k 20 / top-p 0.9, q filtered or not
+    PYTHONPATH=. .venv/bin/python bench/rollout.py --block --modes rs --ks 3 --temperatures 1 0.7 --no-hf
+                                                                    # + rs with block verification ("rs block" rows)
 
 Defaults: the embedded model and its e2e-TV head (both trained and cached on first use).
 
@@ -26,6 +28,8 @@ Terms (K = speculation depth, B = batch rows, T = temperature):
     filtered rows   (--filtered) none and rs at top-k 20 / top-p 0.9, rs with q as is or cut by the
                     same top-k/top-p (``SpecConfig.filter_drafts``); alpha_RS per depth from the
                     engine's statistics.
+    rs block        (--block) rs whose drafted chain is verified jointly (``SpecConfig.verify="block"``,
+                    ``bebop.speculative.block``): same drafts and forwards, more accepted tokens.
     step gain       decode steps of ``none`` / decode steps of the row. Rows advance in lockstep,
                     so a call takes as many steps as its slowest row: at B > 1 the step gain is
                     below the accept length even before any cost is counted.
@@ -79,6 +83,7 @@ class Method:
     name: str  # none | to | rs | hf | hf_mtp
     k: int = 0  # speculation depth; 0 for none/hf
     filter_drafts: bool = False  # SpecConfig.filter_drafts (q cut by the target's top-k/top-p)
+    verify: str = "token"  # SpecConfig.verify: token | block (rs only)
 
 
 @dataclass
@@ -105,6 +110,12 @@ class Row:
     achieved_over_limit: float = float("nan")
     greedy_match: float = float("nan")  # T=0: fraction of rows whose tokens equal none's
     metrics: dict = field(default_factory=dict)  # stats.to_metrics() (speculative rows)
+    verify: str = "token"  # token | block (SpecConfig.verify)
+
+    @property
+    def label(self) -> str:
+        """The method as printed: "rs block" for block-verified rs rows."""
+        return f"{self.method} block" if self.verify == "block" else self.method
 
 
 # ----------------------------------------------------------------------------- setup
@@ -127,6 +138,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true",
                     help="B 1/16, K 1/3, T 0/1, 5 repeats (~1 min); overrides those flags")
     ap.add_argument("--no-hf", action="store_true", help="skip HF generate")
+    ap.add_argument("--block", action="store_true",
+                    help="also run rs with block verification (SpecConfig.verify='block') at every K: rows 'rs block'")
     ap.add_argument("--filtered", action="store_true",
                     help=f"also run none and rs at top-k {FILTER_TOP_K} / top-p {FILTER_TOP_P} (T > 0 only), "
                          "with drafts from q as is and from q filtered the same way")
@@ -266,7 +279,8 @@ def run_bebop(model, tok, head, prompts, method: Method, temperature: float, max
     """One ``generate`` call -> (seconds, result, decode steps)."""
     device = next(model.parameters()).device
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=max_new)
-    spec = SpecConfig(mode=method.name, speculate_k=max(method.k, 1), filter_drafts=method.filter_drafts)
+    spec = SpecConfig(mode=method.name, speculate_k=max(method.k, 1), filter_drafts=method.filter_drafts,
+                      verify=method.verify)
     with count_decode_steps() as steps:
         _sync(device)
         start = time.perf_counter()
@@ -381,7 +395,7 @@ def run_group(model, tok, head, methods: list[Method], batch: int, temperature: 
               top_k: int = 0, top_p: float = 1.0) -> list[Row]:
     """Every method at (B, T): one short warmup each, then ``repeats`` interleaved timed calls."""
     prompts = make_prompts(batch)
-    rows = {m: Row(m.name, m.k, batch, temperature, m.filter_drafts, top_k, top_p) for m in methods}
+    rows = {m: Row(m.name, m.k, batch, temperature, m.filter_drafts, top_k, top_p, verify=m.verify) for m in methods}
     outputs = {}
 
     def call(m: Method, max_new: int):
@@ -454,7 +468,7 @@ def format_tables(rows: list[Row], costs: dict[int, dict[int, dict]], stat: str)
         if r.method in ("none", "to", "rs") and not r.top_k and r.top_p == 1:
             k = str(r.k) if r.k else ""
             lines.append(
-                f"| {r.batch_size} | {r.temperature:g} | {r.method} | {k} | {r.tok_per_s:.0f} | "
+                f"| {r.batch_size} | {r.temperature:g} | {r.label} | {k} | {r.tok_per_s:.0f} | "
                 f"{_f(r.accept_length)} | {_f(r.c, '.3f')} | {_f(r.limit)} | {_f(r.speedup)} | "
                 f"{_f(r.achieved_over_limit)} | {_f(r.verify_over_plain)} | {r.steps} | {_f(r.step_gain)} |"
             )
@@ -561,6 +575,7 @@ def main(argv: list[str] | None = None) -> None:
         elif skip not in notes and not args.no_hf:
             notes.append(skip)
         methods += [Method(mode, k) for mode in args.modes for k in args.ks]
+        methods += [Method("rs", k, verify="block") for k in args.ks] if args.block else []
         for temperature in args.temperatures:
             group = run_group(model, tok, head, methods, batch, temperature, args)
             add_limits(group, costs[batch])

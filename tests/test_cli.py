@@ -301,3 +301,19 @@ def test_train_mtp_has_a_flag_per_config_field(capsys):
     with pytest.raises(SystemExit) as exit_info:
         build_parser().parse_args(["train-mtp", "--loss", "kl2"])
     assert exit_info.value.code == 2 and "invalid choice: 'kl2'" in capsys.readouterr().err
+
+
+def test_verify_block_flags(use_cache, tmp_path, capsys):
+    """--verify block runs with mode rs and the engine; any other mode or backend is one line, exit 2."""
+    out = tmp_path / "out.jsonl"
+    common = ["--num-prompts", "2", "--max-new-tokens", "6", "--out", str(out)]
+    assert main(["generate", "--mode", "rs", "--verify", "block", *common]) == 0
+    assert len(out.read_text().splitlines()) == 2
+    assert main(["generate", "--mode", "to", "--verify", "block", *common[:-2], "--out", str(tmp_path / "o")]) == 2
+    assert "verify block needs mode rs" in _error_line(capsys)
+    assert main(["check-lossless", "--verify", "block", "--backend", "vllm"]) == 2
+    assert "verify block needs backend engine" in _error_line(capsys)
+    assert main(["rl", "--mode", "to", "--verify", "block", "--out", str(tmp_path / "r")]) == 2
+    assert "verify block needs mode rs" in _error_line(capsys)
+    status = main(["check-lossless", "--verify", "block", "--samples", "300"])
+    assert status in (0, 1) and "| rs block K=3 T=1, token 12 |" in capsys.readouterr().out

@@ -31,6 +31,11 @@ inconclusive. Rules:
    bootstrap interval over each role's steps.
 7. RL step speed-up of rs+e2e_tv (frozen) over ``none`` (ratio of mean step times) is >= the
    paper's lower end, 1.5x, with a block bootstrap interval.
+8. Not a claim of the paper, which verifies token by token: e2e-TV's accept-length gain over CE
+   survives block verification (Sun et al. 2024, ``bebop.speculative.block``), i.e. the gain
+   under block verification is > 0, from the head evaluations' ``accept_length_block``; gains
+   within +-``BLOCK_TIE`` are inconclusive. Whether it shrinks or grows against the token-wise
+   gain is reported, and other temperatures of the sweep are shown where they have block values.
 
 Entropy slopes (findings 1 and 2) come from up to three sources (``bebop.analysis.slopes``), all
 reported, the first comparable one deciding: RL steps (Fig. 8), the temperature sweep (Fig. 12a),
@@ -69,6 +74,7 @@ TIE_POINTS = 0.5  # findings 3-4: gaps within this many points of alpha_RS canno
 TO_SPREAD_POINTS = 0.3  # finding 5: the paper's bound on the alpha_TO spread across losses (Fig. 5)
 PAPER_SPEEDUP = (1.5, 1.8)  # finding 7: per-step RL speed-up of MTP + RS over no MTP (Fig. 7)
 TABLE2_ORDER = ("e2e_tv", "tv", "rkl", "fkl", "ce")  # finding 3, best first; the last two tie
+BLOCK_TIE = 0.005  # finding 8: accept-length gains within this many tokens per verify step cannot be told apart
 LOSS_NAMES = {"ce": "CE", "fkl": "FKL", "rkl": "RKL", "tv": "TV", "e2e_tv": "e2e TV"}
 
 __all__ = ["VERDICTS", "Finding", "HeadEval", "SweepRow", "chain_weights", "compute_findings", "findings_table"]
@@ -81,6 +87,7 @@ class HeadEval(TypedDict):
     alpha_to: list[float]  # (K,) mean p(argmax q) at draft step j
     accept_length_rs: float  # 1 + E[L] under rejection sampling
     accept_length_to: float  # 1 + E[L] under target-only verification
+    accept_length_block: float  # 1 + E[L] under rejection sampling with block verification (finding 8)
     target_entropy: float  # mean H(p) over chain steps, nats
     num_positions: int  # chains evaluated
 
@@ -187,7 +194,7 @@ def _rs_flatness_finding(sweep: Sequence[Mapping], runs: Sequence[Run]) -> Findi
 
 
 # --------------------------------------------------------------------------------------------
-# Findings 3-5: head evaluations
+# Findings 3-5 and 8: head evaluations
 # --------------------------------------------------------------------------------------------
 
 
@@ -260,6 +267,50 @@ def _to_spread_finding(head_evals: Mapping[str, Mapping]) -> Finding:
     return Finding(*args, ours, REPRODUCED if ok else NOT_REPRODUCED, note)
 
 
+def _block_lengths(evals: Mapping[str, Mapping]) -> dict[str, tuple[float, float]] | None:
+    """(token-wise, block) accept lengths of the ce and e2e_tv heads, or None when one is missing."""
+    out = {}
+    for loss in (CE_LOSS, TV_LOSS):
+        e = evals.get(loss) or {}
+        pair = (_as_float(e.get("accept_length_rs", math.nan)), _as_float(e.get("accept_length_block", math.nan)))
+        if not all(math.isfinite(v) for v in pair):
+            return None
+        out[loss] = pair
+    return out
+
+
+def _describe_block(lengths: Mapping[str, tuple[float, float]]) -> str:
+    heads = ", ".join(f"{LOSS_NAMES[k]} {t:.3f} → {b:.3f} ({b - t:+.3f})" for k, (t, b) in lengths.items())
+    gain_token = lengths[TV_LOSS][0] - lengths[CE_LOSS][0]
+    gain_block = lengths[TV_LOSS][1] - lengths[CE_LOSS][1]
+    return f"token → block: {heads}; e2e TV − CE: token {gain_token:+.3f}, block {gain_block:+.3f}"
+
+
+def _block_finding(head_evals: Mapping[str, Mapping], sweep: Sequence[Mapping]) -> Finding:
+    """Finding 8: e2e-TV's accept-length gain over CE survives block verification (K = 3, T = 1)."""
+    args = (8, "e2e-TV's accept-length gain over CE survives block verification",
+            "not in the paper (token-wise verification); block ≥ token-wise by construction (Sun et al. 2024)")
+    lengths = _block_lengths(head_evals)
+    if lengths is None:
+        return Finding(*args, MISSING, NOT_COMPARABLE,
+                       f"need accept_length_rs and accept_length_block of {CE_LOSS} and {TV_LOSS} (eval-mtp)")
+    ours = "T=1: " + _describe_block(lengths)
+    for tau in sorted({r["temperature"] for r in sweep if r.get("temperature") != 1.0}):
+        other = _block_lengths({r["loss"]: r for r in sweep if r["temperature"] == tau})
+        ours += f"; T={tau:g}: {_describe_block(other)}" if other else ""
+    gain_token = lengths[TV_LOSS][0] - lengths[CE_LOSS][0]
+    gain_block = lengths[TV_LOSS][1] - lengths[CE_LOSS][1]
+    verdict = REPRODUCED if gain_block > BLOCK_TIE else NOT_REPRODUCED if gain_block < -BLOCK_TIE else INCONCLUSIVE
+    change = gain_block - gain_token
+    trend = "is unchanged" if abs(change) <= BLOCK_TIE else "grows" if change > 0 else "shrinks"
+    facts = [f"gain under block {gain_block:+.3f} vs token-wise {gain_token:+.3f} tokens per verify step: it {trend} "
+             f"({change:+.3f}; ±{BLOCK_TIE} cannot be told apart: head evaluations report means only)"]
+    below = [k for k, (t, b) in lengths.items() if b < t - 1e-6]
+    if below:  # impossible for an exact evaluation: block accepts at least as much as token-wise
+        facts.append(f"block below token-wise for {', '.join(below)}: the evaluation is wrong")
+    return Finding(*args, ours, verdict, "; ".join(facts))
+
+
 # --------------------------------------------------------------------------------------------
 # Findings 6-7: RL runs
 # --------------------------------------------------------------------------------------------
@@ -327,7 +378,7 @@ def compute_findings(
             online_loss give their roles (none, to+ce, rs+ce, rs+e2e_tv frozen, rs+e2e_tv online CE).
 
     Returns:
-        Findings 1–7, in order. Missing inputs give ``NOT_COMPARABLE`` with the reason.
+        Findings 1–8, in order. Missing inputs give ``NOT_COMPARABLE`` with the reason.
     """
     return [
         _to_slope_finding(sweep, runs),
@@ -337,6 +388,7 @@ def compute_findings(
         _to_spread_finding(head_evals),
         _frozen_online_finding(runs),
         _speedup_finding(runs),
+        _block_finding(head_evals, sweep),
     ]
 
 

@@ -5,6 +5,11 @@ and alpha_TO,j = p_j(argmax q_j) (target-only). Per chain E[L] = sum_j prod_{i<=
 accept length = 1 + E[L] (the bonus/recovered token included, vLLM's convention). Per-step
 means average every valid (chain, step); E[L] averages the chains with all K steps inside the
 sequence (a cut chain would count as shorter, not as worse).
+
+Block verification (``bebop.speculative.block``) is scored on the same chains with the same
+premise (p_j, q_j fixed along a chain, drafts ŷ_j ~ q_j): E[L] = sum_j E[w_j], exact while the
+V^(K-1) prefix weights of a chain fit ``block.EXACT_MAX_ATOMS``, else a Monte Carlo mean over
+``block.MC_DRAWS`` draft chains per chain with a 95% normal interval (``accept_length_block_ci95``).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from bebop.losses import acceptance_stats
+from bebop.speculative import block
 from bebop.mtp.chains import check_chain_context, check_head_context
 from bebop.mtp.data import Sequences, chain_tensors, check_chain_args
 from bebop.utils import distributed
@@ -23,6 +29,8 @@ def evaluate_mtp(
     pad_id: int = 0, chain_context: str = "served",
 ) -> dict:
     """Returns ``alpha_rs``/``alpha_to`` (lists of K), ``accept_length_rs``/``accept_length_to``,
+    ``accept_length_block`` (rs with block verification; ``accept_length_block_ci95`` its 95% half-width,
+    0 when ``accept_length_block_method`` is "exact"),
     ``target_entropy`` (mean nats over chain steps), ``num_positions`` (chains) and ``num_full_chains``;
     ``chain_context`` is the attention context of depths >= 2 (``bebop.mtp.chains``; "served" = the engine's).
 
@@ -39,7 +47,7 @@ def evaluate_mtp(
             for n, i in enumerate(starts) if n % distributed.world_size() == distributed.rank()}
     parts = {i: sums for ranks in distributed.gather_objects(mine) for i, sums in ranks.items()}
     sums = {"rs": torch.zeros(speculate_k), "to": torch.zeros(speculate_k), "count": torch.zeros(speculate_k)}
-    el = {"rs": 0.0, "to": 0.0}
+    el = {"rs": 0.0, "to": 0.0, "block": 0.0, "block_var": 0.0}
     entropy_sum, num_chains, num_full = 0.0, 0, 0
     for i in starts:  # NOTE: in batch order, as one process adds them
         part = parts[i]
@@ -48,14 +56,18 @@ def evaluate_mtp(
         entropy_sum += part["entropy"]
         num_chains += part["num_chains"]
         num_full += part["num_full"]
-        el["rs"] += part["el_rs"]
-        el["to"] += part["el_to"]
+        for key in el:
+            el[key] += part["el_" + key]
     count = sums["count"].clamp_min(1)
+    full = max(num_full, 1)
     return {
         "alpha_rs": (sums["rs"] / count).tolist(),
         "alpha_to": (sums["to"] / count).tolist(),
         "accept_length_rs": 1.0 + el["rs"] / max(num_full, 1),
         "accept_length_to": 1.0 + el["to"] / max(num_full, 1),
+        "accept_length_block": 1.0 + el["block"] / full,
+        "accept_length_block_ci95": BLOCK_CI_Z * el["block_var"] ** 0.5 / full,
+        "accept_length_block_method": _block_method(backbone.get_output_embeddings().weight.shape[0], speculate_k),
         "target_entropy": entropy_sum / float(sums["count"].sum().clamp_min(1)),
         "num_positions": num_chains,
         "num_full_chains": num_full,
@@ -63,6 +75,26 @@ def evaluate_mtp(
         "temperature": temperature,
         "chain_context": chain_context,
     }
+
+
+BLOCK_CI_Z = 1.96  # normal quantile of the 95% interval of a sampled block accept length
+
+
+def _block_method(vocab: int, speculate_k: int) -> str:
+    exact = vocab ** max(speculate_k - 1, 0) <= block.EXACT_MAX_ATOMS
+    return "exact" if exact else f"monte carlo, {block.MC_DRAWS} draft chains per chain"
+
+
+def _block_sums(draft: torch.Tensor, target: torch.Tensor, temperature: float, seed: int) -> tuple[float, float]:
+    """(sum over chains of E[block accepts], sum of its Monte Carlo variances) for draft/target logits (N, K, V)."""
+    if draft.shape[0] == 0:
+        return 0.0, 0.0
+    q = (draft.double() / temperature).softmax(-1)
+    p = (target.double() / temperature).softmax(-1)
+    if draft.shape[-1] ** max(draft.shape[1] - 1, 0) <= block.EXACT_MAX_ATOMS:
+        return float(block.expected_block_accepts(p, q).sum()), 0.0
+    mean, var = block.sampled_block_accepts(p, q, torch.Generator().manual_seed(seed))
+    return float(mean.sum()), float(var.sum())
 
 
 def _batch_sums(backbone, head, data: Sequences, rows: range, speculate_k: int, temperature: float, pad_id: int,
@@ -82,21 +114,32 @@ def _batch_sums(backbone, head, data: Sequences, rows: range, speculate_k: int, 
         "num_full": int(full.sum()),
         "el_rs": float(alpha_rs.cpu()[full].cumprod(1).sum()),
         "el_to": float(alpha_to.cpu()[full].cumprod(1).sum()),
+        **dict(zip(("el_block", "el_block_var"),
+                   _block_sums(draft[full.to(draft.device)], target[full.to(draft.device)], temperature, rows[0]))),
     }
+
+
+def _block_cell(result: dict) -> str:
+    """The block accept length, with its 95% half-width when sampled; "-" for results without it."""
+    if "accept_length_block" not in result:
+        return "-"
+    half = result.get("accept_length_block_ci95", 0.0)
+    return f"{result['accept_length_block']:.3f}" + (f" ± {half:.3f}" if half else "")
 
 
 def acceptance_table(results: dict[str, dict]) -> str:
     """Markdown table of eval-mtp results: per-step RS/TO acceptance and accept lengths.
 
-    Example row: ``| e2e_tv | 0.912 0.871 0.830 | 0.901 0.850 0.805 | 3.366 | 3.283 | 0.450 |``.
+    Example row: ``| e2e_tv | 0.912 0.871 0.830 | 0.901 0.850 0.805 | 3.366 | 3.391 | 3.283 | 0.450 |``.
     """
     lines = [
-        "| head | alpha_RS per step | alpha_TO per step | accept length RS | accept length TO | H(p) nats |",
-        "|---|---|---|---|---|---|",
+        "| head | alpha_RS per step | alpha_TO per step | accept length RS | accept length RS block | accept length TO "
+        "| H(p) nats |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, r in results.items():
         rs = " ".join(f"{a:.3f}" for a in r["alpha_rs"])
         to = " ".join(f"{a:.3f}" for a in r["alpha_to"])
-        lines.append(f"| {name} | {rs} | {to} | {r['accept_length_rs']:.3f} | {r['accept_length_to']:.3f} | "
-                     f"{r['target_entropy']:.3f} |")
+        lines.append(f"| {name} | {rs} | {to} | {r['accept_length_rs']:.3f} | {_block_cell(r)} | "
+                     f"{r['accept_length_to']:.3f} | {r['target_entropy']:.3f} |")
     return "\n".join(lines)

@@ -28,6 +28,7 @@ from bebop.config import (
     AUTO_EVERY,
     AUTO_MAX_K,
     DRAFT_LOSS_NAMES,
+    VERIFY_CHOICES,
     Flag,
     flags_of,
     is_auto,
@@ -76,6 +77,8 @@ class RLConfig:
 
     mode: str = option("rs", "rollout decoding: none (plain) | to (target-only) | rs (rejection sampling) | auto")
     speculate_k: int = option(3, "K, drafts verified per target forward in the rollout; or auto (1-4)")
+    verify: str = option("token", "how mode rs verifies a drafted chain: token (token-wise) | block (jointly, "
+                         "Sun et al. 2024; exact, never fewer accepted drafts in expectation)", choices=VERIFY_CHOICES)
     auto_every: int = option(AUTO_EVERY,
                              "with mode or speculate_k auto: probe every this many steps (choose in between; "
                              "a setting chosen for the first time is confirmed by a probe in the next step)")
@@ -154,6 +157,7 @@ def check_rl_config(cfg: RLConfig) -> None:
     """Raises BebopError (one line) on a value no run could use."""
     from bebop.losses import DRAFT_LOSSES
     from bebop.rollout.base import BACKENDS
+    from bebop.speculative.block import verify_problem
     from bebop.speculative.engine import MODES, SamplingParams, check_sampling
 
     problems = []
@@ -163,6 +167,8 @@ def check_rl_config(cfg: RLConfig) -> None:
         problems.append(f"mode {cfg.mode!r} is not one of {', '.join(MODES)}, {AUTO}")
     if is_auto(cfg.mode, cfg.speculate_k) and cfg.backend != "engine":
         problems.append(f"mode/speculate_k {AUTO} needs backend engine (it reads the engine's step times and alphas)")
+    if problem := verify_problem(cfg.mode, cfg.verify, cfg.backend):
+        problems.append(problem)
     if cfg.task not in TASKS:
         problems.append(f"task {cfg.task!r} is not one of {', '.join(TASKS)}")
     if cfg.task == "math" and not cfg.data:

@@ -105,7 +105,7 @@ class RolloutRunner:
 
         cfg = self.cfg
         sampling = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p, cfg.max_new_tokens)
-        spec = SpecConfig(cfg.mode, cfg.speculate_k)
+        spec = SpecConfig(cfg.mode, cfg.speculate_k, verify=cfg.verify)
         prompts = batch.prompt_ids or batch.prompts
         first, last = distributed.shard_range(len(prompts), "prompts_per_step")  # this rank's prompts
         start = time.perf_counter()

@@ -189,6 +189,8 @@ class VllmBackend(RolloutBackend):
             raise BebopError("the vllm backend drafts at the sampling temperature; draft_temperature must be None")
         if getattr(spec, "filter_drafts", False):
             raise BebopError("the vllm backend samples drafts unfiltered; filter_drafts is not available on it")
+        if spec.verify != "token":
+            raise BebopError("the vllm backend verifies token by token; verify block needs backend engine")
         key = (spec.mode, spec.speculate_k if spec.mode != "none" else 0)
         if self._llm is not None and self._key == key and _LIVE["llm"] is self._llm:
             return self._llm

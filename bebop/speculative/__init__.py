@@ -1,9 +1,10 @@
-"""Speculative decoding: verification (``rejection_sample``, ``greedy_verify``) and the batched engine.
+"""Speculative decoding: verification (``rejection_sample``, ``block_verify``, ``greedy_verify``) and the batched engine.
 
 Verification knows nothing about where drafts come from: it takes tensors and returns tokens and
 counts. The engine (``generate``) drafts with an MTP head and verifies with the target.
 """
 
+from bebop.speculative.block import block_verify
 from bebop.speculative.engine import MODES, GenerationResult, SamplingParams, SpecConfig, generate
 from bebop.speculative.sampling import PAD_TOKEN_ID, greedy_verify, logits_to_probs, rejection_sample
 from bebop.speculative.stats import SpecStats
@@ -15,6 +16,7 @@ __all__ = [
     "SamplingParams",
     "SpecConfig",
     "SpecStats",
+    "block_verify",
     "generate",
     "greedy_verify",
     "logits_to_probs",

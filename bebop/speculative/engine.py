@@ -5,7 +5,8 @@ One verify step of a row (``to``/``rs``)::
 
     draft:   d_1..d_K from the MTP head, chained (step j feeds step j-1's hidden state and d_{j-1})
     verify:  one target forward over [last token, d_1..d_K] -> p_1..p_{K+1}
-    accept:  rejection_sample (RS, q = the draft's distribution) or target-only (q one-hot)
+    accept:  rejection_sample (RS, q = the draft's distribution) or target-only (q one-hot); RS with
+             ``SpecConfig.verify="block"`` accepts the chain jointly (``bebop.speculative.block``)
     commit:  the row keeps 1 + num_accepted KV entries; the recovered/bonus token is the next "last token"
 
 Rows accept different numbers of tokens in the same step; a ``RaggedKVCache`` (one per model)
@@ -41,6 +42,7 @@ import torch
 from bebop.config import is_auto
 from bebop.mtp.head import decoder_states
 from bebop.speculative import attention, rng
+from bebop.speculative.block import block_verify_from_noise, verify_problem
 from bebop.speculative.kv_cache import RaggedKVCache, fill_order
 from bebop.speculative.sampling import (
     COIN_DTYPE,
@@ -80,6 +82,7 @@ class SpecConfig:
     speculate_k: int | str = 3  # K, drafts verified per target pass (| "auto", as for mode)
     draft_temperature: float | None = None  # temperature of q; None = the sampling temperature
     filter_drafts: bool = False  # apply the sampling top-k/top-p to q too (drafts and verification)
+    verify: str = "token"  # token: token-wise rejection sampling | block: bebop.speculative.block (mode rs only)
 
 
 @dataclass
@@ -298,6 +301,8 @@ def _check_args(model, mtp, prompts, sampling: SamplingParams, spec: SpecConfig)
         raise BebopError(f"mode {spec.mode!r} needs an MTP head (--mtp)")
     if spec.mode != "none" and spec.speculate_k < 1:
         raise BebopError(f"speculate_k must be >= 1, got {spec.speculate_k}")
+    if problem := verify_problem(spec.mode, spec.verify):
+        raise BebopError(problem)
     check_sampling(sampling)
     if not prompts:
         raise BebopError("no prompts given")
@@ -467,7 +472,8 @@ class _Runner:
             bits = rng.keyed_bits(rows.keys[:, :2], rows.counters, (p.shape[-1],))  # (R, 2, V)
             coins = rng.uniform_from_bits(bits[:, 0, : self.k], COIN_DTYPE)
             race = rng.exponential_from_bits(bits[:, 1])
-            out, accepted = rejection_sample_from_noise(p, drafts, q_verify, coins, race, validate=False)
+            verify = block_verify_from_noise if self.spec.verify == "block" else rejection_sample_from_noise
+            out, accepted = verify(p, drafts, q_verify, coins, race, validate=False)
         p_draft = p[:, : self.k]
         alpha_to = p_draft.gather(-1, q.argmax(-1, keepdim=True))[..., 0]
         # NOTE: host sync 1 of 2 per step: the counts (they drive the host-side bookkeeping) carry q's finiteness

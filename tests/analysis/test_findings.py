@@ -36,8 +36,9 @@ SWEEP_TEMPERATURES = (0.1, 0.3, 0.5, 0.7, 1.0, 1.3)
 # --------------------------------------------------------------------------------------------
 
 
-def _head_evals(rs_offsets=None, to_offsets=None):
-    """eval-mtp dicts per loss: alpha_RS = CE's + offset (points, per step); alpha_TO likewise."""
+def _head_evals(rs_offsets=None, to_offsets=None, block_gains=None):
+    """eval-mtp dicts per loss: alpha_RS = CE's + offset (points, per step); alpha_TO likewise; the block
+    accept length = the RS one + block_gains[loss] (default 0.03 for every loss)."""
     rs_offsets = rs_offsets or {"ce": (0, 0, 0), "fkl": (0.1, 0.1, 0.1), "rkl": (1.3, 1.3, 1.3),
                                 "tv": (2.4, 2.4, 2.4), "e2e_tv": (2.0, 3.5, 5.0)}
     to_offsets = to_offsets or {loss: (0.05 * i,) * K for i, loss in enumerate(rs_offsets)}
@@ -49,6 +50,7 @@ def _head_evals(rs_offsets=None, to_offsets=None):
         out[loss] = {"alpha_rs": alpha_rs, "alpha_to": alpha_to, "accept_length_rs": expected_accept_length(alpha_rs),
                      "accept_length_to": expected_accept_length(alpha_to), "target_entropy": 0.4,
                      "num_positions": 500}
+        out[loss]["accept_length_block"] = out[loss]["accept_length_rs"] + (block_gains or {}).get(loss, 0.03)
     return out
 
 
@@ -128,9 +130,9 @@ def _by_number(findings):
 
 def test_all_findings_reproduced_on_paper_like_data():
     findings = compute_findings(_head_evals(), _sweep(), _runs())
-    assert [f.number for f in findings] == list(range(1, 8))
+    assert [f.number for f in findings] == list(range(1, 9))
     assert all(isinstance(f, Finding) and f.verdict in VERDICTS for f in findings)
-    assert {f.number: f.verdict for f in findings} == dict.fromkeys(range(1, 8), REPRODUCED)
+    assert {f.number: f.verdict for f in findings} == dict.fromkeys(range(1, 9), REPRODUCED)
     f = _by_number(findings)
     assert "RL steps" in f[1].note and "RL steps" in f[2].note  # the preferred source decides
     assert "order e2e_tv > tv > rkl > fkl ≈ ce" in f[3].ours
@@ -144,7 +146,7 @@ def test_table_has_one_row_per_finding_and_the_notes():
     lines = text.splitlines()
     assert lines[0] == "| # | finding | paper | ours | verdict |"
     rows = [line for line in lines[2:] if line.startswith("| ")]
-    assert len(rows) == len(findings) == 7
+    assert len(rows) == len(findings) == 8
     for f, row in zip(findings, rows):
         assert row.startswith(f"| {f.number} |") and row.rstrip().endswith(f"| {f.verdict} |")
     assert "Notes:" in text and "no to+ce run" in text  # computed reasons travel with the table
@@ -330,3 +332,33 @@ def test_runs_loaded_from_directories(tmp_path):
     findings = compute_findings(_head_evals(), _sweep(), [load_run(p) for p in paths])
     assert all(f.verdict == REPRODUCED for f in findings)
     assert not any(isinstance(v, float) and math.isnan(v) for f in findings for v in vars(f).values())
+
+
+# --------------------------------------------------------------------------------------------
+# Finding 8: block verification
+# --------------------------------------------------------------------------------------------
+
+
+def test_finding8_block_gain_survives_shrinks_or_reverses():
+    evals = _head_evals(block_gains={"ce": 0.02, "e2e_tv": 0.05})
+    token_gain = evals["e2e_tv"]["accept_length_rs"] - evals["ce"]["accept_length_rs"]
+    sweep = [{**row, "accept_length_block": row["accept_length_rs"] + 0.01} for row in _sweep()]
+    f = _by_number(compute_findings(evals, sweep, []))[8]
+    assert f.verdict == REPRODUCED and "grows (+0.030" in f.note
+    assert f"token {token_gain:+.3f}, block {token_gain + 0.03:+.3f}" in f.ours and "T=0.7:" in f.ours
+    shrinks = _by_number(compute_findings(_head_evals(block_gains={"ce": 0.08, "e2e_tv": 0.01}), [], []))[8]
+    assert "shrinks" in shrinks.note
+    assert shrinks.verdict == (REPRODUCED if token_gain - 0.07 > 0.005 else NOT_REPRODUCED)
+    gone = _by_number(compute_findings(_head_evals(block_gains={"ce": token_gain + 0.1, "e2e_tv": 0.0}), [], []))[8]
+    assert gone.verdict == NOT_REPRODUCED
+    tied = _by_number(compute_findings(_head_evals(block_gains={"ce": token_gain, "e2e_tv": 0.001}), [], []))[8]
+    assert tied.verdict == INCONCLUSIVE
+    wrong = _by_number(compute_findings(_head_evals(block_gains={"ce": -0.01}), [], []))[8]
+    assert "the evaluation is wrong" in wrong.note
+
+
+def test_finding8_not_comparable_without_block_lengths():
+    evals = _head_evals()
+    del evals["ce"]["accept_length_block"]
+    f = _by_number(compute_findings(evals, [], []))[8]
+    assert f.verdict == NOT_COMPARABLE and "accept_length_block" in f.note

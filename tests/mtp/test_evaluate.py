@@ -85,11 +85,24 @@ def _reference_chains(model, head, data: Sequences, num_steps: int, chain_contex
     return chains
 
 
+def _block_accepts_by_enumeration(p: torch.Tensor, q: torch.Tensor) -> float:  # (K, V) each
+    """E[accepted drafts] of block verification: every draft sequence x ~ q, Σ_j w_j with
+    w_j = min(1, w_{j-1} p_j(x_j) / q_j(x_j)) (Sun et al. 2024), summed with weight Π_j q_j(x_j)."""
+    k, vocab = p.shape
+    seqs = torch.cartesian_prod(*[torch.arange(vocab)] * k).view(-1, k)  # (V^K, K)
+    steps = torch.arange(k)
+    weight, total = torch.ones(len(seqs), dtype=torch.float64), torch.zeros(len(seqs), dtype=torch.float64)
+    for j in range(k):
+        weight = torch.minimum(torch.ones_like(weight), weight * p[j, seqs[:, j]] / q[j, seqs[:, j]])
+        total += weight
+    return float((q[steps, seqs].prod(1) * total).sum())
+
+
 def _reference_stats(chains, num_steps: int, temperature: float) -> dict:
     """Per-step means of alpha_RS = sum_v min(p, q) and alpha_TO = p(argmax q) over every existing step,
     accept lengths 1 + mean over full chains of sum_j prod_{i<=j} alpha_i, and mean H(p) over steps."""
     sums = {"rs": [0.0] * num_steps, "to": [0.0] * num_steps, "count": [0] * num_steps}
-    el_rs, el_to, entropy, num_full = 0.0, 0.0, 0.0, 0
+    el_rs, el_to, el_block, entropy, num_full = 0.0, 0.0, 0.0, 0.0, 0
     for target, drafts in chains:
         logp = (target.double() / temperature).log_softmax(-1)
         p, q = logp.exp(), (drafts.double() / temperature).softmax(-1)
@@ -104,11 +117,13 @@ def _reference_stats(chains, num_steps: int, temperature: float) -> dict:
             num_full += 1
             el_rs += float(rs.cumprod(0).sum())
             el_to += float(to.cumprod(0).sum())
+            el_block += _block_accepts_by_enumeration(p, q)
     return {
         "alpha_rs": [s / n for s, n in zip(sums["rs"], sums["count"])],
         "alpha_to": [s / n for s, n in zip(sums["to"], sums["count"])],
         "accept_length_rs": 1 + el_rs / num_full,
         "accept_length_to": 1 + el_to / num_full,
+        "accept_length_block": 1 + el_block / num_full,
         "target_entropy": entropy / sum(sums["count"]),
         "num_positions": len(chains),
         "num_full_chains": num_full,
@@ -118,8 +133,10 @@ def _reference_stats(chains, num_steps: int, temperature: float) -> dict:
 def _assert_results_close(result: dict, expected: dict, atol: float = ATOL) -> None:
     for key in ("alpha_rs", "alpha_to"):
         assert result[key] == pytest.approx(expected[key], abs=atol), key
-    for key in ("accept_length_rs", "accept_length_to", "target_entropy"):
+    for key in ("accept_length_rs", "accept_length_to", "accept_length_block", "target_entropy"):
         assert result[key] == pytest.approx(expected[key], abs=atol), key
+    assert result["accept_length_block"] >= result["accept_length_rs"] - atol  # block never accepts fewer
+    assert result["accept_length_block_method"] == "exact" and result["accept_length_block_ci95"] == 0
     for key in ("num_positions", "num_full_chains"):
         assert result[key] == expected[key], key
 
@@ -176,6 +193,7 @@ def test_one_step_accept_length_is_one_plus_alpha(setup):
     assert result["num_full_chains"] == result["num_positions"] == 26
     assert result["accept_length_rs"] == pytest.approx(1 + result["alpha_rs"][0], abs=1e-6)
     assert result["accept_length_to"] == pytest.approx(1 + result["alpha_to"][0], abs=1e-6)
+    assert result["accept_length_block"] == pytest.approx(result["accept_length_rs"], abs=1e-6)  # K = 1: the same
 
 
 def test_deeper_chains_keep_the_shallow_steps(setup):
@@ -239,13 +257,14 @@ def test_acceptance_table_rounds_to_three_decimals():
         "e2e_tv": {"alpha_rs": [0.91249, 0.87151], "alpha_to": [0.90149, 0.8496], "accept_length_rs": 2.70919,
                    "accept_length_to": 2.6668, "target_entropy": 0.44951},
     }
+    results["e2e_tv"].update(accept_length_block=2.71251, accept_length_block_ci95=0.0021)
     lines = acceptance_table(results).splitlines()
-    assert lines[0] == ("| head | alpha_RS per step | alpha_TO per step | accept length RS | accept length TO "
-                        "| H(p) nats |")
-    assert lines[1] == "|---|---|---|---|---|---|"
+    assert lines[0] == ("| head | alpha_RS per step | alpha_TO per step | accept length RS | accept length RS block "
+                        "| accept length TO | H(p) nats |")
+    assert lines[1] == "|---|---|---|---|---|---|---|"
     assert lines[2:] == [
-        "| ce | 0.500 0.250 | 0.400 0.125 | 1.625 | 1.450 | 2.000 |",
-        "| e2e_tv | 0.912 0.872 | 0.901 0.850 | 2.709 | 2.667 | 0.450 |",
+        "| ce | 0.500 0.250 | 0.400 0.125 | 1.625 | - | 1.450 | 2.000 |",
+        "| e2e_tv | 0.912 0.872 | 0.901 0.850 | 2.709 | 2.713 ± 0.002 | 2.667 | 0.450 |",
     ]
 
 
@@ -257,7 +276,8 @@ def test_acceptance_table_of_an_evaluation(setup):
     assert cells[0] == "head"
     assert cells[1].split() == [f"{a:.3f}" for a in result["alpha_rs"]]
     assert cells[2].split() == [f"{a:.3f}" for a in result["alpha_to"]]
-    assert cells[3:] == [f"{result[k]:.3f}" for k in ("accept_length_rs", "accept_length_to", "target_entropy")]
+    assert cells[3:] == [f"{result[k]:.3f}" for k in ("accept_length_rs", "accept_length_block", "accept_length_to",
+                                                      "target_entropy")]
 
 
 # ----------------------------------------------------------------------------- bad input

@@ -30,7 +30,8 @@ False-alarm odds: each informative check fails by chance with probability ``alph
 sampler is exact, so with m informative checks the chance of at least one false alarm is
 1 - (1 - alpha)^m (at most m * alpha by the union bound, which holds although checks share
 samples). With the defaults, alpha = 3e-4 and at most m = 73 checks (12 marginals + 1 joint for
-each K = 3 setting, 6 + 1 for each K = 1 setting): at most 2.2%. A failing check is evidence only
+each K = 3 setting, 6 + 1 for each K = 1 setting): at most 2.2%. With ``verify="block"``
+(``BLOCK_LOSSLESS_CONFIGS``, block verification in mode rs) at most m = 49 checks: at most 1.5%. A failing check is evidence only
 if it fails again with another seed or if its p-value is far below alpha (a broken sampler
 typically gives p < 1e-10).
 
@@ -86,6 +87,7 @@ class LosslessConfig:
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1 = off
     batch_mix: bool = False  # interleave the tested prompt's rows with rows of the other prompts
+    verify: str = "token"  # token | block (bebop.speculative.block; mode rs only)
 
     @property
     def sampling_key(self) -> tuple[float, int, float]:
@@ -110,6 +112,13 @@ LOSSLESS_CONFIGS = (  # every mode meets both K, both temperatures, top-k/top-p 
     LosslessConfig("rs", 3, 1.0, top_k=20, top_p=0.9, batch_mix=True),
     LosslessConfig("to", 1, 1.0, top_k=20, top_p=0.9),
     LosslessConfig("to", 3, 0.7, batch_mix=True),
+)
+# Block verification (``--verify block``) is rs only: K = 2 and 3, both temperatures, top-k/top-p, a batch mix.
+BLOCK_LOSSLESS_CONFIGS = (
+    LosslessConfig("rs", 3, 1.0, verify="block"),
+    LosslessConfig("rs", 3, 0.7, verify="block"),
+    LosslessConfig("rs", 3, 1.0, top_k=20, top_p=0.9, batch_mix=True, verify="block"),
+    LosslessConfig("rs", 2, 0.7, top_k=20, top_p=0.9, verify="block"),
 )
 # Another engine (``--backend vllm``) runs one K per engine start, so its settings share K = 3 and
 # group by mode: three engine starts (plain, rs, to) cover all of them.
@@ -241,8 +250,13 @@ CHECK_KINDS: dict[str, Callable[[CheckInputs], list[LosslessCheck]]] = {
 }
 
 
+def lossless_configs(verify: str = "token") -> tuple[LosslessConfig, ...]:
+    """The engine's default settings for a verifier: LOSSLESS_CONFIGS (token) or BLOCK_LOSSLESS_CONFIGS (block)."""
+    return BLOCK_LOSSLESS_CONFIGS if verify == "block" else LOSSLESS_CONFIGS
+
+
 def _config_name(config: LosslessConfig) -> str:
-    name = f"{config.mode} K={config.k} T={config.temperature:g}"
+    name = f"{config.mode}{' block' if config.verify == 'block' else ''} K={config.k} T={config.temperature:g}"
     if config.top_k:
         name += f" top-k={config.top_k}"
     if config.top_p < 1:
@@ -300,8 +314,10 @@ def _check_inputs(head, prompts, num_samples: int, alpha: float, configs) -> Non
     if any(c.batch_mix for c in configs) and len(prompts) < 2:
         raise BebopError("batch-mix checks need at least two prompts: the first is tested, the rest are mixed in")
     for c in configs:
-        if c.mode not in ("to", "rs") or c.k < 1 or c.temperature <= 0:
-            raise BebopError(f"bad lossless config {c}: mode to|rs, k >= 1 and temperature > 0")
+        if c.mode not in ("to", "rs") or c.k < 1 or c.temperature <= 0 or c.verify not in ("token", "block") \
+                or (c.verify == "block" and c.mode != "rs"):
+            raise BebopError(f"bad lossless config {c}: mode to|rs, k >= 1, temperature > 0, verify token|block "
+                             "(block with rs only)")
 
 
 def run_lossless_checks(
@@ -363,7 +379,8 @@ def run_lossless_checks(
                                                                       enabled=show_progress)):
         temperature, top_k, top_p = key
         sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=num_tokens)
-        spec = SpecConfig(mode="none") if config is None else SpecConfig(mode=config.mode, speculate_k=config.k)
+        spec = SpecConfig(mode="none") if config is None else SpecConfig(mode=config.mode, speculate_k=config.k,
+                                                                         verify=config.verify)
         rows, is_tested = _batch_rows(tested, others, num_samples, config is not None and config.batch_mix)
         sampler = references[label] if config is None else backend
         try:

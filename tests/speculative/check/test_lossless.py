@@ -23,6 +23,7 @@ import torch
 from bebop.speculative import engine, sampling
 from bebop.speculative.check import lossless
 from bebop.speculative.check.lossless import (
+    BLOCK_LOSSLESS_CONFIGS,
     ENDED,
     LOSSLESS_CONFIGS,
     LosslessCheck,
@@ -201,6 +202,23 @@ def test_rollback_defect_shows_only_past_the_first_three_tokens(config, broken, 
     deep = [c for c in checks if c.tokens[-1] > 3]
     assert min(c.p_value for c in deep) < BROKEN_P_VALUE, table
     assert not summarize_checks(checks).passed and "FAIL" in table
+
+
+def test_block_verification_passes_and_a_broken_block_verifier_fails(monkeypatch):
+    """``--verify block``: the exact engine passes BLOCK_LOSSLESS_CONFIGS (false-alarm odds 1 - (1 - 3e-4)^49
+    = 1.5% for a seed picked at random); the block correction dropped from the residual (thresholds and
+    emitted token) fails with p below BROKEN_P_VALUE."""
+    from bebop.speculative import block
+
+    model, head = _tiny()
+    checks = run_lossless_checks(model, ToyTokenizer(), head, num_samples=NUM_SAMPLES, seed=0, prompts=PROMPTS,
+                                 configs=BLOCK_LOSSLESS_CONFIGS)
+    assert len(checks) == 49 and all(" block " in c.name for c in checks)
+    assert summarize_checks(checks).passed, format_lossless_table(checks)
+    monkeypatch.setattr(block, "block_residual", lambda p, q, w: (p.double() - q.double()).clamp_min(0.0))
+    broken = run_lossless_checks(model, ToyTokenizer(), head, num_samples=NUM_SAMPLES_BROKEN, seed=0,
+                                 prompts=PROMPTS, configs=BLOCK_LOSSLESS_CONFIGS[:1])
+    assert min(c.p_value for c in broken) < BROKEN_P_VALUE, format_lossless_table(broken)
 
 
 # ----------------------------------------------------------------------------- report and errors
