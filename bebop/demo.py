@@ -173,7 +173,8 @@ def _rl_run(cfg: DemoConfig, out: Path, model_dir: Path, head_dirs: dict[str, Pa
 
 def _report(cfg: DemoConfig, out: Path, model_dir: Path, head_evals: dict, sweep: list, run_dirs: list[Path]) -> Path:
     from bebop.analysis.findings import compute_findings
-    from bebop.analysis.report import load_run, write_report
+    from bebop.analysis.report import write_report
+    from bebop.analysis.runs import load_run
 
     runs = [load_run(d) for d in run_dirs]
     findings = compute_findings(head_evals, sweep, runs)
@@ -212,7 +213,7 @@ MIN_ENTROPY_CHANGE = 0.4  # the demo's bar: the none run's entropy moves by >= 4
 def rl_moved_policy(runs: list) -> str:
     """Whether RL moved the policy enough to test the entropy findings: the none run's entropy change is at least
     MIN_ENTROPY_CHANGE of its start and its accuracy interval excludes 0 (both block-bootstrap intervals)."""
-    from bebop.analysis.report import summarize_run
+    from bebop.analysis.summary import summarize_run
     from bebop.analysis.roles import none_runs
 
     base = none_runs(runs)

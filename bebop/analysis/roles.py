@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from bebop.analysis.report import Run
+    from bebop.analysis.runs import Run
 
 CE_LOSS = "ce"  # the baseline draft loss
 TV_LOSS = "e2e_tv"  # the paper's recommended draft loss

@@ -23,7 +23,7 @@ from bebop.analysis.findings import (
     findings_table,
 )
 from bebop.analysis.fit import expected_accept_length
-from bebop.analysis.report import Run, load_run
+from bebop.analysis.runs import Run, load_run
 from bebop.analysis.slopes import token_estimate
 
 K = 3

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from bebop.analysis import plots
-from bebop.analysis.report import load_run, run_label, summarize_run, write_report
+from bebop.analysis.report import write_report
+from bebop.analysis.runs import load_run, run_label
+from bebop.analysis.summary import summarize_run
 from bebop.utils.io import BebopError
 
 NUM_STEPS = 40

@@ -12,7 +12,8 @@ import json
 import pytest
 import torch
 
-from bebop.analysis.report import load_run, summarize_run
+from bebop.analysis.runs import load_run
+from bebop.analysis.summary import summarize_run
 from bebop.embedded import PretrainConfig, build_model, build_tokenizer
 from bebop.mtp.head import MtpHead
 from bebop.rl import RLConfig, config_fields, flat_config, resolve_rl_config, train_rl
