@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 
 DEFAULT_TIMEOUT_S = 600  # the longest a rank waits in a collective (e.g. while rank 0 writes a checkpoint)
 TIMEOUT_ENV = "BEBOP_DIST_TIMEOUT_S"  # overrides DEFAULT_TIMEOUT_S
