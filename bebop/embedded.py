@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerFast, Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
-from bebop.models import load_model
+from bebop.pretrained import load_pretrained
 from bebop.task import arith
 from bebop.utils.io import BebopError, atomic_dir, entry_lock, read_json, write_json
 from bebop.utils.optim import make_adamw, master_state_dict
@@ -227,9 +227,36 @@ def ensure_embedded_model(show_progress: bool = True) -> Path:
     return path
 
 
+def load_embedded_model(device: str = "auto", show_progress: bool = True, dtype: str | torch.dtype = "auto"):
+    """The embedded model and tokenizer (``load_pretrained``), pretraining the model first when it is not cached."""
+    resolve_dtype(dtype, resolve_device(device))  # NOTE: a bad --device or --dtype fails before any pretraining
+    path = ensure_embedded_model(show_progress)
+    fix = f"; it is the cached embedded model: delete {path} and it is pretrained again on next use"
+    return load_pretrained(path, device, dtype, fix=fix)
+
+
 SELFGEN_TRAIN = 2048  # self-generated sequences the embedded heads train on
 SELFGEN_EVAL = 256  # held-out self-generated sequences for eval-mtp
 SELFGEN_SEEDS = {"train": 1000, "eval": 2000}  # problem/sampling seeds of the two splits
+
+
+def self_generated(model, tokenizer, num: int, seed: int, temperature: float = 1.0, batch_size: int = 64) -> Sequences:
+    """The embedded task's completions sampled from the model itself at ``temperature`` (the policy's own data)."""
+    from bebop.mtp.data import Sequences
+    from bebop.speculative.engine import SamplingParams, generate
+
+    problems = arith.make_problems(num, seed=seed)
+    token_ids, starts = [], []
+    for i in range(0, num, batch_size):
+        chunk = problems[i : i + batch_size]
+        result = generate(
+            model, tokenizer, [p.prompt for p in chunk], sampling=SamplingParams(temperature=temperature, max_new_tokens=64),
+            seed=seed, row_ids=list(range(i, i + len(chunk))),
+        )
+        for prompt, completion in zip(result.prompt_ids, result.token_ids):
+            token_ids.append(prompt + completion)
+            starts.append(len(prompt))
+    return Sequences(token_ids, starts)
 
 
 def embedded_data(split: str, model=None, tok=None, num: int | None = None, path: Path | None = None):
@@ -240,11 +267,11 @@ def embedded_data(split: str, model=None, tok=None, num: int | None = None, path
     when the file is being created; ``path`` replaces the cache location (the quick demo keeps its
     own; its stem gets the same suffix).
     """
-    from bebop.mtp.data import Sequences, self_generated
+    from bebop.mtp.data import Sequences
     from bebop.utils.io import atomic_write_text, read_jsonl
 
     if model is None:
-        model, tok = load_model(dtype=CACHE_DTYPE)
+        model, tok = load_embedded_model(dtype=CACHE_DTYPE)
     path = path or cache_dir() / f"embedded-{EMBEDDED_VERSION}" / f"selfgen-{split}.jsonl"
     path = path.with_name(f"{path.stem}-{state_sha256(model)[:16]}{path.suffix}")
     with entry_lock(path):
@@ -278,7 +305,7 @@ def ensure_embedded_head(loss: str = "e2e_tv", model=None, tok=None, show_progre
     root = root or embedded_head_dir(loss).parent
     path = root / loss
     if model is None:
-        model, tok = load_model(show_progress=show_progress, dtype=CACHE_DTYPE)
+        model, tok = load_embedded_model(show_progress=show_progress, dtype=CACHE_DTYPE)
     model_sha256 = state_sha256(model)
     with entry_lock(path):
         if (path / CONFIG_NAME).is_file() and _trained_on(path) == model_sha256:

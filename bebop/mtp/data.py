@@ -105,25 +105,6 @@ def check_chain_args(data: Sequences, speculate_k: int, temperature: float) -> N
                          f"{deepest} steps")
 
 
-def self_generated(model, tokenizer, num: int, seed: int, temperature: float = 1.0, batch_size: int = 64) -> Sequences:
-    """The embedded task's completions sampled from the model itself at ``temperature`` (the policy's own data)."""
-    from bebop.speculative.engine import SamplingParams, generate
-    from bebop.task import arith
-
-    problems = arith.make_problems(num, seed=seed)
-    token_ids, starts = [], []
-    for i in range(0, num, batch_size):
-        chunk = problems[i : i + batch_size]
-        result = generate(
-            model, tokenizer, [p.prompt for p in chunk], sampling=SamplingParams(temperature=temperature, max_new_tokens=64),
-            seed=seed, row_ids=list(range(i, i + len(chunk))),
-        )
-        for prompt, completion in zip(result.prompt_ids, result.token_ids):
-            token_ids.append(prompt + completion)
-            starts.append(len(prompt))
-    return Sequences(token_ids, starts)
-
-
 def chain_tensors(backbone, head, ids: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor, k: int,
                   chain_context: str = "unrolled"):
     """Teacher-forced draft and target logits along every chain of a padded batch.
