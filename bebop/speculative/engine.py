@@ -12,7 +12,7 @@ Rows accept different numbers of tokens in the same step; a ``RaggedKVCache`` (o
 keeps a length per row, so a rollback costs nothing and nothing is recomputed. Finished rows are
 dropped from the batch. A row's randomness comes from ``bebop.speculative.rng`` keyed by (its seed, its
 number of emitted tokens), so its output does not depend on which other rows share the batch.
-Statistics (``GenerationResult.stats``) count only the tokens the completions keep (see
+Statistics (``Completions.stats``) count only the tokens the completions keep (see
 ``bebop.speculative.stats``): each step is logged first and trimmed once every row's end is known.
 
 Deviations from a textbook implementation:
@@ -34,12 +34,13 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from bebop.mtp.head import decoder_states
 from bebop.speculative import attention, rng
+from bebop.speculative.completions import Completions
 from bebop.speculative.kv_cache import RaggedKVCache, fill_order
 from bebop.speculative.sampling import (
     COIN_DTYPE,
@@ -56,7 +57,6 @@ from bebop.utils.io import BebopError
 from bebop.utils.torch_utils import cache_kwargs
 
 MODES = ("none", "to", "rs")
-UNCUT = 2**62  # a completion length past every step: nothing is cut
 
 
 @dataclass(frozen=True)
@@ -78,32 +78,6 @@ class SpecConfig:
     speculate_k: int | str = 3  # K, drafts verified per target pass (| "auto", as for mode)
     draft_temperature: float | None = None  # temperature of q; None = the sampling temperature
     filter_drafts: bool = False  # apply the sampling top-k/top-p to q too (drafts and verification)
-
-
-@dataclass
-class GenerationResult:
-    """Completions in prompt order, and the statistics of the run."""
-
-    prompt_ids: list[list[int]]
-    token_ids: list[list[int]]  # completion tokens, EOS included when emitted
-    texts: list[str]  # decoded completions, special tokens skipped
-    lengths: list[int]
-    finish_reasons: list[str]  # "eos" | "length" | "stop"
-    stats: SpecStats = field(default_factory=SpecStats)  # kept tokens only (see bebop.speculative.stats)
-    log: EmissionLog | None = field(default=None, repr=False)  # every verify step as the verifier emitted it
-    # Wall time of every decode step after prefill: (active rows, seconds, seconds of its drafting;
-    # 0 unless time_drafts). A step ends with the engine's host syncs, so the time is the step's on
-    # any device (``bebop.speculative.auto.chooser`` reads it).
-    step_times: list[tuple[int, float, float]] = field(default_factory=list, repr=False)
-    prefill_seconds: float = 0.0  # wall time of the prefill (the prompts' forward and first tokens)
-
-    def verifier_stats(self) -> SpecStats:
-        """Statistics of every verify step as emitted, before the stop check: vLLM's way of counting."""
-        if self.log is None:
-            return self.stats
-        stats = self.log.to_stats([UNCUT] * len(self.lengths))
-        stats.num_generated_tokens = sum(self.lengths)  # the completions' tokens, not the uncut bound
-        return stats
 
 
 @dataclass
@@ -170,7 +144,7 @@ def generate(
     seed: int = 0,
     step: int = 0,
     row_ids: list[int] | None = None,
-) -> GenerationResult:
+) -> Completions:
     """Generates one completion per prompt.
 
     Args:
@@ -183,7 +157,7 @@ def generate(
             (row_ids default to 0..B-1), so it does not depend on the rest of the batch.
 
     Returns:
-        A ``GenerationResult`` in prompt order.
+        A ``Completions`` in prompt order.
     """
     decoder = Decoder(model, tokenizer, prompts, mtp=mtp, sampling=sampling, spec=spec, seed=seed, step=step,
                       row_ids=row_ids)
@@ -275,12 +249,12 @@ class Decoder:
         self.step_times.append((num_rows, time.perf_counter() - start, self.runner.draft_seconds))
         return self.step_times[-1]
 
-    def result(self) -> GenerationResult:
+    def result(self) -> Completions:
         """The completions and statistics; call once every row has finished."""
         runner = self.runner
         texts = [self.tokenizer.decode(t, skip_special_tokens=True) for t in runner.outputs]
         lengths = [len(t) for t in runner.outputs]
-        return GenerationResult(
+        return Completions(
             prompt_ids=self.prompt_ids, token_ids=runner.outputs, texts=texts,
             lengths=lengths, finish_reasons=runner.finish, stats=runner.log.to_stats(lengths), log=runner.log,
             step_times=self.step_times, prefill_seconds=self.prefill_seconds,

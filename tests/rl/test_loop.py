@@ -19,7 +19,7 @@ from bebop.mtp.head import MtpHead
 from bebop.rl import RLConfig, config_fields, flat_config, resolve_rl_config, train_rl
 from bebop.rl.loop import Rollout, make_state, rl_step, score_rollout
 from bebop.rl.prompts import PromptBatch, prompt_batch, step_seed
-from bebop.speculative.engine import GenerationResult
+from bebop.speculative.completions import Completions
 from bebop.task import arith
 from bebop.utils.io import BebopError
 
@@ -107,7 +107,7 @@ def test_math_rows_cycle_by_step():
 def test_score_rollout_repeats_prompts_and_fields_per_sample():
     batch = PromptBatch(0, ["Q 1 + 2 = ?", "Q 3 + 4 = ?"], {"answer": ["3", "7"]})
     texts = ["take 1 . A 3", "A 4", "A 7", "nothing"]
-    result = GenerationResult([[1]] * 4, [[1]] * 4, texts, [1] * 4, ["eos"] * 4)
+    result = Completions([[1]] * 4, [[1]] * 4, texts, [1] * 4, ["eos"] * 4)
     rewards = score_rollout(arith.arith_reward, Rollout(batch, result, 0.0), group_size=2)
     assert rewards.tolist() == [1.0, 0.0, 1.0, 0.0]
 

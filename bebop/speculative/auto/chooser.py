@@ -36,7 +36,7 @@ every step is greedy.
 
 Deviations from the paper's speedup formula:
     1) Costs are whole engine decode steps (drafting, verify forward, verification, bookkeeping) as
-       the engine times them (``GenerationResult.step_times``), not forwards alone: the overhead
+       the engine times them (``Completions.step_times``), not forwards alone: the overhead
        around the forwards decides the choice on a small model. c_verify(K) is what a step costs
        besides its drafting, a line in K (``StepCosts.verify_seconds``). ``to`` and ``rs`` share
        the costs (they differ only in sampling drafts from q).
@@ -67,7 +67,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bebop.config import AUTO, AUTO_MAX_K
-from bebop.speculative.engine import Decoder, GenerationResult, SamplingParams, SpecConfig
+from bebop.speculative.completions import Completions
+from bebop.speculative.engine import Decoder, SamplingParams, SpecConfig
 from bebop.speculative.auto.replay import Replay
 from bebop.speculative.stats import EmissionLog, KeptTokens
 from bebop.speculative.auto.tail import OFFSET_EDGES, Lengths, Rows, call_rates
@@ -439,7 +440,7 @@ class StepCosts:
         return max(0.0, step_time[1] - base * self.scale(step_time[0], k)) if base else 0.0
 
     def observe(self, k: int, step_times: list[tuple[int, float, float]]) -> None:
-        """Learns from a call's ``GenerationResult.step_times`` at depth k (0 = plain)."""
+        """Learns from a call's ``Completions.step_times`` at depth k (0 = plain)."""
         if not step_times:
             return
         self.fit_rows(k, step_times)
@@ -744,7 +745,7 @@ class AutoChooser:
             self.shape.add(batch, self.costs, ref)
             self.price_from_shape(batch, ref)
 
-    def observe(self, result: GenerationResult, mode: str, greedy: bool) -> None:
+    def observe(self, result: Completions, mode: str, greedy: bool) -> None:
         """Learns from a call decoded at a fixed setting what a call between probes teaches: its alphas,
         when it drafted (older evidence decayed by DECAY, as ``generate_auto`` does), and its
         completion lengths. Its step times are not kept: the next probe times its settings afresh."""
@@ -753,7 +754,7 @@ class AutoChooser:
             self.acceptance.observe(result.log, result.lengths, greedy, age=DECAY)
         self.lengths.add(result.lengths)
 
-    def end_call(self, result: GenerationResult, first_step: tuple[int, tuple] | None) -> None:
+    def end_call(self, result: Completions, first_step: tuple[int, tuple] | None) -> None:
         """A call's completion lengths and prefill: its seconds plus what its first step (depth, step
         time; None: no step) took beyond a step's cost (``StepCosts.excess``)."""
         self.lengths.add(result.lengths)
@@ -890,7 +891,7 @@ def generate_auto(
     row_ids: list[int] | None = None,
     chooser: AutoChooser | None = None,
     probe: bool = True,
-) -> tuple[GenerationResult, Decision]:
+) -> tuple[Completions, Decision]:
     """``generate`` with the mode and/or K chosen within the call: probe steps, a decision, the rest.
 
     Args:

@@ -14,7 +14,7 @@ from scipy import stats
 
 from bebop.speculative.auto import chooser as auto, tail
 from bebop.speculative.auto.chooser import AutoChooser, StepCosts
-from bebop.speculative.engine import GenerationResult
+from bebop.speculative.completions import Completions
 from tests.speculative.auto.test_chooser import _acceptance
 
 
@@ -240,7 +240,7 @@ def test_costs_timed_before_the_slope_is_known_are_reread_at_it():
 
 def test_a_calls_first_step_is_priced_as_prefill():
     """The first step also feeds the head the prompt: it is not a step cost, its excess joins the prefill."""
-    result = GenerationResult(prompt_ids=[[1]], token_ids=[[1, 2, 3]], texts=[""], lengths=[3],
+    result = Completions(prompt_ids=[[1]], token_ids=[[1, 2, 3]], texts=[""], lengths=[3],
                               finish_reasons=["eos"], step_times=[(1, 0.010, 0.0), (1, 0.002, 0.0),
                                                                   (1, 0.002, 0.0)], prefill_seconds=0.005)
     chooser = AutoChooser()
