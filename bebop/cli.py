@@ -201,16 +201,14 @@ def cmd_generate(args) -> None:
     from bebop.speculative import SamplingParams, SpecConfig
     from bebop.speculative.auto import profile as profiles
     from bebop.speculative.auto.chooser import candidates
-    from bebop.speculative.engine import check_sampling
+    from bebop.speculative.settings import check_settings
     from bebop.utils.io import atomic_write_text, check_output_file, write_json
     from bebop.utils.tokens import encode_prompt
 
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                               max_new_tokens=args.max_new_tokens, stop=tuple(args.stop or ()))
-    check_sampling(sampling)
+    check_settings(SpecConfig(mode=args.mode, speculate_k=args.speculate_k), sampling)
     auto = "auto" in (args.mode, args.speculate_k) and args.mode != "none"
-    if args.mode != "none" and args.speculate_k != "auto" and args.speculate_k < 1:
-        raise BebopError(f"speculate_k must be >= 1 or auto, got {args.speculate_k}")
     if auto and args.backend != "engine":
         raise BebopError("--mode/--speculate-k auto needs --backend engine (it reads the engine's step times)")
     if args.auto_profile and not auto:

@@ -264,9 +264,9 @@ def test_rl_auto_probes_every_n_steps_and_keeps_the_choice_between(use_cache, tm
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["generate", "--speculate-k", "0"], "speculate_k must be >= 1 or auto, got 0"),
-    (["rl", "--speculate-k", "0", "--steps", "1"], "speculate_k must be >= 1 or auto, got 0"),
-    (["rl", "--mode", "foo", "--steps", "1"], "mode 'foo' is not one of none, to, rs, auto"),
+    (["generate", "--speculate-k", "0"], "speculate_k must be an integer >= 1 or 'auto', got 0"),
+    (["rl", "--speculate-k", "0", "--steps", "1"], "speculate_k must be an integer >= 1 or 'auto', got 0"),
+    (["rl", "--mode", "foo", "--steps", "1"], "unknown mode 'foo'; choose one of none, to, rs, auto"),
     (["rl", "--mode", "auto", "--backend", "vllm", "--steps", "1"], "needs backend engine"),
 ])
 def test_bad_auto_values_are_one_line(tmp_path, capsys, argv, message):

@@ -42,6 +42,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from bebop.config import temperature_problem
 from bebop.losses.draft import DRAFT_LOSSES, _e2e_tv_from_alpha, _masked_mean, _resolve_mask
 from bebop.losses.entry_stats import (
     STATISTICS,
@@ -272,10 +273,8 @@ def _check_inputs(
     for label, x in (("draft_hidden", draft_hidden), ("target", target)):
         if x.dtype != weight.dtype and (label == "draft_hidden" or target_is_hidden):
             raise ValueError(f"{label} is {x.dtype} but the weight is {weight.dtype}; cast one of them")
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-        raise ValueError(f"temperature must be a number, got {type(temperature).__name__}")
-    if not 0.0 < temperature < float("inf"):
-        raise ValueError(f"temperature must be finite and > 0, got {temperature}")
+    if problem := temperature_problem(temperature, greedy_ok=False):
+        raise ValueError(problem)
     if target_softcap is not None and not (target_is_hidden and 0.0 < target_softcap < float("inf")):
         raise ValueError(f"target_softcap must be finite, > 0 and used with a hidden target, got {target_softcap}")
     if (row_chunk is not None and row_chunk < 1) or vocab_chunk < 1:

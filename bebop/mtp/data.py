@@ -7,12 +7,12 @@ state at the prompt's last position). Plain texts have start = 1.
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 
 import torch
 
+from bebop.config import speculate_k_problem, temperature_problem
 from bebop.mtp.chains import CHAIN_UNROLLS
 from bebop.mtp.head import decoder_states
 from bebop.speculative.attention import final_logits
@@ -93,10 +93,9 @@ def check_chain_args(data: Sequences, speculate_k: int, temperature: float) -> N
 
     Example: one sequence of 8 tokens with start 2 allows K <= 5.
     """
-    if isinstance(speculate_k, bool) or not isinstance(speculate_k, int) or speculate_k < 1:
-        raise BebopError(f"speculate_k must be an integer >= 1, got {speculate_k!r}")
-    if not (math.isfinite(temperature) and temperature > 0):
-        raise BebopError(f"temperature must be a finite number > 0, got {temperature}")
+    for problem in (speculate_k_problem(speculate_k, auto_ok=False), temperature_problem(temperature, greedy_ok=False)):
+        if problem:
+            raise BebopError(problem)
     if len(data) == 0:
         raise BebopError("no sequences to train or evaluate a draft on")
     deepest = max(len(t) - 1 - max(s, 1) for t, s in zip(data.token_ids, data.starts))

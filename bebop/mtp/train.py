@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from bebop.config import speculate_k_problem
 from bebop.losses import DRAFT_LOSSES
 from bebop.mtp.chains import check_chain_context, check_head_context
 from bebop.mtp.config import INITS, TrainMtpConfig
@@ -65,8 +66,10 @@ def _check(cfg: TrainMtpConfig) -> None:
         raise BebopError(f"unknown loss {cfg.loss!r}; choose one of {', '.join(DRAFT_LOSSES)}")
     if cfg.init not in INITS:
         raise BebopError(f"unknown init {cfg.init!r}; choose one of {', '.join(INITS)}")
-    if cfg.speculate_k < 1 or cfg.steps < 1 or cfg.batch_size < 1:
-        raise BebopError("speculate_k, steps and batch_size must be >= 1")
+    if problem := speculate_k_problem(cfg.speculate_k, auto_ok=False):
+        raise BebopError(problem)
+    if cfg.steps < 1 or cfg.batch_size < 1:
+        raise BebopError("steps and batch_size must be >= 1")
     if cfg.ce_warmup < -1 or cfg.ce_warmup > cfg.steps:
         raise BebopError(f"ce_warmup must be -1 (auto) or 0..steps={cfg.steps}, got {cfg.ce_warmup}")
     check_chain_context(cfg.chain_context)

@@ -98,7 +98,7 @@ class RolloutRunner:
 
     # ------------------------------------------------------------------ sampling
     def _generate(self, batch) -> Rollout:
-        from bebop.speculative.engine import SamplingParams, SpecConfig
+        from bebop.speculative.settings import SamplingParams, SpecConfig
 
         cfg = self.cfg
         sampling = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p, cfg.max_new_tokens)

@@ -32,7 +32,6 @@ Deviations from a textbook implementation:
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 
@@ -52,33 +51,10 @@ from bebop.speculative.sampling import (
     rejection_sample_from_noise,
     sample_from_probs,
 )
-from bebop.speculative.stats import EmissionLog, SpecStats, entropy
+from bebop.speculative.settings import MODES, SamplingParams, SpecConfig, check_settings
+from bebop.speculative.stats import EmissionLog, entropy
 from bebop.utils.io import BebopError
 from bebop.utils.torch_utils import cache_kwargs
-
-MODES = ("none", "to", "rs")
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How the target's distribution is processed and when a completion ends."""
-
-    temperature: float = 1.0  # 0 = greedy
-    top_k: int = 0  # 0 = off
-    top_p: float = 1.0  # 1 = off
-    max_new_tokens: int = 64  # completion tokens per row, EOS included
-    stop: tuple[str, ...] = ()  # a completion ends right after the first of these strings
-
-
-@dataclass(frozen=True)
-class SpecConfig:
-    """Which speculative mode runs and how deep it drafts."""
-
-    mode: str = "none"  # none | to | rs (| auto: bebop.speculative.auto.chooser.generate_auto picks one)
-    speculate_k: int | str = 3  # K, drafts verified per target pass (| "auto", as for mode)
-    draft_temperature: float | None = None  # temperature of q; None = the sampling temperature
-    filter_drafts: bool = False  # apply the sampling top-k/top-p to q too (drafts and verification)
-
 
 @dataclass
 class _Rows:
@@ -264,32 +240,11 @@ class Decoder:
 def _check_args(model, mtp, prompts, sampling: SamplingParams, spec: SpecConfig) -> None:
     if spec.mode == "auto" or (spec.speculate_k == "auto" and spec.mode != "none"):  # none ignores K
         raise BebopError("mode/speculate_k 'auto' is chosen by bebop.speculative.auto.chooser.generate_auto, not by generate")
-    if spec.mode not in MODES:
-        raise BebopError(f"unknown mode {spec.mode!r}; choose one of {', '.join(MODES)}")
+    check_settings(spec, sampling, auto_ok=False)
     if spec.mode != "none" and mtp is None:
         raise BebopError(f"mode {spec.mode!r} needs an MTP head (--mtp)")
-    if spec.mode != "none" and spec.speculate_k < 1:
-        raise BebopError(f"speculate_k must be >= 1, got {spec.speculate_k}")
-    check_sampling(sampling)
     if not prompts:
         raise BebopError("no prompts given")
-
-
-def check_sampling(sampling: SamplingParams) -> None:
-    """Raises BebopError (one line) on sampling settings no generation could use."""
-    problems = []
-    if not 0 <= sampling.temperature < math.inf or sampling.max_new_tokens < 1:
-        problems.append(f"temperature must be finite and >= 0 (got {sampling.temperature}) and max_new_tokens >= 1 "
-                        f"(got {sampling.max_new_tokens})")
-    if not isinstance(sampling.top_k, int) or sampling.top_k < 0:
-        problems.append(f"top_k must be an int >= 0 (0 = off), got {sampling.top_k}")
-    if not 0 < sampling.top_p <= 1:
-        problems.append(f"top_p must lie in (0, 1] (1 = off), got {sampling.top_p}")
-    # NOTE: "" occurs in every text, so it would end every completion after its first token.
-    if any(not isinstance(s, str) or not s for s in sampling.stop):
-        problems.append(f"stop strings must be non-empty, got {list(sampling.stop)}")
-    if problems:
-        raise BebopError("; ".join(problems))
 
 
 class _Runner:

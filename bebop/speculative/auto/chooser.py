@@ -68,7 +68,8 @@ import numpy as np
 
 from bebop.config import AUTO, AUTO_MAX_K
 from bebop.speculative.completions import Completions
-from bebop.speculative.engine import Decoder, SamplingParams, SpecConfig
+from bebop.speculative.engine import Decoder
+from bebop.speculative.settings import SamplingParams, SpecConfig, check_settings
 from bebop.speculative.auto.replay import Replay
 from bebop.speculative.stats import EmissionLog, KeptTokens
 from bebop.speculative.auto.tail import OFFSET_EDGES, Lengths, Rows, call_rates
@@ -106,11 +107,7 @@ def is_auto(spec: SpecConfig) -> bool:
 
 def check_auto_spec(spec: SpecConfig) -> None:
     """Raises BebopError (one line) on a mode or K no choice could use."""
-    if spec.mode not in ("none", "to", "rs", AUTO):
-        raise BebopError(f"unknown mode {spec.mode!r}; choose one of none, to, rs, auto")
-    k = spec.speculate_k
-    if k != AUTO and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
-        raise BebopError(f"speculate_k must be an integer >= 1 or 'auto', got {k!r}")
+    check_settings(spec, None)
 
 
 def expected_accepted(alphas: list[float]) -> float:

@@ -60,7 +60,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from bebop.speculative.check.chi2 import MIN_EXPECTED, chi2_sf, pool_rare_cells, two_sample_chi2  # noqa: F401 (re-exported)
-from bebop.speculative.engine import SamplingParams, SpecConfig
+from bebop.speculative.settings import SamplingParams, SpecConfig, settings_problems
 from bebop.task import arith
 from bebop.utils.io import BebopError
 from bebop.utils.progress import progress
@@ -275,8 +275,12 @@ def _check_inputs(head, prompts, num_samples: int, alpha: float, configs) -> Non
     if any(c.batch_mix for c in configs) and len(prompts) < 2:
         raise BebopError("batch-mix checks need at least two prompts: the first is tested, the rest are mixed in")
     for c in configs:
-        if c.mode not in ("to", "rs") or c.k < 1 or c.temperature <= 0:
-            raise BebopError(f"bad lossless config {c}: mode to|rs, k >= 1 and temperature > 0")
+        problems = settings_problems(SpecConfig(c.mode, c.k), SamplingParams(c.temperature, c.top_k, c.top_p),
+                                     greedy_ok=False, auto_ok=False)
+        if c.mode == "none":
+            problems.insert(0, "mode must be to or rs (the check compares them with plain sampling)")
+        if problems:
+            raise BebopError(f"bad lossless config {c}: " + "; ".join(problems))
 
 
 def run_lossless_checks(
