@@ -168,24 +168,24 @@ class Decoder:
         if any(len(p) == 0 for p in self.prompt_ids):
             raise BebopError("empty prompt: every prompt needs at least one token")
         k = spec.speculate_k if spec.mode != "none" else 0
-        self.max_k = max(k, max_speculate_k or 0) if mtp is not None else k
+        self.max_speculate_k = max(k, max_speculate_k or 0) if mtp is not None else k
         max_pos = getattr(model.config.get_text_config(), "max_position_embeddings", None)
         longest = max(len(p) for p in self.prompt_ids)
-        capacity = longest + sampling.max_new_tokens + self.max_k + 1
+        capacity = longest + sampling.max_new_tokens + self.max_speculate_k + 1
         if max_pos is not None and capacity > max_pos:
             raise BebopError(
-                f"prompt too long: {longest} prompt tokens + {sampling.max_new_tokens} new tokens + {self.max_k + 1} "
+                f"prompt too long: {longest} prompt tokens + {sampling.max_new_tokens} new tokens + {self.max_speculate_k + 1} "
                 f"verify slots exceed the model's max_position_embeddings={max_pos}"
             )
         device = next(model.parameters()).device
         batch = len(self.prompt_ids)
         ids = torch.tensor(row_ids if row_ids is not None else range(batch), dtype=torch.long, device=device)
-        self.runner = _Runner(model, tokenizer, mtp, sampling, spec, batch, capacity, device, self.max_k)
+        self.runner = _Runner(model, tokenizer, mtp, sampling, spec, batch, capacity, device, self.max_speculate_k)
         self.runner.time_drafts = time_drafts
         self.rows = _Rows(
             index=list(range(batch)),
             keys=rng.stream_keys(rng.derive_seeds(seed, step, ids), [STREAM_ACCEPT, STREAM_RESAMPLE]
-                                 + [STREAM_DRAFT + j for j in range(self.max_k)]),
+                                 + [STREAM_DRAFT + j for j in range(self.max_speculate_k)]),
             counters=torch.zeros(batch, dtype=torch.long, device=device), last_token=ids.new_zeros(batch),
         )
         self.step_times: list[tuple[int, float, float]] = []
@@ -211,9 +211,9 @@ class Decoder:
         """Decodes the next steps at ``spec`` (mode and K; its other fields must stay the same)."""
         k = spec.speculate_k if spec.mode != "none" else 0
         old = self.runner.spec
-        if spec.mode not in MODES or k > self.max_k or (k and old.mode == "none" and self.runner.mtp_cache is None) \
+        if spec.mode not in MODES or k > self.max_speculate_k or (k and old.mode == "none" and self.runner.mtp_cache is None) \
                 or (spec.draft_temperature, spec.filter_drafts) != (old.draft_temperature, old.filter_drafts):
-            raise ValueError(f"cannot switch from {old} to {spec} (max_speculate_k={self.max_k})")
+            raise ValueError(f"cannot switch from {old} to {spec} (max_speculate_k={self.max_speculate_k})")
         self.runner.spec, self.runner.k = spec, k
 
     def step(self) -> tuple[int, float, float]:
@@ -250,7 +250,7 @@ def _check_args(model, mtp, prompts, sampling: SamplingParams, spec: SpecConfig)
 class _Runner:
     """The decode loop's state and steps (prefill, plain step, speculative step)."""
 
-    def __init__(self, model, tokenizer, mtp, sampling, spec, batch, capacity, device, max_k):
+    def __init__(self, model, tokenizer, mtp, sampling, spec, batch, capacity, device, max_speculate_k):
         self.mtp, self.sampling, self.spec = mtp, sampling, spec
         self.k = spec.speculate_k if spec.mode != "none" else 0
         self.greedy = sampling.temperature == 0
@@ -259,12 +259,12 @@ class _Runner:
         self.tokenizer = tokenizer
         self.target = _Target(model, batch, capacity, head_reads_prenorm=bool(mtp and mtp.config.target_prenorm))
         self.mtp_cache = None  # NOTE: present whenever a step may draft; then every step feeds the head's inputs
-        if max_k:
+        if max_speculate_k:
             param = next(model.parameters())
             self.mtp_cache = RaggedKVCache(len(mtp.layers), batch, capacity, device, param.dtype)
         self.outputs: list[list[int]] = [[] for _ in range(batch)]
         self.finish = [""] * batch
-        self.log = EmissionLog(max_k)  # turned into SpecStats once the completions' ends are known
+        self.log = EmissionLog(max_speculate_k)  # turned into SpecStats once the completions' ends are known
         self.time_drafts = False  # time the drafting of every verify step (draft_seconds)
         self.draft_seconds = 0.0  # the last step's drafting, when timed
 
