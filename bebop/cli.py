@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from bebop.architectures import supported_families
-from bebop.config import AUTO_EVERY, flags_of, speculate_k_value
+from bebop.config import AUTO_EVERY, DEFAULT_DRAFT_LOSS, flags_of, speculate_k_value
 from bebop.mtp.config import CHAIN_CONTEXTS, TrainMtpConfig
 from bebop.rl.config import config_fields
 from bebop.utils.io import BebopError
@@ -41,7 +41,7 @@ def _add_device_args(p: argparse.ArgumentParser, dtype_default: str | None = "au
     p.add_argument("--dtype", default=dtype_default, help=dtype_help)
 
 
-def _load(args, need_mtp: bool, mtp_loss: str = "e2e_tv", split: str | None = None):
+def _load(args, need_mtp: bool, mtp_loss: str = DEFAULT_DRAFT_LOSS, split: str | None = None):
     """(model, tokenizer, head or None, sequences or None) from --model/--mtp/--data (``split`` of the
     embedded data when it is given), or the embedded defaults; on --device in --dtype."""
     from bebop import embedded, models
@@ -151,7 +151,7 @@ def cmd_export_mtp(args) -> None:
         raise BebopError(f"--out {out} already exists; give a new directory")
     if args.model is None:
         model_dir = embedded.ensure_embedded_model()
-        head_dir = args.mtp or embedded.ensure_embedded_head("e2e_tv")
+        head_dir = args.mtp or embedded.ensure_embedded_head(DEFAULT_DRAFT_LOSS)
     elif args.mtp is None:
         raise BebopError("--mtp is required with --model (a head trained by `bebop train-mtp --model ...`)")
     else:
@@ -187,7 +187,7 @@ def _auto_profile(args, model, sampling, spec) -> tuple[Path, dict] | None:
 
     if args.auto_profile == "none":
         return None
-    mtp = args.mtp or (embedded.embedded_head_dir("e2e_tv") if args.model is None else None)
+    mtp = args.mtp or (embedded.embedded_head_dir(DEFAULT_DRAFT_LOSS) if args.model is None else None)
     param = next(model.parameters())
     key = profiles.profile_key(args.model or embedded.embedded_model_dir(), mtp, param.device, param.dtype,
                                sampling, spec)
@@ -497,7 +497,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("eval-mtp", help="exact RS/TO acceptance of a head along teacher-forced chains")
     _add_model_args(p)
-    p.add_argument("--loss", default="e2e_tv", help="which cached embedded head to use when --mtp is not given")
+    p.add_argument("--loss", default=DEFAULT_DRAFT_LOSS, help="which cached embedded head to use when --mtp is not given")
     p.add_argument("--data", help="JSONL evaluation data (default: held-out self-generated embedded data)")
     p.add_argument("--speculate-k", type=int, default=3, help="draft depth K (default 3)")
     p.add_argument("--temperature", type=float, default=1.0, help="temperature of p and q (default 1)")

@@ -21,6 +21,8 @@ AUTO = "auto"  # the value of mode / speculate_k that asks bebop.speculative.aut
 AUTO_MAX_K = 4  # deepest K that speculate_k auto considers
 AUTO_EVERY = 10  # auto probes every this many calls (rl steps, or generate calls sharing a profile)
 DRAFT_LOSS_NAMES = ("ce", "fkl", "rkl", "tv", "e2e_tv")  # the keys of bebop.losses.DRAFT_LOSSES, without torch (--help)
+DEFAULT_DRAFT_LOSS = "e2e_tv"  # the paper's recommended loss: every command's default head
+BASELINE_DRAFT_LOSS = "ce"  # the standard MTP objective the paper compares against (and warm-starts from)
 
 
 def speculate_k_value(text: str) -> int | str:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bebop import embedded, models
-from bebop.config import DRAFT_LOSS_NAMES
+from bebop.config import BASELINE_DRAFT_LOSS, DEFAULT_DRAFT_LOSS, DRAFT_LOSS_NAMES
 from bebop.mtp.data import Sequences
 from bebop.mtp.evaluate import acceptance_table, evaluate_mtp
 from bebop.mtp.head import MtpHead
@@ -27,17 +27,18 @@ from bebop.utils.progress import say
 from bebop.utils.torch_utils import resolve_dtype
 
 LOSSES = DRAFT_LOSS_NAMES  # heads compared in the acceptance table: every draft loss
-SWEEP_LOSSES = ("ce", "e2e_tv")  # heads in the temperature sweep
+CE, TV = BASELINE_DRAFT_LOSS, DEFAULT_DRAFT_LOSS
+SWEEP_LOSSES = (CE, TV)  # heads in the temperature sweep
 # (label, rollout mode, head loss, head update during RL, online loss)
 RL_RUNS = (
-    ("none", "none", "e2e_tv", "frozen", "e2e_tv"),
-    ("to+ce", "to", "ce", "frozen", "e2e_tv"),
-    ("rs+ce", "rs", "ce", "frozen", "e2e_tv"),
-    ("rs+e2e_tv", "rs", "e2e_tv", "frozen", "e2e_tv"),
-    ("rs+e2e_tv+online-ce", "rs", "e2e_tv", "online", "ce"),
-    ("rs+e2e_tv+online-tv", "rs", "e2e_tv", "online", "tv"),
+    ("none", "none", TV, "frozen", TV),
+    (f"to+{CE}", "to", CE, "frozen", TV),
+    (f"rs+{CE}", "rs", CE, "frozen", TV),
+    (f"rs+{TV}", "rs", TV, "frozen", TV),
+    (f"rs+{TV}+online-{CE}", "rs", TV, "online", CE),
+    (f"rs+{TV}+online-tv", "rs", TV, "online", "tv"),
 )
-SEEDED_RUNS = ("to+ce", "rs+ce", "rs+e2e_tv")  # the key comparison (paper Figs. 1a/8), run with every seed
+SEEDED_RUNS = (f"to+{CE}", f"rs+{CE}", f"rs+{TV}")  # the key comparison (paper Figs. 1a/8), run with every seed
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerFast, Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
+from bebop.config import BASELINE_DRAFT_LOSS, DEFAULT_DRAFT_LOSS
 from bebop.pretrained import load_pretrained
 from bebop.task import arith
 from bebop.utils.io import BebopError, atomic_dir, entry_lock, read_json, write_json
@@ -290,7 +291,7 @@ HEAD_STEPS = 150  # steps of each loss's head, starting from the warm-start head
 WARMUP_HEAD = "ce-init"  # cache name of the warm-start head
 
 
-def ensure_embedded_head(loss: str = "e2e_tv", model=None, tok=None, show_progress: bool = True,
+def ensure_embedded_head(loss: str = DEFAULT_DRAFT_LOSS, model=None, tok=None, show_progress: bool = True,
                          root: Path | None = None, warmup_steps: int = HEAD_WARMUP_STEPS,
                          steps: int = HEAD_STEPS, data=None) -> Path:
     """The embedded head trained with ``loss``, training it first when missing (cached under ``root``).
@@ -316,7 +317,7 @@ def ensure_embedded_head(loss: str = "e2e_tv", model=None, tok=None, show_progre
             if not ((warm / CONFIG_NAME).is_file() and _trained_on(warm) == model_sha256):
                 _drop_stale(warm, model_sha256)
                 say(f"bebop: training the shared CE warm-start head at {warm} (once).")
-                train_mtp(model, data, warm, TrainMtpConfig(loss="ce", steps=warmup_steps,
+                train_mtp(model, data, warm, TrainMtpConfig(loss=BASELINE_DRAFT_LOSS, steps=warmup_steps,
                                                             save_every=max(warmup_steps // 3, 1)),
                           pad_id=tok.pad_token_id, resume=True, show_progress=show_progress)
         _drop_stale(path, model_sha256)

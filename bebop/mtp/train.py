@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from bebop.config import speculate_k_problem
+from bebop.config import BASELINE_DRAFT_LOSS, speculate_k_problem
 from bebop.losses import DRAFT_LOSSES
 from bebop.mtp.chains import check_chain_context, check_head_context
 from bebop.mtp.config import INITS, TrainMtpConfig
@@ -180,7 +180,7 @@ def train_mtp(
             group["lr"] = lr
         index = _batch_index(len(data), cfg.batch_size, cfg.seed, step)[first:last]
         ids, lengths, starts = data.batch(index, pad_id, device)
-        loss_name = "ce" if step < ce_steps else cfg.loss
+        loss_name = BASELINE_DRAFT_LOSS if step < ce_steps else cfg.loss
         loss, alpha_rs, mask = chain_loss(backbone, head, ids, lengths, starts, cfg.speculate_k, cfg.chain_context,
                                           loss_name, cfg.temperature)
         loss = _global_share(loss, loss_name, mask)

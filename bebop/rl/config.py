@@ -27,6 +27,7 @@ from bebop.config import (
     AUTO,
     AUTO_EVERY,
     AUTO_MAX_K,
+    DEFAULT_DRAFT_LOSS,
     DRAFT_LOSS_NAMES,
     Flag,
     flags_of,
@@ -64,7 +65,7 @@ class MtpUpdateConfig:
 
     mtp_update: str = option("frozen",
                              "frozen: weights never change (paper recipe) | online: trained on each rollout")
-    online_loss: str = option("e2e_tv", f"draft loss of the online update: {' | '.join(DRAFT_LOSS_NAMES)}")
+    online_loss: str = option(DEFAULT_DRAFT_LOSS, f"draft loss of the online update: {' | '.join(DRAFT_LOSS_NAMES)}")
     mtp_lr: float = option(1e-4, "head AdamW learning rate (online only)")
     mtp_grad_clip: float = option(1.0, "max gradient norm of the head, separate from the policy's (paper §5.3)")
     mtp_speculate_k: int = option(3, "draft steps unrolled by the online loss")
@@ -79,7 +80,7 @@ class RLConfig:
     auto_every: int = option(AUTO_EVERY,
                              "with mode or speculate_k auto: probe every this many steps (choose in between; "
                              "a setting chosen for the first time is confirmed by a probe in the next step)")
-    mtp_loss: str = option("e2e_tv", "loss the head was trained with (picks the embedded head; logged)")
+    mtp_loss: str = option(DEFAULT_DRAFT_LOSS, "loss the head was trained with (picks the embedded head; logged)")
     task: str = option("embedded",
                        "prompt source: embedded (built-in arithmetic) | math (--data file; implied by data)")
     data: str = option("", 'JSONL/parquet prompt file with a "prompt" field (task math)')
