@@ -43,7 +43,7 @@ SEEDED_RUNS = (f"to+{CE}", f"rs+{CE}", f"rs+{TV}")  # the key comparison (paper 
 
 @dataclass(frozen=True)
 class DemoConfig:
-    """Budgets of the demo (defaults: about 13 minutes on 2 CPU cores once the model is cached; see the README)."""
+    """Budgets of the demo (the README gives the time the defaults take)."""
 
     out: str = "demo_out"  # output directory (report, plots, evaluations, RL runs)
     quick: bool = False  # smoke-test budgets, everything under ``out``

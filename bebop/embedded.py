@@ -41,7 +41,7 @@ PRETRAIN_THREADS = 1  # NOTE: CPU reductions depend on the thread count: one thr
 class PretrainConfig:
     """How the embedded model is built and trained."""
 
-    steps: int = 1200  # optimizer steps (about 3-4 min on 2 CPU cores)
+    steps: int = 1200  # optimizer steps
     batch_size: int = 32  # sequences per step, drawn fresh each step
     lr: float = 3e-3  # peak AdamW learning rate
     guess_share: float = 0.5  # share of training completions written by the careless solver (arith.make_guess)

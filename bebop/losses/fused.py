@@ -61,10 +61,9 @@ from bebop.utils.io import BebopError
 # chunk reuses (a fresh one per chunk would page-fault every time and briefly hold two), its
 # statistics walk it in entry_stats' small tiles (TILE_ELEMENTS), and the gradient overwrites the
 # draft half, so the working set is that buffer plus a few tiles. Each chunk reads the whole
-# (V, D) weight, so the chunk sets the matmuls' width: on 2 CPU cores (V = 152k, D = 2,048) the
-# logits matmul ran at ~90 GFLOP/s with 55 rows, ~150 with 220 and ~185 with plain autograd's
-# 1,280. 2**25 elements (220 rows of a 152k vocabulary) keeps the working set under 1/8 of the
-# plain loss's from N*K = 1,280 entries up.
+# (V, D) weight, so the chunk sets the matmuls' width: wider chunks run the matmul faster, narrower
+# ones hold less (docs/notes_from_code.md). 2**25 elements (220 rows of a 152k vocabulary) keeps
+# the working set under 1/8 of the plain loss's from N*K = 1,280 entries up.
 FUSED_TILE_ELEMENTS = 2**25  # default row chunk = FUSED_TILE_ELEMENTS // V
 
 # loss name -> (per-entry statistic, reduction of the (N, K) statistic under the (N, K) mask)

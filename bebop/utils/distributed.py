@@ -4,7 +4,7 @@
 WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT set; ``init_distributed`` joins them into one
 process group (gloo on CPU, nccl on CUDA, each CUDA rank on its own GPU). Without torchrun
 nothing here is initialised and every helper is a no-op that returns its input unchanged, so a
-one-process run computes exactly what it computed before this module existed.
+one-process run is the plain single-process computation.
 
 How the ranks split the work, and why the result equals one process's:
 1) Each step's global batch (the same rows as one process would take) is cut into W contiguous
