@@ -28,16 +28,16 @@ from bebop.speculative.auto.chooser import (Acceptance, AutoChooser, CostShape, 
                              expected_accepted, generate_auto, predict)
 from bebop.speculative.engine import Decoder, SamplingParams, SpecConfig, generate
 from bebop.utils.io import BebopError
-from tests.speculative.test_engine import (
+from tests.helpers import (
     STAT_PROMPT,
     STAT_VOCAB,
     ToyTokenizer,
-    _prompts,
-    _stat_model,
     assert_fits,
     exact_joint,
     peaked_model,
     perturbed_head,
+    stat_model,
+    toy_prompts,
 )
 
 ALL = candidates(SpecConfig("auto", "auto"))
@@ -268,7 +268,7 @@ def test_mode_none_ignores_k_auto():
 def test_acceptance_reads_the_engines_statistics(temperature):
     model = peaked_model()
     head = perturbed_head(model, 0.1)
-    decoder = Decoder(model, ToyTokenizer(), _prompts((3, 5, 8, 2)), mtp=head, time_drafts=True,
+    decoder = Decoder(model, ToyTokenizer(), toy_prompts((3, 5, 8, 2)), mtp=head, time_drafts=True,
                       sampling=SamplingParams(temperature=temperature, max_new_tokens=24), spec=SpecConfig("rs", 3))
     while decoder.num_active:
         decoder.step()
@@ -293,7 +293,7 @@ def test_a_whole_call_is_priced_from_the_prefills_token_on():
     """The prefill emits each row's first token: a plain call of known lengths runs max(length) - 1 decode
     steps, and ``predict_call`` prices exactly those (from offset 0 it priced one step more)."""
     model = peaked_model()
-    decoder = Decoder(model, ToyTokenizer(), _prompts((3, 5, 8, 2)), spec=SpecConfig("none"),
+    decoder = Decoder(model, ToyTokenizer(), toy_prompts((3, 5, 8, 2)), spec=SpecConfig("none"),
                       sampling=SamplingParams(temperature=1.0, max_new_tokens=24))
     assert decoder.active_lengths() == [auto.PREFILL_TOKENS] * 4
     while decoder.num_active:
@@ -311,7 +311,7 @@ def test_a_whole_call_is_priced_from_the_prefills_token_on():
 def test_acceptance_by_offset_of_a_short_call():
     """Every step of a 4-token call starts below 4 tokens emitted: all in the first offset bucket."""
     model = peaked_model()
-    out = generate(model, ToyTokenizer(), _prompts((3, 5, 8, 2)), mtp=perturbed_head(model, 0.1),
+    out = generate(model, ToyTokenizer(), toy_prompts((3, 5, 8, 2)), mtp=perturbed_head(model, 0.1),
                    sampling=SamplingParams(temperature=1.0, max_new_tokens=4), spec=SpecConfig("rs", 2))
     acc = Acceptance()
     acc.observe(out.log, out.lengths, greedy=False)
@@ -340,7 +340,7 @@ def test_a_settings_alphas_lean_on_its_own_steps():
     sampling = SamplingParams(temperature=1.0, max_new_tokens=12)
     acc, alone = Acceptance(), {}
     for k in (1, 3):
-        out = generate(model, ToyTokenizer(), _prompts((3, 5, 8, 2)), mtp=head, sampling=sampling,
+        out = generate(model, ToyTokenizer(), toy_prompts((3, 5, 8, 2)), mtp=head, sampling=sampling,
                        spec=SpecConfig("rs", k), seed=k)
         acc.observe(out.log, out.lengths, greedy=False)
         alone[k] = Acceptance()
@@ -359,7 +359,7 @@ def test_a_ks_own_steps_age_only_in_calls_that_run_it():
     model = peaked_model()
     head = perturbed_head(model, 0.1)
     sampling = SamplingParams(temperature=1.0, max_new_tokens=12)
-    runs = {k: generate(model, ToyTokenizer(), _prompts((3, 5, 8, 2)), mtp=head, sampling=sampling,
+    runs = {k: generate(model, ToyTokenizer(), toy_prompts((3, 5, 8, 2)), mtp=head, sampling=sampling,
                         spec=SpecConfig("rs", k), seed=k) for k in (1, 3)}
     acc = Acceptance()
     acc.observe(runs[3].log, runs[3].lengths, greedy=False, age=0.5)
@@ -379,7 +379,7 @@ def test_a_ks_own_steps_age_only_in_calls_that_run_it():
 def test_auto_is_plain_greedy_at_temperature_zero(spec):
     model = peaked_model(eos_token_id=5)
     head = perturbed_head(model, 0.1)
-    prompts = _prompts((1, 3, 5, 8, 13))
+    prompts = toy_prompts((1, 3, 5, 8, 13))
     greedy = SamplingParams(temperature=0.0, max_new_tokens=20)
     plain = generate(model, ToyTokenizer(5), prompts, sampling=greedy)
     out, decision = generate_auto(model, ToyTokenizer(5), prompts, mtp=head, sampling=greedy, spec=spec)
@@ -415,7 +415,7 @@ def test_auto_probes_then_runs_the_choice(monkeypatch, spec, history, shallow, p
     steps = []
     step = Decoder.step
     monkeypatch.setattr(Decoder, "step", lambda self: steps.append(self.runner.k) or step(self))
-    out, decision = generate_auto(model, ToyTokenizer(), _prompts((3, 4, 6)), mtp=head, spec=spec,
+    out, decision = generate_auto(model, ToyTokenizer(), toy_prompts((3, 4, 6)), mtp=head, spec=spec,
                                   sampling=SamplingParams(temperature=1.0, max_new_tokens=24),
                                   chooser=_with_history() if history else None)
     expected = [k for k, n in probes for _ in range(n)]
@@ -432,7 +432,7 @@ def test_a_fresh_probe_times_its_plain_step_and_prices_the_heads_prompt_as_prefi
                         auto.Decision("rs", 1, 1.0, {"rs1": 1.0}, rows))
     model = peaked_model()
     chooser = AutoChooser()
-    out, _ = generate_auto(model, ToyTokenizer(), _prompts((3, 4, 6)), mtp=perturbed_head(model, 0.1),
+    out, _ = generate_auto(model, ToyTokenizer(), toy_prompts((3, 4, 6)), mtp=perturbed_head(model, 0.1),
                            sampling=SamplingParams(temperature=1.0, max_new_tokens=24), chooser=chooser)
     plain_step, first_drafted = out.step_times[0], out.step_times[1]
     assert plain_step[2] == 0.0 and first_drafted[2] > 0  # no drafting, then drafting
@@ -450,7 +450,7 @@ def test_a_batch_of_one_probes_until_enough_positions(monkeypatch):
     monkeypatch.setattr(Decoder, "step", lambda self: ks.append(self.runner.k) or step(self))
     monkeypatch.setattr(AutoChooser, "choose", lambda self, options, rows, tail=None:
                         auto.Decision("rs", 1, 1.0, {"rs1": 1.0}, rows))
-    generate_auto(model, ToyTokenizer(), _prompts((3,)), mtp=perturbed_head(model, 0.1), spec=SpecConfig("rs", "auto"),
+    generate_auto(model, ToyTokenizer(), toy_prompts((3,)), mtp=perturbed_head(model, 0.1), spec=SpecConfig("rs", "auto"),
                   sampling=SamplingParams(temperature=1.0, max_new_tokens=200))
     assert auto.PROBE_POSITIONS > auto.PROBE_STEPS
     assert ks[:auto.PROBE_POSITIONS] == [4] * auto.PROBE_POSITIONS and ks[auto.PROBE_POSITIONS] == 1
@@ -471,7 +471,7 @@ def test_between_probes_the_last_decision_is_kept(monkeypatch):
 
     def call(seed, spec=SpecConfig("rs", "auto")):  # drafted settings only: every call records alphas
         ks.clear(), priced.clear()
-        return generate_auto(model, ToyTokenizer(), _prompts((3, 4, 6)), mtp=head, sampling=sampling, spec=spec,
+        return generate_auto(model, ToyTokenizer(), toy_prompts((3, 4, 6)), mtp=head, sampling=sampling, spec=spec,
                              chooser=chooser, probe=False, seed=seed)[1]
 
     probed = call(0)  # nothing held yet
@@ -499,10 +499,10 @@ def test_a_held_call_makes_room_for_its_own_k_only(monkeypatch):
         chooser = AutoChooser()
         chooser.held = auto.Decision(mode, k, 1.0, {config_name(mode, k): 1.0})
         made.clear()
-        out, decision = generate_auto(model, ToyTokenizer(), _prompts((3, 4, 6)), mtp=head, sampling=sampling,
+        out, decision = generate_auto(model, ToyTokenizer(), toy_prompts((3, 4, 6)), mtp=head, sampling=sampling,
                                       chooser=chooser, probe=False, seed=4)
         assert not decision.probed and made[0]["max_speculate_k"] == k and (made[0]["mtp"] is None) == (k == 0)
-        roomy = Decoder(model, ToyTokenizer(), _prompts((3, 4, 6)), mtp=head, sampling=sampling, seed=4,
+        roomy = Decoder(model, ToyTokenizer(), toy_prompts((3, 4, 6)), mtp=head, sampling=sampling, seed=4,
                         spec=SpecConfig(mode, max(k, 1)), max_speculate_k=4)
         while roomy.num_active:
             roomy.step()
@@ -541,7 +541,7 @@ def test_a_first_chosen_setting_makes_the_next_call_probe(monkeypatch):
     probed = []
     for seed, probe in enumerate([True, False, False, False]):
         ks.clear()
-        decision = generate_auto(model, ToyTokenizer(), _prompts((3, 4)), mtp=head, chooser=chooser, probe=probe,
+        decision = generate_auto(model, ToyTokenizer(), toy_prompts((3, 4)), mtp=head, chooser=chooser, probe=probe,
                                  seed=seed, sampling=SamplingParams(temperature=1.0, max_new_tokens=16))[1]
         probed.append(decision.probed)
     assert probed == [True, True, True, False] and script == []
@@ -557,7 +557,7 @@ def test_a_probe_times_afresh_and_keeps_the_acceptance_and_lengths(monkeypatch):
     head = perturbed_head(model, 0.1)
     chooser = _with_history()
     chooser.acceptance = _acceptance([0.5] * 4, [0.4] * 4, weight=50)
-    out, decision = generate_auto(model, ToyTokenizer(), _prompts((3, 4, 6)), mtp=head, chooser=chooser,
+    out, decision = generate_auto(model, ToyTokenizer(), toy_prompts((3, 4, 6)), mtp=head, chooser=chooser,
                                   sampling=SamplingParams(temperature=1.0, max_new_tokens=24))
     assert decision.probed and chooser.held is decision
     assert 3 not in chooser.costs.seconds or decision.speculate_k == 3  # rs3 was timed in an earlier call only
@@ -613,7 +613,7 @@ def test_a_probing_call_pools_its_cost_ratios(monkeypatch):
     pooled, own = AutoChooser(), AutoChooser(pool_costs=False)
     for chooser in (pooled, own):
         for seed in range(2):
-            generate_auto(model, ToyTokenizer(), _prompts((3, 4, 6)), mtp=head, chooser=chooser, seed=seed,
+            generate_auto(model, ToyTokenizer(), toy_prompts((3, 4, 6)), mtp=head, chooser=chooser, seed=seed,
                           sampling=sampling)
     costs, (ratio, weight) = pooled.costs, pooled.shape.ratios(3)[0]
     assert weight == pytest.approx(auto.SHAPE_DECAY + 1) and costs.shape_ref == 4
@@ -652,9 +652,9 @@ def test_a_one_shot_call_learns_nothing_after_its_decision(monkeypatch):
     model = peaked_model()
     head = perturbed_head(model, 0.1)
     kwargs = dict(mtp=head, sampling=SamplingParams(temperature=1.0, max_new_tokens=24), seed=5)
-    one_shot, decided = generate_auto(model, ToyTokenizer(), _prompts((3, 4, 6)), **kwargs)
+    one_shot, decided = generate_auto(model, ToyTokenizer(), toy_prompts((3, 4, 6)), **kwargs)
     assert learnt == []
-    kept, decided_kept = generate_auto(model, ToyTokenizer(), _prompts((3, 4, 6)), chooser=AutoChooser(replay=False),
+    kept, decided_kept = generate_auto(model, ToyTokenizer(), toy_prompts((3, 4, 6)), chooser=AutoChooser(replay=False),
                                        **kwargs)  # NOTE: a one-shot's chooser replays nothing
     assert learnt == ["settle", "end_call"]
     assert one_shot.token_ids == kept.token_ids
@@ -669,7 +669,7 @@ def test_auto_sampling_is_exact(monkeypatch, spec):
     exact joint of plain sampling."""
     monkeypatch.setattr(auto, "PROBE_STEPS", 1)
     monkeypatch.setattr(AutoChooser, "shallow_could_win", lambda self, options, rows: 2)
-    model, head = _stat_model()
+    model, head = stat_model()
     sampling = SamplingParams(temperature=1.0, max_new_tokens=3)
     rows = 20_000
     out, _ = generate_auto(model, ToyTokenizer(), [STAT_PROMPT] * rows, mtp=head, sampling=sampling, seed=2, spec=spec)

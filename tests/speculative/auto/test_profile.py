@@ -19,7 +19,7 @@ from bebop.speculative.auto import profile as profile
 from bebop.speculative.auto.chooser import AutoChooser, candidates, generate_auto
 from bebop.speculative.engine import SamplingParams, SpecConfig
 from bebop.utils.io import BebopError
-from tests.speculative.test_engine import ToyTokenizer, _prompts, peaked_model, perturbed_head
+from tests.helpers import ToyTokenizer, peaked_model, perturbed_head, toy_prompts
 
 SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=24)
 
@@ -29,7 +29,7 @@ def _learned() -> AutoChooser:
     call keeping it."""
     model, chooser = peaked_model(), AutoChooser()
     for seed in range(3):
-        generate_auto(model, ToyTokenizer(), _prompts((3, 4, 6)), mtp=perturbed_head(model, 0.1), chooser=chooser,
+        generate_auto(model, ToyTokenizer(), toy_prompts((3, 4, 6)), mtp=perturbed_head(model, 0.1), chooser=chooser,
                       sampling=SAMPLING, seed=seed, probe=seed == 0)
     return chooser
 

@@ -22,7 +22,7 @@ from bebop.speculative.auto.chooser import Acceptance, AutoChooser, completion_e
 from bebop.speculative.engine import Decoder, SamplingParams, SpecConfig
 from bebop.speculative.stats import EmissionLog
 from bebop.speculative.auto.tail import OFFSET_EDGES
-from tests.speculative.test_engine import ToyTokenizer, _prompts, peaked_model, perturbed_head
+from tests.helpers import ToyTokenizer, peaked_model, perturbed_head, toy_prompts
 
 BUCKETS = len(OFFSET_EDGES) + 1
 
@@ -141,7 +141,7 @@ def test_an_unrun_k_is_priced_where_its_own_steps_would_start():
 
 def test_completion_entropies_are_each_rows_kept_tokens_in_order():
     model = peaked_model()
-    decoder = Decoder(model, ToyTokenizer(), _prompts((3, 5, 8, 2)), mtp=perturbed_head(model, 0.1),
+    decoder = Decoder(model, ToyTokenizer(), toy_prompts((3, 5, 8, 2)), mtp=perturbed_head(model, 0.1),
                       sampling=SamplingParams(temperature=1.0, max_new_tokens=16), spec=SpecConfig("rs", 2))
     for _ in range(3):
         decoder.step()

@@ -255,10 +255,10 @@ def test_a_fixed_calls_alphas_and_lengths_reach_the_chooser_not_its_step_times()
     """A fixed setting's call (``AutoChooser.observe``, the engine backend's fixed calls) teaches what a
     call between probes does: alphas, decayed as a call, and lengths; its step times are not a probe's."""
     from bebop.speculative.engine import SamplingParams, SpecConfig, generate
-    from tests.speculative.test_engine import ToyTokenizer, _prompts, peaked_model, perturbed_head
+    from tests.helpers import ToyTokenizer, toy_prompts, peaked_model, perturbed_head
 
     model = peaked_model()
-    result = generate(model, ToyTokenizer(), _prompts((3, 4, 6)), mtp=perturbed_head(model, 0.1),
+    result = generate(model, ToyTokenizer(), toy_prompts((3, 4, 6)), mtp=perturbed_head(model, 0.1),
                       sampling=SamplingParams(temperature=1.0, max_new_tokens=12), spec=SpecConfig("rs", 2))
     chooser = AutoChooser()
     chooser.acceptance = _acceptance([0.5] * 2, [0.4] * 2, weight=50)
@@ -274,11 +274,11 @@ def test_generate_auto_learns_the_calls_lengths_and_prefill():
     to the chooser, for the forecasts of whole calls (``predict_call``)."""
     from bebop.speculative.auto.chooser import generate_auto
     from bebop.speculative.engine import SamplingParams
-    from tests.speculative.test_engine import ToyTokenizer, _prompts, peaked_model, perturbed_head
+    from tests.helpers import ToyTokenizer, toy_prompts, peaked_model, perturbed_head
 
     model = peaked_model()
     chooser = AutoChooser()
-    out, decision = generate_auto(model, ToyTokenizer(), _prompts((3, 4, 6)), mtp=perturbed_head(model, 0.1),
+    out, decision = generate_auto(model, ToyTokenizer(), toy_prompts((3, 4, 6)), mtp=perturbed_head(model, 0.1),
                                   sampling=SamplingParams(temperature=1.0, max_new_tokens=24), chooser=chooser)
     assert decision.measured_tok_s > 0 and chooser.lengths.seen == out.lengths
     assert chooser.prefill_s >= out.prefill_seconds > 0
