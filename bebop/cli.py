@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from bebop.architectures import supported_families
-from bebop.config import AUTO_EVERY, VERIFY_CHOICES, flags_of, is_auto, seed_value, speculate_k_value
+from bebop.config import AUTO_EVERY, DEFAULT_DRAFT_LOSS, VERIFY_CHOICES, flags_of, is_auto, seed_value, speculate_k_value
 from bebop.mtp.config import CHAIN_CONTEXTS, TrainMtpConfig
 from bebop.rl.config import config_fields
 from bebop.utils.io import BebopError
@@ -41,7 +41,7 @@ def _add_device_args(p: argparse.ArgumentParser, dtype_default: str | None = "au
     p.add_argument("--dtype", default=dtype_default, help=dtype_help)
 
 
-def _load(args, need_mtp: bool, mtp_loss: str = "e2e_tv", split: str | None = None):
+def _load(args, need_mtp: bool, mtp_loss: str = DEFAULT_DRAFT_LOSS, split: str | None = None):
     """(model, tokenizer, head or None, sequences or None) from --model/--mtp/--data (``split`` of the
     embedded data when it is given), or the embedded defaults; on --device in --dtype."""
     from bebop import embedded, models
@@ -155,7 +155,7 @@ def cmd_export_mtp(args) -> None:
     check_output_dir(out, overwrite=args.overwrite, what="export directory", inputs=(args.model, args.mtp))
     if args.model is None:
         model_dir = embedded.ensure_embedded_model()
-        head_dir = args.mtp or embedded.ensure_embedded_head("e2e_tv")
+        head_dir = args.mtp or embedded.ensure_embedded_head(DEFAULT_DRAFT_LOSS)
     elif args.mtp is None:
         raise BebopError("--mtp is required with --model (a head trained by `bebop train-mtp --model ...`)")
     else:
@@ -191,7 +191,7 @@ def _auto_profile(args, model, sampling, spec) -> tuple[Path, dict] | None:
 
     if args.auto_profile == "none":
         return None
-    mtp = args.mtp or (embedded.embedded_head_dir("e2e_tv") if args.model is None else None)
+    mtp = args.mtp or (embedded.embedded_head_dir(DEFAULT_DRAFT_LOSS) if args.model is None else None)
     param = next(model.parameters())
     key = profiles.profile_key(args.model or embedded.embedded_model_dir(), mtp, param.device, param.dtype,
                                sampling, spec)
@@ -204,17 +204,15 @@ def cmd_generate(args) -> None:
     from bebop.rollout.base import backend_class, make_backend
     from bebop.speculative import SamplingParams, SpecConfig
     from bebop.speculative.auto import profile as profiles
-    from bebop.speculative.block import verify_problem
-    from bebop.speculative.engine import check_sampling
+    from bebop.speculative.settings import verify_problem
+    from bebop.speculative.settings import check_settings
     from bebop.utils.io import atomic_write_text, check_output_file, write_json
     from bebop.utils.tokens import encode_prompt
 
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                               max_new_tokens=args.max_new_tokens, stop=tuple(args.stop or ()))
-    check_sampling(sampling)
+    check_settings(SpecConfig(mode=args.mode, speculate_k=args.speculate_k), sampling)
     auto = is_auto(args.mode, args.speculate_k)
-    if args.mode != "none" and args.speculate_k != "auto" and args.speculate_k < 1:
-        raise BebopError(f"speculate_k must be >= 1 or auto, got {args.speculate_k}")
     if auto and args.backend != "engine":
         raise BebopError("--mode/--speculate-k auto needs --backend engine (it reads the engine's step times)")
     if args.auto_profile and not auto:
@@ -293,7 +291,7 @@ def _read_prompts(path: str | None, num: int) -> list:
 # ---------------------------------------------------------------------------------------------- check-lossless
 def cmd_check_lossless(args) -> int:
     from bebop.rollout.base import backend_class
-    from bebop.speculative.block import verify_problem
+    from bebop.speculative.settings import verify_problem
     from bebop.speculative.check.lossless import (
         LOSSLESS_CONFIGS, check_prompt_known, default_prompts, format_lossless_table, lossless_configs,
         run_lossless_checks,
@@ -542,7 +540,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("eval-mtp", help="exact RS/TO acceptance of a head along teacher-forced chains "
                                         "(RS token-wise and with block verification)")
     _add_model_args(p)
-    p.add_argument("--loss", default="e2e_tv", help="which cached embedded head to use when --mtp is not given")
+    p.add_argument("--loss", default=DEFAULT_DRAFT_LOSS, help="which cached embedded head to use when --mtp is not given")
     p.add_argument("--data", help="JSONL evaluation data (default: held-out self-generated embedded data)")
     p.add_argument("--speculate-k", type=int, default=3, help="draft depth K (default 3)")
     p.add_argument("--temperature", type=float, default=1.0, help="temperature of p and q (default 1)")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, TypeVar
@@ -32,6 +33,8 @@ def is_auto(mode: str, speculate_k: int | str) -> bool:
 
 
 DRAFT_LOSS_NAMES = ("ce", "fkl", "rkl", "tv", "e2e_tv")  # the keys of bebop.losses.DRAFT_LOSSES, without torch (--help)
+DEFAULT_DRAFT_LOSS = "e2e_tv"  # the paper's recommended loss: every command's default head
+BASELINE_DRAFT_LOSS = "ce"  # the standard MTP objective the paper compares against (and warm-starts from)
 
 
 def speculate_k_value(text: str) -> int | str:
@@ -67,6 +70,38 @@ def seed_value(text: str) -> int:
         return check_seed(int(text))
     except (ValueError, BebopError):
         raise argparse.ArgumentTypeError(f"must be an integer in [0, 2**63 - 1], got {text!r}") from None
+def temperature_problem(temperature: Any, greedy_ok: bool) -> str | None:
+    """Why ``temperature`` cannot be used, or None: every temperature Bebop takes is checked here.
+
+    A usable temperature is a finite real number > 0, or 0 (greedy decoding) where ``greedy_ok``:
+    generation may be greedy; a loss, a log-probability or a sampled rollout needs T > 0.
+
+    Example: temperature_problem(0.0, greedy_ok=True) -> None;
+    temperature_problem(0.0, greedy_ok=False) -> "temperature must be a finite number > 0, got 0.0".
+    """
+    bound = ">= 0 (0 = greedy)" if greedy_ok else "> 0"
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        return f"temperature must be a finite number {bound}, got {temperature!r}"
+    if not math.isfinite(temperature) or temperature < 0 or (temperature == 0 and not greedy_ok):
+        return f"temperature must be a finite number {bound}, got {temperature}"
+    return None
+
+
+def speculate_k_problem(speculate_k: Any, auto_ok: bool) -> str | None:
+    """Why ``speculate_k`` (K) cannot be used, or None: every K a user sets is checked here.
+
+    A usable K is an integer >= 1 (not a bool), or ``AUTO`` where ``auto_ok`` (the rollout's K;
+    a head's training and evaluation need a number).
+
+    Example: speculate_k_problem("auto", auto_ok=True) -> None;
+    speculate_k_problem(0, auto_ok=False) -> "speculate_k must be an integer >= 1, got 0".
+    """
+    if auto_ok and speculate_k == AUTO:
+        return None
+    if isinstance(speculate_k, bool) or not isinstance(speculate_k, int) or speculate_k < 1:
+        allowed = "an integer >= 1 or 'auto'" if auto_ok else "an integer >= 1"
+        return f"speculate_k must be {allowed}, got {speculate_k!r}"
+    return None
 
 
 def option(default: Any, help: str, choices: tuple[str, ...] = (), aliases: tuple[str, ...] = ()) -> Any:

@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerFast, Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
-from bebop.models import load_model
+from bebop.config import BASELINE_DRAFT_LOSS, DEFAULT_DRAFT_LOSS
+from bebop.pretrained import load_pretrained
 from bebop.task import arith
 from bebop.utils.io import BebopError, atomic_dir, entry_lock, read_json, write_json
 from bebop.utils.optim import make_adamw, master_state_dict
@@ -40,7 +41,7 @@ PRETRAIN_THREADS = 1  # NOTE: CPU reductions depend on the thread count: one thr
 class PretrainConfig:
     """How the embedded model is built and trained."""
 
-    steps: int = 1200  # optimizer steps (about 3-4 min on 2 CPU cores)
+    steps: int = 1200  # optimizer steps
     batch_size: int = 32  # sequences per step, drawn fresh each step
     lr: float = 3e-3  # peak AdamW learning rate
     guess_share: float = 0.5  # share of training completions written by the careless solver (arith.make_guess)
@@ -227,9 +228,36 @@ def ensure_embedded_model(show_progress: bool = True) -> Path:
     return path
 
 
+def load_embedded_model(device: str = "auto", show_progress: bool = True, dtype: str | torch.dtype = "auto"):
+    """The embedded model and tokenizer (``load_pretrained``), pretraining the model first when it is not cached."""
+    resolve_dtype(dtype, resolve_device(device))  # NOTE: a bad --device or --dtype fails before any pretraining
+    path = ensure_embedded_model(show_progress)
+    fix = f"; it is the cached embedded model: delete {path} and it is pretrained again on next use"
+    return load_pretrained(path, device, dtype, fix=fix)
+
+
 SELFGEN_TRAIN = 2048  # self-generated sequences the embedded heads train on
 SELFGEN_EVAL = 256  # held-out self-generated sequences for eval-mtp
 SELFGEN_SEEDS = {"train": 1000, "eval": 2000}  # problem/sampling seeds of the two splits
+
+
+def self_generated(model, tokenizer, num: int, seed: int, temperature: float = 1.0, batch_size: int = 64) -> Sequences:
+    """The embedded task's completions sampled from the model itself at ``temperature`` (the policy's own data)."""
+    from bebop.mtp.data import Sequences
+    from bebop.speculative.engine import SamplingParams, generate
+
+    problems = arith.make_problems(num, seed=seed)
+    token_ids, starts = [], []
+    for i in range(0, num, batch_size):
+        chunk = problems[i : i + batch_size]
+        result = generate(
+            model, tokenizer, [p.prompt for p in chunk], sampling=SamplingParams(temperature=temperature, max_new_tokens=64),
+            seed=seed, row_ids=list(range(i, i + len(chunk))),
+        )
+        for prompt, completion in zip(result.prompt_ids, result.token_ids):
+            token_ids.append(prompt + completion)
+            starts.append(len(prompt))
+    return Sequences(token_ids, starts)
 
 
 def embedded_data(split: str, model=None, tok=None, num: int | None = None, path: Path | None = None):
@@ -240,11 +268,11 @@ def embedded_data(split: str, model=None, tok=None, num: int | None = None, path
     when the file is being created; ``path`` replaces the cache location (the quick demo keeps its
     own; its stem gets the same suffix).
     """
-    from bebop.mtp.data import Sequences, self_generated
+    from bebop.mtp.data import Sequences
     from bebop.utils.io import atomic_write_text, read_jsonl
 
     if model is None:
-        model, tok = load_model(dtype=CACHE_DTYPE)
+        model, tok = load_embedded_model(dtype=CACHE_DTYPE)
     path = path or cache_dir() / f"embedded-{EMBEDDED_VERSION}" / f"selfgen-{split}.jsonl"
     path = path.with_name(f"{path.stem}-{state_sha256(model)[:16]}{path.suffix}")
     with entry_lock(path):
@@ -263,7 +291,7 @@ HEAD_STEPS = 150  # steps of each loss's head, starting from the warm-start head
 WARMUP_HEAD = "ce-init"  # cache name of the warm-start head
 
 
-def ensure_embedded_head(loss: str = "e2e_tv", model=None, tok=None, show_progress: bool = True,
+def ensure_embedded_head(loss: str = DEFAULT_DRAFT_LOSS, model=None, tok=None, show_progress: bool = True,
                          root: Path | None = None, warmup_steps: int = HEAD_WARMUP_STEPS,
                          steps: int = HEAD_STEPS, data=None) -> Path:
     """The embedded head trained with ``loss``, training it first when missing (cached under ``root``).
@@ -278,7 +306,7 @@ def ensure_embedded_head(loss: str = "e2e_tv", model=None, tok=None, show_progre
     root = root or embedded_head_dir(loss).parent
     path = root / loss
     if model is None:
-        model, tok = load_model(show_progress=show_progress, dtype=CACHE_DTYPE)
+        model, tok = load_embedded_model(show_progress=show_progress, dtype=CACHE_DTYPE)
     model_sha256 = state_sha256(model)
     with entry_lock(path):
         if (path / CONFIG_NAME).is_file() and _trained_on(path) == model_sha256:
@@ -289,7 +317,7 @@ def ensure_embedded_head(loss: str = "e2e_tv", model=None, tok=None, show_progre
             if not ((warm / CONFIG_NAME).is_file() and _trained_on(warm) == model_sha256):
                 _drop_stale(warm, model_sha256)
                 say(f"bebop: training the shared CE warm-start head at {warm} (once).")
-                train_mtp(model, data, warm, TrainMtpConfig(loss="ce", steps=warmup_steps,
+                train_mtp(model, data, warm, TrainMtpConfig(loss=BASELINE_DRAFT_LOSS, steps=warmup_steps,
                                                             save_every=max(warmup_steps // 3, 1)),
                           pad_id=tok.pad_token_id, resume=True, show_progress=show_progress)
         _drop_stale(path, model_sha256)

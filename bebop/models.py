@@ -1,28 +1,17 @@
-"""``load_model``: an HF causal LM and its tokenizer from a local directory, frozen, for every command.
+"""``load_model``: the target model of every command, a user's directory or the embedded default.
 
-The one loader of target models: the CLI, the demo and the benches read a ``save_pretrained``
-directory (``--model``) through it, and the embedded default (``bebop.embedded``) when none is
-given. Nothing is downloaded (``local_files_only``); the architecture must be one Bebop runs
-(``bebop.architectures``).
+The one loader the CLI, the demo and the benches call: a ``save_pretrained`` directory
+(``--model``) through ``bebop.pretrained``, or the embedded default (``bebop.embedded``) when none
+is given.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import pickle
-from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
 
-from bebop.architectures import check_architecture
-from bebop.utils.io import BebopError
-from bebop.utils.torch_utils import resolve_device, resolve_dtype
-
-
-UNPICKLABLE = ("not a file of tensors (corrupt, or a pickle of other objects, refused because loading it could run "
-               "code)")  # NOTE: what torch's weights_only loader refuses; its own advice is to load it unsafely
+from bebop.pretrained import load_pretrained
 
 
 def load_model(model_dir: str | os.PathLike | None = None, device: str = "auto", show_progress: bool = True,
@@ -35,33 +24,8 @@ def load_model(model_dir: str | os.PathLike | None = None, device: str = "auto",
     Raises BebopError with one clear line when the directory or its files are missing or corrupt,
     or the device or dtype is not available.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    target = resolve_device(device)  # a bad --device or --dtype fails before any loading or pretraining
-    weights_dtype = resolve_dtype(dtype, target)
     if model_dir is None:
-        from bebop.embedded import ensure_embedded_model
+        from bebop.embedded import load_embedded_model  # NOTE: imports transformers; --help stays light
 
-        path = ensure_embedded_model(show_progress)
-    else:
-        path = Path(model_dir)
-    if not (path / "config.json").is_file():
-        raise BebopError(f"model directory {path} has no config.json (expected a save_pretrained directory)")
-    try:
-        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=weights_dtype)
-        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError, json.JSONDecodeError, SafetensorError, pickle.UnpicklingError, RuntimeError) as e:
-        # NOTE: a corrupt pickled *.bin raises UnpicklingError (torch's weights_only loader) or RuntimeError (zip)
-        weights = ", ".join(sorted(p.name for p in [*path.glob("*.safetensors"), *path.glob("*.bin")])) or \
-            "no *.safetensors or *.bin"
-        fix = f"; it is the cached embedded model: delete {path} and it is pretrained again on next use" \
-            if model_dir is None else ""
-        reason = UNPICKLABLE if isinstance(e, pickle.UnpicklingError) else str(e).splitlines()[0]
-        raise BebopError(f"cannot load model from {path} ({weights}): {reason}{fix}") from None
-    check_architecture(model)
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
-    model.to(target).eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    return model, tok
+        return load_embedded_model(device, show_progress, dtype)
+    return load_pretrained(model_dir, device, dtype)

@@ -123,3 +123,23 @@ def save_model_dir(path, model, add_bos: bool = True):
     model.save_pretrained(path)
     tiny_tokenizer(add_bos).save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """One cache for the module: a barely-trained embedded model, so every no-argument command works."""
+    from bebop.cli import main
+
+    path = tmp_path_factory.mktemp("cli-cache")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("BEBOP_CACHE_DIR", str(path))
+    assert main(["pretrain", "--steps", "3", "--eval-problems", "4"]) == 0
+    assert main(["train-mtp", "--steps", "2", "--num-sequences", "8", "--batch-size", "4"]) == 0
+    yield path
+    mp.undo()
+
+
+@pytest.fixture
+def use_cache(cache, monkeypatch):
+    monkeypatch.setenv("BEBOP_CACHE_DIR", str(cache))
+    return cache

@@ -135,7 +135,7 @@ TABLE = {  # case (command): argv, the error line it must give (regex)
     "train-mtp --temperature 0": ([*TRAIN, "--temperature", "0"], r"temperature must be a finite number > 0"),
     "train-mtp --temperature -1": ([*TRAIN, "--temperature", "-1"], r"temperature must be a finite number > 0"),
     "train-mtp --temperature nan": ([*TRAIN, "--temperature", "nan"], r"temperature must be a finite number > 0"),
-    "generate --temperature inf": ([*GEN, "--model", "model", "--temperature", "inf"], r"temperature must be finite"),
+    "generate --temperature inf": ([*GEN, "--model", "model", "--temperature", "inf"], r"temperature must be a finite number"),
     "a bool for K in a config file (train-mtp)": ([*TRAIN, "--config", "bool-k.toml"],
                                                   r"'speculate_k' should be int, got True"),
     "a bool for K in a config file (rl)": ([*RL, "--config", "bool-k-rl.toml"],

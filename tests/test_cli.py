@@ -10,24 +10,7 @@ from pathlib import Path
 import pytest
 
 from bebop.cli import main
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    """One cache for the module: a barely-trained embedded model, so every no-argument command works."""
-    path = tmp_path_factory.mktemp("cli-cache")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("BEBOP_CACHE_DIR", str(path))
-    assert main(["pretrain", "--steps", "3", "--eval-problems", "4"]) == 0
-    assert main(["train-mtp", "--steps", "2", "--num-sequences", "8", "--batch-size", "4"]) == 0
-    yield path
-    mp.undo()
-
-
-@pytest.fixture
-def use_cache(cache, monkeypatch):
-    monkeypatch.setenv("BEBOP_CACHE_DIR", str(cache))
-    return cache
+from tests.helpers import error_line
 
 
 def test_embedded_model_and_head_are_cached(use_cache):
@@ -81,22 +64,16 @@ def test_train_mtp_other_loss_and_resume(use_cache, tmp_path):
     assert [r["step"] for r in rows] == [1, 2, 3]
 
 
-def _error_line(capsys) -> str:
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err and err[-1].startswith("bebop: error: ")
-    return err[-1]
-
-
 def test_missing_model_dir(tmp_path, capsys):
     assert main(["generate", "--model", str(tmp_path / "nope"), "--mode", "none", "--out", str(tmp_path / "o")]) == 2
-    assert "no config.json" in _error_line(capsys)
+    assert "no config.json" in error_line(capsys)
 
 
 def test_unknown_config_key(use_cache, tmp_path, capsys):
     cfg = tmp_path / "mtp.toml"
     cfg.write_text("# bebop train-mtp --config mtp.toml\nloss = 'tv'\nlearning_rate = 1e-3\n")
     assert main(["train-mtp", "--config", str(cfg), "--out", str(tmp_path / "h")]) == 2
-    assert "unknown config file keys ['learning_rate']" in _error_line(capsys)
+    assert "unknown config file keys ['learning_rate']" in error_line(capsys)
     assert not (tmp_path / "h").exists()
 
 
@@ -106,14 +83,14 @@ def test_mismatched_head(use_cache, tmp_path, capsys):
 
     MtpHead(tiny_model(hidden_size=32)).save_pretrained(tmp_path / "head")
     assert main(["eval-mtp", "--mtp", str(tmp_path / "head"), "--num-sequences", "4"]) == 2
-    assert "hidden_size=32" in _error_line(capsys)
+    assert "hidden_size=32" in error_line(capsys)
 
 
 def test_empty_prompts_file(use_cache, tmp_path, capsys):
     prompts = tmp_path / "p.txt"
     prompts.write_text("\n")
     assert main(["generate", "--prompts", str(prompts), "--mode", "none", "--out", str(tmp_path / "o")]) == 2
-    assert "holds no prompt" in _error_line(capsys)
+    assert "holds no prompt" in error_line(capsys)
     assert not (tmp_path / "o").exists()
 
 
@@ -121,7 +98,7 @@ def test_too_long_prompt(use_cache, tmp_path, capsys):
     prompts = tmp_path / "p.txt"
     prompts.write_text("Q " + " + ".join(["1"] * 200) + " = ?\n")
     assert main(["generate", "--prompts", str(prompts), "--mode", "none", "--out", str(tmp_path / "o")]) == 2
-    assert "prompt too long" in _error_line(capsys)
+    assert "prompt too long" in error_line(capsys)
 
 
 def test_console_entry_point_help():
@@ -148,7 +125,7 @@ def test_rl_config_file_and_unknown_key(use_cache, tmp_path, capsys):
     cfg.write_text("# bebop rl --config rl.yaml\nmode: none\nsteps: 1\nprompts_per_step: 2\ngroup_size: 2\n"
                    "max_new_tokens: 4\nlearning_rate: 0.1\n")
     assert main(["rl", "--config", str(cfg), "--out", str(tmp_path / "r")]) == 2
-    assert "learning_rate" in _error_line(capsys)
+    assert "learning_rate" in error_line(capsys)
 
 
 def test_check_lossless_small(use_cache, capsys):
@@ -228,7 +205,7 @@ def test_generate_auto_keeps_a_profile_between_calls(use_cache, tmp_path, capsys
                                                                    saved["chooser"]["held"]["speculate_k"])
     assert json.loads(path.read_text())["calls"] == calls + 1
     good = path.read_text()
-    assert main([*argv, "--temperature", "0.5"]) == 2 and "temperature differ" in _error_line(capsys)
+    assert main([*argv, "--temperature", "0.5"]) == 2 and "temperature differ" in error_line(capsys)
     path.write_text("{not json")  # corrupt: set aside with a warning, the call starts fresh and writes anew
     assert main(argv) == 0 and f"auto profile {path} is corrupt" in capsys.readouterr().err
     assert path.with_name(path.name + ".bad").read_text() == "{not json" and json.loads(path.read_text())["calls"] == 1
@@ -242,7 +219,7 @@ def test_generate_auto_keeps_a_profile_between_calls(use_cache, tmp_path, capsys
     assert main([*argv[:-1], "none"]) == 0 and "profile" not in capsys.readouterr().out
     assert written() == before and not Path("none").exists()
     fixed = ["generate", "--mode", "rs", "--speculate-k", "3", *argv[5:]]
-    assert main(fixed) == 2 and "--auto-profile needs" in _error_line(capsys)
+    assert main(fixed) == 2 and "--auto-profile needs" in error_line(capsys)
 
 
 def test_rl_auto_probes_every_n_steps_and_keeps_the_choice_between(use_cache, tmp_path):
@@ -266,14 +243,14 @@ def test_rl_auto_probes_every_n_steps_and_keeps_the_choice_between(use_cache, tm
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["generate", "--speculate-k", "0"], "speculate_k must be >= 1 or auto, got 0"),
-    (["rl", "--speculate-k", "0", "--steps", "1"], "speculate_k must be >= 1 or auto, got 0"),
-    (["rl", "--mode", "foo", "--steps", "1"], "mode 'foo' is not one of none, to, rs, auto"),
+    (["generate", "--speculate-k", "0"], "speculate_k must be an integer >= 1 or 'auto', got 0"),
+    (["rl", "--speculate-k", "0", "--steps", "1"], "speculate_k must be an integer >= 1 or 'auto', got 0"),
+    (["rl", "--mode", "foo", "--steps", "1"], "unknown mode 'foo'; choose one of none, to, rs, auto"),
     (["rl", "--mode", "auto", "--backend", "vllm", "--steps", "1"], "needs backend engine"),
 ])
 def test_bad_auto_values_are_one_line(tmp_path, capsys, argv, message):
     assert main([*argv, "--out", str(tmp_path / "o")]) == 2
-    assert message in _error_line(capsys) and not (tmp_path / "o").exists()
+    assert message in error_line(capsys) and not (tmp_path / "o").exists()
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -310,10 +287,10 @@ def test_verify_block_flags(use_cache, tmp_path, capsys):
     assert main(["generate", "--mode", "rs", "--verify", "block", *common]) == 0
     assert len(out.read_text().splitlines()) == 2
     assert main(["generate", "--mode", "to", "--verify", "block", *common[:-2], "--out", str(tmp_path / "o")]) == 2
-    assert "verify block needs mode rs" in _error_line(capsys)
+    assert "verify block needs mode rs" in error_line(capsys)
     assert main(["check-lossless", "--verify", "block", "--backend", "vllm"]) == 2
-    assert "verify block needs backend engine" in _error_line(capsys)
+    assert "verify block needs backend engine" in error_line(capsys)
     assert main(["rl", "--mode", "to", "--verify", "block", "--out", str(tmp_path / "r")]) == 2
-    assert "verify block needs mode rs" in _error_line(capsys)
+    assert "verify block needs mode rs" in error_line(capsys)
     status = main(["check-lossless", "--verify", "block", "--samples", "300"])
     assert status in (0, 1) and "| rs block K=3 T=1, token 12 |" in capsys.readouterr().out

@@ -26,8 +26,7 @@ from bebop.utils.io import BebopError
 from bebop.utils.optim import MasterWeightAdamW, make_adamw, master_state_dict
 from bebop.utils.torch_utils import resolve_dtype
 from tests.conftest import save_model_dir, tiny_model
-from tests.mtp.test_train import _data
-from tests.speculative.test_engine import GREEDY_LENGTHS, VOCAB, ToyTokenizer, _prompts, perturbed_head
+from tests.helpers import GREEDY_LENGTHS, ToyTokenizer, VOCAB, perturbed_head, random_sequences, toy_prompts
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run bench/gpu_smoke.sh on one)")
 BF16 = torch.bfloat16
@@ -134,7 +133,7 @@ def test_engine_verifies_bfloat16_models_with_float32_p_and_q(monkeypatch):
 
     monkeypatch.setattr(engine, "rejection_sample_from_noise", spy)
     model = _bf16_model(vocab_size=VOCAB)
-    out = generate(model, ToyTokenizer(), _prompts((3, 5)), mtp=perturbed_head(model, 0.3), seed=0,
+    out = generate(model, ToyTokenizer(), toy_prompts((3, 5)), mtp=perturbed_head(model, 0.3), seed=0,
                    sampling=SamplingParams(temperature=1.0, max_new_tokens=8), spec=SpecConfig("rs", 3))
     assert seen and set(seen) == {(torch.float32, torch.float32, torch.float32)}
     alphas = out.stats.token_arrays()["alpha_rs"]
@@ -162,7 +161,7 @@ def test_bfloat16_greedy_speculative_equals_plain(arch):
     model = _bf16_model(arch, vocab_size=VOCAB)
     head = MtpHead(model)
     assert next(head.parameters()).dtype == BF16  # the head follows its backbone
-    prompts = _prompts(GREEDY_LENGTHS)
+    prompts = toy_prompts(GREEDY_LENGTHS)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=20)
     plain = generate(model, ToyTokenizer(), prompts, sampling=greedy)
     for mode in ("to", "rs"):
@@ -176,7 +175,7 @@ def test_bfloat16_head_trains_through_float32_masters_and_saves_float32(tmp_path
     model = _bf16_model()
     head0 = MtpHead(model)
     cfg = TrainMtpConfig(loss="e2e_tv", ce_warmup=1, steps=3, batch_size=4, speculate_k=2, save_every=0, lr=1e-3)
-    head = train_mtp(model, _data(), tmp_path, cfg, show_progress=False)
+    head = train_mtp(model, random_sequences(), tmp_path, cfg, show_progress=False)
     assert all(p.dtype == BF16 for p in head.parameters())
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in rows)
@@ -325,7 +324,7 @@ def test_cuda_greedy_speculative_equals_plain(dtype):
     model = tiny_model("qwen3", vocab_size=VOCAB).to("cuda", dtype)
     head = MtpHead(model)
     assert next(head.parameters()).device.type == "cuda" and next(head.parameters()).dtype == dtype
-    prompts = _prompts(GREEDY_LENGTHS)
+    prompts = toy_prompts(GREEDY_LENGTHS)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=20)
     plain = generate(model, ToyTokenizer(), prompts, sampling=greedy)
     for mode, k in (("to", 2), ("rs", 3)):
@@ -338,7 +337,7 @@ def test_cuda_bfloat16_train_mtp_step(tmp_path):
     model = tiny_model("qwen3").to("cuda", BF16)
     head0 = MtpHead(model)
     cfg = TrainMtpConfig(loss="e2e_tv", ce_warmup=1, steps=3, batch_size=4, speculate_k=2, save_every=0, lr=1e-3)
-    head = train_mtp(model, _data(), tmp_path, cfg, show_progress=False)
+    head = train_mtp(model, random_sequences(), tmp_path, cfg, show_progress=False)
     assert next(head.parameters()).device.type == "cuda"
     assert all(not torch.equal(a, b) for a, b in zip(head0.parameters(), head.parameters()))
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]

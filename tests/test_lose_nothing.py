@@ -32,8 +32,7 @@ from bebop.utils.io import (
 )
 from bebop.utils.torch_utils import state_sha256
 from tests.conftest import tiny_model
-from tests.rl.test_loop import tiny_config, tiny_policy
-from tests.test_cli import _error_line, cache, use_cache  # noqa: F401 - fixtures
+from tests.helpers import error_line, tiny_config, tiny_policy
 
 RL_FLAGS = ["--mode", "rs", "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "6",
             "--save-every", "1"]
@@ -91,7 +90,7 @@ def test_rl_bad_flag_on_an_existing_run_changes_nothing(use_cache, tmp_path, cap
                           (["--out", str(run), "--steps", "2", *RL_FLAGS], "not empty"),
                           (["--resume", str(run), "--overwrite"], "exclude each other")):
         assert main(["rl", *argv]) == 2
-        assert message in _error_line(capsys)
+        assert message in error_line(capsys)
         assert snapshot(run) == before, f"rl {' '.join(argv)} changed the run"
 
 
@@ -130,7 +129,7 @@ def test_train_mtp_out_is_refused_then_moved_aside(use_cache, tmp_path, capsys):
     assert main(args) == 0
     before = snapshot(head)
     assert main(args) == 2
-    assert "not empty" in _error_line(capsys)
+    assert "not empty" in error_line(capsys)
     assert snapshot(head) == before
     assert main([*args, "--overwrite"]) == 0
     (old,) = tmp_path.glob("head.old-*")
@@ -180,12 +179,12 @@ def test_generate_and_eval_paths_are_checked_first(use_cache, tmp_path, monkeypa
     (tmp_path / "dir").mkdir()
     (tmp_path / "file").write_text("x")
     assert main(["generate", "--mode", "none", "--out", str(tmp_path / "dir")]) == 2
-    assert "is a directory" in _error_line(capsys)
+    assert "is a directory" in error_line(capsys)
     assert main(["generate", "--mode", "none", "--out", str(tmp_path / "o.jsonl"),
                  "--stats-json", str(tmp_path / "file" / "stats.json")]) == 2
-    assert "not a directory" in _error_line(capsys)
+    assert "not a directory" in error_line(capsys)
     assert main(["eval-mtp", "--num-sequences", "4", "--json", str(tmp_path / "dir")]) == 2
-    assert "is a directory" in _error_line(capsys)
+    assert "is a directory" in error_line(capsys)
     with pytest.raises(BebopError):
         check_output_file(tmp_path / "dir")
 
@@ -195,11 +194,11 @@ def test_pretrain_rejects_no_steps_or_no_eval_and_keeps_the_cache(use_cache, tmp
     before = snapshot(model_dir)
     for flags in (["--steps", "0"], ["--steps", "-3"], ["--eval-problems", "0", "--steps", "1"]):
         assert main(["pretrain", *flags, "--overwrite"]) == 2
-        assert "steps >= 1 and eval_problems >= 1" in _error_line(capsys)
+        assert "steps >= 1 and eval_problems >= 1" in error_line(capsys)
     assert main(["pretrain", "--steps", "1", "--eval-problems", "0", "--out", str(tmp_path / "m")]) == 2
     assert not (tmp_path / "m").exists()
     assert main(["pretrain", "--steps", "1", "--eval-problems", "1"]) == 2
-    assert "not empty" in _error_line(capsys)
+    assert "not empty" in error_line(capsys)
     assert snapshot(model_dir) == before
 
 
@@ -376,7 +375,7 @@ def test_cli_resume_keeps_the_checkpoint_settings(use_cache, tmp_path, capsys):
     assert main(["train-mtp", "--resume", "--steps", "2", "--out", str(out)]) == 0
     assert json.loads((out / "mtp_config.json").read_text())["train"]["batch_size"] == 2
     assert main(["train-mtp", "--resume", "--steps", "3", "--lr", "0.5", "--out", str(out)]) == 2
-    assert "lr 0.002 -> 0.5" in _error_line(capsys)
+    assert "lr 0.002 -> 0.5" in error_line(capsys)
 
 
 # ---------------------------------------------------------------------------------------------- 7. --stop ""
@@ -387,7 +386,7 @@ def test_empty_stop_string_is_an_error(use_cache, tmp_path, monkeypatch, capsys)
 
     monkeypatch.setattr(bebop.speculative, "generate", _must_not_run)
     assert main(["generate", "--mode", "none", "--stop", "", "--out", str(tmp_path / "o.jsonl")]) == 2
-    assert "stop strings must be non-empty" in _error_line(capsys)
+    assert "stop strings must be non-empty" in error_line(capsys)
     model, tok = tiny_policy()
     with pytest.raises(BebopError, match="stop strings must be non-empty"):
         generate(model, tok, ["Q 1 + 1 = ?"], sampling=SamplingParams(stop=("A", "")))

@@ -22,7 +22,9 @@ from bebop.analysis.fit import (
     student_t_quantile,
 )
 from bebop.analysis.bootstrap import Interval, decide
-from bebop.analysis.report import Run, load_run, summarize_run, write_report
+from bebop.analysis.report import write_report
+from bebop.analysis.runs import Run, load_run
+from bebop.analysis.summary import summarize_run
 
 __all__ = [
     "BucketedFit",

@@ -55,8 +55,10 @@ import numpy as np
 
 from bebop.analysis import bootstrap
 from bebop.analysis.bootstrap import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, decide
-from bebop.analysis.report import MISSING, WARMUP_STEPS, Run, _as_float, _column, _table, summarize_run
+from bebop.analysis.markdown import MISSING, markdown_table
+from bebop.analysis.runs import Run, as_float, metric_column
 from bebop.analysis.roles import CE_LOSS, TV_LOSS, none_runs, runs_with
+from bebop.analysis.summary import WARMUP_STEPS, summarize_run
 from bebop.analysis.slopes import (
     SlopeEstimate,
     chain_weights,
@@ -202,7 +204,7 @@ def _mean_points(evals: Mapping[str, Mapping], key: str) -> dict[str, float]:
     """100 x the mean over draft steps of evals[loss][key], for the losses that have it."""
     out = {}
     for loss, e in evals.items():
-        values = [_as_float(v) for v in (e.get(key) or [])]
+        values = [as_float(v) for v in (e.get(key) or [])]
         if values and all(math.isfinite(v) for v in values):
             out[loss] = 100.0 * float(np.mean(values))
     return out
@@ -240,8 +242,8 @@ def _depth_gain_finding(head_evals: Mapping[str, Mapping]) -> Finding:
     """Finding 4: alpha_RS,j(e2e_tv) − alpha_RS,j(ce) grows with the draft step j."""
     args = (4, "The e2e-TV gain over CE grows with draft depth",
             "≈ +5 points at step 3, +2.5–5 at step 2 (Fig. 4)")
-    ce = [_as_float(v) for v in (head_evals.get(CE_LOSS) or {}).get("alpha_rs") or []]
-    tv = [_as_float(v) for v in (head_evals.get(TV_LOSS) or {}).get("alpha_rs") or []]
+    ce = [as_float(v) for v in (head_evals.get(CE_LOSS) or {}).get("alpha_rs") or []]
+    tv = [as_float(v) for v in (head_evals.get(TV_LOSS) or {}).get("alpha_rs") or []]
     if len(ce) < 2 or len(ce) != len(tv) or not all(math.isfinite(v) for v in ce + tv):
         return Finding(*args, MISSING, NOT_COMPARABLE,
                        f"need alpha_RS of {CE_LOSS} and {TV_LOSS} at the same >= 2 draft steps")
@@ -272,7 +274,7 @@ def _block_lengths(evals: Mapping[str, Mapping]) -> dict[str, tuple[float, float
     out = {}
     for loss in (CE_LOSS, TV_LOSS):
         e = evals.get(loss) or {}
-        pair = (_as_float(e.get("accept_length_rs", math.nan)), _as_float(e.get("accept_length_block", math.nan)))
+        pair = (as_float(e.get("accept_length_rs", math.nan)), as_float(e.get("accept_length_block", math.nan)))
         if not all(math.isfinite(v) for v in pair):
             return None
         out[loss] = pair
@@ -349,7 +351,7 @@ def _speedup_finding(runs: Sequence[Run]) -> Finding:
     b, f = summarize_run(base[0]), summarize_run(frozen[0])
     if not (b["step_s"] > 0 and f["step_s"] > 0):
         return Finding(*args, MISSING, NOT_COMPARABLE, "a run logged no step_s")
-    timed = [[_column(r.metrics[WARMUP_STEPS:], "step_s") for r in rs] for rs in (base, frozen)]  # no warm-up
+    timed = [[metric_column(r.metrics[WARMUP_STEPS:], "step_s") for r in rs] for rs in (base, frozen)]  # no warm-up
     nb, nb_draws = bootstrap.steps_mean(timed[0])
     tv, tv_draws = bootstrap.steps_mean(timed[1])
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -374,7 +376,7 @@ def compute_findings(
     Args:
         head_evals: Draft loss name -> ``HeadEval`` (eval-mtp at K = 3, T = 1).
         sweep: ``SweepRow``s: eval-mtp of (at least) the ce and e2e_tv heads at several temperatures.
-        runs: RL runs from ``report.load_run``; their configs' mode, mtp_loss, mtp_update and
+        runs: RL runs from ``runs.load_run``; their configs' mode, mtp_loss, mtp_update and
             online_loss give their roles (none, to+ce, rs+ce, rs+e2e_tv frozen, rs+e2e_tv online CE).
 
     Returns:
@@ -411,5 +413,5 @@ def findings_table(findings: Sequence[Finding]) -> str:
     """
     rows = [[str(f.number), f.claim, f.paper, f.ours, f.verdict] for f in findings]
     notes = [f"- **{f.number}** ({f.verdict}): {f.note}" for f in findings if f.note]
-    return (_table(FINDINGS_HEADER, rows) + "\n\n" + VERDICT_LEGEND
+    return (markdown_table(FINDINGS_HEADER, rows) + "\n\n" + VERDICT_LEGEND
             + ("\n\nNotes:\n\n" + "\n".join(notes) if notes else ""))

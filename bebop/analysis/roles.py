@@ -9,11 +9,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from bebop.analysis.report import Run
+from bebop.config import BASELINE_DRAFT_LOSS, DEFAULT_DRAFT_LOSS
 
-CE_LOSS = "ce"  # the baseline draft loss
-TV_LOSS = "e2e_tv"  # the paper's recommended draft loss
+if TYPE_CHECKING:
+    from bebop.analysis.runs import Run
+
+CE_LOSS = BASELINE_DRAFT_LOSS  # the baseline draft loss
+TV_LOSS = DEFAULT_DRAFT_LOSS  # the paper's recommended draft loss
 
 
 def run_mode(run: Run) -> str:

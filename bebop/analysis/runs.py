@@ -185,13 +185,13 @@ def load_trl_run(run_dir: str | os.PathLike) -> Run:
     return Run(config["label"], config, metrics, token_stats, run_dir)
 
 
-def _as_float(value: Any) -> float:
+def as_float(value: Any) -> float:
     """Numbers as floats; None, booleans and anything else as NaN."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
     return math.nan
 
 
-def _column(metrics: Sequence[Mapping], key: str) -> np.ndarray:
+def metric_column(metrics: Sequence[Mapping], key: str) -> np.ndarray:
     """One scalar metric over steps, shape (S,), NaN where absent or null."""
-    return np.array([_as_float(row.get(key)) for row in metrics], dtype=float)
+    return np.array([as_float(row.get(key)) for row in metrics], dtype=float)

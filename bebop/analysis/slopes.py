@@ -31,23 +31,13 @@ import numpy as np
 from bebop.analysis import bootstrap
 from bebop.analysis.bootstrap import Interval
 from bebop.analysis.fit import linear_fit
+from bebop.analysis.runs import as_float, metric_column
 
 MIN_ENTROPY_RANGE = 0.05  # nats; a narrower spread of entropies is too little to fit a slope on
 MIN_POINTS = 3  # a slope interval needs at least one residual degree of freedom
 TOKEN_SOURCE = "token level"  # name of source (c)
 STEPS_SOURCE = "RL steps"  # name of source (a)
 SWEEP_SOURCE = "temperature sweep"  # name of source (b)
-
-
-def _as_float(value) -> float:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    return math.nan
-
-
-def metric_column(metrics: Sequence[Mapping], key: str) -> np.ndarray:  # (S,)
-    """One scalar metric over RL steps, NaN where absent or null."""
-    return np.array([_as_float(row.get(key)) for row in metrics], dtype=float)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,8 +109,8 @@ def sweep_estimate(sweep: Sequence[Mapping], loss: str, method: str) -> SlopeEst
     rows = [r for r in sweep if r.get("loss") == loss]
     if not rows:
         return unavailable(SWEEP_SOURCE, f"no sweep of the {loss} head")
-    h = np.array([_as_float(r.get("target_entropy")) for r in rows])  # (N,)
-    a = np.array([_as_float(r.get(f"accept_length_{method}")) for r in rows])  # (N,)
+    h = np.array([as_float(r.get("target_entropy")) for r in rows])  # (N,)
+    a = np.array([as_float(r.get(f"accept_length_{method}")) for r in rows])  # (N,)
     keep = np.isfinite(h) & np.isfinite(a)
     reason = _check_spread(h[keep])
     if reason:
@@ -162,10 +152,10 @@ def _token_points(runs: Sequence, method: str) -> tuple[np.ndarray, ...]:
             seq = row.get("row")
             by_row &= isinstance(seq, list) and len(seq) == n
             ids = seq if isinstance(seq, list) and len(seq) == n else [0] * n
-            pos += [_as_float(v) for v in row["position"]]
-            h += [_as_float(v) for v in row["entropy"]]
-            a += [_as_float(v) for v in row[f"alpha_{method}"]]
-            cluster += [(i, _as_float(row.get("step")), _as_float(v)) for v in ids]
+            pos += [as_float(v) for v in row["position"]]
+            h += [as_float(v) for v in row["entropy"]]
+            a += [as_float(v) for v in row[f"alpha_{method}"]]
+            cluster += [(i, as_float(row.get("step")), as_float(v)) for v in ids]
     return np.array(pos), np.array(h), np.array(a), cluster, by_row
 
 

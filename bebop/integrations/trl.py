@@ -50,11 +50,11 @@ from pathlib import Path
 
 import torch
 
-from bebop.speculative import SamplingParams, SpecConfig
 from bebop.config import AUTO, is_auto
 from bebop.speculative.auto.chooser import AutoChooser, candidates
-from bebop.speculative.auto.generate import check_auto_spec, generate_auto
+from bebop.speculative.auto.generate import generate_auto
 from bebop.speculative.engine import generate
+from bebop.speculative.settings import SamplingParams, SpecConfig, check_settings
 from bebop.speculative.stats import SpecStats
 from bebop.utils.io import BebopError, read_json, write_json
 
@@ -96,7 +96,7 @@ class BebopRollout:
     loaded_head: object = field(default=None, init=False, repr=False)  # the MtpHead, once on the model
 
     def __post_init__(self) -> None:
-        check_auto_spec(self.spec)
+        check_settings(self.spec, None)
         if self.spec.mode != "none" and self.head is None:
             raise BebopError(f"mode {self.spec.mode!r} needs an MTP head (head=path or MtpHead)")
 

@@ -37,6 +37,8 @@ from typing import Callable, Iterator
 import torch
 from torch import Tensor
 
+from bebop.config import temperature_problem
+
 # NOTE: a tile is (row chunk, vocab chunk); one tile step holds about six float32 buffers of that
 # size. 2**22 elements = 16 MiB each: big enough to keep a GPU busy, and small enough that glibc
 # reuses freed tiles on CPU instead of mapping (and page-faulting) fresh memory for every tile.
@@ -165,10 +167,8 @@ def check_logits(
             f"draft_logits on {draft_logits.device} and target_logits on "
             f"{target_logits.device} must be on the same device"
         )
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-        raise ValueError(f"temperature must be a number, got {type(temperature).__name__}")
-    if not 0.0 < temperature < float("inf"):
-        raise ValueError(f"temperature must be finite and > 0, got {temperature}")
+    if problem := temperature_problem(temperature, greedy_ok=False):
+        raise ValueError(problem)
     if (row_chunk is not None and row_chunk < 1) or vocab_chunk < 1:
         raise ValueError(f"row_chunk and vocab_chunk must be >= 1, got {row_chunk}, {vocab_chunk}")
     for label, x in (("draft_logits", draft_logits), ("target_logits", target_logits)):

@@ -42,6 +42,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from bebop.config import temperature_problem
 from bebop.losses.draft import DRAFT_LOSSES, _e2e_tv_from_alpha, _masked_mean, _resolve_mask
 from bebop.losses.entry_stats import (
     STATISTICS,
@@ -60,10 +61,9 @@ from bebop.utils.io import BebopError
 # chunk reuses (a fresh one per chunk would page-fault every time and briefly hold two), its
 # statistics walk it in entry_stats' small tiles (TILE_ELEMENTS), and the gradient overwrites the
 # draft half, so the working set is that buffer plus a few tiles. Each chunk reads the whole
-# (V, D) weight, so the chunk sets the matmuls' width: on 2 CPU cores (V = 152k, D = 2,048) the
-# logits matmul ran at ~90 GFLOP/s with 55 rows, ~150 with 220 and ~185 with plain autograd's
-# 1,280. 2**25 elements (220 rows of a 152k vocabulary) keeps the working set under 1/8 of the
-# plain loss's from N*K = 1,280 entries up.
+# (V, D) weight, so the chunk sets the matmuls' width: wider chunks run the matmul faster, narrower
+# ones hold less (docs/notes_from_code.md). 2**25 elements (220 rows of a 152k vocabulary) keeps
+# the working set under 1/8 of the plain loss's from N*K = 1,280 entries up.
 FUSED_TILE_ELEMENTS = 2**25  # default row chunk = FUSED_TILE_ELEMENTS // V
 
 # loss name -> (per-entry statistic, reduction of the (N, K) statistic under the (N, K) mask)
@@ -272,10 +272,8 @@ def _check_inputs(
     for label, x in (("draft_hidden", draft_hidden), ("target", target)):
         if x.dtype != weight.dtype and (label == "draft_hidden" or target_is_hidden):
             raise ValueError(f"{label} is {x.dtype} but the weight is {weight.dtype}; cast one of them")
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-        raise ValueError(f"temperature must be a number, got {type(temperature).__name__}")
-    if not 0.0 < temperature < float("inf"):
-        raise ValueError(f"temperature must be finite and > 0, got {temperature}")
+    if problem := temperature_problem(temperature, greedy_ok=False):
+        raise ValueError(problem)
     if target_softcap is not None and not (target_is_hidden and 0.0 < target_softcap < float("inf")):
         raise ValueError(f"target_softcap must be finite, > 0 and used with a hidden target, got {target_softcap}")
     if (row_chunk is not None and row_chunk < 1) or vocab_chunk < 1:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bebop.config import DRAFT_LOSS_NAMES, option
+from bebop.config import DEFAULT_DRAFT_LOSS, DRAFT_LOSS_NAMES, option
 
 INITS = ("auto", "native", "backbone")  # where a new head starts (TrainMtpConfig.init)
 CHAIN_CONTEXTS = ("served", "unrolled")  # the keys of bebop.mtp.chains.CHAIN_UNROLLS, without torch (--help)
@@ -18,7 +18,7 @@ CHAIN_CONTEXTS = ("served", "unrolled")  # the keys of bebop.mtp.chains.CHAIN_UN
 class TrainMtpConfig:
     """How a head is trained."""
 
-    loss: str = option("e2e_tv", "draft objective", choices=DRAFT_LOSS_NAMES)
+    loss: str = option(DEFAULT_DRAFT_LOSS, "draft objective", choices=DRAFT_LOSS_NAMES)
     speculate_k: int = option(5, "K, head steps unrolled per position in training")
     steps: int = option(300, "optimizer steps")
     batch_size: int = option(32, "sequences per step")

@@ -7,12 +7,12 @@ state at the prompt's last position). Plain texts have start = 1.
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 
 import torch
 
+from bebop.config import speculate_k_problem, temperature_problem
 from bebop.mtp.chains import CHAIN_UNROLLS
 from bebop.mtp.head import decoder_states
 from bebop.speculative.attention import final_logits
@@ -97,35 +97,15 @@ def check_chain_args(data: Sequences, speculate_k: int, temperature: float) -> N
 
     Example: one sequence of 8 tokens with start 2 allows K <= 5.
     """
-    if isinstance(speculate_k, bool) or not isinstance(speculate_k, int) or speculate_k < 1:
-        raise BebopError(f"speculate_k must be an integer >= 1, got {speculate_k!r}")
-    if not (math.isfinite(temperature) and temperature > 0):
-        raise BebopError(f"temperature must be a finite number > 0, got {temperature}")
+    for problem in (speculate_k_problem(speculate_k, auto_ok=False), temperature_problem(temperature, greedy_ok=False)):
+        if problem:
+            raise BebopError(problem)
     if len(data) == 0:
         raise BebopError("no sequences to train or evaluate a draft on")
     deepest = max(len(t) - 1 - max(s, 1) for t, s in zip(data.token_ids, data.starts))
     if speculate_k > deepest:
         raise BebopError(f"speculate_k={speculate_k} is deeper than the data allows: its longest chain has "
                          f"{deepest} steps")
-
-
-def self_generated(model, tokenizer, num: int, seed: int, temperature: float = 1.0, batch_size: int = 64) -> Sequences:
-    """The embedded task's completions sampled from the model itself at ``temperature`` (the policy's own data)."""
-    from bebop.speculative.engine import SamplingParams, generate
-    from bebop.task import arith
-
-    problems = arith.make_problems(num, seed=seed)
-    token_ids, starts = [], []
-    for i in range(0, num, batch_size):
-        chunk = problems[i : i + batch_size]
-        result = generate(
-            model, tokenizer, [p.prompt for p in chunk], sampling=SamplingParams(temperature=temperature, max_new_tokens=64),
-            seed=seed, row_ids=list(range(i, i + len(chunk))),
-        )
-        for prompt, completion in zip(result.prompt_ids, result.token_ids):
-            token_ids.append(prompt + completion)
-            starts.append(len(prompt))
-    return Sequences(token_ids, starts)
 
 
 def chain_tensors(backbone, head, ids: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor, k: int,

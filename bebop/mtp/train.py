@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from bebop.config import BASELINE_DRAFT_LOSS, speculate_k_problem
 from bebop.losses import DRAFT_LOSSES
 from bebop.mtp.chains import check_chain_context, check_head_context
 from bebop.mtp.config import INITS, TrainMtpConfig
@@ -69,8 +70,10 @@ def _check(cfg: TrainMtpConfig) -> None:
         raise BebopError(f"unknown loss {cfg.loss!r}; choose one of {', '.join(DRAFT_LOSSES)}")
     if cfg.init not in INITS:
         raise BebopError(f"unknown init {cfg.init!r}; choose one of {', '.join(INITS)}")
-    if cfg.speculate_k < 1 or cfg.steps < 1 or cfg.batch_size < 1:
-        raise BebopError("speculate_k, steps and batch_size must be >= 1")
+    if problem := speculate_k_problem(cfg.speculate_k, auto_ok=False):
+        raise BebopError(problem)
+    if cfg.steps < 1 or cfg.batch_size < 1:
+        raise BebopError("steps and batch_size must be >= 1")
     if cfg.ce_warmup < -1 or cfg.ce_warmup > cfg.steps:
         raise BebopError(f"ce_warmup must be -1 (auto) or 0..steps={cfg.steps}, got {cfg.ce_warmup}")
     check_chain_context(cfg.chain_context)
@@ -202,7 +205,7 @@ def _train_steps(backbone, head: MtpHead, opt, data: Sequences, out_dir: Path, c
             group["lr"] = lr
         index = _batch_index(len(data), cfg.batch_size, cfg.seed, step)[first:last]
         ids, lengths, starts = data.batch(index, pad_id, device)
-        loss_name = "ce" if step < ce_steps else cfg.loss
+        loss_name = BASELINE_DRAFT_LOSS if step < ce_steps else cfg.loss
         try:
             loss, alpha_rs, mask = chain_loss(backbone, head, ids, lengths, starts, cfg.speculate_k,
                                               cfg.chain_context, loss_name, cfg.temperature)

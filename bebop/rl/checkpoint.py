@@ -29,7 +29,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from bebop.models import UNPICKLABLE
+from bebop.pretrained import UNPICKLABLE
 from bebop.utils.io import BebopError, atomic_dir, read_json, save_torch, write_json
 
 CHECKPOINT_DIR = "checkpoint"  # inside the run directory

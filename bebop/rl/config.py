@@ -27,6 +27,7 @@ from bebop.config import (
     AUTO,
     AUTO_EVERY,
     AUTO_MAX_K,
+    DEFAULT_DRAFT_LOSS,
     DRAFT_LOSS_NAMES,
     VERIFY_CHOICES,
     Flag,
@@ -35,6 +36,7 @@ from bebop.config import (
     merge_sources,
     option,
     resolve,
+    speculate_k_problem,
     speculate_k_value,
 )
 from bebop.utils.io import BebopError
@@ -65,7 +67,7 @@ class MtpUpdateConfig:
 
     mtp_update: str = option("frozen",
                              "frozen: weights never change (paper recipe) | online: trained on each rollout")
-    online_loss: str = option("e2e_tv", f"draft loss of the online update: {' | '.join(DRAFT_LOSS_NAMES)}")
+    online_loss: str = option(DEFAULT_DRAFT_LOSS, f"draft loss of the online update: {' | '.join(DRAFT_LOSS_NAMES)}")
     mtp_lr: float = option(1e-4, "head AdamW learning rate (online only)")
     mtp_grad_clip: float = option(1.0, "max gradient norm of the head, separate from the policy's (paper §5.3)")
     mtp_speculate_k: int = option(3, "draft steps unrolled by the online loss")
@@ -76,13 +78,13 @@ class RLConfig:
     """One GRPO run with speculative rollouts; defaults fit the embedded model on a CPU."""
 
     mode: str = option("rs", "rollout decoding: none (plain) | to (target-only) | rs (rejection sampling) | auto")
-    speculate_k: int = option(3, "K, drafts verified per target forward in the rollout; or auto (1-4)")
+    speculate_k: int | str = option(3, "K, drafts verified per target forward in the rollout; or auto (1-4)")
     verify: str = option("token", "how mode rs verifies a drafted chain: token (token-wise) | block (jointly, "
                          "Sun et al. 2024; exact, never fewer accepted drafts in expectation)", choices=VERIFY_CHOICES)
     auto_every: int = option(AUTO_EVERY,
                              "with mode or speculate_k auto: probe every this many steps (choose in between; "
                              "a setting chosen for the first time is confirmed by a probe in the next step)")
-    mtp_loss: str = option("e2e_tv", "loss the head was trained with (picks the embedded head; logged)")
+    mtp_loss: str = option(DEFAULT_DRAFT_LOSS, "loss the head was trained with (picks the embedded head; logged)")
     task: str = option("embedded",
                        "prompt source: embedded (built-in arithmetic) | math (--data file; implied by data)")
     data: str = option("", 'JSONL/parquet prompt file with a "prompt" field (task math)')
@@ -157,14 +159,13 @@ def check_rl_config(cfg: RLConfig) -> None:
     """Raises BebopError (one line) on a value no run could use."""
     from bebop.losses import DRAFT_LOSSES
     from bebop.rollout.base import BACKENDS
-    from bebop.speculative.block import verify_problem
-    from bebop.speculative.engine import MODES, SamplingParams, check_sampling
+    from bebop.speculative.settings import SamplingParams, SpecConfig, settings_problems, verify_problem
 
     problems = []
     if cfg.backend not in BACKENDS:
         problems.append(f"backend {cfg.backend!r} is not one of {', '.join(BACKENDS)}")
-    if cfg.mode not in (*MODES, AUTO):
-        problems.append(f"mode {cfg.mode!r} is not one of {', '.join(MODES)}, {AUTO}")
+    sampling = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p, cfg.max_new_tokens)
+    problems += settings_problems(SpecConfig(cfg.mode, cfg.speculate_k), sampling, greedy_ok=False)
     if is_auto(cfg.mode, cfg.speculate_k) and cfg.backend != "engine":
         problems.append(f"mode/speculate_k {AUTO} needs backend engine (it reads the engine's step times and alphas)")
     if problem := verify_problem(cfg.mode, cfg.verify, cfg.backend):
@@ -180,23 +181,17 @@ def check_rl_config(cfg: RLConfig) -> None:
         problems.append(f"mtp_update {cfg.mtp.mtp_update!r} is not one of {', '.join(MTP_UPDATES)}")
     if cfg.mtp.online_loss not in DRAFT_LOSSES:
         problems.append(f"online_loss {cfg.mtp.online_loss!r} is not one of {', '.join(DRAFT_LOSSES)}")
-    if cfg.temperature <= 0:
-        problems.append(f"temperature must be > 0 (RL needs sampled rollouts), got {cfg.temperature}")
     if cfg.group_size < 2:
         problems.append(f"group_size must be >= 2 (advantages compare a prompt's samples), got {cfg.group_size}")
-    if cfg.speculate_k != AUTO and cfg.speculate_k < 1:
-        problems.append(f"speculate_k must be >= 1 or {AUTO}, got {cfg.speculate_k}")
-    for name in ("steps", "prompts_per_step", "max_new_tokens", "auto_every"):
+    for name in ("steps", "prompts_per_step", "auto_every"):
         if getattr(cfg, name) < 1:
             problems.append(f"{name} must be >= 1, got {getattr(cfg, name)}")
-    if cfg.policy.update_epochs < 1 or cfg.mtp.mtp_speculate_k < 1:
-        problems.append("update_epochs and mtp_speculate_k must be >= 1")
+    if cfg.policy.update_epochs < 1:
+        problems.append(f"update_epochs must be >= 1, got {cfg.policy.update_epochs}")
+    if problem := speculate_k_problem(cfg.mtp.mtp_speculate_k, auto_ok=False):
+        problems.append("mtp_" + problem)
     if cfg.save_every < 0 or cfg.policy.kl_coef < 0:
         problems.append("save_every and kl_coef must be >= 0")
-    try:
-        check_sampling(SamplingParams(max(cfg.temperature, 0.0), cfg.top_k, cfg.top_p, max(cfg.max_new_tokens, 1)))
-    except BebopError as e:
-        problems.append(str(e))
     if problems:
         raise BebopError("invalid rl config: " + "; ".join(problems))
 

@@ -32,6 +32,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from bebop.config import temperature_problem
+
 IGNORE_LOGPROB = 0.0  # value of token_logprobs outside the completion, so sums ignore it
 
 
@@ -150,8 +152,8 @@ def token_logprobs(
             f"masks must match input_ids {tuple(input_ids.shape)}: attention_mask "
             f"{tuple(attention_mask.shape)}, completion_mask {tuple(completion_mask.shape)}"
         )
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0 (greedy has no logprobs), got {temperature}")
+    if problem := temperature_problem(temperature, greedy_ok=False):  # NOTE: greedy has no logprobs
+        raise ValueError(problem)
     position_ids = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
     logits = model(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids

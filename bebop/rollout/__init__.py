@@ -1,7 +1,7 @@
 """Rollouts: one small interface over the engines that sample completions, and the RL rollout lifecycle.
 
-- ``base``: ``Completions`` (token ids, text, finish reason, ``SpecStats``) and ``RolloutBackend``,
-  the interface every backend implements; ``BACKENDS``, the table ``make_backend`` picks from.
+- ``base``: ``RolloutBackend``, the interface every backend implements (it returns
+  ``bebop.speculative.completions.Completions``); ``BACKENDS``, the table ``make_backend`` picks from.
 - ``engine``: Bebop's own engine (``bebop.speculative.generate``), the default; exact, with per-token
   entropy and counterfactual acceptance.
 - ``vllm``: vLLM with the head exported as the model's native MTP layer; acceptance counts from

@@ -1,54 +1,25 @@
-"""The rollout interface: ``Completions``, ``RolloutBackend`` and the backend table.
+"""The rollout interface: ``RolloutBackend`` and the backend table.
 
 A backend turns prompts (token ids), G, sampling settings, a mode (``none``/``to``/``rs``) and K
-into ``Completions``. Backends that cannot see the target's distributions or each step's tokens
-(vLLM) report acceptance counts only and set ``token_stats = False``: their ``SpecStats`` hold no
-entropy, counterfactual alpha, accept-length histogram or per-position acceptance on emitted tokens,
-and ``spec_metrics`` logs those as null.
+into ``bebop.speculative.completions.Completions``. Backends that cannot see the target's
+distributions or each step's tokens (vLLM) report acceptance counts only and set ``token_stats = False``.
 """
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from bebop.utils.io import BebopError
+
+if TYPE_CHECKING:
+    from bebop.speculative.completions import Completions
 
 BACKENDS = {  # name -> "module:class", imported on first use
     "engine": "bebop.rollout.engine:EngineBackend",
     "vllm": "bebop.rollout.vllm:VllmBackend",
 }
 DEFAULT_BACKEND = "engine"
-ABSENT_WITHOUT_TOKEN_STATS = ("spec/alpha_rs", "spec/alpha_to", "spec/accept_length_hist", "spec/target_entropy",
-                              "spec/accepted_per_pos")
-
-
-@dataclass
-class Completions:
-    """Completions in prompt order (row b*G+g is completion g of prompt b) and the run's ``SpecStats``."""
-
-    prompt_ids: list[list[int]]
-    token_ids: list[list[int]]  # completion tokens, EOS included when emitted
-    texts: list[str]  # decoded completions, special tokens skipped
-    lengths: list[int]
-    finish_reasons: list[str]  # "eos" | "length" | "stop"
-    stats: Any  # bebop.speculative.stats.SpecStats
-    token_stats: bool = True  # False: entropy, counterfactual alpha and the accept-length histogram are absent
-    decision: Any = None  # bebop.speculative.auto.chooser.Decision when this call chose its mode/K (spec auto), else None
-
-    @classmethod
-    def from_generation(cls, result) -> Completions:
-        """From the engine's ``GenerationResult``."""
-        return cls(result.prompt_ids, result.token_ids, result.texts, result.lengths, result.finish_reasons,
-                   result.stats, True)
-
-    def spec_metrics(self) -> dict:
-        """``SpecStats.to_metrics()``, with what this backend cannot measure set to None."""
-        metrics = self.stats.to_metrics()
-        if not self.token_stats:
-            metrics.update(dict.fromkeys(ABSENT_WITHOUT_TOKEN_STATS))
-        return metrics
 
 
 class RolloutBackend:

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from bebop.rollout.base import Completions, RolloutBackend, repeat_prompts
+from typing import TYPE_CHECKING
+
+from bebop.rollout.base import RolloutBackend, repeat_prompts
+
+if TYPE_CHECKING:
+    from bebop.speculative.completions import Completions
 
 
 class EngineBackend(RolloutBackend):
@@ -36,11 +41,10 @@ class EngineBackend(RolloutBackend):
             self.chooser = self.chooser or AutoChooser()
             result, decision = generate_auto(self.model, self.tokenizer, rows, mtp=self.head, sampling=sampling,
                                              spec=spec, seed=seed, step=step, row_ids=row_ids, chooser=self.chooser)
-            completions = Completions.from_generation(result)
-            completions.decision = decision
-            return completions
+            result.decision = decision
+            return result
         result = generate(self.model, self.tokenizer, rows, mtp=self.head if spec.mode != "none" else None,
                           sampling=sampling, spec=spec, seed=seed, step=step, row_ids=row_ids)
         if self.chooser is not None:
             self.chooser.observe(result, spec.mode, sampling.temperature == 0)
-        return Completions.from_generation(result)
+        return result

@@ -28,7 +28,8 @@ import torch
 from torch import nn
 
 from bebop.config import is_auto
-from bebop.rollout.base import Completions, RolloutBackend
+from bebop.rollout.base import RolloutBackend
+from bebop.speculative.completions import Completions
 from bebop.utils import distributed
 
 
@@ -101,7 +102,7 @@ class RolloutRunner:
 
     # ------------------------------------------------------------------ sampling
     def _generate(self, batch) -> Rollout:
-        from bebop.speculative.engine import SamplingParams, SpecConfig
+        from bebop.speculative.settings import SamplingParams, SpecConfig
 
         cfg = self.cfg
         sampling = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p, cfg.max_new_tokens)

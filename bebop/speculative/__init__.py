@@ -5,14 +5,16 @@ counts. The engine (``generate``) drafts with an MTP head and verifies with the 
 """
 
 from bebop.speculative.block import block_verify
-from bebop.speculative.engine import MODES, GenerationResult, SamplingParams, SpecConfig, generate
+from bebop.speculative.completions import Completions
+from bebop.speculative.engine import generate
 from bebop.speculative.sampling import PAD_TOKEN_ID, greedy_verify, logits_to_probs, rejection_sample
+from bebop.speculative.settings import MODES, SamplingParams, SpecConfig
 from bebop.speculative.stats import SpecStats
 
 __all__ = [
     "MODES",
     "PAD_TOKEN_ID",
-    "GenerationResult",
+    "Completions",
     "SamplingParams",
     "SpecConfig",
     "SpecStats",

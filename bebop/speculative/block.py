@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import torch
 
-from bebop.config import VERIFY_CHOICES
 from bebop.speculative import rng
 from bebop.speculative.sampling import (
     COIN_DTYPE,
@@ -55,20 +54,6 @@ from bebop.speculative.sampling import (
     sample_from_probs,
 )
 
-
-
-def verify_problem(mode: str, verify: str, backend: str = "engine") -> str | None:
-    """The one-line reason a (mode, verify, backend) setting cannot run, or None.
-
-    Example: verify_problem("to", "block") -> "verify block needs mode rs (...), got mode to".
-    """
-    if verify not in VERIFY_CHOICES:
-        return f"verify {verify!r} is not one of {', '.join(VERIFY_CHOICES)}"
-    if verify == "block" and mode != "rs":
-        return f"verify block needs mode rs (it verifies against the draft's q), got mode {mode}"
-    if verify == "block" and backend != "engine":
-        return f"verify block needs backend engine: {backend} has no block verification"
-    return None
 
 
 def _check_block_inputs(

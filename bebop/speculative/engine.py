@@ -13,7 +13,7 @@ Rows accept different numbers of tokens in the same step; a ``RaggedKVCache`` (o
 keeps a length per row, so a rollback costs nothing and nothing is recomputed. Finished rows are
 dropped from the batch. A row's randomness comes from ``bebop.speculative.rng`` keyed by (its seed, its
 number of emitted tokens), so its output does not depend on which other rows share the batch.
-Statistics (``GenerationResult.stats``) count only the tokens the completions keep (see
+Statistics (``Completions.stats``) count only the tokens the completions keep (see
 ``bebop.speculative.stats``): each step is logged first and trimmed once every row's end is known.
 
 Deviations from a textbook implementation:
@@ -33,16 +33,16 @@ Deviations from a textbook implementation:
 
 from __future__ import annotations
 
-import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from bebop.config import is_auto
 from bebop.mtp.head import decoder_states
 from bebop.speculative import attention, rng
-from bebop.speculative.block import block_verify_from_noise, verify_problem
+from bebop.speculative.block import block_verify_from_noise
+from bebop.speculative.completions import Completions
 from bebop.speculative.kv_cache import RaggedKVCache, fill_order
 from bebop.speculative.sampling import (
     COIN_DTYPE,
@@ -55,60 +55,10 @@ from bebop.speculative.sampling import (
     rejection_sample_from_noise,
     sample_from_probs,
 )
-from bebop.speculative.stats import EmissionLog, SpecStats, entropy
+from bebop.speculative.settings import MODES, SamplingParams, SpecConfig, check_settings
+from bebop.speculative.stats import EmissionLog, entropy
 from bebop.utils.io import BebopError
 from bebop.utils.torch_utils import cache_kwargs
-
-MODES = ("none", "to", "rs")
-UNCUT = 2**62  # a completion length past every step: nothing is cut
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How the target's distribution is processed and when a completion ends."""
-
-    temperature: float = 1.0  # 0 = greedy
-    top_k: int = 0  # 0 = off
-    top_p: float = 1.0  # 1 = off
-    max_new_tokens: int = 64  # completion tokens per row, EOS included
-    stop: tuple[str, ...] = ()  # a completion ends right after the first of these strings
-
-
-@dataclass(frozen=True)
-class SpecConfig:
-    """Which speculative mode runs and how deep it drafts."""
-
-    mode: str = "none"  # none | to | rs (| auto: bebop.speculative.auto.generate.generate_auto picks one)
-    speculate_k: int | str = 3  # K, drafts verified per target pass (| "auto", as for mode)
-    draft_temperature: float | None = None  # temperature of q; None = the sampling temperature
-    filter_drafts: bool = False  # apply the sampling top-k/top-p to q too (drafts and verification)
-    verify: str = "token"  # token: token-wise rejection sampling | block: bebop.speculative.block (mode rs only)
-
-
-@dataclass
-class GenerationResult:
-    """Completions in prompt order, and the statistics of the run."""
-
-    prompt_ids: list[list[int]]
-    token_ids: list[list[int]]  # completion tokens, EOS included when emitted
-    texts: list[str]  # decoded completions, special tokens skipped
-    lengths: list[int]
-    finish_reasons: list[str]  # "eos" | "length" | "stop"
-    stats: SpecStats = field(default_factory=SpecStats)  # kept tokens only (see bebop.speculative.stats)
-    log: EmissionLog | None = field(default=None, repr=False)  # every verify step as the verifier emitted it
-    # Wall time of every decode step after prefill: (active rows, seconds, seconds of its drafting;
-    # 0 unless time_drafts). A step ends with the engine's host syncs, so the time is the step's on
-    # any device (``bebop.speculative.auto.costs`` reads it).
-    step_times: list[tuple[int, float, float]] = field(default_factory=list, repr=False)
-    prefill_seconds: float = 0.0  # wall time of the prefill (the prompts' forward and first tokens)
-
-    def verifier_stats(self) -> SpecStats:
-        """Statistics of every verify step as emitted, before the stop check: vLLM's way of counting."""
-        if self.log is None:
-            return self.stats
-        stats = self.log.to_stats([UNCUT] * len(self.lengths))
-        stats.num_generated_tokens = sum(self.lengths)  # the completions' tokens, not the uncut bound
-        return stats
 
 
 @dataclass
@@ -175,7 +125,7 @@ def generate(
     seed: int = 0,
     step: int = 0,
     row_ids: list[int] | None = None,
-) -> GenerationResult:
+) -> Completions:
     """Generates one completion per prompt.
 
     Args:
@@ -188,7 +138,7 @@ def generate(
             (row_ids default to 0..B-1), so it does not depend on the rest of the batch.
 
     Returns:
-        A ``GenerationResult`` in prompt order.
+        A ``Completions`` in prompt order.
     """
     decoder = Decoder(model, tokenizer, prompts, mtp=mtp, sampling=sampling, spec=spec, seed=seed, step=step,
                       row_ids=row_ids)
@@ -223,24 +173,24 @@ class Decoder:
         if any(len(p) == 0 for p in self.prompt_ids):
             raise BebopError("empty prompt: every prompt needs at least one token")
         k = spec.speculate_k if spec.mode != "none" else 0
-        self.max_k = max(k, max_speculate_k or 0) if mtp is not None else k
+        self.max_speculate_k = max(k, max_speculate_k or 0) if mtp is not None else k
         max_pos = getattr(model.config.get_text_config(), "max_position_embeddings", None)
         longest = max(len(p) for p in self.prompt_ids)
-        capacity = longest + sampling.max_new_tokens + self.max_k + 1
+        capacity = longest + sampling.max_new_tokens + self.max_speculate_k + 1
         if max_pos is not None and capacity > max_pos:
             raise BebopError(
-                f"prompt too long: {longest} prompt tokens + {sampling.max_new_tokens} new tokens + {self.max_k + 1} "
+                f"prompt too long: {longest} prompt tokens + {sampling.max_new_tokens} new tokens + {self.max_speculate_k + 1} "
                 f"verify slots exceed the model's max_position_embeddings={max_pos}"
             )
         device = next(model.parameters()).device
         batch = len(self.prompt_ids)
         ids = torch.tensor(row_ids if row_ids is not None else range(batch), dtype=torch.long, device=device)
-        self.runner = _Runner(model, tokenizer, mtp, sampling, spec, batch, capacity, device, self.max_k)
+        self.runner = _Runner(model, tokenizer, mtp, sampling, spec, batch, capacity, device, self.max_speculate_k)
         self.runner.time_drafts = time_drafts
         self.rows = _Rows(
             index=list(range(batch)),
             keys=rng.stream_keys(rng.derive_seeds(seed, step, ids), [STREAM_ACCEPT, STREAM_RESAMPLE]
-                                 + [STREAM_DRAFT + j for j in range(self.max_k)]),
+                                 + [STREAM_DRAFT + j for j in range(self.max_speculate_k)]),
             counters=torch.zeros(batch, dtype=torch.long, device=device), last_token=ids.new_zeros(batch),
         )
         self.step_times: list[tuple[int, float, float]] = []
@@ -266,9 +216,9 @@ class Decoder:
         """Decodes the next steps at ``spec`` (mode and K; its other fields must stay the same)."""
         k = spec.speculate_k if spec.mode != "none" else 0
         old = self.runner.spec
-        if spec.mode not in MODES or k > self.max_k or (k and old.mode == "none" and self.runner.mtp_cache is None) \
+        if spec.mode not in MODES or k > self.max_speculate_k or (k and old.mode == "none" and self.runner.mtp_cache is None) \
                 or (spec.draft_temperature, spec.filter_drafts) != (old.draft_temperature, old.filter_drafts):
-            raise ValueError(f"cannot switch from {old} to {spec} (max_speculate_k={self.max_k})")
+            raise ValueError(f"cannot switch from {old} to {spec} (max_speculate_k={self.max_speculate_k})")
         self.runner.spec, self.runner.k = spec, k
 
     def step(self) -> tuple[int, float, float]:
@@ -280,12 +230,12 @@ class Decoder:
         self.step_times.append((num_rows, time.perf_counter() - start, self.runner.draft_seconds))
         return self.step_times[-1]
 
-    def result(self) -> GenerationResult:
+    def result(self) -> Completions:
         """The completions and statistics; call once every row has finished."""
         runner = self.runner
         texts = [self.tokenizer.decode(t, skip_special_tokens=True) for t in runner.outputs]
         lengths = [len(t) for t in runner.outputs]
-        return GenerationResult(
+        return Completions(
             prompt_ids=self.prompt_ids, token_ids=runner.outputs, texts=texts,
             lengths=lengths, finish_reasons=runner.finish, stats=runner.log.to_stats(lengths), log=runner.log,
             step_times=self.step_times, prefill_seconds=self.prefill_seconds,
@@ -295,40 +245,17 @@ class Decoder:
 def _check_args(model, mtp, prompts, sampling: SamplingParams, spec: SpecConfig) -> None:
     if is_auto(spec.mode, spec.speculate_k):
         raise BebopError("mode/speculate_k 'auto' is chosen by bebop.speculative.auto.generate.generate_auto, not by generate")
-    if spec.mode not in MODES:
-        raise BebopError(f"unknown mode {spec.mode!r}; choose one of {', '.join(MODES)}")
+    check_settings(spec, sampling, auto_ok=False)
     if spec.mode != "none" and mtp is None:
         raise BebopError(f"mode {spec.mode!r} needs an MTP head (--mtp)")
-    if spec.mode != "none" and spec.speculate_k < 1:
-        raise BebopError(f"speculate_k must be >= 1, got {spec.speculate_k}")
-    if problem := verify_problem(spec.mode, spec.verify):
-        raise BebopError(problem)
-    check_sampling(sampling)
     if not prompts:
         raise BebopError("no prompts given")
-
-
-def check_sampling(sampling: SamplingParams) -> None:
-    """Raises BebopError (one line) on sampling settings no generation could use."""
-    problems = []
-    if not 0 <= sampling.temperature < math.inf or sampling.max_new_tokens < 1:
-        problems.append(f"temperature must be finite and >= 0 (got {sampling.temperature}) and max_new_tokens >= 1 "
-                        f"(got {sampling.max_new_tokens})")
-    if not isinstance(sampling.top_k, int) or sampling.top_k < 0:
-        problems.append(f"top_k must be an int >= 0 (0 = off), got {sampling.top_k}")
-    if not 0 < sampling.top_p <= 1:
-        problems.append(f"top_p must lie in (0, 1] (1 = off), got {sampling.top_p}")
-    # NOTE: "" occurs in every text, so it would end every completion after its first token.
-    if any(not isinstance(s, str) or not s for s in sampling.stop):
-        problems.append(f"stop strings must be non-empty, got {list(sampling.stop)}")
-    if problems:
-        raise BebopError("; ".join(problems))
 
 
 class _Runner:
     """The decode loop's state and steps (prefill, plain step, speculative step)."""
 
-    def __init__(self, model, tokenizer, mtp, sampling, spec, batch, capacity, device, max_k):
+    def __init__(self, model, tokenizer, mtp, sampling, spec, batch, capacity, device, max_speculate_k):
         self.mtp, self.sampling, self.spec = mtp, sampling, spec
         self.k = spec.speculate_k if spec.mode != "none" else 0
         self.greedy = sampling.temperature == 0
@@ -337,12 +264,12 @@ class _Runner:
         self.tokenizer = tokenizer
         self.target = _Target(model, batch, capacity, head_reads_prenorm=bool(mtp and mtp.config.target_prenorm))
         self.mtp_cache = None  # NOTE: present whenever a step may draft; then every step feeds the head's inputs
-        if max_k:
+        if max_speculate_k:
             param = next(model.parameters())
             self.mtp_cache = RaggedKVCache(len(mtp.layers), batch, capacity, device, param.dtype)
         self.outputs: list[list[int]] = [[] for _ in range(batch)]
         self.finish = [""] * batch
-        self.log = EmissionLog(max_k)  # turned into SpecStats once the completions' ends are known
+        self.log = EmissionLog(max_speculate_k)  # turned into SpecStats once the completions' ends are known
         self.time_drafts = False  # time the drafting of every verify step (draft_seconds)
         self.draft_seconds = 0.0  # the last step's drafting, when timed
 

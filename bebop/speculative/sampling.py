@@ -51,6 +51,7 @@ from __future__ import annotations
 import torch
 
 from bebop.speculative import rng
+from bebop.speculative.settings import distribution_problems
 
 PAD_TOKEN_ID = -1  # marks unused output slots (after the recovered or bonus token)
 PROB_SUM_TOLERANCE = 1e-3  # |Σ p - 1| allowed: float32 softmax over 256k tokens errs by ~1e-5;
@@ -189,12 +190,9 @@ def logits_to_probs(
     Example: logits [2, 1, 1, 0], temperature 1, top_k=2 keeps tokens 0, 1, 2 (the tie at the
     boundary), giving probs ∝ [e^2, e, e, 0].
     """
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0 (use greedy decoding for 0), got {temperature}")
-    if not isinstance(top_k, int) or top_k < 0:
-        raise ValueError(f"top_k must be an int >= 0 (0 = off), got {top_k}")
-    if not 0 < top_p <= 1:
-        raise ValueError(f"top_p must lie in (0, 1] (1 = off), got {top_p}")
+    problems = distribution_problems(temperature, top_k, top_p, greedy_ok=False)  # greedy: use argmax
+    if problems:
+        raise ValueError("; ".join(problems))
     scaled = logits.to(_compute_dtype(logits)) / temperature
     if 0 < top_k < scaled.shape[-1]:
         kth_largest = scaled.topk(top_k, dim=-1).values[..., -1:]  # (..., 1)

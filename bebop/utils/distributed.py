@@ -4,7 +4,7 @@
 WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT set; ``init_distributed`` joins them into one
 process group (gloo on CPU, nccl on CUDA, each CUDA rank on its own GPU). Without torchrun
 nothing here is initialised and every helper is a no-op that returns its input unchanged, so a
-one-process run computes exactly what it computed before this module existed.
+one-process run is the plain single-process computation.
 
 How the ranks split the work, and why the result equals one process's:
 1) Each step's global batch (the same rows as one process would take) is cut into W contiguous
@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 
 DEFAULT_TIMEOUT_S = 600  # the longest a rank waits in a collective (e.g. while rank 0 writes a checkpoint)
 TIMEOUT_ENV = "BEBOP_DIST_TIMEOUT_S"  # overrides DEFAULT_TIMEOUT_S

@@ -20,14 +20,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from bebop.utils.errors import BebopError  # noqa: F401 (re-exported: raise it from here)
+
 try:
     import fcntl
 except ImportError:  # not on POSIX: locks become no-ops
     fcntl = None
-
-
-class BebopError(Exception):
-    """An error caused by user input (a file, a flag, a config): the CLI prints one line and exits 2."""
 
 
 @contextlib.contextmanager

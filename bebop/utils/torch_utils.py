@@ -45,9 +45,8 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device | str | 
     """The dtype a model's weights are loaded in: ``"auto"``/None, ``float32`` or ``bfloat16``.
 
     ``auto`` is bfloat16 on a CUDA device that supports it and float32 everywhere else: CPU bf16
-    speed depends on the chip (on an AMD EPYC with avx512_bf16, the embedded model's 32x128-token
-    forward took 246 ms in bf16 vs 399 ms in float32, but generation 1.00 s vs 0.70 s: decode
-    steps are small), and float32 keeps CPU runs bit-comparable with the cached embedded model.
+    speed depends on the chip (bf16 can speed up large forwards yet slow down small decode steps;
+    docs/notes_from_code.md), and float32 keeps CPU runs bit-comparable with the cached embedded model.
     Losses, acceptance statistics and sampling probabilities are float32 whatever this returns.
 
     Example: ``resolve_dtype("auto", "cpu") == torch.float32``; ``resolve_dtype("bfloat16") == torch.bfloat16``.

@@ -23,50 +23,14 @@ from bebop.analysis.findings import (
     findings_table,
 )
 from bebop.analysis.fit import expected_accept_length
-from bebop.analysis.report import Run, load_run
+from bebop.analysis.runs import Run, load_run
 from bebop.analysis.slopes import token_estimate
+from tests.analysis.helpers import K, fake_head_evals, fake_sweep
 
-K = 3
 NUM_STEPS = 30
-SWEEP_TEMPERATURES = (0.1, 0.3, 0.5, 0.7, 1.0, 1.3)
-
-
 # --------------------------------------------------------------------------------------------
 # Synthetic inputs
 # --------------------------------------------------------------------------------------------
-
-
-def _head_evals(rs_offsets=None, to_offsets=None, block_gains=None):
-    """eval-mtp dicts per loss: alpha_RS = CE's + offset (points, per step); alpha_TO likewise; the block
-    accept length = the RS one + block_gains[loss] (default 0.03 for every loss)."""
-    rs_offsets = rs_offsets or {"ce": (0, 0, 0), "fkl": (0.1, 0.1, 0.1), "rkl": (1.3, 1.3, 1.3),
-                                "tv": (2.4, 2.4, 2.4), "e2e_tv": (2.0, 3.5, 5.0)}
-    to_offsets = to_offsets or {loss: (0.05 * i,) * K for i, loss in enumerate(rs_offsets)}
-    ce_rs, ce_to = np.array([0.80, 0.70, 0.60]), np.array([0.70, 0.60, 0.50])
-    out = {}
-    for loss in rs_offsets:
-        alpha_rs = (ce_rs + np.array(rs_offsets[loss]) / 100).tolist()
-        alpha_to = (ce_to + np.array(to_offsets[loss]) / 100).tolist()
-        out[loss] = {"alpha_rs": alpha_rs, "alpha_to": alpha_to, "accept_length_rs": expected_accept_length(alpha_rs),
-                     "accept_length_to": expected_accept_length(alpha_to), "target_entropy": 0.4,
-                     "num_positions": 500}
-        out[loss]["accept_length_block"] = out[loss]["accept_length_rs"] + (block_gains or {}).get(loss, 0.03)
-    return out
-
-
-def _sweep(slopes=None):
-    """Rows per (loss, tau): accept length = intercept + slope * H with H rising with tau."""
-    slopes = slopes or {("ce", "to"): -1.2, ("ce", "rs"): -1.0, ("e2e_tv", "to"): -1.2, ("e2e_tv", "rs"): -0.01}
-    rows = []
-    for loss in ("ce", "e2e_tv"):
-        for i, tau in enumerate(SWEEP_TEMPERATURES):
-            h = 0.05 + 0.9 * tau
-            wiggle = 0.002 * (-1) ** i  # keeps the residuals non-zero, so intervals have width
-            row = {"loss": loss, "temperature": tau, "target_entropy": h, "alpha_rs": [0.8] * K, "alpha_to": [0.7] * K}
-            for method in ("rs", "to"):
-                row[f"accept_length_{method}"] = 3.7 + slopes[(loss, method)] * h + wiggle
-            rows.append(row)
-    return rows
 
 
 def _metrics(slope, intercept=3.6, entropy=(0.2, 0.5), step_s=1.0, rollout_s=0.6, drift=0.0, spec=True,
@@ -129,7 +93,7 @@ def _by_number(findings):
 
 
 def test_all_findings_reproduced_on_paper_like_data():
-    findings = compute_findings(_head_evals(), _sweep(), _runs())
+    findings = compute_findings(fake_head_evals(), fake_sweep(), _runs())
     assert [f.number for f in findings] == list(range(1, 9))
     assert all(isinstance(f, Finding) and f.verdict in VERDICTS for f in findings)
     assert {f.number: f.verdict for f in findings} == dict.fromkeys(range(1, 9), REPRODUCED)
@@ -141,7 +105,7 @@ def test_all_findings_reproduced_on_paper_like_data():
 
 
 def test_table_has_one_row_per_finding_and_the_notes():
-    findings = compute_findings(_head_evals(), {}, [])
+    findings = compute_findings(fake_head_evals(), {}, [])
     text = findings_table(findings)
     lines = text.splitlines()
     assert lines[0] == "| # | finding | paper | ours | verdict |"
@@ -159,7 +123,7 @@ def test_table_has_one_row_per_finding_and_the_notes():
 
 def test_finding1_narrow_entropy_falls_back_to_the_sweep():
     runs = _runs(entropy=(0.30, 0.32))
-    f = _by_number(compute_findings(_head_evals(), _sweep(), runs))
+    f = _by_number(compute_findings(fake_head_evals(), fake_sweep(), runs))
     assert f[1].verdict == REPRODUCED
     assert "decided by temperature sweep" in f[1].note
     assert "RL steps: entropy range was 0.020 nats, below 0.05" in f[1].note
@@ -168,7 +132,7 @@ def test_finding1_narrow_entropy_falls_back_to_the_sweep():
 
 def test_finding1_falls_back_to_token_level_in_accept_length_units():
     runs = _runs(entropy=(0.30, 0.32), token_stats=True)
-    f = _by_number(compute_findings(_head_evals(), [], runs))
+    f = _by_number(compute_findings(fake_head_evals(), [], runs))
     assert f[1].verdict == REPRODUCED and "decided by token level" in f[1].note
 
 
@@ -190,13 +154,13 @@ def test_chain_weights_match_the_derivative_of_the_accept_length():
 
 
 def test_finding1_not_reproduced_when_to_does_not_fall_with_entropy():
-    f = _by_number(compute_findings(_head_evals(), _sweep(), _runs(to_slope=0.8)))
+    f = _by_number(compute_findings(fake_head_evals(), fake_sweep(), _runs(to_slope=0.8)))
     assert f[1].verdict == NOT_REPRODUCED
     assert "does not lie below 0" in f[1].note and "r = +" in f[1].ours
 
 
 def test_finding1_inconclusive_when_the_interval_contains_zero():
-    f = _by_number(compute_findings(_head_evals(), _sweep(), _runs(to_slope=-0.1, noise=0.1)))
+    f = _by_number(compute_findings(fake_head_evals(), fake_sweep(), _runs(to_slope=-0.1, noise=0.1)))
     assert f[1].verdict == INCONCLUSIVE
     assert "contains 0" in f[1].note and "would decide it toward the claim" in f[1].note
     assert "30 RL steps" in f[1].note and "n ∝ (half-width / distance)²" in f[1].note
@@ -204,28 +168,28 @@ def test_finding1_inconclusive_when_the_interval_contains_zero():
 
 def test_findings_1_and_2_not_comparable_without_any_source():
     runs = _runs(entropy=(0.30, 0.31))  # too narrow, no sweep, no token stats
-    f = _by_number(compute_findings(_head_evals(), [], runs))
+    f = _by_number(compute_findings(fake_head_evals(), [], runs))
     assert f[1].verdict == f[2].verdict == NOT_COMPARABLE
     assert "0.010 nats" in f[1].note and "no sweep of the ce head" in f[1].note and "no token stats" in f[1].note
 
 
 def test_finding2_not_reproduced_gives_the_flattening_percentage():
-    f = _by_number(compute_findings(_head_evals(), _sweep(), _runs(ce_slope=-1.6, tv_slope=-0.5)))
+    f = _by_number(compute_findings(fake_head_evals(), fake_sweep(), _runs(ce_slope=-1.6, tv_slope=-0.5)))
     assert f[2].verdict == NOT_REPRODUCED
     assert "70% flatter" in f[2].ours  # 1 - 0.49 / 1.61
     assert "|TV slope| − 5% |CE slope| +0.41" in f[2].note and "does not lie below 0" in f[2].note
 
 
 def test_finding2_without_a_ce_decline_is_inconclusive_or_not_reproduced():
-    flat = _by_number(compute_findings(_head_evals(), _sweep(), _runs(ce_slope=0.0, tv_slope=0.0, noise=0.05)))
+    flat = _by_number(compute_findings(fake_head_evals(), fake_sweep(), _runs(ce_slope=0.0, tv_slope=0.0, noise=0.05)))
     assert flat[2].verdict == INCONCLUSIVE and "something to flatten" in flat[2].note
     assert "would decide it" in flat[2].note
-    rising = _by_number(compute_findings(_head_evals(), _sweep(), _runs(ce_slope=0.8, tv_slope=0.0)))
+    rising = _by_number(compute_findings(fake_head_evals(), fake_sweep(), _runs(ce_slope=0.8, tv_slope=0.0)))
     assert rising[2].verdict == NOT_REPRODUCED and "RS+CE slope" in rising[2].note
 
 
 def test_finding2_uses_the_sweep_when_rl_entropy_is_flat():
-    f = _by_number(compute_findings(_head_evals(), _sweep(), _runs(entropy=(0.3, 0.33), tv_slope=-0.9)))
+    f = _by_number(compute_findings(fake_head_evals(), fake_sweep(), _runs(entropy=(0.3, 0.33), tv_slope=-0.9)))
     assert f[2].verdict == REPRODUCED and "decided by temperature sweep" in f[2].note
     assert "RL steps: not comparable" in f[2].ours
 
@@ -237,24 +201,24 @@ def test_finding2_uses_the_sweep_when_rl_entropy_is_flat():
 
 def test_finding3_order_broken_and_ties_respected():
     offsets = {"ce": (0,) * K, "fkl": (0.1,) * K, "rkl": (2.4,) * K, "tv": (1.3,) * K, "e2e_tv": (3.5,) * K}
-    f = _by_number(compute_findings(_head_evals(rs_offsets=offsets), [], []))
+    f = _by_number(compute_findings(fake_head_evals(rs_offsets=offsets), [], []))
     assert f[3].verdict == NOT_REPRODUCED
     assert "order e2e_tv > rkl > tv > fkl ≈ ce" in f[3].ours and "tv − rkl = -1.10" in f[3].note
     close = {"ce": (0,) * K, "fkl": (0.1,) * K, "rkl": (1.3,) * K, "tv": (1.6,) * K, "e2e_tv": (3.5,) * K}
-    g = _by_number(compute_findings(_head_evals(rs_offsets=close), [], []))
+    g = _by_number(compute_findings(fake_head_evals(rs_offsets=close), [], []))
     assert g[3].verdict == INCONCLUSIVE and "tv ≈ rkl" in g[3].ours  # a 0.3-point gap cannot be told apart
     assert "tv − rkl = +0.30 points (within ±0.5" in g[3].note
 
 
 def test_finding3_fkl_versus_ce_holds_by_construction_and_is_not_counted():
     offsets = {"ce": (0,) * K, "fkl": (-1.0,) * K, "rkl": (1.3,) * K, "tv": (2.4,) * K, "e2e_tv": (3.5,) * K}
-    f = _by_number(compute_findings(_head_evals(rs_offsets=offsets), [], []))
+    f = _by_number(compute_findings(fake_head_evals(rs_offsets=offsets), [], []))
     assert f[3].verdict == REPRODUCED
     assert "|fkl − ce| = 1.00 points holds by construction" in f[3].note and "not counted" in f[3].note
 
 
 def test_findings_3_to_5_not_comparable_with_missing_losses():
-    evals = {k: v for k, v in _head_evals().items() if k in ("ce",)}
+    evals = {k: v for k, v in fake_head_evals().items() if k in ("ce",)}
     f = _by_number(compute_findings(evals, [], []))
     assert f[3].verdict == f[4].verdict == f[5].verdict == NOT_COMPARABLE
     assert "no alpha_RS for e2e_tv, tv, rkl, fkl" in f[3].note
@@ -263,19 +227,19 @@ def test_findings_3_to_5_not_comparable_with_missing_losses():
 
 def test_finding4_gain_that_shrinks_with_depth_is_not_reproduced():
     offsets = {"ce": (0,) * K, "fkl": (0.1,) * K, "rkl": (1.3,) * K, "tv": (2.4,) * K, "e2e_tv": (5.0, 3.5, 2.0)}
-    f = _by_number(compute_findings(_head_evals(rs_offsets=offsets), [], []))
+    f = _by_number(compute_findings(fake_head_evals(rs_offsets=offsets), [], []))
     assert f[4].verdict == NOT_REPRODUCED and "growth from step 1 to 2 = -1.50 points" in f[4].note
     negative = dict(offsets, e2e_tv=(-3.0, -2.0, -1.0))
-    g = _by_number(compute_findings(_head_evals(rs_offsets=negative), [], []))
+    g = _by_number(compute_findings(fake_head_evals(rs_offsets=negative), [], []))
     assert g[4].verdict == NOT_REPRODUCED and "step-3 gain = -1.00 points" in g[4].note
     flat = dict(offsets, e2e_tv=(2.0, 2.2, 2.4))
-    h = _by_number(compute_findings(_head_evals(rs_offsets=flat), [], []))
+    h = _by_number(compute_findings(fake_head_evals(rs_offsets=flat), [], []))
     assert h[4].verdict == INCONCLUSIVE and "growth from step 1 to 2 = +0.20 points (within" in h[4].note
 
 
 def test_finding5_spread_over_the_bound_is_not_reproduced():
     to = {"ce": (0,) * K, "fkl": (0.0,) * K, "rkl": (-0.4,) * K, "tv": (0.6,) * K, "e2e_tv": (0.2,) * K}
-    f = _by_number(compute_findings(_head_evals(to_offsets=to), [], []))
+    f = _by_number(compute_findings(fake_head_evals(to_offsets=to), [], []))
     assert f[5].verdict == NOT_REPRODUCED and "spread 1.00 points" in f[5].ours and "tv" in f[5].ours
 
 
@@ -329,7 +293,7 @@ def test_runs_loaded_from_directories(tmp_path):
         (path / "config.json").write_text(json.dumps(run.config))
         (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in run.metrics))
         paths.append(path)
-    findings = compute_findings(_head_evals(), _sweep(), [load_run(p) for p in paths])
+    findings = compute_findings(fake_head_evals(), fake_sweep(), [load_run(p) for p in paths])
     assert all(f.verdict == REPRODUCED for f in findings)
     assert not any(isinstance(v, float) and math.isnan(v) for f in findings for v in vars(f).values())
 
@@ -340,25 +304,25 @@ def test_runs_loaded_from_directories(tmp_path):
 
 
 def test_finding8_block_gain_survives_shrinks_or_reverses():
-    evals = _head_evals(block_gains={"ce": 0.02, "e2e_tv": 0.05})
+    evals = fake_head_evals(block_gains={"ce": 0.02, "e2e_tv": 0.05})
     token_gain = evals["e2e_tv"]["accept_length_rs"] - evals["ce"]["accept_length_rs"]
-    sweep = [{**row, "accept_length_block": row["accept_length_rs"] + 0.01} for row in _sweep()]
+    sweep = [{**row, "accept_length_block": row["accept_length_rs"] + 0.01} for row in fake_sweep()]
     f = _by_number(compute_findings(evals, sweep, []))[8]
     assert f.verdict == REPRODUCED and "grows (+0.030" in f.note
     assert f"token {token_gain:+.3f}, block {token_gain + 0.03:+.3f}" in f.ours and "T=0.7:" in f.ours
-    shrinks = _by_number(compute_findings(_head_evals(block_gains={"ce": 0.08, "e2e_tv": 0.01}), [], []))[8]
+    shrinks = _by_number(compute_findings(fake_head_evals(block_gains={"ce": 0.08, "e2e_tv": 0.01}), [], []))[8]
     assert "shrinks" in shrinks.note
     assert shrinks.verdict == (REPRODUCED if token_gain - 0.07 > 0.005 else NOT_REPRODUCED)
-    gone = _by_number(compute_findings(_head_evals(block_gains={"ce": token_gain + 0.1, "e2e_tv": 0.0}), [], []))[8]
+    gone = _by_number(compute_findings(fake_head_evals(block_gains={"ce": token_gain + 0.1, "e2e_tv": 0.0}), [], []))[8]
     assert gone.verdict == NOT_REPRODUCED
-    tied = _by_number(compute_findings(_head_evals(block_gains={"ce": token_gain, "e2e_tv": 0.001}), [], []))[8]
+    tied = _by_number(compute_findings(fake_head_evals(block_gains={"ce": token_gain, "e2e_tv": 0.001}), [], []))[8]
     assert tied.verdict == INCONCLUSIVE
-    wrong = _by_number(compute_findings(_head_evals(block_gains={"ce": -0.01}), [], []))[8]
+    wrong = _by_number(compute_findings(fake_head_evals(block_gains={"ce": -0.01}), [], []))[8]
     assert "the evaluation is wrong" in wrong.note
 
 
 def test_finding8_not_comparable_without_block_lengths():
-    evals = _head_evals()
+    evals = fake_head_evals()
     del evals["ce"]["accept_length_block"]
     f = _by_number(compute_findings(evals, [], []))[8]
     assert f.verdict == NOT_COMPARABLE and "accept_length_block" in f.note

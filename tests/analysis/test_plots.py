@@ -24,8 +24,7 @@ from matplotlib.figure import Figure
 from bebop.analysis import plots
 from bebop.analysis.fit import linear_fit
 from bebop.analysis.plots import FittedSeries
-from tests.analysis.test_findings import _head_evals, _sweep
-from tests.analysis.test_report import K, NUM_STEPS, PNG_MAGIC, _fake_metrics
+from tests.analysis.helpers import K, NUM_STEPS, PNG_MAGIC, fake_head_evals, fake_metrics, fake_sweep
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PIXEL_SLACK = 2  # text extents round differently between a measuring renderer and the saving one
@@ -42,8 +41,8 @@ def _column(rows, key):
 
 def _rows():
     """Metrics rows of a TO run whose accept length falls with entropy and an RS run where it stays flat."""
-    return {"to+ce": _fake_metrics("to", -1.5, 3.6, 1.4, seed=1),
-            "rs+e2e_tv": _fake_metrics("rs", -0.06, 3.6, 1.2, seed=2)}
+    return {"to+ce": fake_metrics("to", -1.5, 3.6, 1.4, seed=1),
+            "rs+e2e_tv": fake_metrics("rs", -0.06, 3.6, 1.2, seed=2)}
 
 
 def _fitted(rows, legend, band_half_width=0.1):
@@ -80,7 +79,7 @@ def _latency_input(num_runs=5):
     """report._run_plots: label -> (rollout_s, train_s, mtp_s), means over steps; the first run has no MTP time."""
     latency = {}
     for i in range(num_runs):
-        rows = _fake_metrics("rs", -0.06, 3.6, 1.0 + 0.2 * i, seed=i)
+        rows = fake_metrics("rs", -0.06, 3.6, 1.0 + 0.2 * i, seed=i)
         latency[f"run {i}"] = tuple(float(_column(rows, key).mean()) for key in ("rollout_s", "train_s", "mtp_s"))
     latency["run 0"] = (*latency["run 0"][:2], float("nan"))  # a run that logged no `mtp_s`
     return latency
@@ -89,7 +88,7 @@ def _latency_input(num_runs=5):
 def _temperature_input(rows=None):
     """report._temperature_series: "loss / RS|TO" -> ((T,) temperatures, (T,) accept lengths), from eval-mtp rows."""
     series: dict[str, tuple[list, list]] = {}
-    for e in rows if rows is not None else _sweep():
+    for e in rows if rows is not None else fake_sweep():
         for method in ("rs", "to"):
             temps, accepts = series.setdefault(f"{e['loss']} / {method.upper()}", ([], []))
             temps.append(e["temperature"])
@@ -99,7 +98,7 @@ def _temperature_input(rows=None):
 
 def _rs_input():
     """report._head_eval_section: loss -> (K,) alpha_RS at one temperature; "ce" reports one step fewer."""
-    by_loss = {loss: e["alpha_rs"] for loss, e in _head_evals().items()}
+    by_loss = {loss: e["alpha_rs"] for loss, e in fake_head_evals().items()}
     by_loss["ce"] = by_loss["ce"][:-1]
     return by_loss
 
@@ -250,7 +249,7 @@ def test_step_latency_stacks_rollout_policy_and_mtp_seconds(drawn):
 
 
 def test_accept_vs_temperature_sorts_by_temperature_and_pairs_rs_with_to(drawn):
-    series = _temperature_input(_sweep()[::-1])  # temperatures arrive in falling order
+    series = _temperature_input(fake_sweep()[::-1])  # temperatures arrive in falling order
     plots.plot_accept_vs_temperature(series, "unused.png")
     (ax,) = drawn[0].axes
     assert len(ax.lines) == 4 and _legend(ax) == list(series)

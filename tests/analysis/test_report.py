@@ -8,36 +8,11 @@ import numpy as np
 import pytest
 
 from bebop.analysis import plots
-from bebop.analysis.report import load_run, run_label, summarize_run, write_report
+from bebop.analysis.report import write_report
+from bebop.analysis.runs import load_run, run_label
+from bebop.analysis.summary import summarize_run
 from bebop.utils.io import BebopError
-
-NUM_STEPS = 40
-K = 3
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-def _fake_metrics(mode, slope, intercept, step_s, seed):
-    """Metrics rows with accept length = intercept + slope * H + noise (mode 'none' logs no spec keys)."""
-    rng = np.random.default_rng(seed)
-    entropy = np.linspace(0.25, 0.55, NUM_STEPS) + rng.normal(0, 0.01, NUM_STEPS)  # (S,)
-    accept = intercept + slope * entropy + rng.normal(0, 0.02, NUM_STEPS)  # (S,)
-    rows = []
-    for s in range(NUM_STEPS):
-        row = {
-            "step": s, "mode": mode, "reward_mean": 0.5, "reward_std": 0.1, "accuracy": 0.3 + 0.01 * s,
-            "target_entropy": float(entropy[s]), "rollout_s": 0.7 * step_s, "train_s": 0.25 * step_s,
-            "mtp_s": 0.05 * step_s, "step_s": step_s, "num_tokens": 1000, "tokens_per_s": 1000 / step_s,
-        }
-        if mode != "none":
-            alpha = float((accept[s] - 1) / K) ** (1 / 2)
-            row.update({
-                "spec/accept_length": float(accept[s]), "spec/accepted_per_pos": [alpha, alpha**2, alpha**3],
-                "spec/alpha_rs": [alpha] * K, "spec/alpha_to": [alpha - 0.05] * K, "spec/num_drafts": 100,
-                "spec/num_draft_tokens": 300, "spec/num_accepted_tokens": int(100 * (accept[s] - 1)),
-            })
-        rows.append(row)
-    return rows
-
+from tests.analysis.helpers import K, NUM_STEPS, PNG_MAGIC, fake_metrics
 
 def _write_run(path, config, metrics, token_stats=None):
     path.mkdir(parents=True)
@@ -71,12 +46,12 @@ def _config(mode, mtp_loss=None, label=None, **extra):
 @pytest.fixture
 def runs(tmp_path):
     return [
-        _write_run(tmp_path / "none", _config("none", label="none"), _fake_metrics("none", 0, 0, 2.0, 0)),
-        _write_run(tmp_path / "to_ce", _config("to", "ce"), _fake_metrics("to", -1.5, 3.0 + 0.6, 1.4, 1)),
+        _write_run(tmp_path / "none", _config("none", label="none"), fake_metrics("none", 0, 0, 2.0, 0)),
+        _write_run(tmp_path / "to_ce", _config("to", "ce"), fake_metrics("to", -1.5, 3.0 + 0.6, 1.4, 1)),
         _write_run(
             tmp_path / "rs_tv",
             _config("rs", "e2e_tv", label="rs+e2e_tv"),
-            _fake_metrics("rs", -0.06, 3.6, 1.2, 2),
+            fake_metrics("rs", -0.06, 3.6, 1.2, 2),
             _token_stats(3),
         ),
     ]
@@ -161,7 +136,7 @@ def test_write_report_skips_plots_without_data(tmp_path, runs):
 
 def test_write_report_disambiguates_duplicate_labels(tmp_path, runs):
     config = _config("rs", "e2e_tv", label="rs+e2e_tv")
-    copy = _write_run(tmp_path / "rs_tv_2", config, _fake_metrics("rs", 0, 3.5, 1.0, 4))
+    copy = _write_run(tmp_path / "rs_tv_2", config, fake_metrics("rs", 0, 3.5, 1.0, 4))
     text = write_report([runs[2], copy], tmp_path / "out").read_text()
     assert "rs+e2e_tv (rs_tv)" in text and "rs+e2e_tv (rs_tv_2)" in text
     assert "No `none` run" in text
@@ -269,7 +244,7 @@ def test_headline_series_pools_roles_with_bands(runs):
 
 
 def test_step_times_leave_out_the_warm_up_step(tmp_path):
-    metrics = _fake_metrics("none", 0.0, 1.0, 1.0, seed=0)
+    metrics = fake_metrics("none", 0.0, 1.0, 1.0, seed=0)
     metrics[0].update(step_s=30.0, rollout_s=29.0)  # the first step's one-time costs
     s = summarize_run(load_run(_write_run(tmp_path / "run", {"mode": "none"}, metrics)))
     assert s["step_s"] == pytest.approx(1.0) and s["rollout_s"] == pytest.approx(0.7)
@@ -295,7 +270,7 @@ def test_accuracy_change_has_an_interval_that_sees_a_real_rise(tmp_path):
     """A run whose accuracy climbs 0.2 -> 0.4 gets an interval above 0; a flat one an interval around 0."""
     rng = np.random.default_rng(0)
     for name, rise in (("up", 0.2), ("flat", 0.0)):
-        metrics = _fake_metrics("none", 0.0, 1.0, 1.0, seed=0)
+        metrics = fake_metrics("none", 0.0, 1.0, 1.0, seed=0)
         n = len(metrics)
         for i, row in enumerate(metrics):
             row["accuracy"] = float(np.clip(0.2 + rise * i / (n - 1) + rng.normal(0, 0.03), 0, 1))

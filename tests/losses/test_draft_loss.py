@@ -346,3 +346,14 @@ def test_cuda_matches_cpu(name):
     )
     torch.testing.assert_close(gpu.cpu(), cpu, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(gpu_grad.cpu(), cpu_grad, atol=1e-5, rtol=1e-5)
+
+
+def test_every_list_of_losses_names_registered_losses():
+    """The named constants and per-loss tables outside ``DRAFT_LOSSES`` hold only its keys (the
+    display names and the paper's Table 2 order hold all of them)."""
+    from bebop.analysis.findings import LOSS_NAMES, TABLE2_ORDER
+    from bebop.config import BASELINE_DRAFT_LOSS, DEFAULT_DRAFT_LOSS
+    from bebop.mtp.train import CHAIN_MEAN_LOSSES, NEEDS_CE_START
+
+    assert {BASELINE_DRAFT_LOSS, DEFAULT_DRAFT_LOSS, *CHAIN_MEAN_LOSSES, *NEEDS_CE_START} <= set(DRAFT_LOSSES)
+    assert set(LOSS_NAMES) == set(TABLE2_ORDER) == set(DRAFT_LOSSES)

@@ -198,7 +198,7 @@ def test_never_allocates_n_k_v(name, target_as):
         (lambda a: {**a, "draft_hidden": torch.full((N, K, D), float("nan"))}, "draft_hidden contains NaN or inf"),
         (lambda a: {**a, "weight": torch.full((V, D), float("inf"))}, "weight contains NaN or inf"),
         (lambda a: {**a, "name": "kl"}, "unknown draft loss 'kl'"),
-        (lambda a: {**a, "temperature": 0.0}, "temperature must be finite and > 0"),
+        (lambda a: {**a, "temperature": 0.0}, "temperature must be a finite number > 0"),
         (lambda a: {**a, "mask": torch.ones(N, K)}, "mask must be a bool tensor"),
         (lambda a: {**a, "target": torch.randn(N, K, V), "target_softcap": 30.0}, "used with a hidden target"),
     ],

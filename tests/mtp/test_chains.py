@@ -18,7 +18,7 @@ from bebop.speculative import engine
 from bebop.speculative.engine import SamplingParams, SpecConfig, generate
 from bebop.utils.io import BebopError
 from tests.conftest import SLIDING_WINDOW_KWARGS, tiny_model
-from tests.speculative.test_engine import MTP_ATOL, VOCAB, ToyTokenizer, _prompts, peaked_model, perturbed_head
+from tests.helpers import MTP_ATOL, ToyTokenizer, VOCAB, peaked_model, perturbed_head, toy_prompts
 
 K = 3
 Z_MAX = 4.42  # two-sided normal tail 1e-5 per depth: false-alarm odds <= 3e-5 for the K = 3 depths together
@@ -76,7 +76,7 @@ def test_served_logits_equal_engine_drafts(arch, mode, monkeypatch):
     followed by the chain's drafts; ``head.unroll`` (the unrolled context) does not at depth >= 2."""
     model = _peaked(arch)
     head = perturbed_head(model, 0.1)
-    prompts = _prompts((2, 5, 9))
+    prompts = toy_prompts((2, 5, 9))
     records = _spy_drafts(monkeypatch, prompts)
     sampling = SamplingParams(temperature=1.0, max_new_tokens=10)
     generate(model, ToyTokenizer(), prompts, mtp=head, sampling=sampling, spec=SpecConfig(mode, K), seed=0)
@@ -105,7 +105,7 @@ def test_served_alpha_matches_engine_acceptance(monkeypatch):
     """
     model = peaked_model()
     head = perturbed_head(model, 0.3)
-    prompts = _prompts(tuple([3] * 160), seed=2)
+    prompts = toy_prompts(tuple([3] * 160), seed=2)
     max_new = 24
     records = _spy_drafts(monkeypatch, prompts)
     out = generate(model, ToyTokenizer(), prompts, mtp=head, sampling=SamplingParams(1.0, max_new_tokens=max_new),
@@ -145,7 +145,7 @@ def test_served_alpha_matches_engine_acceptance(monkeypatch):
 def test_served_depth1_equals_unrolled_and_needs_one_layer():
     model = peaked_model()
     head = perturbed_head(model, 0.1)
-    ids = torch.tensor(_prompts((7, 7), seed=1))
+    ids = torch.tensor(toy_prompts((7, 7), seed=1))
     with torch.no_grad():
         hidden = model.get_decoder()(input_ids=ids).last_hidden_state
         torch.testing.assert_close(unroll_served(head, hidden, ids, 2)[0], head.unroll(hidden, ids, 1)[0])
@@ -157,7 +157,7 @@ def test_train_and_eval_take_the_chain_context(tmp_path):
     """train-mtp with ``served`` optimises the served chains (its logged alpha is theirs) and records the
     context; an unknown context is one BebopError line before anything is written."""
     model = peaked_model()
-    seqs = _prompts(tuple([12] * 8), seed=4)
+    seqs = toy_prompts(tuple([12] * 8), seed=4)
     data = Sequences(seqs, [3] * len(seqs))
     cfg = TrainMtpConfig(loss="e2e_tv", steps=2, batch_size=8, speculate_k=3, save_every=0, lr=1e-2)  # served
     head = train_mtp(model, data, tmp_path / "served", cfg, show_progress=False)
@@ -184,7 +184,7 @@ def test_checkpoint_without_chain_context_resumes_unrolled(tmp_path):
     """A checkpoint written before ``chain_context`` existed was trained unrolled: the CLI's resume keeps
     that (``saved_config``), and resuming it with the new default (served) is refused in one line."""
     model = peaked_model()
-    data = Sequences(_prompts(tuple([12] * 4), seed=4), [3] * 4)
+    data = Sequences(toy_prompts(tuple([12] * 4), seed=4), [3] * 4)
     cfg = TrainMtpConfig(steps=1, batch_size=2, save_every=0, chain_context="unrolled")
     train_mtp(model, data, tmp_path, cfg, show_progress=False)
     config_file = tmp_path / "checkpoint" / "config.json"

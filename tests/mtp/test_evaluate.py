@@ -13,7 +13,7 @@ from bebop.mtp.data import Sequences
 from bebop.mtp.evaluate import acceptance_table, evaluate_mtp
 from bebop.mtp.head import MtpHead
 from bebop.utils.io import BebopError
-from tests.speculative.test_engine import VOCAB, _prompts, peaked_model, perturbed_head
+from tests.helpers import VOCAB, peaked_model, perturbed_head, toy_prompts
 
 K = 3
 LENGTHS = (11, 6, 9, 4, 13)  # ragged rows: padding, chains cut by the end, a row with one one-step chain
@@ -31,7 +31,7 @@ def setup():
     o_proj = head.layers[0].mtp_block.self_attn.o_proj.weight
     with torch.no_grad():
         o_proj.copy_(torch.randn(o_proj.shape, generator=torch.Generator().manual_seed(7)))
-    data = Sequences(_prompts(LENGTHS, seed=5), list(STARTS))
+    data = Sequences(toy_prompts(LENGTHS, seed=5), list(STARTS))
     return model, head, data
 
 
@@ -233,7 +233,7 @@ def test_head_equal_to_target_is_always_accepted(chain_context):
     """q = p gives alpha_RS = 1 at every step and accept length 1 + K, while alpha_TO = p(argmax p) = max p
     (below 1: p is peaked but not one-hot); a draft paired with the wrong target step would fall far below."""
     model, head = _bigram_model_and_exact_head()
-    data = Sequences(_prompts(LENGTHS, seed=5), list(STARTS))
+    data = Sequences(toy_prompts(LENGTHS, seed=5), list(STARTS))
     result = evaluate_mtp(model, head, data, speculate_k=K, chain_context=chain_context)
     assert result["alpha_rs"] == pytest.approx([1.0] * K, abs=ATOL)
     assert result["accept_length_rs"] == pytest.approx(1 + K, abs=3e-5)

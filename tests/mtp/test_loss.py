@@ -14,12 +14,12 @@ from bebop.mtp import train as mtp_train
 from bebop.mtp.loss import chain_loss, fused_loss_blocker
 from bebop.mtp.train import TrainMtpConfig, train_mtp
 from tests.conftest import tiny_model
-from tests.mtp.test_train import _data
+from tests.helpers import random_sequences
 
 
 def _loss_and_grads(model, head, name, context, fused, temperature=0.8):
     """(loss, alpha_rs, mask, head gradients) of chain_loss on a fixed batch."""
-    ids, lengths, starts = _data(6).batch(list(range(6)), 0, torch.device("cpu"))
+    ids, lengths, starts = random_sequences(6).batch(list(range(6)), 0, torch.device("cpu"))
     head.zero_grad(set_to_none=True)
     loss, alpha, mask = chain_loss(model, head, ids, lengths, starts, 3, context, name, temperature, fused=fused)
     loss.backward()
@@ -68,7 +68,7 @@ def test_lm_head_with_bias_falls_back_to_the_plain_loss(monkeypatch, capsys, tmp
     want = _loss_and_grads(model, head, "tv", "served", fused=False)
     assert torch.equal(got[0], want[0])
     cfg = TrainMtpConfig(loss="ce", steps=1, batch_size=2, speculate_k=2, save_every=0)
-    train_mtp(model, _data(), tmp_path, cfg, show_progress=False)
+    train_mtp(model, random_sequences(), tmp_path, cfg, show_progress=False)
     assert "plain draft loss on (N, K, V) logits, not the fused one: its lm_head adds a bias" in capsys.readouterr().err
 
 
@@ -76,9 +76,9 @@ def test_lm_head_with_bias_falls_back_to_the_plain_loss(monkeypatch, capsys, tmp
 def test_train_mtp_fused_gives_the_plain_head(tmp_path, monkeypatch, loss):
     model = tiny_model("qwen3")
     cfg = TrainMtpConfig(loss=loss, steps=4, batch_size=4, speculate_k=3, save_every=0, lr=1e-2, ce_warmup=0)
-    fused = train_mtp(model, _data(), tmp_path / "fused", cfg, show_progress=False)
+    fused = train_mtp(model, random_sequences(), tmp_path / "fused", cfg, show_progress=False)
     monkeypatch.setattr(mtp_train, "chain_loss", functools.partial(chain_loss, fused=False))
-    plain = train_mtp(model, _data(), tmp_path / "plain", cfg, show_progress=False)
+    plain = train_mtp(model, random_sequences(), tmp_path / "plain", cfg, show_progress=False)
     for (k, a), b in zip(fused.state_dict().items(), plain.state_dict().values()):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0, msg=k)
     assert not torch.equal(fused.state_dict()["layers.0.eh_proj.weight"], MtpHead(model).state_dict()["layers.0.eh_proj.weight"])

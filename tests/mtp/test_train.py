@@ -8,18 +8,12 @@ import pytest
 import torch
 
 from bebop.mtp import MtpHead
-from bebop.mtp.data import Sequences, chain_tensors
+from bebop.mtp.data import chain_tensors
 from bebop.mtp.evaluate import evaluate_mtp
 from bebop.mtp.train import TrainMtpConfig, train_mtp
 from bebop.utils.io import BebopError
 from tests.conftest import ARCHITECTURES, SLIDING_WINDOW_KWARGS, save_model_dir, tiny_model
-
-
-def _data(num=32, vocab=64, seed=0) -> Sequences:
-    g = torch.Generator().manual_seed(seed)
-    seqs = [torch.randint(1, vocab, (int(torch.randint(8, 14, (1,), generator=g)),), generator=g).tolist()
-            for _ in range(num)]
-    return Sequences(seqs, [3] * num)
+from tests.helpers import random_sequences
 
 
 @pytest.mark.parametrize("loss", ["ce", "fkl", "rkl", "tv", "e2e_tv"])
@@ -28,7 +22,7 @@ def test_backbone_frozen_head_trained(tmp_path, loss):
     before = {k: v.clone() for k, v in model.state_dict().items()}
     head0 = MtpHead(model)
     cfg = TrainMtpConfig(loss=loss, steps=6, batch_size=4, speculate_k=3, save_every=0, lr=1e-2)
-    head = train_mtp(model, _data(), tmp_path / loss, cfg, show_progress=False)
+    head = train_mtp(model, random_sequences(), tmp_path / loss, cfg, show_progress=False)
     for k, v in model.state_dict().items():
         assert torch.equal(before[k], v), f"backbone parameter {k} changed"
     changed = [not torch.equal(a, b) for a, b in zip(head0.state_dict().values(), head.state_dict().values())]
@@ -44,7 +38,7 @@ def test_every_supported_architecture_trains(tmp_path, arch):
     model = tiny_model(arch, sliding_window=4 if arch in SLIDING_WINDOW_KWARGS else None)
     head0 = MtpHead(model)
     cfg = TrainMtpConfig(loss="ce", steps=2, batch_size=4, speculate_k=2, save_every=0, lr=1e-2)
-    head = train_mtp(model, _data(), tmp_path, cfg, show_progress=False)
+    head = train_mtp(model, random_sequences(), tmp_path, cfg, show_progress=False)
     before = dict(head0.named_parameters())  # parameters only: DeepSeek's routing bias is a buffer, not trained
     assert all(not torch.equal(before[name], p) for name, p in head.named_parameters())
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -80,7 +74,7 @@ def test_chain_targets_are_the_models_logits():
     """The training target p is the model's own distribution (Gemma 2's final soft-capping included)."""
     model = tiny_model("gemma2", sliding_window=4)
     model.config.final_logit_softcapping = 0.05  # far below the logits' scale: capping changes p
-    ids = torch.tensor(_data(num=2).token_ids[0])[None]
+    ids = torch.tensor(random_sequences(num=2).token_ids[0])[None]
     _, target, mask = chain_tensors(model, MtpHead(model), ids, torch.tensor([ids.shape[1]]), torch.tensor([1]), 1)
     with torch.no_grad():
         logits = model(input_ids=ids).logits[0]  # (T, V)
@@ -89,7 +83,7 @@ def test_chain_targets_are_the_models_logits():
 
 def test_e2e_tv_training_raises_acceptance(tmp_path):
     model = tiny_model("qwen3", seed=1)
-    data = _data(64)
+    data = random_sequences(64)
     head0 = MtpHead(model)
     torch.nn.init.normal_(head0.layers[0].eh_proj.weight, std=0.5)
     start = evaluate_mtp(model, head0, data, speculate_k=3)
@@ -102,7 +96,7 @@ def test_e2e_tv_training_raises_acceptance(tmp_path):
 
 def test_resume_matches_uninterrupted(tmp_path):
     model = tiny_model("qwen3")
-    data = _data()
+    data = random_sequences()
     full = TrainMtpConfig(loss="tv", steps=6, batch_size=4, speculate_k=2, save_every=3, ce_warmup=1)
     a = train_mtp(model, data, tmp_path / "a", full, show_progress=False)
     train_mtp(model, data, tmp_path / "b", TrainMtpConfig(loss="tv", steps=3, batch_size=4, speculate_k=2,
@@ -117,7 +111,7 @@ def test_resume_matches_uninterrupted(tmp_path):
 
 def test_unknown_loss_is_clear():
     with pytest.raises(BebopError, match="unknown loss 'kl2'.*e2e_tv"):
-        train_mtp(tiny_model(), _data(), "/nonexistent/never-written", TrainMtpConfig(loss="kl2"))
+        train_mtp(tiny_model(), random_sequences(), "/nonexistent/never-written", TrainMtpConfig(loss="kl2"))
 
 
 def test_chain_mask_cuts_at_sequence_end():
@@ -139,7 +133,7 @@ def test_evaluate_matches_hand_computation():
     model = tiny_model("qwen3")
     head = MtpHead(model)
     torch.nn.init.normal_(head.layers[0].eh_proj.weight, std=0.3)
-    data = _data(4)
+    data = random_sequences(4)
     result = evaluate_mtp(model, head, data, speculate_k=2, batch_size=4)
     ids, lengths, starts = data.batch(list(range(4)), 0, torch.device("cpu"))
     with torch.no_grad():
@@ -163,14 +157,14 @@ def test_tv_losses_from_the_backbone_start_with_a_ce_warmup(tmp_path):
     starts from a trained head, a CE run, or ce_warmup=0 does not."""
     model = tiny_model("qwen3")
     cfg = TrainMtpConfig(loss="e2e_tv", steps=6, batch_size=4, speculate_k=2, save_every=0)
-    train_mtp(model, _data(), tmp_path / "auto", cfg, show_progress=False)
+    train_mtp(model, random_sequences(), tmp_path / "auto", cfg, show_progress=False)
     assert _loss_names(tmp_path / "auto") == ["ce"] * 3 + ["e2e_tv"] * 3
-    train_mtp(model, _data(), tmp_path / "off", TrainMtpConfig(**{**cfg.__dict__, "ce_warmup": 0}), show_progress=False)
+    train_mtp(model, random_sequences(), tmp_path / "off", TrainMtpConfig(**{**cfg.__dict__, "ce_warmup": 0}), show_progress=False)
     assert _loss_names(tmp_path / "off") == ["e2e_tv"] * 6
     from_head = TrainMtpConfig(**{**cfg.__dict__, "init_from": str(tmp_path / "auto")})
-    train_mtp(model, _data(), tmp_path / "fine-tuned", from_head, show_progress=False)
+    train_mtp(model, random_sequences(), tmp_path / "fine-tuned", from_head, show_progress=False)
     assert _loss_names(tmp_path / "fine-tuned") == ["e2e_tv"] * 6
-    train_mtp(model, _data(), tmp_path / "ce", TrainMtpConfig(**{**cfg.__dict__, "loss": "ce"}), show_progress=False)
+    train_mtp(model, random_sequences(), tmp_path / "ce", TrainMtpConfig(**{**cfg.__dict__, "loss": "ce"}), show_progress=False)
     assert _loss_names(tmp_path / "ce") == ["ce"] * 6
     with pytest.raises(BebopError, match="ce_warmup must be"):
-        train_mtp(model, _data(), tmp_path / "bad", TrainMtpConfig(**{**cfg.__dict__, "ce_warmup": 7}))
+        train_mtp(model, random_sequences(), tmp_path / "bad", TrainMtpConfig(**{**cfg.__dict__, "ce_warmup": 7}))

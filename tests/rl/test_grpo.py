@@ -147,7 +147,7 @@ def test_sequence_logprobs_is_row_sum_and_has_grad(tiny_lm):
 
 def test_token_logprobs_rejects_bad_inputs(tiny_lm):
     ids, attn, comp = pad_sequences([[3]], [[4]], pad_id=0)
-    with pytest.raises(ValueError, match="temperature must be > 0"):
+    with pytest.raises(ValueError, match="temperature must be a finite number > 0"):
         token_logprobs(tiny_lm, ids, attn, comp, temperature=0.0)
     with pytest.raises(ValueError, match="masks must match"):
         token_logprobs(tiny_lm, ids, attn[:, :1], comp)

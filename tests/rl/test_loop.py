@@ -12,43 +12,16 @@ import json
 import pytest
 import torch
 
-from bebop.analysis.report import load_run, summarize_run
-from bebop.embedded import PretrainConfig, build_model, build_tokenizer
+from bebop.analysis.runs import load_run
+from bebop.analysis.summary import summarize_run
 from bebop.mtp.head import MtpHead
 from bebop.rl import RLConfig, config_fields, flat_config, resolve_rl_config, train_rl
 from bebop.rl.loop import Rollout, make_state, rl_step, score_rollout
 from bebop.rl.prompts import PromptBatch, prompt_batch, step_seed
-from bebop.speculative.engine import GenerationResult
+from bebop.speculative.completions import Completions
 from bebop.task import arith
 from bebop.utils.io import BebopError
-
-TINY = PretrainConfig(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64)
-REWARD = "tests.rl.test_loop:char_length_reward"
-TIMING_KEYS = ("rollout_s", "rollout_wait_s", "train_s", "mtp_s", "sync_s", "step_s", "tokens_per_s")
-
-
-def char_length_reward(prompts: list[str], completions: list[str], **_: list) -> list[float]:
-    """Dense test reward in [0, 1]: longer decoded completions score higher."""
-    return [min(len(c), 100) / 100 for c in completions]
-
-
-def tiny_policy(seed: int = 0):
-    """(model, tokenizer): a random 2-layer Qwen3 with tied embeddings, like the embedded model."""
-    tok = build_tokenizer()
-    torch.manual_seed(seed)
-    model = build_model(TINY, len(tok), tok.pad_token_id, tok.eos_token_id).eval()
-    return model, tok
-
-
-def tiny_config(**overrides) -> RLConfig:
-    values = dict(steps=2, prompts_per_step=2, group_size=2, max_new_tokens=8, lr=1e-3, save_every=0,
-                  reward=REWARD, seed=3)
-    return resolve_rl_config(None, {**values, **overrides})
-
-
-def read_rows(path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
+from tests.helpers import char_length_reward, read_rows, tiny_config, tiny_policy
 
 # ------------------------------------------------------------------------------ config
 
@@ -106,7 +79,7 @@ def test_math_rows_cycle_by_step():
 def test_score_rollout_repeats_prompts_and_fields_per_sample():
     batch = PromptBatch(0, ["Q 1 + 2 = ?", "Q 3 + 4 = ?"], {"answer": ["3", "7"]})
     texts = ["take 1 . A 3", "A 4", "A 7", "nothing"]
-    result = GenerationResult([[1]] * 4, [[1]] * 4, texts, [1] * 4, ["eos"] * 4)
+    result = Completions([[1]] * 4, [[1]] * 4, texts, [1] * 4, ["eos"] * 4)
     rewards = score_rollout(arith.arith_reward, Rollout(batch, result, 0.0), group_size=2)
     assert rewards.tolist() == [1.0, 0.0, 1.0, 0.0]
 

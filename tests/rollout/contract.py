@@ -5,7 +5,7 @@ Each function takes a backend made on (model, tokenizer, head) and raises Assert
 
 from __future__ import annotations
 
-from bebop.rollout.base import ABSENT_WITHOUT_TOKEN_STATS
+from bebop.speculative.completions import ABSENT_WITHOUT_TOKEN_STATS
 from bebop.speculative import SamplingParams, SpecConfig
 
 FINISH_REASONS = {"eos", "length", "stop"}

@@ -16,8 +16,8 @@ from bebop.rollout.base import BACKENDS, backend_class, make_backend
 from bebop.rollout.engine import EngineBackend
 from bebop.speculative import SamplingParams, SpecConfig, generate
 from bebop.utils.io import BebopError
-from tests.rl.test_loop import tiny_config, tiny_policy
 from tests.rollout import contract
+from tests.helpers import tiny_config, tiny_policy
 
 K = 2
 
@@ -28,7 +28,7 @@ def policy():
     return model, tok, MtpHead(model).eval()
 
 
-def _prompts(tok):
+def toy_prompts(tok):
     return [tok.encode(p) for p in ("Q 1 + 2 = ?", "Q 13 + 4 + 7 = ?")]
 
 
@@ -61,13 +61,13 @@ def test_a_cpu_engines_kv_cache_is_a_share_of_the_machines_memory(monkeypatch):
 @pytest.mark.parametrize("mode", ["none", "to", "rs"])
 def test_engine_backend_contract(policy, mode):
     model, tok, head = policy
-    contract.check_completions(make_backend("engine", model, tok, head), tok, _prompts(tok), mode, K)
+    contract.check_completions(make_backend("engine", model, tok, head), tok, toy_prompts(tok), mode, K)
 
 
 def test_engine_backend_equals_generate_with_row_ids(policy):
     """Rows are keyed by (seed, step, first_row + i), exactly as ``generate`` keys them."""
     model, tok, head = policy
-    prompts = _prompts(tok)
+    prompts = toy_prompts(tok)
     sampling = SamplingParams(temperature=1.0, max_new_tokens=10)
     out = make_backend("engine", model, tok, head).rollout(prompts, sampling, SpecConfig("rs", K), group_size=2,
                                                             seed=4, step=7, first_row=10)
@@ -80,14 +80,14 @@ def test_engine_backend_equals_generate_with_row_ids(policy):
 def test_engine_backend_greedy_modes_agree_and_sync_rebinds(policy):
     model, tok, head = policy
     backend = make_backend("engine", model, tok, head)
-    before = contract.check_greedy_modes_agree(backend, _prompts(tok), K)
+    before = contract.check_greedy_modes_agree(backend, toy_prompts(tok), K)
     other = copy.deepcopy(model)
     with torch.no_grad():
         for p in other.parameters():
             p.add_(torch.randn_like(p) * 0.5)
-    expected = generate(other, tok, _prompts(tok), sampling=SamplingParams(0.0, max_new_tokens=16)).token_ids
+    expected = generate(other, tok, toy_prompts(tok), sampling=SamplingParams(0.0, max_new_tokens=16)).token_ids
     assert expected != before  # else the check below could not fail
-    contract.check_sync(backend, other, _prompts(tok), expected, K)
+    contract.check_sync(backend, other, toy_prompts(tok), expected, K)
 
 
 class _RecordingBackend(EngineBackend):

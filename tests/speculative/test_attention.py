@@ -22,7 +22,7 @@ from bebop.speculative.engine import SamplingParams, SpecConfig, generate
 from bebop.utils.io import BebopError
 from bebop.architectures import SUPPORTED_MODEL_TYPES
 from tests.conftest import ARCHITECTURES, SLIDING_WINDOW_KWARGS, tiny_model
-from tests.speculative.test_engine import ToyTokenizer
+from tests.helpers import ToyTokenizer
 
 WINDOW = 8  # sliding window of the test models; sequences run to about 4 windows
 VOCAB = 32

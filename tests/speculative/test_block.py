@@ -33,9 +33,9 @@ from bebop.speculative.block import (
     prefix_weights,
     sampled_block_accepts,
     stop_thresholds,
-    verify_problem,
 )
 from bebop.speculative.engine import SamplingParams, SpecConfig, generate
+from bebop.speculative.settings import verify_problem
 from bebop.speculative.sampling import (
     PAD_TOKEN_ID,
     draw_draft_noise,
@@ -45,13 +45,13 @@ from bebop.speculative.sampling import (
     verify_distributions,
 )
 from bebop.utils.io import BebopError
-from tests.speculative.test_engine import (
+from tests.helpers import (
     NUM_ROWS as ENGINE_ROWS,
     STAT_PROMPT,
     STAT_VOCAB,
     ToyTokenizer,
-    _prompts,
-    _stat_model,
+    toy_prompts,
+    stat_model,
     assert_fits,
     exact_joint,
     peaked_model,
@@ -328,7 +328,7 @@ ENGINE_CONFIGS = {  # K, sampling: T = 1, and T = 0.7 with top-k and top-p
 def test_engine_block_matches_exact_distribution(config):
     """The engine with verify="block": marginals of tokens 1..3 and the joint of (1, 2) against plain sampling."""
     k, sampling = ENGINE_CONFIGS[config]
-    model, head = _stat_model()
+    model, head = stat_model()
     out = generate(model, ToyTokenizer(), [STAT_PROMPT] * ENGINE_ROWS, mtp=head, sampling=sampling,
                    spec=SpecConfig("rs", k, verify="block"), seed=1)
     tokens = np.array(out.token_ids)
@@ -346,7 +346,7 @@ def test_engine_block_matches_exact_distribution(config):
 def _generate(spec, temperature=1.0, seed=0, prompts=None):
     model = peaked_model()
     head = perturbed_head(model, 0.1)
-    prompts = prompts or _prompts((2, 5, 3, 7))
+    prompts = prompts or toy_prompts((2, 5, 3, 7))
     return generate(model, ToyTokenizer(), prompts, mtp=head, seed=seed, spec=spec,
                     sampling=SamplingParams(temperature=temperature, max_new_tokens=16))
 
@@ -400,7 +400,7 @@ def test_engine_wrong_block_verifier_fails(monkeypatch):
     The emission-only defect above changes this model's token distributions by less than 1e5 rows resolve."""
     monkeypatch.setattr(block, "block_residual", lambda p, q, w: (p.double() - q.double()).clamp_min(0.0))
     k, sampling = ENGINE_CONFIGS["block-k2-t1"]
-    model, head = _stat_model()
+    model, head = stat_model()
     out = generate(model, ToyTokenizer(), [STAT_PROMPT] * ENGINE_ROWS, mtp=head, sampling=sampling,
                    spec=SpecConfig("rs", k, verify="block"), seed=1)
     tokens = np.array(out.token_ids)

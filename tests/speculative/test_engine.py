@@ -19,75 +19,33 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import scipy.stats
 import torch
 
 from bebop.mtp import MtpHead
 from bebop.speculative import engine
 from bebop.speculative.engine import SamplingParams, SpecConfig, generate
-from bebop.speculative.sampling import logits_to_probs
 from bebop.utils.io import BebopError
 from tests.conftest import tiny_model
-
-ALPHA = 1e-4  # false-alarm odds per chi-square check
-NUM_ROWS = 100_000  # rows per statistical configuration, one batch of one prompt
-MIN_EXPECTED = 5  # chi-square cells with fewer expected counts are pooled into one
-VOCAB = 32  # tiny models for exact-match tests: few argmax ties, drafts accepted often enough
-STAT_VOCAB = 8  # tiny model for the statistical tests: V^2 = 64 joint cells, V^2 sequences to enumerate
-MTP_ATOL = 1e-5  # engine draft logits vs teacher-forced unroll (same float32 ops, different batching)
-
-
-class ToyTokenizer:
-    """What the engine asks of a tokenizer: ``encode`` (text prompts), ``decode``, ``eos_token_id``.
-
-    Token i is the word ``w{i}``; EOS is skipped when decoding with ``skip_special_tokens``.
-
-    Example: ToyTokenizer(eos_token_id=2).decode([5, 2, 7]) -> "w5 w7".
-    """
-
-    WORDS = tuple(f"w{i}" for i in range(VOCAB))  # precomputed: 1e5 rows are decoded per statistical test
-
-    def __init__(self, eos_token_id: int | None = None):
-        self.eos_token_id = eos_token_id
-
-    def encode(self, text: str) -> list[int]:
-        return [int(word[1:]) for word in text.split()]
-
-    def decode(self, ids, skip_special_tokens: bool = False) -> str:
-        skip = self.eos_token_id if skip_special_tokens else None
-        return " ".join([self.WORDS[i] for i in ids if i != skip])
-
-
-def _prompts(lengths: tuple[int, ...], vocab: int = VOCAB, seed: int = 0) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
-
-
-def perturbed_head(model, scale: float, seed: int = 1) -> MtpHead:
-    """A head whose fusion weights are jittered, so q differs from p and drafts are often rejected."""
-    head = MtpHead(model)
-    g = torch.Generator().manual_seed(seed)
-    weight = head.layers[0].eh_proj.weight
-    with torch.no_grad():
-        weight.add_(scale * torch.randn(weight.shape, generator=g))
-    return head
-
-
-def peaked_model(vocab_size: int = VOCAB, **kwargs):
-    """A tiny Qwen3 whose p is peaked and depends on the context (std-1 embeddings, std-0.3 lm_head;
-    the default init gives p close to uniform, where q = p nearly always and tests see no rejection)."""
-    model = tiny_model("qwen3", vocab_size=vocab_size, **kwargs)
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for module, std in ((model.get_input_embeddings(), 1.0), (model.get_output_embeddings(), 0.3)):
-            module.weight.copy_(std * torch.randn(module.weight.shape, generator=g))
-    return model
-
+from tests.helpers import (
+    GREEDY_LENGTHS,
+    MTP_ATOL,
+    NUM_ROWS,
+    STAT_PROMPT,
+    STAT_VOCAB,
+    ToyTokenizer,
+    VOCAB,
+    assert_fits,
+    exact_joint,
+    peaked_model,
+    perturbed_head,
+    record_blocks,
+    stat_model,
+    toy_prompts,
+)
 
 # ----------------------------------------------------------------------------- greedy
 
 
-GREEDY_LENGTHS = (1, 3, 5, 8, 13)  # prompt lengths of one batch
 GREEDY_NEW_TOKENS = 20
 
 
@@ -95,7 +53,7 @@ GREEDY_NEW_TOKENS = 20
 def test_greedy_speculative_equals_plain_and_hf(arch):
     model = tiny_model(arch, vocab_size=VOCAB)
     head = MtpHead(model)  # the warm start: drafts agree with the target often, not always
-    prompts = _prompts(GREEDY_LENGTHS)
+    prompts = toy_prompts(GREEDY_LENGTHS)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=GREEDY_NEW_TOKENS)
     plain = generate(model, ToyTokenizer(), prompts, sampling=greedy)
     for prompt, tokens in zip(prompts, plain.token_ids):
@@ -116,50 +74,6 @@ def test_greedy_speculative_equals_plain_and_hf(arch):
 # ----------------------------------------------------------------------------- statistical
 
 
-def _stat_model():
-    """V = 8, one layer, hidden 16, a jittered head: alpha_RS about 0.5, so accepts, rejections and
-    bonus tokens all happen often."""
-    model = peaked_model(vocab_size=STAT_VOCAB, hidden_size=16, num_layers=1)
-    return model, perturbed_head(model, 0.3)
-
-
-def exact_joint(model, prompt: list[int], sampling: SamplingParams) -> np.ndarray:  # (V, V, V)
-    """P(x1, x2, x3) of plain sampling, by enumerating all V^2 continuations (x1, x2) in one forward."""
-    vocab = model.config.vocab_size
-    n = len(prompt)
-    pairs = torch.cartesian_prod(torch.arange(vocab), torch.arange(vocab))  # (V^2, 2), row = x1 * V + x2
-    seqs = torch.cat([torch.tensor(prompt).expand(vocab * vocab, n), pairs], dim=1)  # (V^2, n+2)
-    with torch.no_grad():
-        logits = model(input_ids=seqs).logits.double()  # (V^2, n+2, V)
-    probs = logits_to_probs(logits, sampling.temperature, sampling.top_k, sampling.top_p)
-    p1 = probs[0, n - 1]  # (V,) p(x1 | prompt)
-    p2 = probs[:, n].reshape(vocab, vocab, vocab)[:, 0]  # (V, V) p(x2 | x1)
-    p3 = probs[:, n + 1].reshape(vocab, vocab, vocab)  # (V, V, V) p(x3 | x1, x2)
-    return (p1[:, None, None] * p2[:, :, None] * p3).numpy()
-
-
-def assert_fits(observed: np.ndarray, probs: np.ndarray, name: str) -> None:
-    """Chi-square goodness of fit of counts to exact probabilities (same shape, any).
-
-    Impossible cells (probability 0, e.g. cut by top-k) must be empty; cells expected below
-    MIN_EXPECTED are pooled into one (folded into the smallest cell if still too small).
-    """
-    observed, probs = observed.reshape(-1), probs.reshape(-1)
-    possible = probs > 0
-    assert observed[~possible].sum() == 0, f"{name}: tokens drawn outside the support of p"
-    observed, expected = observed[possible].astype(float), probs[possible] * observed.sum()
-    big = expected >= MIN_EXPECTED
-    obs = list(observed[big]) + [observed[~big].sum()]
-    exp = list(expected[big]) + [expected[~big].sum()]
-    if exp[-1] < MIN_EXPECTED:
-        smallest = int(np.argmin(exp[:-1]))
-        obs[smallest] += obs.pop()
-        exp[smallest] += exp.pop()
-    statistic, p_value = scipy.stats.chisquare(obs, exp)
-    assert p_value > ALPHA, f"{name}: chi2 = {statistic:.1f} over {len(obs)} cells, p = {p_value:.2e}"
-
-
-STAT_PROMPT = [3]
 STAT_CONFIGS = {  # mode, K, sampling: both modes, K = 2 and 3, T = 1 and T = 0.7 with top-k and top-p
     "rs-k2-t1": ("rs", 2, SamplingParams(temperature=1.0, max_new_tokens=3)),
     "rs-k3-t0.7-topk-topp": ("rs", 3, SamplingParams(temperature=0.7, top_k=5, top_p=0.9, max_new_tokens=3)),
@@ -173,8 +87,8 @@ STAT_CONFIGS = {  # mode, K, sampling: both modes, K = 2 and 3, T = 1 and T = 0.
 def test_speculative_sampling_matches_exact_distribution(config, monkeypatch):
     """Marginals of tokens 1, 2, 3 and the joint of (1, 2) against the enumerated plain distribution."""
     mode, k, sampling = STAT_CONFIGS[config]
-    model, head = _stat_model()
-    blocks = _record_blocks(monkeypatch)
+    model, head = stat_model()
+    blocks = record_blocks(monkeypatch)
     out = generate(model, ToyTokenizer(), [STAT_PROMPT] * NUM_ROWS, mtp=head, sampling=sampling,
                    spec=SpecConfig(mode, k), seed=1)
     tokens = np.array(out.token_ids)  # (N, 3): no EOS in this vocabulary, so every row has 3 tokens
@@ -192,7 +106,7 @@ def test_speculative_sampling_matches_exact_distribution(config, monkeypatch):
 
 
 def test_exact_joint_is_a_distribution():
-    model, _ = _stat_model()
+    model, _ = stat_model()
     sampling = SamplingParams(temperature=0.7, top_k=5, top_p=0.9)
     joint = exact_joint(model, STAT_PROMPT, sampling)
     assert joint.shape == (STAT_VOCAB,) * 3
@@ -213,7 +127,7 @@ def _sampled(model, head, prompts, mode, seed=0, row_ids=None, k=3, eos=None, ma
 def test_seeded_determinism(mode):
     model = peaked_model()
     head = perturbed_head(model, 0.1)
-    prompts = _prompts((2, 5, 3, 7))
+    prompts = toy_prompts((2, 5, 3, 7))
     first = _sampled(model, head, prompts, mode, seed=7)
     again = _sampled(model, head, prompts, mode, seed=7)
     other = _sampled(model, head, prompts, mode, seed=8)
@@ -231,7 +145,7 @@ def test_row_output_does_not_depend_on_its_batch(mode):
     eos = 2  # other rows end early at EOS, so the batch shrinks around the tested row
     model = peaked_model()
     head = perturbed_head(model, 0.1)
-    prompt, others = _prompts((4,), seed=1)[0], _prompts((1, 6, 3, 9, 2, 5, 7), seed=2)
+    prompt, others = toy_prompts((4,), seed=1)[0], toy_prompts((1, 6, 3, 9, 2, 5, 7), seed=2)
     alone = _sampled(model, head, [prompt], mode, row_ids=[5], eos=eos, max_new_tokens=24)
     for position in (3, 7):
         batch = others[:position] + [prompt] + others[position:]
@@ -243,20 +157,6 @@ def test_row_output_does_not_depend_on_its_batch(mode):
 
 
 # ----------------------------------------------------------------------------- ends of completions
-
-
-def _record_blocks(monkeypatch) -> list[tuple[int, list[int]]]:
-    """Spies on the engine: (row, tokens emitted by one prefill or verify step), before truncation."""
-    blocks: list[tuple[int, list[int]]] = []
-    emit = engine._Runner._emit
-
-    def spy(self, rows, out, num_accepted):
-        for row, new, n in zip(rows.index, out.tolist(), num_accepted):
-            blocks.append((row, new[: n + 1]))
-        return emit(self, rows, out, num_accepted)
-
-    monkeypatch.setattr(engine._Runner, "_emit", spy)
-    return blocks
 
 
 def _eos_inside_a_block(blocks, completions) -> tuple[int, int, int]:
@@ -276,9 +176,9 @@ def _eos_inside_a_block(blocks, completions) -> tuple[int, int, int]:
 def test_eos_inside_accepted_block_ends_the_row(mode, monkeypatch):
     model = tiny_model("llama", vocab_size=VOCAB)
     head = MtpHead(model)
-    prompts = _prompts(GREEDY_LENGTHS)
+    prompts = toy_prompts(GREEDY_LENGTHS)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=GREEDY_NEW_TOKENS)
-    blocks = _record_blocks(monkeypatch)
+    blocks = record_blocks(monkeypatch)
     free = generate(model, ToyTokenizer(), prompts, mtp=head, sampling=greedy, spec=SpecConfig(mode, 3))
     row, index, eos = _eos_inside_a_block(blocks, free.token_ids)
     blocks.clear()
@@ -296,7 +196,7 @@ def test_eos_inside_accepted_block_ends_the_row(mode, monkeypatch):
 def test_max_new_tokens_is_exact(max_new_tokens):
     model = tiny_model("qwen3", vocab_size=VOCAB)
     head = MtpHead(model)
-    out = _sampled(model, head, _prompts((3, 1, 6)), "rs", k=4, max_new_tokens=max_new_tokens)
+    out = _sampled(model, head, toy_prompts((3, 1, 6)), "rs", k=4, max_new_tokens=max_new_tokens)
     assert out.lengths == [max_new_tokens] * 3
     assert out.finish_reasons == ["length"] * 3
     assert out.stats.num_generated_tokens == 3 * max_new_tokens
@@ -306,7 +206,7 @@ def test_max_new_tokens_is_exact(max_new_tokens):
 def test_stop_string_cuts_the_completion(mode):
     model = tiny_model("llama", vocab_size=VOCAB)
     head = MtpHead(model)
-    prompts = _prompts(GREEDY_LENGTHS)
+    prompts = toy_prompts(GREEDY_LENGTHS)
     free = generate(model, ToyTokenizer(), prompts, sampling=SamplingParams(temperature=0.0, max_new_tokens=20))
     row = 1
     stop = ToyTokenizer().decode(free.token_ids[row][6:8])  # two words from the middle of row 1
@@ -370,7 +270,7 @@ def test_depth1_drafts_equal_teacher_forced_head(mode, monkeypatch):
     row's frontier in the final sequence: the per-row rollback of both KV caches is right."""
     model = peaked_model()
     head = perturbed_head(model, 0.1)
-    prompts = _prompts((2, 5, 9, 3))
+    prompts = toy_prompts((2, 5, 9, 3))
     records = _record_depth1_drafts(monkeypatch, prompts)
     out = _sampled(model, head, prompts, mode, k=3, max_new_tokens=12)
     assert out.stats.num_drafts > 2 * len(prompts)  # several verify steps per row
@@ -386,7 +286,7 @@ def test_stats_invariants(mode):
     k = 3
     model = peaked_model()
     head = perturbed_head(model, 0.1)
-    out = _sampled(model, head, _prompts((2, 5, 9, 3)), mode, k=k, max_new_tokens=12)
+    out = _sampled(model, head, toy_prompts((2, 5, 9, 3)), mode, k=k, max_new_tokens=12)
     s = out.stats
     assert s.speculate_k == k and s.num_drafts > 0
     assert s.num_draft_tokens == k * s.num_drafts
@@ -460,7 +360,7 @@ def test_switching_settings_keeps_greedy_and_the_head_cache(monkeypatch):
     teacher-forced head at the row's frontier, and T=0 output is plain greedy."""
     model = peaked_model()
     head = perturbed_head(model, 0.1)
-    prompts = _prompts((2, 5, 9, 3))
+    prompts = toy_prompts((2, 5, 9, 3))
     records = _record_depth1_drafts(monkeypatch, prompts)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=16)
     out, ks = _decode_switching(model, head, prompts, greedy)
@@ -482,7 +382,7 @@ def test_switching_settings_is_exact():
     """Tokens 1-3 with a setting switched at every step (plain, rs, to), chi-square against the exact
     joint: 3 marginals and 3 pairs at ALPHA = 1e-4 each (false-alarm odds at most 6e-4 for a seed
     picked at random)."""
-    model, head = _stat_model()
+    model, head = stat_model()
     sampling = SamplingParams(temperature=1.0, max_new_tokens=3)
     out, _ = _decode_switching(model, head, [STAT_PROMPT] * 20_000, sampling, seed=3)
     tokens = np.array(out.token_ids)

@@ -9,18 +9,18 @@ import torch
 from bebop.speculative import engine
 from bebop.speculative.engine import SamplingParams, SpecConfig, generate
 from bebop.speculative.sampling import logits_to_probs
-from tests.speculative.test_engine import (
+from tests.helpers import (
     NUM_ROWS,
     STAT_PROMPT,
     STAT_VOCAB,
     ToyTokenizer,
-    _prompts,
-    _record_blocks,
-    _stat_model,
     assert_fits,
     exact_joint,
     peaked_model,
     perturbed_head,
+    record_blocks,
+    stat_model,
+    toy_prompts,
 )
 
 TOP_K = 3  # of VOCAB 32 (and of STAT_VOCAB 8): most of q's mass would fall outside it
@@ -47,7 +47,7 @@ def test_drafts_and_q_are_filtered(filter_drafts, monkeypatch):
     head = perturbed_head(model, 0.3)
     calls = _spy_verify(monkeypatch)
     sampling = SamplingParams(temperature=1.0, top_k=TOP_K, max_new_tokens=12)
-    generate(model, ToyTokenizer(), _prompts((2, 5, 9)), mtp=head, sampling=sampling,
+    generate(model, ToyTokenizer(), toy_prompts((2, 5, 9)), mtp=head, sampling=sampling,
              spec=SpecConfig("rs", 3, filter_drafts=filter_drafts), seed=0)
     assert calls
     for drafts, q in calls:
@@ -74,7 +74,7 @@ def test_filtered_q_is_the_target_filter_of_the_draft_logits(monkeypatch):
         return q
 
     monkeypatch.setattr(engine._Runner, "_draft_probs", spy)
-    generate(model, ToyTokenizer(), _prompts((4,)), mtp=head, sampling=sampling,
+    generate(model, ToyTokenizer(), toy_prompts((4,)), mtp=head, sampling=sampling,
              spec=SpecConfig("rs", 2, filter_drafts=True), seed=0)
     assert seen
     for logits, q in seen:
@@ -95,8 +95,8 @@ def test_filtered_drafts_match_exact_distribution(config, monkeypatch):
     of tokens 1-3 and the joint of (1, 2) against the enumerated plain distribution (chi-square, false
     alarm 1e-4 per check, 4 checks per configuration: odds <= 1.2e-3 for the 3 configurations)."""
     mode, k, sampling = FILTERED_CONFIGS[config]
-    model, head = _stat_model()
-    blocks = _record_blocks(monkeypatch)
+    model, head = stat_model()
+    blocks = record_blocks(monkeypatch)
     out = generate(model, ToyTokenizer(), [STAT_PROMPT] * NUM_ROWS, mtp=head, sampling=sampling,
                    spec=SpecConfig(mode, k, filter_drafts=True), seed=1)
     tokens = np.array(out.token_ids)  # (N, 3)

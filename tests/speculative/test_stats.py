@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from bebop.speculative.engine import SamplingParams, SpecConfig, generate
 from bebop.speculative.sampling import logits_to_probs
 from bebop.speculative.stats import EmissionLog, entropy
-from tests.speculative.test_engine import ToyTokenizer, _prompts, _record_blocks, peaked_model, perturbed_head
+from tests.helpers import ToyTokenizer, peaked_model, perturbed_head, record_blocks, toy_prompts
 
 K = 3
 ENTROPY_ATOL = 1e-4  # engine (batched, cached) vs one full forward: same float32 math, other batching
@@ -61,12 +61,12 @@ def _hf_entropies(model, prompt, completion, temperature) -> torch.Tensor:  # (L
 def test_stats_equal_a_recount_from_the_output(mode, ending, monkeypatch):
     model = peaked_model()
     head = perturbed_head(model, 0.1)
-    prompts = _prompts(PROMPT_LENGTHS)
+    prompts = toy_prompts(PROMPT_LENGTHS)
     common = _common_token(model, head, prompts)
     eos = common if ending == "eos" else None
     stop = (ToyTokenizer().WORDS[common],) if ending == "stop" else ()
     sampling = SamplingParams(temperature=0.8, max_new_tokens=7 if ending == "length" else 24, stop=stop)
-    blocks = _record_blocks(monkeypatch)
+    blocks = record_blocks(monkeypatch)
     out = generate(model, ToyTokenizer(eos), prompts, mtp=head, sampling=sampling, spec=SpecConfig(mode, K), seed=1)
     assert set(out.finish_reasons) >= {ending}
     s = out.stats
@@ -117,7 +117,7 @@ def test_verifier_stats_count_every_step_before_the_stop_check():
     """vLLM's convention: every verify step counts in full; emitted-token stats cut the last ones."""
     model = peaked_model()
     head = perturbed_head(model, 0.1)
-    out = generate(model, ToyTokenizer(), _prompts(PROMPT_LENGTHS), mtp=head, sampling=SamplingParams(max_new_tokens=7),
+    out = generate(model, ToyTokenizer(), toy_prompts(PROMPT_LENGTHS), mtp=head, sampling=SamplingParams(max_new_tokens=7),
                    spec=SpecConfig(mode="rs", speculate_k=K), seed=3)
     raw = out.verifier_stats()
     steps = [b for b in out.log.blocks if b.drafts is not None]

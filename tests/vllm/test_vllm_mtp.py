@@ -125,7 +125,7 @@ def test_acceptance_per_position_agrees_with_bebop(served, engines, mode):
     """vLLM's accepted-per-position rates equal Bebop's engine's within sampling error, at T = 1.
 
     Per position j, the rate is (verify steps that accepted draft j) / (verify steps), counted as
-    vLLM counts it: every verify step, before the stop check (``GenerationResult.verifier_stats``). A two-sided two-proportion z-test
+    vLLM counts it: every verify step, before the stop check (``Completions.verifier_stats``). A two-sided two-proportion z-test
     per position at ALPHA = 1e-3; 3 positions x 2 modes give a false-alarm probability of at most
     0.6% for the module when both engines sample exactly.
     """

@@ -19,7 +19,8 @@ from bebop.config import AUTO, AUTO_EVERY, AUTO_MAX_K
 from bebop.speculative.auto.acceptance import DECAY, Acceptance, expected_accepted
 from bebop.speculative.auto.costs import StepCosts, StepTime
 from bebop.speculative.auto.tail import Lengths, Rows, call_rates
-from bebop.speculative.engine import GenerationResult, SpecConfig
+from bebop.speculative.completions import Completions
+from bebop.speculative.settings import SpecConfig
 
 PREFILL_TOKENS = 1  # tokens the prefill emits per row: a fresh call's decode steps start at offset 1
 
@@ -120,7 +121,7 @@ class AutoChooser:
         self.tried.add(name)
         self.held = decision
 
-    def observe(self, result: GenerationResult, mode: str, greedy: bool) -> None:
+    def observe(self, result: Completions, mode: str, greedy: bool) -> None:
         """Learns from a call decoded at a fixed setting: its alphas (older evidence decayed by DECAY)
         and its completion lengths; not its step times (the next probe times its settings afresh)."""
         self.acceptance.decay(DECAY)
@@ -128,7 +129,7 @@ class AutoChooser:
             self.acceptance.observe(result.log, result.lengths, greedy, age=DECAY)
         self.lengths.add(result.lengths)
 
-    def end_call(self, result: GenerationResult, first_step: tuple[int, StepTime] | None) -> None:
+    def end_call(self, result: Completions, first_step: tuple[int, StepTime] | None) -> None:
         """A call's completion lengths and prefill: its seconds plus what its first step (depth, step
         time; None: no step) took beyond a step's cost (the head's prefill, ``StepCosts.excess``)."""
         self.lengths.add(result.lengths)

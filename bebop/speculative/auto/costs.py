@@ -5,7 +5,7 @@
     c_verify(K): a line in K through the measured depths, never below a plain step.
 
 Deviation from the paper's speedup formula: costs are whole engine decode steps as the engine times
-them (``GenerationResult.step_times``), not forwards alone: on a small model the overhead around the
+them (``Completions.step_times``), not forwards alone: on a small model the overhead around the
 forwards decides the choice.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-StepTime = tuple[int, float, float]  # (active rows, seconds, seconds of its drafting), ``GenerationResult.step_times``
+StepTime = tuple[int, float, float]  # (active rows, seconds, seconds of its drafting), ``Completions.step_times``
 
 
 def _line(points: list[tuple[float, float, float]], drafting: bool = False) -> tuple[float, float]:

@@ -20,20 +20,13 @@ from bebop.config import AUTO
 from bebop.speculative.auto.acceptance import DECAY
 from bebop.speculative.auto.chooser import AutoChooser, Decision, candidates, probe_rule
 from bebop.speculative.auto.costs import StepTime
-from bebop.speculative.engine import Decoder, GenerationResult, SamplingParams, SpecConfig
+from bebop.speculative.completions import Completions
+from bebop.speculative.engine import Decoder
+from bebop.speculative.settings import SamplingParams, SpecConfig, check_settings
 from bebop.utils.io import BebopError
 
 PROBE_STEPS = 2  # decode steps of each probed setting: enough to time a step, few enough to cost little
 PROBE_POSITIONS = 8  # rows x steps of the deep probe at least: its alphas' evidence (a B = 1 probe runs longer)
-
-
-def check_auto_spec(spec: SpecConfig) -> None:
-    """Raises BebopError (one line) on a mode or K no choice could use."""
-    if spec.mode not in ("none", "to", "rs", AUTO):
-        raise BebopError(f"unknown mode {spec.mode!r}; choose one of none, to, rs, auto")
-    k = spec.speculate_k
-    if k != AUTO and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
-        raise BebopError(f"speculate_k must be an integer >= 1 or 'auto', got {k!r}")
 
 
 def _block(decoder: Decoder, chooser: AutoChooser, setting, mode: str, k: int, steps_at_least: int,
@@ -95,7 +88,7 @@ def generate_auto(
     step: int = 0,
     row_ids: list[int] | None = None,
     chooser: AutoChooser | None = None,
-) -> tuple[GenerationResult, Decision]:
+) -> tuple[Completions, Decision]:
     """``generate`` with the mode and/or K chosen within the call.
 
     Args:
@@ -108,7 +101,7 @@ def generate_auto(
         ``(result, decision)``: the whole call's completions and statistics (probe tokens kept), and
         the decision with its prediction and the tokens/s measured after it.
     """
-    check_auto_spec(spec)
+    check_settings(spec, None)
     options = candidates(spec)
     max_k = max(k for _, k in options)
     if mtp is None and max_k:

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from bebop.speculative.auto.chooser import AutoChooser, candidates, config_name
-from bebop.speculative.engine import SamplingParams, SpecConfig
+from bebop.speculative.settings import SamplingParams, SpecConfig
 from bebop.utils.io import BebopError, read_json, write_json
 
 VERSION = 4  # of the file's layout; an older one is a fresh start (replaced by the next save), a newer one refused

@@ -61,7 +61,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from bebop.speculative.check.chi2 import MIN_EXPECTED, chi2_sf, pool_rare_cells, two_sample_chi2  # noqa: F401 (re-exported)
-from bebop.speculative.engine import SamplingParams, SpecConfig
+from bebop.speculative.settings import SamplingParams, SpecConfig, settings_problems
 from bebop.task import arith
 from bebop.utils.io import BebopError
 from bebop.utils.progress import progress
@@ -82,7 +82,7 @@ class LosslessConfig:
     """One speculative setting compared with plain sampling at the same temperature/top-k/top-p."""
 
     mode: str  # to | rs
-    k: int  # speculate_k, drafts verified per target pass
+    speculate_k: int  # K, drafts verified per target pass
     temperature: float  # > 0: exactness is about sampling; greedy is pinned by the engine's tests
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1 = off
@@ -96,12 +96,12 @@ class LosslessConfig:
     @property
     def num_tokens(self) -> int:
         """Tokens generated and checked: 3K + 3, so the last is drawn at the third verify step or later."""
-        return VERIFY_STEPS_REACHED * (self.k + 1)
+        return VERIFY_STEPS_REACHED * (self.speculate_k + 1)
 
     @property
     def joint_pair(self) -> tuple[int, int]:
         """Tokens (K+2, K+3): across the first verify boundary when step 1 accepted every draft."""
-        return (self.k + 2, self.k + 3)
+        return (self.speculate_k + 2, self.speculate_k + 3)
 
 
 LOSSLESS_CONFIGS = (  # every mode meets both K, both temperatures, top-k/top-p and a batch mix
@@ -137,7 +137,7 @@ class LosslessCheck:
 
     name: str  # e.g. "rs K=3 T=1 top-k=20 top-p=0.9 mixed, token 2"
     mode: str  # to | rs
-    k: int  # speculate_k
+    speculate_k: int  # K (0 for plain sampling)
     temperature: float  # of the target (q is drawn at the same temperature)
     top_k: int  # 0 = off
     top_p: float  # 1 = off
@@ -223,7 +223,7 @@ def _chi2_check(inputs: CheckInputs, kind: str, tokens: tuple[int, ...], spec: C
     statistic, dof, p_value = two_sample_chi2(spec, plain)
     against = f" vs {inputs.reference}" if inputs.reference else ""
     return LosslessCheck(
-        name=f"{_config_name(c)}{against}, {label}", mode=c.mode, k=c.k, temperature=c.temperature, top_k=c.top_k,
+        name=f"{_config_name(c)}{against}, {label}", mode=c.mode, speculate_k=c.speculate_k, temperature=c.temperature, top_k=c.top_k,
         top_p=c.top_p, statistic=statistic, dof=dof, p_value=p_value, passed=p_value > inputs.alpha,
         token=tokens[0], batch_mix=c.batch_mix, alpha=inputs.alpha, kind=kind, tokens=tokens,
     )
@@ -256,7 +256,7 @@ def lossless_configs(verify: str = "token") -> tuple[LosslessConfig, ...]:
 
 
 def _config_name(config: LosslessConfig) -> str:
-    name = f"{config.mode}{' block' if config.verify == 'block' else ''} K={config.k} T={config.temperature:g}"
+    name = f"{config.mode}{' block' if config.verify == 'block' else ''} K={config.speculate_k} T={config.temperature:g}"
     if config.top_k:
         name += f" top-k={config.top_k}"
     if config.top_p < 1:
@@ -314,10 +314,12 @@ def _check_inputs(head, prompts, num_samples: int, alpha: float, configs) -> Non
     if any(c.batch_mix for c in configs) and len(prompts) < 2:
         raise BebopError("batch-mix checks need at least two prompts: the first is tested, the rest are mixed in")
     for c in configs:
-        if c.mode not in ("to", "rs") or c.k < 1 or c.temperature <= 0 or c.verify not in ("token", "block") \
-                or (c.verify == "block" and c.mode != "rs"):
-            raise BebopError(f"bad lossless config {c}: mode to|rs, k >= 1, temperature > 0, verify token|block "
-                             "(block with rs only)")
+        problems = settings_problems(SpecConfig(c.mode, c.speculate_k, verify=c.verify),
+                                     SamplingParams(c.temperature, c.top_k, c.top_p), greedy_ok=False, auto_ok=False)
+        if c.mode == "none":
+            problems.insert(0, "mode must be to or rs (the check compares them with plain sampling)")
+        if problems:
+            raise BebopError(f"bad lossless config {c}: " + "; ".join(problems))
 
 
 def run_lossless_checks(
@@ -379,8 +381,8 @@ def run_lossless_checks(
                                                                       enabled=show_progress)):
         temperature, top_k, top_p = key
         sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=num_tokens)
-        spec = SpecConfig(mode="none") if config is None else SpecConfig(mode=config.mode, speculate_k=config.k,
-                                                                         verify=config.verify)
+        spec = SpecConfig(mode="none") if config is None else SpecConfig(mode=config.mode, speculate_k=config.speculate_k,
+                                                                          verify=config.verify)
         rows, is_tested = _batch_rows(tested, others, num_samples, config is not None and config.batch_mix)
         sampler = references[label] if config is None else backend
         try:
@@ -406,7 +408,7 @@ def _crash_check(config: LosslessConfig, error: Exception, alpha: float) -> Loss
     message = (str(error).strip().splitlines() or [type(error).__name__])[-1][:160]
     return LosslessCheck(
         name=f"{_config_name(config)}, sampling raised {type(error).__name__}: {message}", mode=config.mode,
-        k=config.k, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p,
+        speculate_k=config.speculate_k, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p,
         statistic=float("nan"), dof=1, p_value=0.0, passed=False, batch_mix=config.batch_mix, alpha=alpha,
         kind="crash",
     )
@@ -468,7 +470,7 @@ def format_lossless_table(checks: list[LosslessCheck], prompts: list | None = No
         top_k = str(c.top_k) if c.top_k else "off"
         top_p = f"{c.top_p:g}" if c.top_p < 1 else "off"
         lines.append(
-            f"| {c.name} | {c.mode} | {c.k} | {c.temperature:g} | {top_k} | {top_p} | {c.statistic:.2f} | "
+            f"| {c.name} | {c.mode} | {c.speculate_k} | {c.temperature:g} | {top_k} | {top_p} | {c.statistic:.2f} | "
             f"{c.dof} | {c.p_value:.3g} | {c.result} |"
         )
     s = summarize_checks(checks)

@@ -178,7 +178,7 @@ def run_reference_checks(model, tokenizer, prompts: list, num_samples: int, seed
             which = "tested prompt" if p_index == 0 else f"long prompt ({len(prompt)} tokens, past the window)"
             checks.append(LosslessCheck(
                 name=f"plain vs model forward, {which}, T={temperature:g}, tokens 1-{REF_TOKENS}", mode="none",
-                k=0, temperature=temperature, top_k=0, top_p=1.0, statistic=statistic, dof=dof, p_value=p_value,
+                speculate_k=0, temperature=temperature, top_k=0, top_p=1.0, statistic=statistic, dof=dof, p_value=p_value,
                 passed=p_value > alpha, token=REF_TOKENS, alpha=alpha,
             ))
     return checks

@@ -13,7 +13,7 @@ from bebop.speculative.auto import acceptance as auto
 from bebop.speculative.auto.acceptance import Acceptance, expected_accepted
 from bebop.speculative.engine import Decoder, SamplingParams, SpecConfig, generate
 from tests.speculative.auto.helpers import acceptance_of
-from tests.speculative.test_engine import ToyTokenizer, _prompts, peaked_model, perturbed_head
+from tests.helpers import ToyTokenizer, toy_prompts, peaked_model, perturbed_head
 
 
 def test_expected_accepted_by_hand():
@@ -44,7 +44,7 @@ def test_decay_halves_the_acceptance_evidence():
 def test_acceptance_reads_the_engines_statistics(temperature):
     model = peaked_model()
     head = perturbed_head(model, 0.1)
-    decoder = Decoder(model, ToyTokenizer(), _prompts((3, 5, 8, 2)), mtp=head, time_drafts=True,
+    decoder = Decoder(model, ToyTokenizer(), toy_prompts((3, 5, 8, 2)), mtp=head, time_drafts=True,
                       sampling=SamplingParams(temperature=temperature, max_new_tokens=24), spec=SpecConfig("rs", 3))
     while decoder.num_active:
         decoder.step()
@@ -68,7 +68,7 @@ def test_acceptance_reads_the_engines_statistics(temperature):
 def test_acceptance_by_offset_of_a_short_call():
     """Every step of a 4-token call starts below 4 tokens emitted: all in the first offset bucket."""
     model = peaked_model()
-    out = generate(model, ToyTokenizer(), _prompts((3, 5, 8, 2)), mtp=perturbed_head(model, 0.1),
+    out = generate(model, ToyTokenizer(), toy_prompts((3, 5, 8, 2)), mtp=perturbed_head(model, 0.1),
                    sampling=SamplingParams(temperature=1.0, max_new_tokens=4), spec=SpecConfig("rs", 2))
     acc = Acceptance()
     acc.observe(out.log, out.lengths, greedy=False)
@@ -97,7 +97,7 @@ def test_a_settings_alphas_lean_on_its_own_steps():
     sampling = SamplingParams(temperature=1.0, max_new_tokens=12)
     acc, alone = Acceptance(), {}
     for k in (1, 3):
-        out = generate(model, ToyTokenizer(), _prompts((3, 5, 8, 2)), mtp=head, sampling=sampling,
+        out = generate(model, ToyTokenizer(), toy_prompts((3, 5, 8, 2)), mtp=head, sampling=sampling,
                        spec=SpecConfig("rs", k), seed=k)
         acc.observe(out.log, out.lengths, greedy=False)
         alone[k] = Acceptance()
@@ -116,7 +116,7 @@ def test_a_ks_own_steps_age_only_in_calls_that_run_it():
     model = peaked_model()
     head = perturbed_head(model, 0.1)
     sampling = SamplingParams(temperature=1.0, max_new_tokens=12)
-    runs = {k: generate(model, ToyTokenizer(), _prompts((3, 5, 8, 2)), mtp=head, sampling=sampling,
+    runs = {k: generate(model, ToyTokenizer(), toy_prompts((3, 5, 8, 2)), mtp=head, sampling=sampling,
                         spec=SpecConfig("rs", k), seed=k) for k in (1, 3)}
     acc = Acceptance()
     acc.observe(runs[3].log, runs[3].lengths, greedy=False, age=0.5)

@@ -15,9 +15,10 @@ from bebop.speculative.auto import acceptance, chooser as auto
 from bebop.speculative.auto.acceptance import expected_accepted
 from bebop.speculative.auto.chooser import AutoChooser, candidates, config_name, predict
 from bebop.speculative.auto.costs import StepCosts
-from bebop.speculative.engine import Decoder, GenerationResult, SamplingParams, SpecConfig, generate
+from bebop.speculative.completions import Completions
+from bebop.speculative.engine import Decoder, SamplingParams, SpecConfig, generate
 from tests.speculative.auto.helpers import ALL, acceptance_of, costs_of
-from tests.speculative.test_engine import ToyTokenizer, _prompts, peaked_model, perturbed_head
+from tests.helpers import ToyTokenizer, toy_prompts, peaked_model, perturbed_head
 
 
 def test_predict_by_hand():
@@ -105,7 +106,7 @@ def test_a_whole_call_is_priced_from_the_prefills_token_on():
     """The prefill emits each row's first token: a plain call of known lengths runs max(length) - 1 decode
     steps, and ``predict_call`` prices exactly those (from offset 0 it priced one step more)."""
     model = peaked_model()
-    decoder = Decoder(model, ToyTokenizer(), _prompts((3, 5, 8, 2)), spec=SpecConfig("none"),
+    decoder = Decoder(model, ToyTokenizer(), toy_prompts((3, 5, 8, 2)), spec=SpecConfig("none"),
                       sampling=SamplingParams(temperature=1.0, max_new_tokens=24))
     assert decoder.active_lengths() == [auto.PREFILL_TOKENS] * 4
     while decoder.num_active:
@@ -141,7 +142,7 @@ def test_settle_holds_a_first_chosen_setting_for_one_call_until_a_probe_confirms
 
 def test_a_calls_first_step_is_priced_as_prefill():
     """The first step also feeds the head the prompt: it is not a step cost, its excess joins the prefill."""
-    result = GenerationResult(prompt_ids=[[1]], token_ids=[[1, 2, 3]], texts=[""], lengths=[3],
+    result = Completions(prompt_ids=[[1]], token_ids=[[1, 2, 3]], texts=[""], lengths=[3],
                               finish_reasons=["eos"], step_times=[(1, 0.010, 0.0), (1, 0.002, 0.0),
                                                                   (1, 0.002, 0.0)], prefill_seconds=0.005)
     chooser = AutoChooser()
@@ -181,7 +182,7 @@ def test_a_fixed_calls_alphas_and_lengths_reach_the_chooser_not_its_step_times()
     """A fixed setting's call (``AutoChooser.observe``, the engine backend's fixed calls) teaches what a
     call between probes does: alphas, decayed as a call, and lengths; its step times are not a probe's."""
     model = peaked_model()
-    result = generate(model, ToyTokenizer(), _prompts((3, 4, 6)), mtp=perturbed_head(model, 0.1),
+    result = generate(model, ToyTokenizer(), toy_prompts((3, 4, 6)), mtp=perturbed_head(model, 0.1),
                       sampling=SamplingParams(temperature=1.0, max_new_tokens=12), spec=SpecConfig("rs", 2))
     chooser = AutoChooser()
     chooser.acceptance = acceptance_of([0.5] * 2, [0.4] * 2, weight=50)

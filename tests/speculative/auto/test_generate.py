@@ -25,12 +25,12 @@ from bebop.speculative.auto.generate import generate_auto
 from bebop.speculative.engine import Decoder, SamplingParams, SpecConfig, generate
 from bebop.utils.io import BebopError
 from tests.speculative.auto.helpers import acceptance_of, with_history
-from tests.speculative.test_engine import (
+from tests.helpers import (
     STAT_PROMPT,
     STAT_VOCAB,
     ToyTokenizer,
-    _prompts,
-    _stat_model,
+    toy_prompts,
+    stat_model,
     assert_fits,
     exact_joint,
     peaked_model,
@@ -58,7 +58,7 @@ def test_mode_none_ignores_k_auto():
 def test_auto_is_plain_greedy_at_temperature_zero(spec):
     model = peaked_model(eos_token_id=5)
     head = perturbed_head(model, 0.1)
-    prompts = _prompts((1, 3, 5, 8, 13))
+    prompts = toy_prompts((1, 3, 5, 8, 13))
     greedy = SamplingParams(temperature=0.0, max_new_tokens=20)
     plain = generate(model, ToyTokenizer(5), prompts, sampling=greedy)
     out, decision = generate_auto(model, ToyTokenizer(5), prompts, mtp=head, sampling=greedy, spec=spec)
@@ -85,7 +85,7 @@ def test_auto_probes_then_runs_the_choice(monkeypatch, spec, history, shallow, p
     steps = []
     step = Decoder.step
     monkeypatch.setattr(Decoder, "step", lambda self: steps.append(self.runner.k) or step(self))
-    out, decision = generate_auto(model, ToyTokenizer(), _prompts((3, 4, 6)), mtp=head, spec=spec,
+    out, decision = generate_auto(model, ToyTokenizer(), toy_prompts((3, 4, 6)), mtp=head, spec=spec,
                                   sampling=SamplingParams(temperature=1.0, max_new_tokens=24),
                                   chooser=with_history() if history else None)
     expected = [k for k, n in probes for _ in range(n)]
@@ -102,7 +102,7 @@ def test_a_fresh_probe_times_its_plain_step_and_prices_the_heads_prompt_as_prefi
                         auto.Decision("rs", 1, 1.0, {"rs1": 1.0}, rows))
     model = peaked_model()
     chooser = AutoChooser()
-    out, _ = generate_auto(model, ToyTokenizer(), _prompts((3, 4, 6)), mtp=perturbed_head(model, 0.1),
+    out, _ = generate_auto(model, ToyTokenizer(), toy_prompts((3, 4, 6)), mtp=perturbed_head(model, 0.1),
                            sampling=SamplingParams(temperature=1.0, max_new_tokens=24), chooser=chooser)
     plain_step, first_drafted = out.step_times[0], out.step_times[1]
     assert plain_step[2] == 0.0 and first_drafted[2] > 0  # no drafting, then drafting
@@ -120,7 +120,7 @@ def test_a_batch_of_one_probes_until_enough_positions(monkeypatch):
     monkeypatch.setattr(Decoder, "step", lambda self: ks.append(self.runner.k) or step(self))
     monkeypatch.setattr(AutoChooser, "choose", lambda self, options, rows, tail=None:
                         auto.Decision("rs", 1, 1.0, {"rs1": 1.0}, rows))
-    generate_auto(model, ToyTokenizer(), _prompts((3,)), mtp=perturbed_head(model, 0.1), spec=SpecConfig("rs", "auto"),
+    generate_auto(model, ToyTokenizer(), toy_prompts((3,)), mtp=perturbed_head(model, 0.1), spec=SpecConfig("rs", "auto"),
                   sampling=SamplingParams(temperature=1.0, max_new_tokens=200))
     assert auto.PROBE_POSITIONS > auto.PROBE_STEPS
     assert ks[:auto.PROBE_POSITIONS] == [4] * auto.PROBE_POSITIONS and ks[auto.PROBE_POSITIONS] == 1
@@ -141,7 +141,7 @@ def test_between_probes_the_last_decision_is_kept(monkeypatch):
 
     def call(seed, spec=SpecConfig("rs", "auto")):  # drafted settings only: every call records alphas
         ks.clear(), priced.clear()
-        return generate_auto(model, ToyTokenizer(), _prompts((3, 4, 6)), mtp=head, sampling=sampling, spec=spec,
+        return generate_auto(model, ToyTokenizer(), toy_prompts((3, 4, 6)), mtp=head, sampling=sampling, spec=spec,
                              chooser=chooser, seed=seed)[1]
 
     probed = call(0)  # nothing held yet
@@ -169,10 +169,10 @@ def test_a_held_call_makes_room_for_its_own_k_only(monkeypatch):
         chooser = AutoChooser()
         chooser.held, chooser.calls = auto.Decision(mode, k, 1.0, {config_name(mode, k): 1.0}), 1  # between probes
         made.clear()
-        out, decision = generate_auto(model, ToyTokenizer(), _prompts((3, 4, 6)), mtp=head, sampling=sampling,
+        out, decision = generate_auto(model, ToyTokenizer(), toy_prompts((3, 4, 6)), mtp=head, sampling=sampling,
                                       chooser=chooser, seed=4)
         assert not decision.probed and made[0]["max_speculate_k"] == k and (made[0]["mtp"] is None) == (k == 0)
-        roomy = Decoder(model, ToyTokenizer(), _prompts((3, 4, 6)), mtp=head, sampling=sampling, seed=4,
+        roomy = Decoder(model, ToyTokenizer(), toy_prompts((3, 4, 6)), mtp=head, sampling=sampling, seed=4,
                         spec=SpecConfig(mode, max(k, 1)), max_speculate_k=4)
         while roomy.num_active:
             roomy.step()
@@ -192,7 +192,7 @@ def test_a_first_chosen_setting_makes_the_next_call_probe(monkeypatch):
     probed = []
     for seed in range(4):
         ks.clear()
-        decision = generate_auto(model, ToyTokenizer(), _prompts((3, 4)), mtp=head, chooser=chooser,
+        decision = generate_auto(model, ToyTokenizer(), toy_prompts((3, 4)), mtp=head, chooser=chooser,
                                  seed=seed, sampling=SamplingParams(temperature=1.0, max_new_tokens=16))[1]
         probed.append(decision.probed)
     assert probed == [True, True, True, False] and script == []
@@ -208,7 +208,7 @@ def test_a_probe_times_afresh_and_keeps_the_acceptance_and_lengths(monkeypatch):
     head = perturbed_head(model, 0.1)
     chooser = with_history()
     chooser.acceptance = acceptance_of([0.5] * 4, [0.4] * 4, weight=50)
-    out, decision = generate_auto(model, ToyTokenizer(), _prompts((3, 4, 6)), mtp=head, chooser=chooser,
+    out, decision = generate_auto(model, ToyTokenizer(), toy_prompts((3, 4, 6)), mtp=head, chooser=chooser,
                                   sampling=SamplingParams(temperature=1.0, max_new_tokens=24))
     assert decision.probed and chooser.held is decision
     assert 3 not in chooser.costs.seconds or decision.speculate_k == 3  # rs3 was timed in an earlier call only
@@ -244,9 +244,9 @@ def test_a_one_shot_call_learns_nothing_after_its_decision(monkeypatch):
     model = peaked_model()
     head = perturbed_head(model, 0.1)
     kwargs = dict(mtp=head, sampling=SamplingParams(temperature=1.0, max_new_tokens=24), seed=5)
-    one_shot, decided = generate_auto(model, ToyTokenizer(), _prompts((3, 4, 6)), **kwargs)
+    one_shot, decided = generate_auto(model, ToyTokenizer(), toy_prompts((3, 4, 6)), **kwargs)
     assert learnt == []
-    kept, decided_kept = generate_auto(model, ToyTokenizer(), _prompts((3, 4, 6)), chooser=AutoChooser(), **kwargs)
+    kept, decided_kept = generate_auto(model, ToyTokenizer(), toy_prompts((3, 4, 6)), chooser=AutoChooser(), **kwargs)
     assert learnt == ["settle", "end_call"]
     assert one_shot.token_ids == kept.token_ids
     assert (decided.mode, decided.speculate_k, decided.predictions) == \
@@ -260,7 +260,7 @@ def test_auto_sampling_is_exact(monkeypatch, spec):
     exact joint of plain sampling."""
     monkeypatch.setattr(auto, "PROBE_STEPS", 1)
     monkeypatch.setattr(AutoChooser, "shallow_could_win", lambda self, options, rows: 2)
-    model, head = _stat_model()
+    model, head = stat_model()
     sampling = SamplingParams(temperature=1.0, max_new_tokens=3)
     rows = 20_000
     out, _ = generate_auto(model, ToyTokenizer(), [STAT_PROMPT] * rows, mtp=head, sampling=sampling, seed=2, spec=spec)
@@ -279,7 +279,7 @@ def test_generate_auto_learns_the_calls_lengths_and_prefill():
     to the chooser, for the forecasts of whole calls (``predict_call``)."""
     model = peaked_model()
     chooser = AutoChooser()
-    out, decision = generate_auto(model, ToyTokenizer(), _prompts((3, 4, 6)), mtp=perturbed_head(model, 0.1),
+    out, decision = generate_auto(model, ToyTokenizer(), toy_prompts((3, 4, 6)), mtp=perturbed_head(model, 0.1),
                                   sampling=SamplingParams(temperature=1.0, max_new_tokens=24), chooser=chooser)
     assert decision.measured_tok_s > 0 and chooser.lengths.seen == out.lengths
     assert chooser.prefill_s >= out.prefill_seconds > 0

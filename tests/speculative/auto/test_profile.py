@@ -22,7 +22,7 @@ from bebop.speculative.auto.chooser import AutoChooser, candidates
 from bebop.speculative.auto.generate import generate_auto
 from bebop.speculative.engine import SamplingParams, SpecConfig
 from bebop.utils.io import BebopError
-from tests.speculative.test_engine import ToyTokenizer, _prompts, peaked_model, perturbed_head
+from tests.helpers import ToyTokenizer, toy_prompts, peaked_model, perturbed_head
 
 SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=24)
 
@@ -32,7 +32,7 @@ def _learned() -> AutoChooser:
     call keeping it."""
     model, chooser = peaked_model(), AutoChooser()
     for seed in range(3):
-        generate_auto(model, ToyTokenizer(), _prompts((3, 4, 6)), mtp=perturbed_head(model, 0.1), chooser=chooser,
+        generate_auto(model, ToyTokenizer(), toy_prompts((3, 4, 6)), mtp=perturbed_head(model, 0.1), chooser=chooser,
                       sampling=SAMPLING, seed=seed)
     return chooser
 

@@ -37,7 +37,7 @@ from bebop.speculative.check.lossless import (
     two_sample_chi2,
 )
 from bebop.utils.io import BebopError
-from tests.speculative.test_engine import ToyTokenizer, peaked_model, perturbed_head
+from tests.helpers import ToyTokenizer, peaked_model, perturbed_head
 
 NUM_SAMPLES = 3000  # rows per sample on the tiny model: ~33k rows of up to 12 tokens for the 7 default configs
 NUM_SAMPLES_BROKEN = 10_000  # one config: 2 runs; enough that a broken sampler gives p < 1e-12
@@ -129,7 +129,7 @@ def test_exact_engine_passes():
     assert all(c.informative for c in checks)  # every check compared something
     assert summarize_checks(checks).passed
     assert max(c.tokens[-1] for c in checks) == 12 and sum(c.kind == "joint" for c in checks) == 7
-    assert {(c.mode, c.k, c.temperature, c.top_k, c.top_p) for c in checks} >= {
+    assert {(c.mode, c.speculate_k, c.temperature, c.top_k, c.top_p) for c in checks} >= {
         ("rs", 1, 0.7, 0, 1.0), ("to", 3, 1.0, 0, 1.0), ("rs", 3, 1.0, 20, 0.9)}
     assert any(c.batch_mix for c in checks)
 
@@ -225,8 +225,8 @@ def test_block_verification_passes_and_a_broken_block_verifier_fails(monkeypatch
 
 
 def _check(name: str, p_value: float) -> LosslessCheck:
-    return LosslessCheck(name=name, mode="rs", k=3, temperature=1.0, top_k=0, top_p=1.0, statistic=1.5, dof=4,
-                         p_value=p_value, passed=p_value > 1e-3, token=2, alpha=1e-3)
+    return LosslessCheck(name=name, mode="rs", speculate_k=3, temperature=1.0, top_k=0, top_p=1.0, statistic=1.5,
+                         dof=4, p_value=p_value, passed=p_value > 1e-3, token=2, alpha=1e-3)
 
 
 def test_format_table_ends_with_false_alarm_odds():

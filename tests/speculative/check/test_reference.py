@@ -24,7 +24,7 @@ from bebop.speculative.kv_cache import RaggedKVCache
 from bebop.speculative.check.lossless import LOSSLESS_CONFIGS, LosslessConfig, run_lossless_checks
 from bebop.speculative.check.reference import conditional_chi2, reference_prompts, run_reference_checks
 from tests.conftest import save_model_dir, tiny_model
-from tests.speculative.test_engine import ToyTokenizer, perturbed_head
+from tests.helpers import ToyTokenizer, perturbed_head
 
 WINDOW = 8
 PROMPTS = [[3], [5, 1], [2, 2, 7, 4]]

@@ -1,0 +1,54 @@
+"""``Completions``: what a rollout returns, from Bebop's engine or any other backend.
+
+Rows are in prompt order (row b*G+g is completion g of prompt b). ``stats`` counts only the
+tokens the completions keep (see ``bebop.speculative.stats``). Backends that cannot see the
+target's distributions or each step's tokens (vLLM) report acceptance counts only and set
+``token_stats = False``: their ``SpecStats`` hold no entropy, counterfactual alpha, accept-length
+histogram or per-position acceptance on emitted tokens, and ``spec_metrics`` logs those as null.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from bebop.speculative.stats import EmissionLog, SpecStats
+
+ABSENT_WITHOUT_TOKEN_STATS = ("spec/alpha_rs", "spec/alpha_to", "spec/accept_length_hist", "spec/target_entropy",
+                              "spec/accepted_per_pos")
+UNCUT = 2**62  # a completion length past every step: nothing is cut
+
+
+@dataclass
+class Completions:
+    """Completions in prompt order and the statistics of the run that sampled them."""
+
+    prompt_ids: list[list[int]]
+    token_ids: list[list[int]]  # completion tokens, EOS included when emitted
+    texts: list[str]  # decoded completions, special tokens skipped
+    lengths: list[int]
+    finish_reasons: list[str]  # "eos" | "length" | "stop"
+    stats: SpecStats = field(default_factory=SpecStats)  # kept tokens only (see bebop.speculative.stats)
+    token_stats: bool = True  # False: entropy, counterfactual alpha and the accept-length histogram are absent
+    decision: Any = None  # bebop.speculative.auto.chooser.Decision when this call chose its mode/K (auto), else None
+    log: EmissionLog | None = field(default=None, repr=False)  # every verify step as the verifier emitted it
+    # Wall time of every decode step after prefill: (active rows, seconds, seconds of its drafting;
+    # 0 unless time_drafts). A step ends with the engine's host syncs, so the time is the step's on
+    # any device (``bebop.speculative.auto.chooser`` reads it). Empty from other backends.
+    step_times: list[tuple[int, float, float]] = field(default_factory=list, repr=False)
+    prefill_seconds: float = 0.0  # wall time of the prefill (the prompts' forward and first tokens)
+
+    def verifier_stats(self) -> SpecStats:
+        """Statistics of every verify step as emitted, before the stop check: vLLM's way of counting."""
+        if self.log is None:
+            return self.stats
+        stats = self.log.to_stats([UNCUT] * len(self.lengths))
+        stats.num_generated_tokens = sum(self.lengths)  # the completions' tokens, not the uncut bound
+        return stats
+
+    def spec_metrics(self) -> dict:
+        """``SpecStats.to_metrics()``, with what this backend cannot measure set to None."""
+        metrics = self.stats.to_metrics()
+        if not self.token_stats:
+            metrics.update(dict.fromkeys(ABSENT_WITHOUT_TOKEN_STATS))
+        return metrics

@@ -1,0 +1,5 @@
+"""The one exception type for bad user input (``bebop.utils.io`` re-exports it, the name callers use)."""
+
+
+class BebopError(Exception):
+    """An error caused by user input (a file, a flag, a config): the CLI prints one line and exits 2."""
