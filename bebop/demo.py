@@ -50,7 +50,7 @@ class DemoConfig:
     head_steps: int = 0  # --quick only: warm-start and per-loss head steps (default: the embedded cache's budget)
     # RL that works: on the embedded model (a careful and a careless way to answer, bebop.task.arith) GRPO drops
     # the careless way, so the none run's entropy falls while accuracy rises. These budgets are sized so the
-    # report's 20% windows clear MIN_ENTROPY_CHANGE (the runs behind them: docs/notes_from_code.md).
+    # report's 20% windows clear MIN_ENTROPY_CHANGE (the runs behind them: docs/results.md).
     rl_steps: int = 150  # RL steps per run
     prompts_per_step: int = 8  # B of the RL runs
     group_size: int = 8  # G of the RL runs

@@ -62,7 +62,7 @@ from bebop.utils.io import BebopError
 # statistics walk it in entry_stats' small tiles (TILE_ELEMENTS), and the gradient overwrites the
 # draft half, so the working set is that buffer plus a few tiles. Each chunk reads the whole
 # (V, D) weight, so the chunk sets the matmuls' width: wider chunks run the matmul faster, narrower
-# ones hold less (docs/notes_from_code.md). 2**25 elements (220 rows of a 152k vocabulary) keeps
+# ones hold less (docs/results.md). 2**25 elements (220 rows of a 152k vocabulary) keeps
 # the working set under 1/8 of the plain loss's from N*K = 1,280 entries up.
 FUSED_TILE_ELEMENTS = 2**25  # default row chunk = FUSED_TILE_ELEMENTS // V
 

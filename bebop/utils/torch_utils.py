@@ -46,7 +46,7 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device | str | 
 
     ``auto`` is bfloat16 on a CUDA device that supports it and float32 everywhere else: CPU bf16
     speed depends on the chip (bf16 can speed up large forwards yet slow down small decode steps;
-    docs/notes_from_code.md), and float32 keeps CPU runs bit-comparable with the cached embedded model.
+    docs/results.md), and float32 keeps CPU runs bit-comparable with the cached embedded model.
     Losses, acceptance statistics and sampling probabilities are float32 whatever this returns.
 
     Example: ``resolve_dtype("auto", "cpu") == torch.float32``; ``resolve_dtype("bfloat16") == torch.bfloat16``.
