@@ -247,7 +247,7 @@ def test_a_defective_vllm_refuses_speculative_sampling_at_positive_temperature(m
 
 
 def test_vllm_completions_report_both_conventions_and_null_what_they_cannot_count():
-    from bebop.rollout.base import Completions
+    from bebop.speculative.completions import Completions
     from bebop.speculative.stats import SpecStats
 
     stats = SpecStats(speculate_k=2, num_drafts=4, num_draft_tokens=8, verifier_num_drafts=4,
