@@ -261,7 +261,7 @@ class VllmBackend(RolloutBackend):
         from bebop.speculative.stats import SpecStats
 
         k = spec.speculate_k if spec.mode != "none" else 0
-        if k and sampling.temperature > 0:  # NOTE: decided before an engine starts, refused before one is paid for
+        if k and sampling.temperature != 0:  # NOTE: sampled, not greedy; decided before an engine starts, refused before one is paid for
             self._sampling = self._sampling or vllm_process.prepare_sampling()
             line = vllm_process.refusal(self._sampling)
             if line:
