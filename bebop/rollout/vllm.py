@@ -261,7 +261,8 @@ class VllmBackend(RolloutBackend):
         from bebop.speculative.stats import SpecStats
 
         k = spec.speculate_k if spec.mode != "none" else 0
-        if k and sampling.temperature != 0:  # NOTE: sampled, not greedy; decided before an engine starts, refused before one is paid for
+        # NOTE: sampled (not greedy) drafting is decided before an engine starts, refused before one is paid for
+        if k and sampling.temperature != 0:
             self._sampling = self._sampling or vllm_process.prepare_sampling()
             line = vllm_process.refusal(self._sampling)
             if line:
