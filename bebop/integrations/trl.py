@@ -350,8 +350,9 @@ def policy_logprobs(model, prompt_ids: list[list[int]], completion_ids: list[lis
 # ----------------------------------------------------------------------------- metrics
 
 
-def _local_sums(stats: SpecStats, max_k: int) -> torch.Tensor:
-    """(5 + 4 * max_k,) float64: this process's counts and sums, summed over processes by the caller."""
+def _local_sums(stats: SpecStats, max_k: int, token_stats: bool = True) -> torch.Tensor:
+    """(5 + 4 * max_k,) float64: this process's counts and sums, summed over processes by the caller
+    (``token_stats`` False: the tokens are counted without their entropies, which vLLM does not give)."""
     pos = torch.cat(stats.draft_position).long() if stats.draft_position else torch.zeros(0, dtype=torch.long)
     per_pos = [torch.bincount(pos - 1, minlength=max_k)[:max_k].double()]
     for values in (stats.alpha_rs, stats.alpha_to):
@@ -359,7 +360,8 @@ def _local_sums(stats: SpecStats, max_k: int) -> torch.Tensor:
         per_pos.append(torch.bincount(pos - 1, weights=weights, minlength=max_k)[:max_k])
     accepted = list(stats.accepted_per_pos) + [0] * (max_k - len(stats.accepted_per_pos))
     entropy = torch.cat(stats.token_entropy).double() if stats.token_entropy else torch.zeros(0, dtype=torch.float64)
-    head = [stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens, float(entropy.sum()), entropy.numel()]
+    num_tokens = entropy.numel() if token_stats else stats.num_generated_tokens
+    head = [stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens, float(entropy.sum()), num_tokens]
     return torch.cat([torch.tensor(head + accepted[:max_k], dtype=torch.float64), *per_pos])
 
 
@@ -384,7 +386,8 @@ def spec_metrics(sums: torch.Tensor, max_k: int, seconds: float, token_stats: bo
         metrics[f"spec/alpha_rs/{j + 1}"] = alpha_rs[j] / positions[j] if positions[j] else nan
         metrics[f"spec/alpha_to/{j + 1}"] = alpha_to[j] / positions[j] if positions[j] else nan
     if not token_stats:
-        metrics.update({k: nan for k in metrics if k == "spec/target_entropy" or k.startswith("spec/accepted_per_pos/")})
+        absent = [k for k in metrics if k == "spec/target_entropy" or k.startswith("spec/accepted_per_pos/")]
+        metrics.update(dict.fromkeys(absent, nan))
     return metrics
 
 
@@ -392,7 +395,7 @@ def log_spec_metrics(trainer, split: str, stats: SpecStats, seconds: float, max_
                      token_stats: bool = True) -> dict[str, float]:
     """Sums the statistics over processes (a collective: every rank calls it) and appends them to TRL's metrics."""
     accelerator = trainer.accelerator
-    local = _local_sums(stats, max_k).to(accelerator.device)
+    local = _local_sums(stats, max_k, token_stats).to(accelerator.device)
     sums = accelerator.gather(local[None]).sum(0).cpu()
     slowest = accelerator.gather(torch.tensor([seconds], dtype=torch.float64, device=accelerator.device)).max().item()
     metrics = spec_metrics(sums, max_k, slowest, token_stats)

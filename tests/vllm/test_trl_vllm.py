@@ -55,7 +55,7 @@ def test_grpo_steps_through_vllm_then_greedy_equals_engine(tmp_path):
         for r in rows:
             assert 1.0 < r["spec/accept_length"] <= K + 1 and r["spec/num_drafts"] > 0
             assert r["spec/target_entropy"] is None and r["spec/accepted_per_pos/1"] is None
-            assert r["spec/rollout_seconds"] > 0
+            assert r["spec/rollout_seconds"] > 0 and r["spec/num_generated_tokens"] > r["spec/num_drafts"]
         assert (tmp_path / "out" / "bebop_rollout.json").exists()
         assert not (tmp_path / "out" / "token_stats.jsonl").exists()
 
