@@ -47,6 +47,7 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VLLM_PY) -m pip install -q -c $(VLLM_VENV)/constraints.txt --no-deps -e .
 	$(VLLM_PY) -m pip install -q -c $(VLLM_VENV)/constraints.txt pytest scipy hypothesis tqdm matplotlib pyyaml
+	$(VLLM_PY) -m pip install -q -c $(VLLM_VENV)/constraints.txt trl==1.16.0
 	touch $(VLLM_STAMP)
 
 test-vllm: $(VLLM_STAMP)

@@ -33,7 +33,7 @@ TOKEN_ROW_KEY = "row"  # optional flat list: the completion each position belong
 TRL_STATE_FILES = ("trainer_state.json", "log_history.json")  # TRL's log history: a state dict, or the bare list
 TRL_ROLLOUT_FILE = "bebop_rollout.json"  # the rollout function's settings (bebop.integrations.trl)
 TRL_KEYS = {"target_entropy": ("spec/target_entropy", "entropy"), "rollout_s": ("spec/rollout_seconds",),
-            "step_s": ("step_time",), "accuracy": ("reward",)}  # metrics key <- first TRL key present
+            "step_s": ("step_time",), "accuracy": ("reward",)}  # metrics key <- first TRL key not null
 TRL_PER_POSITION = ("spec/accepted_per_pos", "spec/alpha_rs", "spec/alpha_to")  # logged by TRL as "<key>/j"
 
 
@@ -151,7 +151,7 @@ def trl_metrics_row(row: Mapping[str, Any]) -> dict:
     """
     out = dict(row)
     for key, sources in TRL_KEYS.items():
-        out[key] = next((row[s] for s in sources if s in row), None)
+        out[key] = next((row[s] for s in sources if row.get(s) is not None), None)  # NOTE: TRL logs null for all-NaN
     for key in TRL_PER_POSITION:
         suffixes = [k[len(key) + 1:] for k in row if k.startswith(key + "/")]
         depths = sorted(int(j) for j in suffixes if j.isdigit())

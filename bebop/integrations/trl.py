@@ -38,6 +38,14 @@ Deviations from TRL's own generation:
        other EOS ids (the statistics count only the kept tokens). Cutting a sample is exact.
     5) Every process needs the whole policy: FSDP and DeepSpeed ZeRO-3 are refused in one line.
 
+With ``backend="vllm"`` the completions come from Bebop's vLLM backend (``bebop.rollout.vllm``, the
+one ``bebop rl --backend vllm`` uses): a vLLM engine in this process serving the policy with the head as
+its MTP layer (rs: probabilistic drafts), the trainer's current weights pushed into it in place before
+every call. vLLM draws its own randomness (deviation 1 becomes: not a function of (seed, call, row)),
+and measures no per-token entropy or counterfactual acceptance: ``spec/target_entropy``,
+``spec/accepted_per_pos/j``, ``spec/alpha_*/j`` are NaN (TRL logs null) and no token statistics are
+written. Mode/K auto needs the engine.
+
 ``train_head_on_policy`` trains a head on the policy's own samples in one call, for users without one.
 """
 
@@ -60,6 +68,7 @@ from bebop.utils.io import BebopError, read_json, write_json
 
 TOKEN_STATS_FILE = "token_stats.jsonl"  # per-position entropy and acceptance, as ``bebop rl`` writes it
 CONFIG_FILE = "bebop_rollout.json"  # the rollout's settings, written beside TRL's output
+BACKENDS = ("engine", "vllm")  # what samples: Bebop's engine on the trainer's model, or Bebop's vLLM backend
 LOGPROB_BATCH = 16  # rows per teacher-forced forward of ``policy_logprobs``
 # GenerationConfig fields that change the sampled distribution, with the values that leave it alone.
 UNSUPPORTED_SETTINGS = {
@@ -84,6 +93,8 @@ class BebopRollout:
             TRL 1.16 reads a rollout's logprobs nowhere else).
         token_stats: append per-position statistics to ``<output_dir>/token_stats.jsonl``.
         seed: base of the rows' randomness; None = the trainer's ``args.seed``.
+        backend: "engine" (Bebop's engine on the trainer's model) or "vllm" (Bebop's vLLM backend, synced
+            with the trainer's weights before every call).
     """
 
     head: object = None
@@ -91,14 +102,20 @@ class BebopRollout:
     logprobs: bool | None = None
     token_stats: bool = True
     seed: int | None = None
+    backend: str = "engine"
     num_calls: int = field(default=0, init=False)  # the call counter keys each call's randomness
     chooser: AutoChooser | None = field(default=None, init=False, repr=False)  # mode/K auto: the run's chooser
     loaded_head: object = field(default=None, init=False, repr=False)  # the MtpHead, once on the model
+    vllm: object = field(default=None, init=False, repr=False)  # backend "vllm": the VllmBackend, from the first call
 
     def __post_init__(self) -> None:
         check_settings(self.spec, None)
         if self.spec.mode != "none" and self.head is None:
             raise BebopError(f"mode {self.spec.mode!r} needs an MTP head (head=path or MtpHead)")
+        if self.backend not in BACKENDS:
+            raise BebopError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
+        if self.backend == "vllm" and is_auto(self.spec.mode, self.spec.speculate_k):
+            raise BebopError("mode/K auto needs backend engine; the vllm backend takes a fixed mode and K")
 
     def __call__(self, prompts: list, trainer) -> dict:
         model = policy_model(trainer)
@@ -112,7 +129,10 @@ class BebopRollout:
         model.eval()
         try:
             start = time.perf_counter()
-            result = self._generate(model, text_tokenizer(trainer), prompt_ids, head, sampling, seed, first_row)
+            if self.backend == "vllm":
+                result = self._rollout_vllm(model, text_tokenizer(trainer), prompt_ids, head, sampling, seed)
+            else:
+                result = self._generate(model, text_tokenizer(trainer), prompt_ids, head, sampling, seed, first_row)
             seconds = time.perf_counter() - start
             completion_ids, stats = cut_at_eos(result, set(trainer.eos_token_ids))
             wanted = self.logprobs if self.logprobs is not None else trainer.off_policy_mask_threshold is not None
@@ -120,9 +140,9 @@ class BebopRollout:
         finally:
             model.train(was_training)
         self.num_calls += 1
-        log_spec_metrics(trainer, split, stats, seconds, self.max_k)
+        log_spec_metrics(trainer, split, stats, seconds, self.max_k, result.token_stats)
         if self.token_stats and split == "train":
-            write_token_stats(trainer, stats, first_row, self.spec, self.head)
+            write_token_stats(trainer, stats if result.token_stats else None, first_row, self.spec, self.head)
         return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs}
 
     @property
@@ -140,6 +160,20 @@ class BebopRollout:
         head = self.loaded_head if self.loaded_head is not None else self.head
         return head.eval()  # NOTE: a sampler runs without dropout, as the policy does here
 
+    def _rollout_vllm(self, model, tokenizer, prompt_ids, head, sampling, seed):
+        """Bebop's vLLM backend, with the trainer's current weights pushed into its engine first."""
+        if self.vllm is None:
+            from bebop.rollout.vllm import VllmBackend
+
+            self.vllm = VllmBackend(model, tokenizer, head, seed=seed)
+        self.vllm.sync(model)  # NOTE: the head's own layer is frozen; its embedding and lm_head are the target's
+        return self.vllm.rollout(prompt_ids, sampling, self.spec, seed=seed, step=self.num_calls)
+
+    def close(self) -> None:
+        """Shuts down the vLLM engine (backend "vllm"); the engine backend holds nothing to close."""
+        if self.vllm is not None:
+            self.vllm.close()
+
     def _generate(self, model, tokenizer, prompt_ids, head, sampling, seed, first_row):
         row_ids = list(range(first_row, first_row + len(prompt_ids)))
         if is_auto(self.spec.mode, self.spec.speculate_k):
@@ -152,7 +186,7 @@ class BebopRollout:
 
 
 def bebop_rollout_func(head=None, *, mode: str = "rs", speculate_k: int | str = 3, logprobs: bool | None = None,
-                       token_stats: bool = True, seed: int | None = None) -> BebopRollout:
+                       token_stats: bool = True, seed: int | None = None, backend: str = "engine") -> BebopRollout:
     """A ``rollout_func`` for TRL's ``GRPOTrainer`` that samples with Bebop on the trainer's model.
 
     Args:
@@ -164,11 +198,13 @@ def bebop_rollout_func(head=None, *, mode: str = "rs", speculate_k: int | str = 
             trainer reads them (``off_policy_mask_threshold``), True = always, False = never.
         token_stats: append per-position statistics to ``<output_dir>/token_stats.jsonl``.
         seed: base of the randomness; None = the trainer's ``args.seed``.
+        backend: "engine" (Bebop's engine on the trainer's model) or "vllm" (Bebop's vLLM backend, the
+            trainer's weights pushed into it before every call; needs vLLM).
 
     Example: ``GRPOTrainer(..., rollout_func=bebop_rollout_func("heads/e2e_tv", mode="rs"))``.
     """
     return BebopRollout(head=head, spec=SpecConfig(mode, speculate_k), logprobs=logprobs, token_stats=token_stats,
-                        seed=seed)
+                        seed=seed, backend=backend)
 
 
 def train_head_on_policy(trainer, out_dir: str | Path, num_prompts: int = 64, samples_per_prompt: int = 4,
@@ -279,6 +315,9 @@ def cut_at_eos(result, eos_ids: set[int]) -> tuple[list[list[int]], SpecStats]:
         cut.append(list(tokens[:end]))
     if all(len(c) == len(t) for c, t in zip(cut, result.token_ids)):
         return cut, result.stats
+    if result.log is None:  # NOTE: vLLM stops at the EOS ids the model's generation config declares, as TRL does
+        raise BebopError(f"the rollout ran past one of TRL's EOS ids {sorted(eos_ids)}; add it to the model's "
+                         "generation_config.eos_token_id")
     return cut, result.log.to_stats([len(c) for c in cut])
 
 
@@ -311,8 +350,9 @@ def policy_logprobs(model, prompt_ids: list[list[int]], completion_ids: list[lis
 # ----------------------------------------------------------------------------- metrics
 
 
-def _local_sums(stats: SpecStats, max_k: int) -> torch.Tensor:
-    """(5 + 4 * max_k,) float64: this process's counts and sums, summed over processes by the caller."""
+def _local_sums(stats: SpecStats, max_k: int, token_stats: bool = True) -> torch.Tensor:
+    """(5 + 4 * max_k,) float64: this process's counts and sums, summed over processes by the caller
+    (``token_stats`` False: the tokens are counted without their entropies, which vLLM does not give)."""
     pos = torch.cat(stats.draft_position).long() if stats.draft_position else torch.zeros(0, dtype=torch.long)
     per_pos = [torch.bincount(pos - 1, minlength=max_k)[:max_k].double()]
     for values in (stats.alpha_rs, stats.alpha_to):
@@ -320,12 +360,14 @@ def _local_sums(stats: SpecStats, max_k: int) -> torch.Tensor:
         per_pos.append(torch.bincount(pos - 1, weights=weights, minlength=max_k)[:max_k])
     accepted = list(stats.accepted_per_pos) + [0] * (max_k - len(stats.accepted_per_pos))
     entropy = torch.cat(stats.token_entropy).double() if stats.token_entropy else torch.zeros(0, dtype=torch.float64)
-    head = [stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens, float(entropy.sum()), entropy.numel()]
+    num_tokens = entropy.numel() if token_stats else stats.num_generated_tokens
+    head = [stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens, float(entropy.sum()), num_tokens]
     return torch.cat([torch.tensor(head + accepted[:max_k], dtype=torch.float64), *per_pos])
 
 
-def spec_metrics(sums: torch.Tensor, max_k: int, seconds: float) -> dict[str, float]:
-    """TRL metrics from summed counts (``_local_sums`` over processes); NaN where nothing was counted."""
+def spec_metrics(sums: torch.Tensor, max_k: int, seconds: float, token_stats: bool = True) -> dict[str, float]:
+    """TRL metrics from summed counts (``_local_sums`` over processes); NaN where nothing was counted, and
+    (``token_stats`` False: vLLM) for entropy and per-position acceptance."""
     drafts, draft_tokens, accepted, entropy_sum, num_tokens = sums[:5].tolist()
     accepted_per_pos = sums[5:5 + max_k].tolist()
     positions, alpha_rs, alpha_to = (sums[5 + max_k * i:5 + max_k * (i + 1)].tolist() for i in (1, 2, 3))
@@ -343,16 +385,20 @@ def spec_metrics(sums: torch.Tensor, max_k: int, seconds: float) -> dict[str, fl
         metrics[f"spec/accepted_per_pos/{j + 1}"] = accepted_per_pos[j] / drafts if drafts else nan
         metrics[f"spec/alpha_rs/{j + 1}"] = alpha_rs[j] / positions[j] if positions[j] else nan
         metrics[f"spec/alpha_to/{j + 1}"] = alpha_to[j] / positions[j] if positions[j] else nan
+    if not token_stats:
+        absent = [k for k in metrics if k == "spec/target_entropy" or k.startswith("spec/accepted_per_pos/")]
+        metrics.update(dict.fromkeys(absent, nan))
     return metrics
 
 
-def log_spec_metrics(trainer, split: str, stats: SpecStats, seconds: float, max_k: int) -> dict[str, float]:
+def log_spec_metrics(trainer, split: str, stats: SpecStats, seconds: float, max_k: int,
+                     token_stats: bool = True) -> dict[str, float]:
     """Sums the statistics over processes (a collective: every rank calls it) and appends them to TRL's metrics."""
     accelerator = trainer.accelerator
-    local = _local_sums(stats, max_k).to(accelerator.device)
+    local = _local_sums(stats, max_k, token_stats).to(accelerator.device)
     sums = accelerator.gather(local[None]).sum(0).cpu()
     slowest = accelerator.gather(torch.tensor([seconds], dtype=torch.float64, device=accelerator.device)).max().item()
-    metrics = spec_metrics(sums, max_k, slowest)
+    metrics = spec_metrics(sums, max_k, slowest, token_stats)
     for key, value in metrics.items():
         trainer._metrics[split][key].append(value)
     return metrics
@@ -370,24 +416,28 @@ def rollout_settings(spec: SpecConfig, head) -> dict:
     return settings
 
 
-def write_token_stats(trainer, stats: SpecStats, first_row: int, spec: SpecConfig, head) -> None:
-    """Appends this rollout's per-position statistics (every process's) as one line, on the main process."""
+def write_token_stats(trainer, stats: SpecStats | None, first_row: int, spec: SpecConfig, head) -> None:
+    """Appends this rollout's per-position statistics (every process's) as one line, on the main process,
+    and the rollout's settings once; ``stats`` None (vLLM measures none): the settings only."""
     from accelerate.utils import gather_object
 
     cat = (lambda xs: torch.cat(xs).tolist() if xs else [])
-    row = {"step": trainer.state.global_step + 1, "position": cat(stats.draft_position),
-           "row": [first_row + r for r in cat(stats.draft_row)], "entropy": cat(stats.draft_entropy),
-           "alpha_rs": cat(stats.alpha_rs), "alpha_to": cat(stats.alpha_to)}
-    rows = gather_object([row])
+    rows = None
+    if stats is not None:
+        row = {"step": trainer.state.global_step + 1, "position": cat(stats.draft_position),
+               "row": [first_row + r for r in cat(stats.draft_row)], "entropy": cat(stats.draft_entropy),
+               "alpha_rs": cat(stats.alpha_rs), "alpha_to": cat(stats.alpha_to)}
+        rows = gather_object([row])
     if not trainer.accelerator.is_main_process:
         return
-    merged = {"step": row["step"], **{k: [v for r in rows for v in r[k]] for k in row if k != "step"}}
     out = Path(trainer.args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     if not (out / CONFIG_FILE).exists():
         write_json(out / CONFIG_FILE, rollout_settings(spec, head))
-    with open(out / TOKEN_STATS_FILE, "a") as f:
-        f.write(json.dumps(merged) + "\n")
+    if rows is not None:
+        merged = {"step": row["step"], **{k: [v for r in rows for v in r[k]] for k in row if k != "step"}}
+        with open(out / TOKEN_STATS_FILE, "a") as f:
+            f.write(json.dumps(merged) + "\n")
 
 
 __all__ = ["AUTO", "BebopRollout", "bebop_rollout_func", "cut_at_eos", "policy_logprobs", "sampling_params",

@@ -16,6 +16,8 @@ def test_trl_metrics_row_maps_keys_and_positions():
     assert row["accuracy"] == 0.5 and row["step_s"] == 2.0 and row["target_entropy"] == 1.2
     assert row["spec/alpha_rs"] == [0.9, 0.8] and row["spec/accepted_per_pos"] == [0.7]
     assert trl_metrics_row({"step": 1, "entropy": 0.4})["target_entropy"] == 0.4  # TRL's own entropy without Bebop
+    # TRL logs null for a metric that was NaN on every call (Bebop's vLLM backend measures no entropy)
+    assert trl_metrics_row({"step": 1, "spec/target_entropy": None, "entropy": 0.4})["target_entropy"] == 0.4
 
 
 def _history(steps):

@@ -200,6 +200,10 @@ def test_refuses_what_it_cannot_reproduce(tmp_path):
     with pytest.raises(BebopError, match="mode"):
         bebop_rollout_func(None, mode="fast")
     assert isinstance(bebop_rollout_func(None, mode="none"), BebopRollout)
+    with pytest.raises(BebopError, match="unknown backend"):
+        bebop_rollout_func(None, mode="none", backend="sglang")
+    with pytest.raises(BebopError, match="auto needs backend engine"):
+        bebop_rollout_func(MtpHead(model), mode="rs", speculate_k="auto", backend="vllm")
 
 
 LAUNCH_SCRIPT = """
