@@ -17,13 +17,10 @@ import numpy as np
 
 from bebop.config import AUTO, AUTO_EVERY, AUTO_MAX_K
 from bebop.speculative.auto.acceptance import DECAY, Acceptance, expected_accepted
-from bebop.speculative.auto.costs import StepCosts, StepTime
+from bebop.speculative.auto.costs import StepCosts
 from bebop.speculative.auto.tail import Lengths, Rows, call_rates
 from bebop.speculative.completions import Completions
 from bebop.speculative.settings import SpecConfig
-
-PREFILL_TOKENS = 1  # tokens the prefill emits per row: a fresh call's decode steps start at offset 1
-
 
 def candidates(spec: SpecConfig) -> list[tuple[str, int]]:
     """The (mode, K) pairs a spec allows, K = 0 for ``none``; simplest first (ties keep the first).
@@ -91,7 +88,6 @@ class AutoChooser:
         self.acceptance = Acceptance()
         self.costs = StepCosts()
         self.lengths = Lengths()
-        self.prefill_s: float = 0.0  # seconds of the latest call's prefill and its first step's excess
         self.held: Decision | None = None  # the latest probe's decision, kept by the calls until the next probe
         self.confirm = confirm
         self.every = every
@@ -129,13 +125,7 @@ class AutoChooser:
             self.acceptance.observe(result.log, result.lengths, greedy, age=DECAY)
         self.lengths.add(result.lengths)
 
-    def end_call(self, result: Completions, first_step: tuple[int, StepTime] | None) -> None:
-        """A call's completion lengths and prefill: its seconds plus what its first step (depth, step
-        time; None: no step) took beyond a step's cost (the head's prefill, ``StepCosts.excess``)."""
-        self.lengths.add(result.lengths)
-        self.prefill_s = result.prefill_seconds + (self.costs.excess(*first_step) if first_step else 0.0)
-
-    def rates(self, options: list[tuple[str, int]], rows: Rows, prefill_s: float = 0.0) -> dict[str, float]:
+    def rates(self, options: list[tuple[str, int]], rows: Rows) -> dict[str, float]:
         """Tokens/s of each (mode, K) over the rest of ``rows``, the tail priced with the alphas of each
         offset bucket (``call_rates``); 0 where the costs cannot say."""
         names = [config_name(m, k) for m, k in options]
@@ -144,17 +134,9 @@ class AutoChooser:
         out = dict.fromkeys(names, 0.0)
         if known:
             alphas = [[] if options[i][0] == "none" else self.acceptance.offset_alphas(*options[i]) for i in known]
-            found = call_rates(rows, alphas, np.array([bases[i] for i in known]), prefill_s)
+            found = call_rates(rows, alphas, np.array([bases[i] for i in known]))
             out.update({names[i]: float(r) for i, r in zip(known, found)})
         return out
-
-    def predict_call(self, mode: str, k: int, batch: int, max_new: int) -> float:
-        """Tokens/s of a whole call of ``batch`` fresh rows at (mode, K), prefill included (its seconds
-        and the first token of every row)."""
-        rows = self.lengths.rows([PREFILL_TOKENS] * batch, max_new, fresh=True)
-        rate = self.rates([(mode, k)], rows, self.prefill_s)[config_name(mode, k)]
-        decoded = rows.tokens()
-        return (decoded + PREFILL_TOKENS * batch) * rate / decoded if rate else 0.0
 
     def shallow_could_win(self, options: list[tuple[str, int]], rows: float) -> int | None:
         """The drafted depth below the deepest with the highest ``predict``, when that beats the deepest's;
@@ -182,7 +164,7 @@ class AutoChooser:
         """The chooser's state, JSON-able: a profile (``bebop.speculative.auto.profile``) carries it. Not the
         step costs: the next probe times its own, and a held call prices nothing."""
         held = dataclasses.asdict(self.held) if self.held is not None else None
-        return {"acceptance": self.acceptance.to_state(), "lengths": self.lengths.seen, "prefill_s": self.prefill_s,
+        return {"acceptance": self.acceptance.to_state(), "lengths": self.lengths.seen,
                 "held": held and {k: v if v == v else None for k, v in held.items()},  # NOTE: nan is not JSON
                 "confirm": self.confirm, "every": self.every, "tried": sorted(self.tried)}
 
@@ -195,7 +177,6 @@ class AutoChooser:
         chooser.tried = {_setting_name(name) for name in state["tried"]}
         chooser.acceptance = Acceptance.from_state(state["acceptance"])
         chooser.lengths = Lengths([int(n) for n in state["lengths"]])
-        chooser.prefill_s = float(state["prefill_s"])
         held = state["held"]
         if held is not None:
             fields = {f.name for f in dataclasses.fields(Decision)}

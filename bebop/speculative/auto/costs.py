@@ -72,11 +72,6 @@ class StepCosts:
         if drafts:
             self.draft_fixed, self.draft_s = _line(drafts, drafting=True)
 
-    def excess(self, k: int, step_time: StepTime) -> float:
-        """Seconds a call's first step (at depth k) took beyond a step's predicted cost, at least 0."""
-        base = self.step_seconds(k)
-        return max(0.0, step_time[1] - base) if base else 0.0
-
     def draft_seconds(self, k: int) -> float:
         """draft(K) = d_0 + K c_draft (0 for plain steps)."""
         return self.draft_fixed + k * self.draft_s if k else 0.0

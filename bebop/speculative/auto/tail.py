@@ -6,7 +6,7 @@ A batch decodes until its longest row ends, so its tokens/s is below rows (1 + E
                 what it emitted (``Lengths``), capped at max_new_tokens (the cap when none is longer).
     steps       one token per plain step; 1 + L per verify step, P(L >= j) = prod_{i<=j} alpha_i at
                 the alphas of the step's offset bucket (``OFFSET_EDGES``), a Markov chain (``finished``).
-    tokens/s    E[tokens] / (prefill + step cost x E[steps until the last row ends]).
+    tokens/s    E[tokens] / (step cost x E[steps until the last row ends]).
 
 Example: rows with 2 and 10 tokens left, plain, 1 ms a step: 10 steps, 12 tokens, 1200 tokens/s
 (rows x tokens per step / step cost would say 2000).
@@ -47,17 +47,15 @@ class Lengths:
     def add(self, lengths: list[int]) -> None:
         self.seen = (self.seen + [int(n) for n in lengths])[-HISTORY:]
 
-    def rows(self, generated: list[int], max_new: int, fresh: bool = False) -> Rows:
+    def rows(self, generated: list[int], max_new: int) -> Rows:
         """``Rows`` of rows that have emitted ``generated`` tokens: each still emits a seen length
         longer than that (capped at max_new) less what it emitted, uniform over the seen lengths; the
-        cap less what it emitted when none is longer. ``fresh``: a call about to start, whose prefill
-        will emit ``generated`` tokens a row: a seen length of at least that, 0 tokens left for a
-        completion that ends within the prefill (it runs no step)."""
+        cap less what it emitted when none is longer."""
         seen = np.minimum(np.asarray(self.seen, dtype=np.int64), max_new)
         done, count = np.unique(np.asarray(generated, dtype=np.int64), return_counts=True)
         left = np.zeros((len(done), max(max_new, 1) + 1))
         for g, d in enumerate(done.tolist()):
-            longer = seen[seen >= d] - d if fresh else seen[seen > d] - d
+            longer = seen[seen > d] - d
             if len(longer):
                 left[g] = np.bincount(longer, minlength=left.shape[1]) / len(longer)
             else:
@@ -134,14 +132,13 @@ def steps_left(rows: Rows, alphas: list) -> np.ndarray:
     return 1.0 - np.prod(done_by ** rows.count[None, :, None], axis=1)
 
 
-def call_rates(rows: Rows, alphas: list, base: np.ndarray, prefill_s: float = 0.0) -> np.ndarray:
-    """Predicted tokens/s of the rest of a call at N settings: E[tokens] / (prefill_s + E[step seconds]).
+def call_rates(rows: Rows, alphas: list, base: np.ndarray) -> np.ndarray:
+    """Predicted tokens/s of the rest of a call at N settings: E[tokens] / E[step seconds].
 
     Args:
         rows: the active rows and their remaining tokens (``Lengths.rows``).
         alphas: per setting, alpha_1..alpha_K, or one list per offset bucket, or [] for plain decoding.
         base: (N,) seconds of a step of each setting.
-        prefill_s: seconds before the first step (0 for the rest of a started call).
     """
-    seconds = prefill_s + np.asarray(base, dtype=float) * steps_left(rows, alphas).sum(-1)
+    seconds = np.asarray(base, dtype=float) * steps_left(rows, alphas).sum(-1)
     return np.where(seconds > 0, rows.tokens() / np.maximum(seconds, 1e-30), 0.0)

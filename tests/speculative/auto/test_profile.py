@@ -71,6 +71,17 @@ def test_a_missing_profile_is_a_fresh_start(tmp_path):
     assert chooser.calls == 0 and not chooser.costs.seconds and not chooser.lengths.seen
 
 
+def test_a_version_4_profile_with_a_prefill_field_still_loads(tmp_path):
+    """A chooser field this code does not read (``prefill_s``, in some version-4 profiles) is ignored."""
+    chooser, key, path = _learned(), _key(tmp_path), tmp_path / "p.json"
+    profile.save(path, key, chooser)
+    data = json.loads(path.read_text())
+    data["chooser"]["prefill_s"] = 0.01
+    path.write_text(json.dumps(data))
+    restored = profile.load(path, key)
+    assert restored.calls == 3 and path.exists() and restored.to_state() == json.loads(json.dumps(chooser.to_state()))
+
+
 def test_the_key_follows_sampling_and_the_model_files(tmp_path):
     key = _key(tmp_path)
     assert _key(tmp_path) == key and _key(tmp_path, top_p=0.9) != key
@@ -107,7 +118,7 @@ def _set_held_prediction(d, value):
     (lambda d: d["chooser"]["acceptance"]["sums"]["rs"].append(1.0), "mismatched depths"),
     (lambda d: d.update(calls=-1), "calls -1 < 0"),
     (lambda d: d["chooser"]["held"].pop("mode"), "a held decision has fields"),
-    (lambda d: d["chooser"].update(prefill_s=-1e30), r"chooser.prefill_s is -1e\+30"),  # issue 46 item 12
+    (lambda d: d["chooser"]["held"].update(predicted_tok_s=-1e30), r"chooser.held.predicted_tok_s is -1e\+30"),  # issue 46 item 12
     (lambda d: d["chooser"]["acceptance"]["weights"].__setitem__(0, float("nan")), r"weights\[0\] is nan"),
     (lambda d: _set_held_prediction(d, float("inf")), r"predictions.rs3 is inf"),
     (lambda d: d["chooser"].update(tried=["rs3", "turbo9"]), "unknown setting name 'turbo9'"),
