@@ -1,9 +1,8 @@
 """The chooser of ``--mode auto`` / ``--speculate-k auto``: its models, its decision, its probe schedule.
 
-``AutoChooser`` predicts every candidate (mode, K)'s tokens/s for the rest of a call from acceptance,
-step costs and completion lengths, the lockstep tail priced exactly. Acceptance (decayed by DECAY a
-call) and lengths carry over from call to call; the step costs are a probing call's own (``restart``).
-Its schedule (``should_probe``) says which calls probe; the others keep the held decision.
+``AutoChooser`` predicts each candidate (mode, K)'s tokens/s for the rest of a call, the lockstep tail
+priced exactly. Acceptance (decayed by DECAY a call) and lengths carry over from call to call; the
+step costs are a probing call's own (``restart``). Calls that do not probe keep the held decision.
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ from bebop.speculative.auto.costs import StepCosts
 from bebop.speculative.auto.tail import Lengths, Rows, call_rates
 from bebop.speculative.completions import Completions
 from bebop.speculative.settings import SpecConfig
+
 
 def candidates(spec: SpecConfig) -> list[tuple[str, int]]:
     """The (mode, K) pairs a spec allows, K = 0 for ``none``; simplest first (ties keep the first).
@@ -45,8 +45,7 @@ def _setting_name(name) -> str:
 
 
 def predict(mode: str, k: int, acceptance: Acceptance, costs: StepCosts, rows: float) -> float:
-    """Tokens/s of (mode, K) for ``rows`` decoding rows without the tail: rows (1 + E[L]) / step cost;
-    0 when the costs cannot say.
+    """Tokens/s of (mode, K) at ``rows`` decoding rows, no tail: rows (1 + E[L]) / step cost (0: unknown cost).
 
     Example: rs, K=2, alpha_RS = [0.5, 0.5], 0.01 s per step, 4 rows -> 4 * 1.75 / 0.01 = 700.
     """
@@ -77,12 +76,8 @@ class Decision:
 
 
 class AutoChooser:
-    """A run's acceptance, cost and length models, its held decision and its probe schedule.
-
-    Args:
-        confirm: a setting first chosen is checked by a probe in the next call (``settle``).
-        every: a probing call every this many calls (``should_probe``).
-    """
+    """A run's acceptance, cost and length models, its held decision and its probe schedule (``confirm``:
+    a setting first chosen is checked by the next call's probe, ``settle``; ``every``: ``should_probe``)."""
 
     def __init__(self, confirm: bool = True, every: int = AUTO_EVERY) -> None:
         self.acceptance = Acceptance()
@@ -100,13 +95,11 @@ class AutoChooser:
         return self.calls % self.every == 0 or not self.holds(candidates(spec))
 
     def holds(self, options: list[tuple[str, int]]) -> bool:
-        """Whether a call can keep the held decision: one was made, no probe has to confirm it, and the
-        options allow it."""
+        """Whether a call can keep the held decision: one was made, confirmed, and among ``options``."""
         return self.held is not None and self.held.confirmed and (self.held.mode, self.held.speculate_k) in options
 
     def restart(self) -> None:
-        """A probe's start: forgets the step costs, so every setting the probe compares is timed at the
-        machine's speed of that moment (kept: acceptance, lengths, the held decision)."""
+        """A probe's start: forgets the step costs, so the probe times every setting at the machine's speed now."""
         self.costs = StepCosts()
 
     def settle(self, decision: Decision) -> None:
@@ -118,16 +111,14 @@ class AutoChooser:
         self.held = decision
 
     def observe(self, result: Completions, mode: str, greedy: bool) -> None:
-        """Learns from a call decoded at a fixed setting: its alphas (older evidence decayed by DECAY)
-        and its completion lengths; not its step times (the next probe times its settings afresh)."""
+        """Learns a fixed setting's call: its alphas (older ones decayed by DECAY) and lengths, not its step times."""
         self.acceptance.decay(DECAY)
         if mode != "none" and result.log is not None:
             self.acceptance.observe(result.log, result.lengths, greedy, age=DECAY)
         self.lengths.add(result.lengths)
 
     def rates(self, options: list[tuple[str, int]], rows: Rows) -> dict[str, float]:
-        """Tokens/s of each (mode, K) over the rest of ``rows``, the tail priced with the alphas of each
-        offset bucket (``call_rates``); 0 where the costs cannot say."""
+        """Tokens/s of each (mode, K) over the rest of ``rows`` (``call_rates``); 0 where the costs cannot say."""
         names = [config_name(m, k) for m, k in options]
         bases = [self.costs.step_seconds(0 if m == "none" else k) for m, k in options]
         known = [i for i, b in enumerate(bases) if b]
@@ -139,9 +130,8 @@ class AutoChooser:
         return out
 
     def shallow_could_win(self, options: list[tuple[str, int]], rows: float) -> int | None:
-        """The drafted depth below the deepest with the highest ``predict``, when that beats the deepest's;
-        None when none does. With one drafted depth timed, c_verify's slope is the prefill's, which errs
-        toward shallower K, so "beats" means "could beat": worth probing."""
+        """The shallower drafted depth with the highest ``predict`` when it beats the deepest's, else None. With one
+        depth timed, c_verify's slope is the prefill's, which errs toward shallower K: "could beat"."""
         rule = probe_rule(options)
         depths = sorted(k for m, k in options if m == rule)
         if len(depths) < 2:
@@ -151,8 +141,8 @@ class AutoChooser:
         return best if rates[best] > rates[depths[-1]] else None
 
     def choose(self, options: list[tuple[str, int]], rows: float, tail: Rows | None = None) -> Decision:
-        """The candidate with the highest predicted tokens/s (the first of equals): with ``tail`` (the
-        rest of the call's rows, ``Lengths.rows``) priced with its tail (``rates``), else ``predict``."""
+        """The candidate with the highest predicted tokens/s (the first of equals): ``rates`` of ``tail`` (the
+        call's remaining rows, ``Lengths.rows``) when given, else ``predict``."""
         if tail is None:
             predictions = {config_name(m, k): predict(m, k, self.acceptance, self.costs, rows) for m, k in options}
         else:
@@ -161,8 +151,7 @@ class AutoChooser:
         return Decision(mode, k, predictions[config_name(mode, k)], predictions, rows)
 
     def to_state(self) -> dict:
-        """The chooser's state, JSON-able: a profile (``bebop.speculative.auto.profile``) carries it. Not the
-        step costs: the next probe times its own, and a held call prices nothing."""
+        """The JSON-able state a profile carries; not the step costs (a probe times its own)."""
         held = dataclasses.asdict(self.held) if self.held is not None else None
         return {"acceptance": self.acceptance.to_state(), "lengths": self.lengths.seen,
                 "held": held and {k: v if v == v else None for k, v in held.items()},  # NOTE: nan is not JSON

@@ -1,8 +1,7 @@
 """``generate_auto``: one engine call that probes settings, chooses one, and decodes the rest at it.
 
-The call runs one ``bebop.speculative.engine.Decoder`` and switches its (mode, K) between decode
-steps, every token kept: a probing call (``_probe``, then ``AutoChooser.choose``) or one keeping the
-held decision from its first step, as the chooser's schedule says (``AutoChooser.should_probe``).
+One ``Decoder`` switches its (mode, K) between decode steps, every token kept: a probing call (``_probe``,
+then ``AutoChooser.choose``) or one keeping the held decision from its first step (``should_probe``).
 
 Exactness: each step is an exact step of its setting, drawn from its rows' randomness at a counter
 no other step uses, and a step's setting depends only on the steps before it (and on timings); each
@@ -31,8 +30,7 @@ PROBE_POSITIONS = 8  # rows x steps of the deep probe at least: its alphas' evid
 def _block(decoder: Decoder, chooser: AutoChooser, setting, mode: str, k: int, steps_at_least: int,
            positions: int = 0) -> None:
     """Decodes at (mode, K) for ``steps_at_least`` steps, more until ``positions`` rows were decoded, and
-    times them; a drafted block's first step also feeds the head what was left pending, so it is
-    timed only when it is the block's only step."""
+    times them; a drafted block's first step also feeds the head what was pending: timed only if alone."""
     decoder.set_spec(setting(mode, k))
     steps = []
     while decoder.num_active and (len(steps) < steps_at_least or sum(r for r, _, _ in steps) < positions):
@@ -42,13 +40,10 @@ def _block(decoder: Decoder, chooser: AutoChooser, setting, mode: str, k: int, s
 
 
 def _probe(decoder: Decoder, chooser: AutoChooser, options, setting, greedy: bool) -> None:
-    """The probe's steps:
-
-    0. One plain step when plain is allowed: the call's first, nothing pending; the verify line's K = 0.
-    1. PROBE_STEPS at the deepest K (``probe_rule``), more until PROBE_POSITIONS rows were drafted
-       for: both alphas at every depth, c_draft, c_verify(K).
-    2. PROBE_STEPS at the shallower K predicted best when it could win (``shallow_could_win``).
-    """
+    """0. One plain step when plain is allowed (the call's first, nothing pending: the verify line's K = 0);
+    1. PROBE_STEPS at the deepest K (``probe_rule``), more until PROBE_POSITIONS rows were drafted for
+    (both alphas at every depth, c_draft, c_verify(K)); 2. PROBE_STEPS at the shallower K predicted best
+    when it could win (``shallow_could_win``)."""
     rule = probe_rule(options)
     deepest = max(k for _, k in options)
     if ("none", 0) in options and len(options) > 1 and decoder.num_active:
@@ -78,17 +73,12 @@ def generate_auto(
     row_ids: list[int] | None = None,
     chooser: AutoChooser | None = None,
 ) -> tuple[Completions, Decision]:
-    """``generate`` with the mode and/or K chosen within the call.
+    """``generate`` with the mode and/or K chosen within the call (``spec``: mode and/or speculate_k
+    ``"auto"``; the other arguments as for ``generate``). ``chooser``: the run's models and probe schedule;
+    None: a fresh one that learns nothing after its decision (no later call reads it).
 
-    Args:
-        model, tokenizer, prompts, mtp, sampling, seed, step, row_ids: as for ``generate``.
-        spec: mode and/or speculate_k ``"auto"``; the other fields as for ``generate``.
-        chooser: the run's models and probe schedule; None: a fresh one that probes and learns
-            nothing after its decision (no later call reads it).
-
-    Returns:
-        ``(result, decision)``: the whole call's completions and statistics (probe tokens kept), and
-        the decision with its prediction and the tokens/s measured after it.
+    Returns ``(result, decision)``: the call's completions (probe tokens kept) and the decision with its
+    prediction and the tokens/s measured after it.
     """
     check_settings(spec, None)
     options = candidates(spec)
