@@ -29,10 +29,7 @@ RULES = ("rs", "to")  # acceptance rules, named as the modes that use them
 
 
 def expected_accepted(alphas: list[float]) -> float:
-    """E[L] = sum_j prod_{i<=j} alpha_i.
-
-    Example: expected_accepted([0.5, 0.5]) = 0.5 + 0.25 = 0.75.
-    """
+    """E[L] = sum_j prod_{i<=j} alpha_i. Example: expected_accepted([0.5, 0.5]) = 0.5 + 0.25 = 0.75."""
     total, prod = 0.0, 1.0
     for a in alphas:
         prod *= a
@@ -125,9 +122,7 @@ class Acceptance:
            gives (s_j + m alpha_{j-1}) / (w_j + m): a depth seen a few times leans on the one above;
         2. with ``bucket``, that bucket's depth j: (s_j + m a_j) / (w_j + m), a_j from step 1;
         3. when steps ran at this K, the same again with its own steps (in the bucket) as the evidence.
-
-        Example: seen [0.8, 0.6] with 100 positions each -> alphas(rule, 3) ~ [0.8, 0.601, 0.601].
-        """
+        Example: seen [0.8, 0.6] with 100 positions each -> alphas(rule, 3) ~ [0.8, 0.601, 0.601]."""
         out: list[float] = []
         for j in range(k):
             w = self.weights[j] if j < len(self.weights) else 0.0

@@ -1,8 +1,7 @@
 """The chooser of ``--mode auto`` / ``--speculate-k auto``: its models, its decision, its probe schedule.
 
-``AutoChooser`` predicts each candidate (mode, K)'s tokens/s for the rest of a call, the lockstep tail
-priced exactly. Acceptance (decayed by DECAY a call) and lengths carry over from call to call; the
-step costs are a probing call's own (``restart``). Calls that do not probe keep the held decision.
+``AutoChooser`` predicts each candidate (mode, K)'s tokens/s for the rest of a call. Acceptance (decayed
+by DECAY a call) and lengths carry over between calls; step costs are a probing call's own (``restart``).
 """
 
 from __future__ import annotations
@@ -24,9 +23,7 @@ from bebop.speculative.settings import SpecConfig
 
 def candidates(spec: SpecConfig) -> list[tuple[str, int]]:
     """The (mode, K) pairs a spec allows, K = 0 for ``none``; simplest first (ties keep the first).
-
-    Example: candidates(SpecConfig("rs", "auto")) -> [("rs", 1), ("rs", 2), ("rs", 3), ("rs", 4)].
-    """
+    Example: candidates(SpecConfig("rs", "auto")) -> [("rs", 1), ("rs", 2), ("rs", 3), ("rs", 4)]."""
     modes = ("none", "to", "rs") if spec.mode == AUTO else (spec.mode,)
     ks = range(1, AUTO_MAX_K + 1) if spec.speculate_k == AUTO else (spec.speculate_k,)
     return [(m, 0) if m == "none" else (m, k) for m in modes for k in ((0,) if m == "none" else ks)]
@@ -46,9 +43,7 @@ def _setting_name(name) -> str:
 
 def predict(mode: str, k: int, acceptance: Acceptance, costs: StepCosts, rows: float) -> float:
     """Tokens/s of (mode, K) at ``rows`` decoding rows, no tail: rows (1 + E[L]) / step cost (0: unknown cost).
-
-    Example: rs, K=2, alpha_RS = [0.5, 0.5], 0.01 s per step, 4 rows -> 4 * 1.75 / 0.01 = 700.
-    """
+    Example: rs, K=2, alpha_RS = [0.5, 0.5], 0.01 s per step, 4 rows -> 4 * 1.75 / 0.01 = 700."""
     seconds = costs.step_seconds(0 if mode == "none" else k)
     if not seconds:
         return 0.0
@@ -76,8 +71,12 @@ class Decision:
 
 
 class AutoChooser:
-    """A run's acceptance, cost and length models, its held decision and its probe schedule (``confirm``:
-    a setting first chosen is checked by the next call's probe, ``settle``; ``every``: ``should_probe``)."""
+    """A run's acceptance, cost and length models, its held decision and its probe schedule.
+
+    Args:
+        confirm: a setting first chosen is checked by a probe in the next call (``settle``).
+        every: a probing call every this many calls (``should_probe``).
+    """
 
     def __init__(self, confirm: bool = True, every: int = AUTO_EVERY) -> None:
         self.acceptance = Acceptance()

@@ -19,9 +19,7 @@ StepTime = tuple[int, float, float]  # (active rows, seconds, seconds of its dra
 def _line(points: list[tuple[float, float, float]], drafting: bool = False) -> tuple[float, float]:
     """(a, b) of y = a + b x by weighted least squares over (x, y, weight) points, b >= 0; a single x
     gives y constant. ``drafting``: a >= 0, and a = 0 (y proportional to x) from a single x or where a < 0.
-
-    Example: _line([(1, 3.0, 1.0), (3, 7.0, 1.0)]) -> (1.0, 2.0).
-    """
+    Example: _line([(1, 3.0, 1.0), (3, 7.0, 1.0)]) -> (1.0, 2.0)."""
     total = sum(w for _, _, w in points)
     mean_x, mean_y = sum(w * x for x, _, w in points) / total, sum(w * y for _, y, w in points) / total
     spread = sum(w * (x - mean_x) ** 2 for x, _, w in points)
@@ -34,11 +32,8 @@ def _line(points: list[tuple[float, float, float]], drafting: bool = False) -> t
 @dataclass
 class StepCosts:
     """Seconds of decode steps by K (0 = plain) and of their drafting, one probing call's: each depth's
-    mean of its blocks' median steps, weighted by their timed steps.
-
-    Example: steps of 9 ms at K=1 and 16 ms at K=4 with c_draft = 2 ms give c_verify = 6.67 + K/3 ms,
-    so step(2) = 4 + 7.33 = 11.33 ms.
-    """
+    mean of its blocks' median steps, weighted by their timed steps. Example: steps of 9 ms at K=1 and
+    16 ms at K=4 with c_draft = 2 ms give c_verify = 6.67 + K/3 ms, so step(2) = 4 + 7.33 = 11.33 ms."""
 
     seconds: dict[int, float] = field(default_factory=dict)  # K -> seconds per decode step
     draft_s: float | None = None  # c_draft, seconds per draft depth (None: never timed)

@@ -1,11 +1,8 @@
 """``generate_auto``: one engine call that probes settings, chooses one, and decodes the rest at it.
 
-One ``Decoder`` switches its (mode, K) between decode steps, every token kept: a probing call (``_probe``,
-then ``AutoChooser.choose``) or one keeping the held decision from its first step (``should_probe``).
-
-Exactness: each step is an exact step of its setting, drawn from its rows' randomness at a counter
-no other step uses, and a step's setting depends only on the steps before it (and on timings); each
-token is therefore drawn from p given its prefix whatever was chosen, and at T = 0 every step is greedy.
+Exactness: each step is an exact step of its setting, drawn from its rows' randomness at a counter no
+other step uses, and a step's setting depends only on the steps before it (and on timings): each token
+is drawn from p given its prefix whatever was chosen, and at T = 0 every step is greedy.
 """
 
 from __future__ import annotations
@@ -73,12 +70,16 @@ def generate_auto(
     row_ids: list[int] | None = None,
     chooser: AutoChooser | None = None,
 ) -> tuple[Completions, Decision]:
-    """``generate`` with the mode and/or K chosen within the call (``spec``: mode and/or speculate_k
-    ``"auto"``; the other arguments as for ``generate``). ``chooser``: the run's models and probe schedule;
-    None: a fresh one that learns nothing after its decision (no later call reads it).
+    """``generate`` with the mode and/or K chosen within the call: a probe (``_probe``) then the choice, or
+    the held decision from the first step (``AutoChooser.should_probe``).
 
-    Returns ``(result, decision)``: the call's completions (probe tokens kept) and the decision with its
-    prediction and the tokens/s measured after it.
+    Args:
+        spec: mode and/or speculate_k ``"auto"``; it and the other arguments as for ``generate``.
+        chooser: the run's models and probe schedule; None: a fresh one that learns nothing after its decision.
+
+    Returns:
+        ``(result, decision)``: the call's completions (probe tokens kept), and the decision with its
+        prediction and the tokens/s measured after it.
     """
     check_settings(spec, None)
     options = candidates(spec)

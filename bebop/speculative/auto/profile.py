@@ -1,17 +1,10 @@
 """Auto profiles: what ``--mode auto`` / ``--speculate-k auto`` learned, kept between ``bebop generate`` calls.
 
-A call from nothing has seen no completion lengths and prices its rows as running to max_new_tokens.
-A profile is the ``AutoChooser``'s state (acceptance, completion lengths, the held decision; not the
-step costs) and call count in a JSON file; the next call of the same setup starts from it and follows
-the probe schedule as ``bebop rl`` does.
-
-    key     what the profile is for (``profile_key``); a profile whose key differs is refused, not reused.
-    path    ``--auto-profile PATH``, by default one file per key (``default_path``); ``none``: no profile.
-
-Example:
-    chooser = load(path, key)                  # a fresh chooser when the file does not exist
-    ... generate_auto(..., chooser=chooser) ...
-    save(path, key, chooser)                   # through a temporary file and a rename
+Without one a call has seen no completion lengths and prices its rows as running to max_new_tokens.
+A profile is a JSON file of the ``AutoChooser``'s state (``to_state``: not the step costs) and call count
+for one setup (``profile_key``): a call ``load``s it, runs ``generate_auto`` with the chooser and ``save``s
+it, following the probe schedule as ``bebop rl`` does. ``--auto-profile PATH`` picks the file (default:
+``default_path``).
 """
 
 from __future__ import annotations
@@ -62,11 +55,12 @@ def default_path(key: dict) -> Path:
 
 
 def load(path: str | os.PathLike, key: dict) -> AutoChooser:
-    """The chooser saved at ``path``, its ``calls`` restored; a fresh chooser when the file does not exist
-    or has an older layout. A corrupt profile (not JSON, fields that do not fit, NaN, infinite or absurd
-    numbers, unknown setting names) is moved to ``NAME.bad`` with a one-line warning: a fresh chooser.
+    """The chooser saved at ``path``, its ``calls`` restored; a fresh chooser when the file does not exist,
+    has an older layout, or is corrupt (not JSON, fields that do not fit, NaN, infinite or absurd numbers,
+    unknown setting names: moved to ``NAME.bad`` with a one-line warning).
 
-    Raises BebopError (one line), the file left as it is, for a newer version or another key.
+    Raises:
+        BebopError: (one line, the file left as it is) a newer version's profile or another key's.
     """
     path = Path(path)
     if not path.exists():

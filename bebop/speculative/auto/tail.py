@@ -1,12 +1,9 @@
 """The batch's lockstep tail in ``--mode auto``'s prediction, priced exactly (expectations, no sampling).
 
-A batch decodes until its longest row ends, so its tokens/s is below rows (1 + E[L]) / step cost;
-``call_rates`` prices the rest of a call at every candidate setting at once:
-    remaining   each row's tokens still to emit (``Rows``): the recent completion lengths longer than
-                what it emitted (``Lengths``), capped at max_new_tokens (the cap when none is longer).
-    steps       one token per plain step; 1 + L per verify step, P(L >= j) = prod_{i<=j} alpha_i at
-                the alphas of the step's offset bucket (``OFFSET_EDGES``), a Markov chain (``finished``).
-    tokens/s    E[tokens] / (step cost x E[steps until the last row ends]).
+A batch decodes until its longest row ends, so its tokens/s is below rows (1 + E[L]) / step cost.
+``call_rates`` prices it at every candidate setting at once: each row's remaining tokens drawn from
+recent completion lengths (``Lengths.rows``); 1 + L tokens a verify step, P(L >= j) = prod_{i<=j} alpha_i
+at the step's offset bucket, a Markov chain (``finished``); tokens/s = E[tokens] / (step cost x E[steps]).
 
 Example: rows with 2 and 10 tokens left, plain, 1 ms a step: 10 steps, 12 tokens, 1200 tok/s (not 2000).
 """
@@ -71,13 +68,10 @@ def _thresholds(alphas, k: int) -> np.ndarray:
 
 def finished(rows: Rows, alphas: list) -> np.ndarray:
     """(N, G, T + 1) P(a row of group g has emitted all it has left after t steps) at N settings, t = 0..T,
-    T the most tokens a row can still emit (a step emits at least one).
-
-    A Markov chain per setting over o, the tokens a row has emitted (O absorbing): a step at o emits
-    1 + L, L drawn at the alphas of o's offset bucket. Past the last edge the chain is the same at every
-    o, so a group that has emitted more starts at the edge, its target shifted with it: at most
-    OFFSET_EDGES[-1] + 1 chains whatever the batch. The t = 0..T distributions come by doubling.
-    """
+    T the most tokens a row can still emit. A Markov chain per setting over o, the tokens a row has
+    emitted (O absorbing): a step at o emits 1 + L, L at the alphas of o's offset bucket. Past the last
+    edge the chain is the same at every o, so a group that has emitted more starts at the edge, its target
+    shifted with it: at most OFFSET_EDGES[-1] + 1 chains whatever the batch; t = 0..T by doubling."""
     k = max([_depth(a) for a in alphas] + [1])  # every setting padded to the deepest K
     per = [_thresholds(a, k) for a in alphas]
     buckets = max(len(t) for t in per)
@@ -127,8 +121,12 @@ def steps_left(rows: Rows, alphas: list) -> np.ndarray:
 
 
 def call_rates(rows: Rows, alphas: list, base: np.ndarray) -> np.ndarray:
-    """Predicted tokens/s of the rest of a call at N settings: E[tokens] / E[step seconds]. ``rows``: the
-    active rows (``Lengths.rows``); ``alphas``: per setting, alpha_1..alpha_K, one list per offset bucket,
-    or [] for plain; ``base``: (N,) seconds of a step of each setting."""
+    """Predicted tokens/s of the rest of a call at N settings: E[tokens] / E[step seconds].
+
+    Args:
+        rows: the active rows and their remaining tokens (``Lengths.rows``).
+        alphas: per setting, alpha_1..alpha_K, or one list per offset bucket, or [] for plain decoding.
+        base: (N,) seconds of a step of each setting.
+    """
     seconds = np.asarray(base, dtype=float) * steps_left(rows, alphas).sum(-1)
     return np.where(seconds > 0, rows.tokens() / np.maximum(seconds, 1e-30), 0.0)
