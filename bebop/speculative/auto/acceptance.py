@@ -1,17 +1,15 @@
 """Acceptance model of ``--mode auto``: alpha_j per draft depth, completion offset and K.
 
-    alpha_j   acceptance at depth j given drafts 1..j-1 were accepted: the mean of the counterfactual
-              alpha_RS = sum min(p_j, q_j) and alpha_TO = p_j(argmax q_j) (p the target's, q the draft's)
-              the engine records at every kept draft position (``bebop.speculative.stats``), whichever
-              mode ran; at T = 0 whether each draft was accepted (both rules are then greedy matching).
+    alpha_j   acceptance at depth j given drafts 1..j-1 accepted: the mean of alpha_RS = sum min(p_j, q_j) and
+              alpha_TO = p_j(argmax q_j) (p the target's, q the draft's), recorded at every kept draft position
+              whichever mode ran (``bebop.speculative.stats``); at T = 0, whether it was accepted (greedy).
     E[L]      expected accepted drafts per verify step, sum_{j<=K} prod_{i<=j} alpha_i (Leviathan et al.
               2023; arXiv 2606.12370 Eq. 12); a verify step emits 1 + E[L] tokens.
 
 Deviations from the paper's one alpha per depth:
     1) alpha also differs by completion offset (``OFFSET_EDGES``) and by the K of the drafting steps
        (which tokens depth j sees moves with K), each shrunk toward the coarser table (``Acceptance.alphas``).
-    2) alpha_TO recorded while ``rs`` runs (alpha_RS while ``to`` runs) is measured on the other rule's
-       accepted prefixes, a small bias at depths >= 2.
+    2) alpha_TO recorded while ``rs`` runs (and vice versa) sees the other rule's accepted prefixes: a bias at j >= 2.
 """
 
 from __future__ import annotations
@@ -45,8 +43,7 @@ def _shrunk(table: Acceptance, rule: str, prior: list[float]) -> list[float]:
 
 @dataclass
 class Acceptance:
-    """Running per-depth acceptance of both rules: weighted sums of alpha and their weights, over all
-    positions, per offset bucket (``by_offset``) and per K of the drafting steps (``by_k``)."""
+    """Per-depth acceptance of both rules: weighted alpha sums and weights, overall, per offset bucket and per K."""
 
     sums: dict[str, list[float]] = field(default_factory=lambda: {r: [] for r in RULES})  # rule -> (J,) alpha sums
     weights: list[float] = field(default_factory=list)  # (J,) recorded positions per depth
@@ -110,7 +107,7 @@ class Acceptance:
         return cls(sums, weights, by_offset, {int(k): cls.from_state(t) for k, t in state["by_k"].items()})
 
     def decay(self, factor: float) -> None:
-        """Older evidence weighs ``factor`` times less, all positions' and each bucket's (not ``by_k``: ``observe``)."""
+        """Older evidence weighs ``factor`` times less: overall and per offset bucket (``by_k`` ages in ``observe``)."""
         self.weights = [w * factor for w in self.weights]
         self.sums = {r: [s * factor for s in v] for r, v in self.sums.items()}
         for sub in self.by_offset:

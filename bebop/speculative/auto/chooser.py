@@ -71,26 +71,20 @@ class Decision:
 
 
 class AutoChooser:
-    """A run's acceptance, cost and length models, its held decision and its probe schedule.
-
-    Args:
-        confirm: a setting first chosen is checked by a probe in the next call (``settle``).
-        every: a probing call every this many calls (``should_probe``).
-    """
+    """A run's acceptance, cost and length models, its held decision and its probe schedule."""
 
     def __init__(self, confirm: bool = True, every: int = AUTO_EVERY) -> None:
         self.acceptance = Acceptance()
         self.costs = StepCosts()
         self.lengths = Lengths()
         self.held: Decision | None = None  # the latest probe's decision, kept by the calls until the next probe
-        self.confirm = confirm
-        self.every = every
+        self.confirm = confirm  # a setting first chosen is checked by a probe in the next call (``settle``)
+        self.every = every  # a probing call every this many calls (``should_probe``)
         self.calls = 0  # calls made with this chooser (``generate_auto`` counts them)
         self.tried: set[str] = set()  # the settings decisions chose: each ran the rest of a call at least
 
     def should_probe(self, spec: SpecConfig) -> bool:
-        """Whether the next call probes: on the first call and every ``every``-th after, and whenever
-        no confirmed decision the spec allows is held."""
+        """Whether the next call probes: the first and every ``every``-th, or no confirmed allowed decision held."""
         return self.calls % self.every == 0 or not self.holds(candidates(spec))
 
     def holds(self, options: list[tuple[str, int]]) -> bool:
@@ -129,8 +123,8 @@ class AutoChooser:
         return out
 
     def shallow_could_win(self, options: list[tuple[str, int]], rows: float) -> int | None:
-        """The shallower drafted depth with the highest ``predict`` when it beats the deepest's, else None. With one
-        depth timed, c_verify's slope is the prefill's, which errs toward shallower K: "could beat"."""
+        """The shallower drafted depth with the highest ``predict`` if it beats the deepest's, else None: worth
+        probing (with one depth timed, c_verify's slope is the prefill's, which errs toward shallower K)."""
         rule = probe_rule(options)
         depths = sorted(k for m, k in options if m == rule)
         if len(depths) < 2:
@@ -140,8 +134,7 @@ class AutoChooser:
         return best if rates[best] > rates[depths[-1]] else None
 
     def choose(self, options: list[tuple[str, int]], rows: float, tail: Rows | None = None) -> Decision:
-        """The candidate with the highest predicted tokens/s (the first of equals): ``rates`` of ``tail`` (the
-        call's remaining rows, ``Lengths.rows``) when given, else ``predict``."""
+        """The candidate with the highest predicted tokens/s (first of equals): ``rates`` of ``tail`` or ``predict``."""
         if tail is None:
             predictions = {config_name(m, k): predict(m, k, self.acceptance, self.costs, rows) for m, k in options}
         else:

@@ -69,9 +69,8 @@ class StepCosts:
         return self.draft_fixed + k * self.draft_s if k else 0.0
 
     def verify_seconds(self, k: int) -> float | None:
-        """c_verify(K), never below a plain step; None without a timed draft step and depth. A line through the
-        measured depths (``_line``); with one drafted depth, through the plain step as K = 0, else of
-        slope ``prefill_slope`` (or 0)."""
+        """c_verify(K) >= a plain step; None without a timed draft step. A line through the measured depths;
+        with one drafted depth, through the plain step as K = 0, else of slope ``prefill_slope`` (or 0)."""
         points = sorted((j, s - self.draft_seconds(j), self.weights.get(j, 1.0)) for j, s in self.seconds.items()
                         if j >= 1) if self.draft_s is not None else []
         if not points:

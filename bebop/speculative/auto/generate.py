@@ -37,10 +37,9 @@ def _block(decoder: Decoder, chooser: AutoChooser, setting, mode: str, k: int, s
 
 
 def _probe(decoder: Decoder, chooser: AutoChooser, options, setting, greedy: bool) -> None:
-    """0. One plain step when plain is allowed (the call's first, nothing pending: the verify line's K = 0);
-    1. PROBE_STEPS at the deepest K (``probe_rule``), more until PROBE_POSITIONS rows were drafted for
-    (both alphas at every depth, c_draft, c_verify(K)); 2. PROBE_STEPS at the shallower K predicted best
-    when it could win (``shallow_could_win``)."""
+    """0. One plain step if plain is allowed (the call's first, nothing pending: the verify line's K = 0);
+    1. PROBE_STEPS at the deepest K, more until PROBE_POSITIONS rows were drafted for (both alphas at every
+    depth, c_draft, c_verify(K)); 2. PROBE_STEPS at the shallower K when it could win (``shallow_could_win``)."""
     rule = probe_rule(options)
     deepest = max(k for _, k in options)
     if ("none", 0) in options and len(options) > 1 and decoder.num_active:
@@ -70,16 +69,14 @@ def generate_auto(
     row_ids: list[int] | None = None,
     chooser: AutoChooser | None = None,
 ) -> tuple[Completions, Decision]:
-    """``generate`` with the mode and/or K chosen within the call: a probe (``_probe``) then the choice, or
-    the held decision from the first step (``AutoChooser.should_probe``).
+    """``generate`` with the mode and/or K chosen within the call (``_probe``, ``AutoChooser.should_probe``).
 
     Args:
-        spec: mode and/or speculate_k ``"auto"``; it and the other arguments as for ``generate``.
+        spec: mode and/or speculate_k ``"auto"``, its other fields as for ``generate`` (as are the other arguments).
         chooser: the run's models and probe schedule; None: a fresh one that learns nothing after its decision.
 
     Returns:
-        ``(result, decision)``: the call's completions (probe tokens kept), and the decision with its
-        prediction and the tokens/s measured after it.
+        ``(result, decision)``: the call's completions (probe tokens kept), and the decision with its measured tok/s.
     """
     check_settings(spec, None)
     options = candidates(spec)
@@ -100,8 +97,7 @@ def generate_auto(
     else:
         decision = dataclasses.replace(chooser.held, probed=False, measured_tok_s=math.nan)
         first = (decision.mode, decision.speculate_k)
-    # NOTE: a held call never switches: room for its own K only (a held plain call runs no head at all)
-    depth = max_k if probe else decision.speculate_k
+    depth = max_k if probe else decision.speculate_k  # NOTE: a held call never switches: room for its K only
     decoder = Decoder(model, tokenizer, prompts, mtp=mtp if depth else None, sampling=sampling, spec=setting(*first),
                       seed=seed, step=step, row_ids=row_ids, max_speculate_k=depth, time_drafts=probe)
     if probe:

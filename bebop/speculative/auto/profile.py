@@ -1,10 +1,8 @@
 """Auto profiles: what ``--mode auto`` / ``--speculate-k auto`` learned, kept between ``bebop generate`` calls.
 
-Without one a call has seen no completion lengths and prices its rows as running to max_new_tokens.
-A profile is a JSON file of the ``AutoChooser``'s state (``to_state``: not the step costs) and call count
-for one setup (``profile_key``): a call ``load``s it, runs ``generate_auto`` with the chooser and ``save``s
-it, following the probe schedule as ``bebop rl`` does. ``--auto-profile PATH`` picks the file (default:
-``default_path``).
+A JSON file of an ``AutoChooser``'s state (not its step costs) and call count for one setup (``profile_key``),
+at ``--auto-profile PATH`` or ``default_path``: with it, ``bebop generate`` calls follow the probe schedule
+as ``bebop rl``'s do; without, a call has seen no lengths and prices its rows as running to max_new_tokens.
 """
 
 from __future__ import annotations
@@ -57,11 +55,8 @@ def default_path(key: dict) -> Path:
 def load(path: str | os.PathLike, key: dict) -> AutoChooser:
     """The chooser saved at ``path``, its ``calls`` restored; a fresh chooser when the file does not exist,
     has an older layout, or is corrupt (not JSON, fields that do not fit, NaN, infinite or absurd numbers,
-    unknown setting names: moved to ``NAME.bad`` with a one-line warning).
-
-    Raises:
-        BebopError: (one line, the file left as it is) a newer version's profile or another key's.
-    """
+    unknown setting names: moved to ``NAME.bad`` with a one-line warning). Raises BebopError (one line), the
+    file left as it is, for a newer version's profile or another key's."""
     path = Path(path)
     if not path.exists():
         return AutoChooser()
@@ -98,7 +93,7 @@ MAX_VALUE = 1e15  # bound on a profile's numbers (seconds, counts, rates): beyon
 
 
 def _check_numbers(state, where: str) -> None:
-    """ValueError naming the first number in ``state`` (nested lists and dicts) NaN, infinite or beyond +-MAX_VALUE."""
+    """ValueError naming the first number in ``state`` (nested) that is NaN, infinite or beyond +-MAX_VALUE."""
     if isinstance(state, dict):
         for name, value in state.items():
             _check_numbers(value, f"{where}.{name}")

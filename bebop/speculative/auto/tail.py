@@ -57,8 +57,7 @@ class Lengths:
 
 
 def _thresholds(alphas, k: int) -> np.ndarray:
-    """(buckets, k) P(L >= j) of one setting from its alphas (flat: one bucket; nested: one list per
-    offset bucket; empty: plain decoding, never a draft), zero past its own K."""
+    """(buckets, k) P(L >= j) of one setting's alphas (flat, per offset bucket, or [] for plain), 0 past its K."""
     per = alphas if len(alphas) and isinstance(alphas[0], (list, tuple)) else [alphas]
     out = np.zeros((len(per), k))
     for b, a in enumerate(per):
@@ -114,19 +113,16 @@ def _depth(alphas) -> int:
 
 
 def steps_left(rows: Rows, alphas: list) -> np.ndarray:
-    """(N, T + 1) P(another step follows step t) at N settings (``finished``'s rows independent); summed
-    over t: the expected steps of the rest of the call."""
+    """(N, T + 1) P(another step follows step t) at N settings, rows independent; summed: E[steps left]."""
     done_by = finished(rows, alphas)  # (N, G, T + 1)
     return 1.0 - np.prod(done_by ** rows.count[None, :, None], axis=1)
 
 
-def call_rates(rows: Rows, alphas: list, base: np.ndarray) -> np.ndarray:
-    """Predicted tokens/s of the rest of a call at N settings: E[tokens] / E[step seconds].
-
-    Args:
-        rows: the active rows and their remaining tokens (``Lengths.rows``).
-        alphas: per setting, alpha_1..alpha_K, or one list per offset bucket, or [] for plain decoding.
-        base: (N,) seconds of a step of each setting.
-    """
+def call_rates(
+    rows: Rows,  # the active rows and their remaining tokens (``Lengths.rows``)
+    alphas: list,  # per setting: alpha_1..alpha_K, or one list per offset bucket, or [] for plain decoding
+    base: np.ndarray,  # (N,) seconds of a step of each setting
+) -> np.ndarray:
+    """Predicted tokens/s of the rest of a call at N settings: E[tokens] / E[step seconds]."""
     seconds = np.asarray(base, dtype=float) * steps_left(rows, alphas).sum(-1)
     return np.where(seconds > 0, rows.tokens() / np.maximum(seconds, 1e-30), 0.0)
