@@ -28,8 +28,7 @@ SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=24)
 
 
 def _learned() -> AutoChooser:
-    """A chooser after a probing call, the probe confirming its decision (``AutoChooser.settle``) and a
-    call keeping it."""
+    """A chooser after three calls, holding a decision (which calls probed and what they chose turn on timings)."""
     model, chooser = peaked_model(), AutoChooser()
     for seed in range(3):
         generate_auto(model, ToyTokenizer(), toy_prompts((3, 4, 6)), mtp=perturbed_head(model, 0.1), chooser=chooser,
@@ -48,6 +47,7 @@ def _key(tmp_path, **sampling) -> dict:
 
 def test_a_restored_chooser_prices_as_the_saved_one(tmp_path):
     chooser, key, path = _learned(), _key(tmp_path), tmp_path / "p.json"
+    chooser.settle(chooser.held)  # NOTE: a setting chosen before: confirmed, whatever the timings made the last probe
     profile.save(path, key, chooser)
     restored = profile.load(path, key)
     assert restored.calls == chooser.calls == 3 and [f.name for f in tmp_path.iterdir() if f.name.startswith(".")] == []  # no temp file left
