@@ -30,8 +30,7 @@ an auto's calls over the grid's call of the setting it chose, same repeat (its o
 best setting's sd / median. The summary says whether the run met the bar, RL-style and profiled each
 within 5% of the best (>= 0.95) in every (B, T), and in what share of bootstrap resamples; then the
 oracle, RL-style and profiled over the oracle, and RL-style's choices alone. Prediction error,
-predicted / measured - 1: the RL-style chooser's forecast of a whole call of each setting (``predict_call``,
-tail and prefill priced) and without the tail (``predict``), and one-shot's forecast of the rest of its call.
+predicted / measured - 1: one-shot's prediction of the rest of its call at its choice.
 
 ab: fixed settings (``--settings``) and ``--choosers`` RL-style choosers of each kind (``ARMS``: ``AutoChooser``
 keyword arguments) over ``--calls`` calls, as grid's RL-style; per arm the mean ratio to the best
@@ -138,8 +137,8 @@ def run_group(model, tok, head, batch: int, temperature: float, args) -> dict:
         for name in run_order(names, r):
             calls[name].append(call(name, args.max_new_tokens, seed=r))
             canary[name].append(speed.around())
-            if name in ("auto_rl", "auto_profiled"):
-                (rl if name == "auto_rl" else profiled).between()
+            if name == "auto_profiled":
+                profiled.between()
     reference = statistics.median(c for v in canary.values() for c in v)
     chosen, count = collections.Counter(config_name(d.mode, d.speculate_k) for d in decisions).most_common(1)[0]
     group = {"B": batch, "T": temperature, "canary": reference,
@@ -147,9 +146,7 @@ def run_group(model, tok, head, batch: int, temperature: float, args) -> dict:
              "rest_error": statistics.median([d.predicted_tok_s / d.measured_tok_s - 1 for d in decisions
                                               if d.measured_tok_s > 0] or [float("nan")]),  # nan: ended in the probe
              "rl_chosen": config_name(rl.decision.mode, rl.decision.speculate_k), "rl_choices": rl.choices,
-             "profiled_choices": profiled.choices, "oracle_choices": oracle,
-             "forecast": {kind: {n: statistics.median(f[kind][n] for f in rl.forecasts) for n in GRID}
-                          for kind in ("new", "old")} if rl.forecasts else None}
+             "profiled_choices": profiled.choices, "oracle_choices": oracle}
     timed = timing(group, calls)
     return {**timing(group, {n: corrected(v, canary[n], reference) for n, v in calls.items()}), "timed": timed}
 
@@ -255,25 +252,9 @@ def format_table(groups: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def errors(g: dict, kind: str) -> dict[str, float]:
-    """predicted / measured - 1 per grid setting, the RL-style chooser's forecasts (median) against the grid."""
-    grid = _grid(g)
-    return {n: g["forecast"][kind][n] / grid[n] - 1 for n in grid} if g["forecast"] else {}
-
-
 def format_errors(groups: list[dict]) -> str:
-    lines = ["| B | T | tail model: median abs. error over settings | at the best | at RL-style's choice | "
-             "without the tail: median abs. error | one-shot, chosen, rest of call |",
-             "|---:|---:|---:|---:|---:|---:|---:|"]
-    for g in groups:
-        new, old, grid = errors(g, "new"), errors(g, "old"), _grid(g)
-        if not new:
-            continue
-        best = max(grid, key=grid.get)
-        lines.append(f"| {g['B']} | {g['T']:g} | {statistics.median(abs(e) for e in new.values()):.0%} | "
-                     f"{new[best]:+.0%} | {new[g['rl_chosen']]:+.0%} | "
-                     f"{statistics.median(abs(e) for e in old.values()):.0%} | "
-                     f"{g['rest_error']:+.0%} |")
+    lines = ["| B | T | one-shot, chosen, rest of call (median) |", "|---:|---:|---:|"]
+    lines += [f"| {g['B']} | {g['T']:g} | {g['rest_error']:+.0%} |" for g in groups]
     return "\n".join(lines)
 
 
@@ -282,8 +263,7 @@ def format_grid(groups: list[dict]) -> str:
     lines = ["| B | T | " + " | ".join(names) + " | one-shot auto | profiled auto | RL-style auto |",
              "|---:|---:|" + "---:|" * (len(names) + 3)]
     for g in groups:
-        pred = g["forecast"]["new"] if g["forecast"] else {}
-        cells = [f"{g['tok_s'][n]:.0f} ({pred.get(n, float('nan')):.0f})" for n in names]
+        cells = [f"{g['tok_s'][n]:.0f}" for n in names]
         lines.append(f"| {g['B']} | {g['T']:g} | " + " | ".join(cells) +
                      f" | {g['tok_s']['auto']:.0f} | {g['tok_s']['auto_profiled']:.0f} | {g['tok_s']['auto_rl']:.0f} |")
     return "\n".join(lines)
@@ -355,8 +335,7 @@ def run_ab_group(model, tok, head, batch: int, temperature: float, args) -> dict
             "arm": name.rstrip("0123456789"), "ratio": pooled_tok_s(calls[name]) / pooled_tok_s(calls[best]),
             "alone": pooled_tok_s(chosen) / pooled_tok_s(calls[best]) if len(chosen) == len(rl.choices) else None,
             "price_noise": noise, "probe_quality": quality,
-            "choices": rl.choices, "probes": rl.probes,  # NOTE: each probe's prices, to read a lock-in's cause
-            "forecasts": [f["new"] for f in rl.forecasts]}
+            "choices": rl.choices, "probes": rl.probes}  # NOTE: each probe's prices, to read a lock-in's cause
     return group
 
 
@@ -429,7 +408,7 @@ def main_grid(args: argparse.Namespace) -> None:
     print("\n### The same, raw seconds (no speed correction)\n\n" + format_table(timed))
     print(summary(timed, args.auto_every))
     print("\n### Prediction error (predicted / measured - 1, raw seconds)\n\n" + format_errors(timed))
-    print("\n### Every setting: measured tok/s, raw seconds (RL-style chooser's forecast)\n\n" + format_grid(timed))
+    print("\n### Every setting: measured tok/s, raw seconds\n\n" + format_grid(timed))
     print(f"\ntotal {time.perf_counter() - start:.0f}s, load {os.getloadavg()[0]:.1f} at the end")
     if args.out:
         save_jsonl(args.out, groups)

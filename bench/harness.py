@@ -18,7 +18,7 @@ import torch
 
 from bebop.config import AUTO, AUTO_EVERY
 from bebop.speculative import SamplingParams, SpecConfig
-from bebop.speculative.auto.chooser import AutoChooser, candidates, config_name, predict
+from bebop.speculative.auto.chooser import AutoChooser, candidates, config_name
 from bebop.speculative.auto.generate import generate_auto
 from bench.rollout import Method, Speedometer, header, load, run_bebop, run_order, warn_if_busy
 
@@ -68,33 +68,15 @@ class RlAuto:
     def __init__(self, every: int, chooser: AutoChooser | None = None):
         self.chooser, self.decision = chooser or AutoChooser(every=every), None
         self.choices: list[str] = []  # the setting each call chose
-        self.forecasts: list[dict] = []  # per call after the first: {"new"|"old": {setting: tok/s}}
         self.probes: list[dict] = []  # per probing call: its index, choice and every setting's predicted tok/s
-        self.next_forecast: dict | None = None  # the next call's, made after the last call (``between``)
-        self.batch = self.max_new = 0  # the last call's
-
-    def forecast(self, batch: int, max_new: int) -> dict:
-        """The chooser's whole-call predictions for its next call: tail-priced ("new"), and rows
-        (1 + E[L]) / step cost at B rows ("old", the model without the tail)."""
-        c = self.chooser
-        return {"new": {config_name(m, k): c.predict_call(m, k, batch, max_new) for m, k in SETTINGS},
-                "old": {config_name(m, k): predict(m, k, c.acceptance, c.costs, batch) for m, k in SETTINGS}}
 
     def call(self, model, tok, head, prompts, temperature: float, max_new: int, seed: int = 0) -> tuple[float, int]:
-        if self.next_forecast is not None:
-            self.forecasts.append(self.next_forecast)
         index = self.chooser.calls
         seconds, tokens, self.decision = run_auto(model, tok, head, prompts, temperature, max_new, self.chooser, seed)
         self.choices.append(config_name(self.decision.mode, self.decision.speculate_k))
         if self.decision.probed:
             self.probes.append({"call": index, "chose": self.choices[-1], "predictions": dict(self.decision.predictions)})
-        self.batch, self.max_new = len(prompts), max_new
         return seconds, tokens
-
-    def between(self) -> None:
-        """The next call's forecast (untimed numpy), made after a call and its canary reading: it lands
-        before the next call of any name, so no timed call or canary reading follows it directly."""
-        self.next_forecast = self.forecast(self.batch, self.max_new)
 
 
 def round_trip(chooser: AutoChooser) -> AutoChooser:
@@ -118,7 +100,7 @@ class ProfiledAuto:
         return seconds, tokens
 
     def between(self) -> None:
-        """The chooser saved and read back, after a call and its canary reading (as ``RlAuto.between``)."""
+        """The chooser saved and read back, after a call and its canary reading (untimed)."""
         self.chooser = round_trip(self.chooser)
 
 
@@ -142,8 +124,6 @@ def side_by_side(model, tok, head, prompts, fixed: dict[str, Method], choosers: 
             else:
                 timed[name].append(choosers[name].call(model, tok, head, prompts, temperature, max_new, r))
             canary[name].append(speed.around())
-            if name in choosers:
-                choosers[name].between()
     return timed, canary
 
 

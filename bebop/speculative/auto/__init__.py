@@ -1,6 +1,3 @@
-"""``--mode auto`` / ``--speculate-k auto``: the wing that picks a (mode, K) for a call (docs/auto.md).
-
-``acceptance`` and ``costs`` are the models, ``tail`` prices a call's lockstep tail, ``chooser``
-decides and owns the probe schedule, ``generate`` runs a call that probes and switches, ``profile``
-carries a chooser across ``bebop generate`` calls.
-"""
+"""``--mode auto`` / ``--speculate-k auto``: picks a (mode, K) for a call (docs/auto.md). ``acceptance``, ``costs``:
+the models; ``tail``: a call's lockstep tail; ``chooser``: the decision and probe schedule; ``generate``: a call
+that probes and switches; ``profile``: a chooser kept across ``bebop generate`` calls."""

@@ -1,19 +1,15 @@
 """Acceptance model of ``--mode auto``: alpha_j per draft depth, completion offset and K.
 
-Terms (p the target's distribution, q the draft's):
-    alpha_j     acceptance at draft depth j given drafts 1..j-1 were accepted: the mean of the
-                counterfactual alpha_RS = sum min(p_j, q_j) and alpha_TO = p_j(argmax q_j) the engine
-                records at every kept draft position (``bebop.speculative.stats``), whichever mode ran;
-                at T = 0 whether each draft was accepted (both rules are then greedy matching).
-    E[L]        expected accepted drafts per verify step, sum_{j<=K} prod_{i<=j} alpha_i (Leviathan
-                et al. 2023; arXiv 2606.12370 Eq. 12); a verify step emits 1 + E[L] tokens.
+    alpha_j   acceptance at depth j given drafts 1..j-1 accepted: the mean of alpha_RS = sum min(p_j, q_j) and
+              alpha_TO = p_j(argmax q_j) (p the target's, q the draft's), recorded at every kept draft position
+              whichever mode ran (``bebop.speculative.stats``); at T = 0, whether it was accepted (greedy).
+    E[L]      expected accepted drafts per verify step, sum_{j<=K} prod_{i<=j} alpha_i (Leviathan et al.
+              2023; arXiv 2606.12370 Eq. 12); a verify step emits 1 + E[L] tokens.
 
 Deviations from the paper's one alpha per depth:
-    1) alpha also differs by completion offset (``OFFSET_EDGES``: a completion's first tokens accept
-       least) and by the K of the drafting steps (steps start where the last one ended, so which
-       tokens depth j sees moves with K); ``Acceptance.alphas`` shrinks each toward the coarser table.
-    2) alpha_TO recorded while ``rs`` runs (and alpha_RS while ``to`` runs) is measured on the other
-       rule's accepted prefixes, a small bias at depths >= 2.
+    1) alpha also differs by completion offset (``OFFSET_EDGES``) and by the K of the drafting steps
+       (which tokens depth j sees moves with K), each shrunk toward the coarser table (``Acceptance.alphas``).
+    2) alpha_TO recorded while ``rs`` runs (and vice versa) sees the other rule's accepted prefixes: a bias at j >= 2.
 """
 
 from __future__ import annotations
@@ -31,10 +27,7 @@ RULES = ("rs", "to")  # acceptance rules, named as the modes that use them
 
 
 def expected_accepted(alphas: list[float]) -> float:
-    """E[L] = sum_j prod_{i<=j} alpha_i.
-
-    Example: expected_accepted([0.5, 0.5]) = 0.5 + 0.25 = 0.75.
-    """
+    """E[L] = sum_j prod_{i<=j} alpha_i. Example: expected_accepted([0.5, 0.5]) = 0.5 + 0.25 = 0.75."""
     total, prod = 0.0, 1.0
     for a in alphas:
         prod *= a
@@ -50,8 +43,7 @@ def _shrunk(table: Acceptance, rule: str, prior: list[float]) -> list[float]:
 
 @dataclass
 class Acceptance:
-    """Running per-depth acceptance of both rules: weighted sums of alpha and their weights, over all
-    positions, per offset bucket (``by_offset``) and per K of the drafting steps (``by_k``)."""
+    """Per-depth acceptance of both rules: weighted alpha sums and weights, overall, per offset bucket and per K."""
 
     sums: dict[str, list[float]] = field(default_factory=lambda: {r: [] for r in RULES})  # rule -> (J,) alpha sums
     weights: list[float] = field(default_factory=list)  # (J,) recorded positions per depth
@@ -69,9 +61,8 @@ class Acceptance:
         self.sums["to"][depth - 1] += alpha_to
 
     def observe(self, log: EmissionLog, lengths: list[int], greedy: bool, age: float = 1.0) -> None:
-        """Adds a call's kept draft positions (at T = 0 whether each was accepted: the recorded alphas are
-        T = 1 numbers). The K's that ran first decay their own tables by ``age``: a K's own steps age
-        only in calls that run it."""
+        """Adds a call's kept draft positions (at T = 0: whether each was accepted; the recorded alphas are
+        T = 1 numbers); each K that ran first ages its own table by ``age`` (only in calls that run it)."""
         kept = log.kept(lengths)  # every kept draft position, flat (M,) arrays
         rs, to = (kept.accepted, kept.accepted) if greedy else (kept.values[1], kept.values[2])
         bucket = np.searchsorted(OFFSET_EDGES, kept.offset, side="right")
@@ -116,8 +107,7 @@ class Acceptance:
         return cls(sums, weights, by_offset, {int(k): cls.from_state(t) for k, t in state["by_k"].items()})
 
     def decay(self, factor: float) -> None:
-        """Older evidence weighs ``factor`` times less: all steps' and each offset bucket's (not ``by_k``'s,
-        which ``observe`` ages only in calls that run that K)."""
+        """Older evidence weighs ``factor`` times less: overall and per offset bucket (``by_k`` ages in ``observe``)."""
         self.weights = [w * factor for w in self.weights]
         self.sums = {r: [s * factor for s in v] for r, v in self.sums.items()}
         for sub in self.by_offset:
@@ -125,16 +115,11 @@ class Acceptance:
 
     def alphas(self, rule: str, k: int, bucket: int | None = None) -> list[float]:
         """alpha_1..alpha_K of a rule, each estimate shrunk toward a coarser one (m = PRIOR_POSITIONS):
-
-        1. all positions: alpha_1 is depth 1's mean (0 when nothing was recorded); a deeper depth j
-           with weight w_j and alpha sum s_j gives (s_j + m alpha_{j-1}) / (w_j + m), so a depth seen
-           a few times leans on the one above and an unseen one repeats it;
-        2. with ``bucket``, that offset bucket's depth j: (s_j + m a_j) / (w_j + m), a_j from step 1
-           (an unseen bucket is the all-offsets one);
+        1. all positions: alpha_1 is depth 1's mean (0 if unseen); depth j (weight w_j, alpha sum s_j)
+           gives (s_j + m alpha_{j-1}) / (w_j + m): a depth seen a few times leans on the one above;
+        2. with ``bucket``, that bucket's depth j: (s_j + m a_j) / (w_j + m), a_j from step 1;
         3. when steps ran at this K, the same again with its own steps (in the bucket) as the evidence.
-
-        Example: seen [0.8, 0.6] with 100 positions each -> alphas(rule, 3) ~ [0.8, 0.601, 0.601].
-        """
+        Example: seen [0.8, 0.6] with 100 positions each -> alphas(rule, 3) ~ [0.8, 0.601, 0.601]."""
         out: list[float] = []
         for j in range(k):
             w = self.weights[j] if j < len(self.weights) else 0.0

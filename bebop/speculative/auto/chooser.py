@@ -1,9 +1,7 @@
 """The chooser of ``--mode auto`` / ``--speculate-k auto``: its models, its decision, its probe schedule.
 
-``AutoChooser`` predicts every candidate (mode, K)'s tokens/s for the rest of a call from acceptance,
-step costs and completion lengths, the lockstep tail priced exactly. Acceptance (decayed by DECAY a
-call) and lengths carry over from call to call; the step costs are a probing call's own (``restart``).
-Its schedule (``should_probe``) says which calls probe; the others keep the held decision.
+``AutoChooser`` predicts each candidate (mode, K)'s tokens/s for the rest of a call. Acceptance (decayed
+by DECAY a call) and lengths carry over between calls; step costs are a probing call's own (``restart``).
 """
 
 from __future__ import annotations
@@ -17,19 +15,15 @@ import numpy as np
 
 from bebop.config import AUTO, AUTO_EVERY, AUTO_MAX_K
 from bebop.speculative.auto.acceptance import DECAY, Acceptance, expected_accepted
-from bebop.speculative.auto.costs import StepCosts, StepTime
+from bebop.speculative.auto.costs import StepCosts
 from bebop.speculative.auto.tail import Lengths, Rows, call_rates
 from bebop.speculative.completions import Completions
 from bebop.speculative.settings import SpecConfig
 
-PREFILL_TOKENS = 1  # tokens the prefill emits per row: a fresh call's decode steps start at offset 1
-
 
 def candidates(spec: SpecConfig) -> list[tuple[str, int]]:
     """The (mode, K) pairs a spec allows, K = 0 for ``none``; simplest first (ties keep the first).
-
-    Example: candidates(SpecConfig("rs", "auto")) -> [("rs", 1), ("rs", 2), ("rs", 3), ("rs", 4)].
-    """
+    Example: candidates(SpecConfig("rs", "auto")) -> [("rs", 1), ("rs", 2), ("rs", 3), ("rs", 4)]."""
     modes = ("none", "to", "rs") if spec.mode == AUTO else (spec.mode,)
     ks = range(1, AUTO_MAX_K + 1) if spec.speculate_k == AUTO else (spec.speculate_k,)
     return [(m, 0) if m == "none" else (m, k) for m in modes for k in ((0,) if m == "none" else ks)]
@@ -48,11 +42,8 @@ def _setting_name(name) -> str:
 
 
 def predict(mode: str, k: int, acceptance: Acceptance, costs: StepCosts, rows: float) -> float:
-    """Tokens/s of (mode, K) for ``rows`` decoding rows without the tail: rows (1 + E[L]) / step cost;
-    0 when the costs cannot say.
-
-    Example: rs, K=2, alpha_RS = [0.5, 0.5], 0.01 s per step, 4 rows -> 4 * 1.75 / 0.01 = 700.
-    """
+    """Tokens/s of (mode, K) at ``rows`` decoding rows, no tail: rows (1 + E[L]) / step cost (0: unknown cost).
+    Example: rs, K=2, alpha_RS = [0.5, 0.5], 0.01 s per step, 4 rows -> 4 * 1.75 / 0.01 = 700."""
     seconds = costs.step_seconds(0 if mode == "none" else k)
     if not seconds:
         return 0.0
@@ -80,37 +71,28 @@ class Decision:
 
 
 class AutoChooser:
-    """A run's acceptance, cost and length models, its held decision and its probe schedule.
-
-    Args:
-        confirm: a setting first chosen is checked by a probe in the next call (``settle``).
-        every: a probing call every this many calls (``should_probe``).
-    """
+    """A run's acceptance, cost and length models, its held decision and its probe schedule."""
 
     def __init__(self, confirm: bool = True, every: int = AUTO_EVERY) -> None:
         self.acceptance = Acceptance()
         self.costs = StepCosts()
         self.lengths = Lengths()
-        self.prefill_s: float = 0.0  # seconds of the latest call's prefill and its first step's excess
         self.held: Decision | None = None  # the latest probe's decision, kept by the calls until the next probe
-        self.confirm = confirm
-        self.every = every
+        self.confirm = confirm  # a setting first chosen is checked by a probe in the next call (``settle``)
+        self.every = every  # a probing call every this many calls (``should_probe``)
         self.calls = 0  # calls made with this chooser (``generate_auto`` counts them)
         self.tried: set[str] = set()  # the settings decisions chose: each ran the rest of a call at least
 
     def should_probe(self, spec: SpecConfig) -> bool:
-        """Whether the next call probes: on the first call and every ``every``-th after, and whenever
-        no confirmed decision the spec allows is held."""
+        """Whether the next call probes: the first and every ``every``-th, or no confirmed allowed decision held."""
         return self.calls % self.every == 0 or not self.holds(candidates(spec))
 
     def holds(self, options: list[tuple[str, int]]) -> bool:
-        """Whether a call can keep the held decision: one was made, no probe has to confirm it, and the
-        options allow it."""
+        """Whether a call can keep the held decision: one was made, confirmed, and among ``options``."""
         return self.held is not None and self.held.confirmed and (self.held.mode, self.held.speculate_k) in options
 
     def restart(self) -> None:
-        """A probe's start: forgets the step costs, so every setting the probe compares is timed at the
-        machine's speed of that moment (kept: acceptance, lengths, the held decision)."""
+        """A probe's start: forgets the step costs, so the probe times every setting at the machine's speed now."""
         self.costs = StepCosts()
 
     def settle(self, decision: Decision) -> None:
@@ -122,44 +104,27 @@ class AutoChooser:
         self.held = decision
 
     def observe(self, result: Completions, mode: str, greedy: bool) -> None:
-        """Learns from a call decoded at a fixed setting: its alphas (older evidence decayed by DECAY)
-        and its completion lengths; not its step times (the next probe times its settings afresh)."""
+        """Learns a fixed setting's call: its alphas (older ones decayed by DECAY) and lengths, not its step times."""
         self.acceptance.decay(DECAY)
         if mode != "none" and result.log is not None:
             self.acceptance.observe(result.log, result.lengths, greedy, age=DECAY)
         self.lengths.add(result.lengths)
 
-    def end_call(self, result: Completions, first_step: tuple[int, StepTime] | None) -> None:
-        """A call's completion lengths and prefill: its seconds plus what its first step (depth, step
-        time; None: no step) took beyond a step's cost (the head's prefill, ``StepCosts.excess``)."""
-        self.lengths.add(result.lengths)
-        self.prefill_s = result.prefill_seconds + (self.costs.excess(*first_step) if first_step else 0.0)
-
-    def rates(self, options: list[tuple[str, int]], rows: Rows, prefill_s: float = 0.0) -> dict[str, float]:
-        """Tokens/s of each (mode, K) over the rest of ``rows``, the tail priced with the alphas of each
-        offset bucket (``call_rates``); 0 where the costs cannot say."""
+    def rates(self, options: list[tuple[str, int]], rows: Rows) -> dict[str, float]:
+        """Tokens/s of each (mode, K) over the rest of ``rows`` (``call_rates``); 0 where the costs cannot say."""
         names = [config_name(m, k) for m, k in options]
         bases = [self.costs.step_seconds(0 if m == "none" else k) for m, k in options]
         known = [i for i, b in enumerate(bases) if b]
         out = dict.fromkeys(names, 0.0)
         if known:
             alphas = [[] if options[i][0] == "none" else self.acceptance.offset_alphas(*options[i]) for i in known]
-            found = call_rates(rows, alphas, np.array([bases[i] for i in known]), prefill_s)
+            found = call_rates(rows, alphas, np.array([bases[i] for i in known]))
             out.update({names[i]: float(r) for i, r in zip(known, found)})
         return out
 
-    def predict_call(self, mode: str, k: int, batch: int, max_new: int) -> float:
-        """Tokens/s of a whole call of ``batch`` fresh rows at (mode, K), prefill included (its seconds
-        and the first token of every row)."""
-        rows = self.lengths.rows([PREFILL_TOKENS] * batch, max_new, fresh=True)
-        rate = self.rates([(mode, k)], rows, self.prefill_s)[config_name(mode, k)]
-        decoded = rows.tokens()
-        return (decoded + PREFILL_TOKENS * batch) * rate / decoded if rate else 0.0
-
     def shallow_could_win(self, options: list[tuple[str, int]], rows: float) -> int | None:
-        """The drafted depth below the deepest with the highest ``predict``, when that beats the deepest's;
-        None when none does. With one drafted depth timed, c_verify's slope is the prefill's, which errs
-        toward shallower K, so "beats" means "could beat": worth probing."""
+        """The shallower drafted depth with the highest ``predict`` if it beats the deepest's, else None: worth
+        probing (with one depth timed, c_verify's slope is the prefill's, which errs toward shallower K)."""
         rule = probe_rule(options)
         depths = sorted(k for m, k in options if m == rule)
         if len(depths) < 2:
@@ -169,8 +134,7 @@ class AutoChooser:
         return best if rates[best] > rates[depths[-1]] else None
 
     def choose(self, options: list[tuple[str, int]], rows: float, tail: Rows | None = None) -> Decision:
-        """The candidate with the highest predicted tokens/s (the first of equals): with ``tail`` (the
-        rest of the call's rows, ``Lengths.rows``) priced with its tail (``rates``), else ``predict``."""
+        """The candidate with the highest predicted tokens/s (first of equals): ``rates`` of ``tail`` or ``predict``."""
         if tail is None:
             predictions = {config_name(m, k): predict(m, k, self.acceptance, self.costs, rows) for m, k in options}
         else:
@@ -179,10 +143,9 @@ class AutoChooser:
         return Decision(mode, k, predictions[config_name(mode, k)], predictions, rows)
 
     def to_state(self) -> dict:
-        """The chooser's state, JSON-able: a profile (``bebop.speculative.auto.profile``) carries it. Not the
-        step costs: the next probe times its own, and a held call prices nothing."""
+        """The JSON-able state a profile carries; not the step costs (a probe times its own)."""
         held = dataclasses.asdict(self.held) if self.held is not None else None
-        return {"acceptance": self.acceptance.to_state(), "lengths": self.lengths.seen, "prefill_s": self.prefill_s,
+        return {"acceptance": self.acceptance.to_state(), "lengths": self.lengths.seen,
                 "held": held and {k: v if v == v else None for k, v in held.items()},  # NOTE: nan is not JSON
                 "confirm": self.confirm, "every": self.every, "tried": sorted(self.tried)}
 
@@ -195,7 +158,6 @@ class AutoChooser:
         chooser.tried = {_setting_name(name) for name in state["tried"]}
         chooser.acceptance = Acceptance.from_state(state["acceptance"])
         chooser.lengths = Lengths([int(n) for n in state["lengths"]])
-        chooser.prefill_s = float(state["prefill_s"])
         held = state["held"]
         if held is not None:
             fields = {f.name for f in dataclasses.fields(Decision)}

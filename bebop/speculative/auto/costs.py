@@ -4,9 +4,8 @@
     draft(K) = d_0 + K c_draft, d_0 >= 0 the head's pass over what the last step left pending.
     c_verify(K): a line in K through the measured depths, never below a plain step.
 
-Deviation from the paper's speedup formula: costs are whole engine decode steps as the engine times
-them (``Completions.step_times``), not forwards alone: on a small model the overhead around the
-forwards decides the choice.
+Deviation from the paper's speedup formula: costs are whole decode steps as the engine times them
+(``Completions.step_times``), not forwards alone: on a small model the overhead decides the choice.
 """
 
 from __future__ import annotations
@@ -18,13 +17,9 @@ StepTime = tuple[int, float, float]  # (active rows, seconds, seconds of its dra
 
 
 def _line(points: list[tuple[float, float, float]], drafting: bool = False) -> tuple[float, float]:
-    """(a, b) of y = a + b x by weighted least squares over (x, y, weight) points, b >= 0.
-
-    ``drafting``: a >= 0, and y proportional to x (a = 0) from a single x or where the fit's a came
-    out below 0. Otherwise a single x gives y constant.
-
-    Example: _line([(1, 3.0, 1.0), (3, 7.0, 1.0)]) -> (1.0, 2.0).
-    """
+    """(a, b) of y = a + b x by weighted least squares over (x, y, weight) points, b >= 0; a single x
+    gives y constant. ``drafting``: a >= 0, and a = 0 (y proportional to x) from a single x or where a < 0.
+    Example: _line([(1, 3.0, 1.0), (3, 7.0, 1.0)]) -> (1.0, 2.0)."""
     total = sum(w for _, _, w in points)
     mean_x, mean_y = sum(w * x for x, _, w in points) / total, sum(w * y for _, y, w in points) / total
     spread = sum(w * (x - mean_x) ** 2 for x, _, w in points)
@@ -36,12 +31,9 @@ def _line(points: list[tuple[float, float, float]], drafting: bool = False) -> t
 
 @dataclass
 class StepCosts:
-    """Seconds of engine decode steps by K (0 = plain) and of their drafting: each depth's the mean of
-    its blocks' median steps, weighted by their timed steps (one probing call's, ``AutoChooser.restart``).
-
-    Example: steps of 9 ms at K=1 and 16 ms at K=4 with c_draft = 2 ms give c_verify = 6.67 + K/3 ms,
-    so step(2) = 4 + 7.33 = 11.33 ms.
-    """
+    """Seconds of decode steps by K (0 = plain) and of their drafting, one probing call's: each depth's
+    mean of its blocks' median steps, weighted by their timed steps. Example: steps of 9 ms at K=1 and
+    16 ms at K=4 with c_draft = 2 ms give c_verify = 6.67 + K/3 ms, so step(2) = 4 + 7.33 = 11.33 ms."""
 
     seconds: dict[int, float] = field(default_factory=dict)  # K -> seconds per decode step
     draft_s: float | None = None  # c_draft, seconds per draft depth (None: never timed)
@@ -72,20 +64,13 @@ class StepCosts:
         if drafts:
             self.draft_fixed, self.draft_s = _line(drafts, drafting=True)
 
-    def excess(self, k: int, step_time: StepTime) -> float:
-        """Seconds a call's first step (at depth k) took beyond a step's predicted cost, at least 0."""
-        base = self.step_seconds(k)
-        return max(0.0, step_time[1] - base) if base else 0.0
-
     def draft_seconds(self, k: int) -> float:
         """draft(K) = d_0 + K c_draft (0 for plain steps)."""
         return self.draft_fixed + k * self.draft_s if k else 0.0
 
     def verify_seconds(self, k: int) -> float | None:
-        """c_verify(K), or None without a timed draft step and a measured depth: a line through the
-        measured depths (least squares weighted by their timed steps, slope >= 0); with one drafted
-        depth, through the plain step as its K = 0 point, else of slope ``prefill_slope`` (or 0).
-        Never below a plain step."""
+        """c_verify(K) >= a plain step; None without a timed draft step. A line through the measured depths;
+        with one drafted depth, through the plain step as K = 0, else of slope ``prefill_slope`` (or 0)."""
         points = sorted((j, s - self.draft_seconds(j), self.weights.get(j, 1.0)) for j, s in self.seconds.items()
                         if j >= 1) if self.draft_s is not None else []
         if not points:
@@ -101,9 +86,8 @@ class StepCosts:
         return max(line, self.seconds.get(0, 0.0))
 
     def fit_prefill(self, k: int, prompt_len: float, prefill_s: float) -> None:
-        """``prefill_slope`` from a prefill of ``prompt_len`` tokens a row beside verify steps at depth k: a
-        forward over prompt_len tokens against one over k + 1, the difference per extra token (it also
-        holds the head's prefill, so it errs high: toward shallower K). Unchanged when it cannot say."""
+        """``prefill_slope``: a prefill's ``prompt_len`` tokens a row against a verify step's k + 1, the
+        difference per extra token (with the head's prefill in it, it errs toward shallower K)."""
         verify = self.verify_seconds(k) if k in self.seconds else None
         if verify is None or prompt_len <= k + 1:
             return

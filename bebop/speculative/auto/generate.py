@@ -1,12 +1,8 @@
 """``generate_auto``: one engine call that probes settings, chooses one, and decodes the rest at it.
 
-The call runs one ``bebop.speculative.engine.Decoder`` and switches its (mode, K) between decode
-steps, every token kept: a probing call (``_probe``, then ``AutoChooser.choose``) or one keeping the
-held decision from its first step, as the chooser's schedule says (``AutoChooser.should_probe``).
-
-Exactness: each step is an exact step of its setting, drawn from its rows' randomness at a counter
-no other step uses, and a step's setting depends only on the steps before it (and on timings); each
-token is therefore drawn from p given its prefix whatever was chosen, and at T = 0 every step is greedy.
+Exactness: each step is an exact step of its setting, drawn from its rows' randomness at a counter no
+other step uses, and a step's setting depends only on the steps before it (and on timings): each token
+is drawn from p given its prefix whatever was chosen, and at T = 0 every step is greedy.
 """
 
 from __future__ import annotations
@@ -19,7 +15,6 @@ import time
 from bebop.config import AUTO
 from bebop.speculative.auto.acceptance import DECAY
 from bebop.speculative.auto.chooser import AutoChooser, Decision, candidates, probe_rule
-from bebop.speculative.auto.costs import StepTime
 from bebop.speculative.completions import Completions
 from bebop.speculative.engine import Decoder
 from bebop.speculative.settings import SamplingParams, SpecConfig, check_settings
@@ -30,41 +25,27 @@ PROBE_POSITIONS = 8  # rows x steps of the deep probe at least: its alphas' evid
 
 
 def _block(decoder: Decoder, chooser: AutoChooser, setting, mode: str, k: int, steps_at_least: int,
-           positions: int = 0) -> list[StepTime]:
+           positions: int = 0) -> None:
     """Decodes at (mode, K) for ``steps_at_least`` steps, more until ``positions`` rows were decoded, and
-    times them; a drafted block's first step also feeds the head what was left pending, so it is
-    timed only when it is the block's only step."""
+    times them; a drafted block's first step also feeds the head what was pending: timed only if alone."""
     decoder.set_spec(setting(mode, k))
     steps = []
     while decoder.num_active and (len(steps) < steps_at_least or sum(r for r, _, _ in steps) < positions):
         steps.append(decoder.step())
     if steps:
         chooser.costs.observe(k, steps if k == 0 or len(steps) < 2 else steps[1:])
-    return steps
 
 
-def _probe(decoder: Decoder, chooser: AutoChooser, options, setting, greedy: bool) -> tuple[int, StepTime] | None:
-    """The probe's steps -> (depth, step time) of the call's first drafted step, else of its first step
-    (None: no step), whose excess over a step's cost is the head's prefill.
-
-    0. One plain step when plain is allowed: the call's first, nothing pending; the verify line's K = 0.
-    1. PROBE_STEPS at the deepest K (``probe_rule``), more until PROBE_POSITIONS rows were drafted
-       for: both alphas at every depth, c_draft, c_verify(K).
-    2. PROBE_STEPS at the shallower K predicted best when it could win (``shallow_could_win``).
-    """
-    firsts: list[tuple[int, StepTime]] = []  # (depth, first step) of each block
-
-    def run(mode: str, k: int, steps_at_least: int = PROBE_STEPS, positions: int = 0) -> None:
-        steps = _block(decoder, chooser, setting, mode, k, steps_at_least, positions)
-        if steps:
-            firsts.append((k, steps[0]))
-
+def _probe(decoder: Decoder, chooser: AutoChooser, options, setting, greedy: bool) -> None:
+    """0. One plain step if plain is allowed (the call's first, nothing pending: the verify line's K = 0);
+    1. PROBE_STEPS at the deepest K, more until PROBE_POSITIONS rows were drafted for (both alphas at every
+    depth, c_draft, c_verify(K)); 2. PROBE_STEPS at the shallower K when it could win (``shallow_could_win``)."""
     rule = probe_rule(options)
     deepest = max(k for _, k in options)
     if ("none", 0) in options and len(options) > 1 and decoder.num_active:
-        run("none", 0, steps_at_least=1)
+        _block(decoder, chooser, setting, "none", 0, 1)
     if rule is not None and decoder.num_active:
-        run(rule, deepest, positions=PROBE_POSITIONS)
+        _block(decoder, chooser, setting, rule, deepest, PROBE_STEPS, PROBE_POSITIONS)
         chooser.acceptance.observe(decoder.runner.log, [len(t) for t in decoder.runner.outputs], greedy,
                                    age=DECAY)  # NOTE: only the deep probe's positions
         prompt_len = statistics.fmean(len(p) for p in decoder.prompt_ids)
@@ -72,8 +53,7 @@ def _probe(decoder: Decoder, chooser: AutoChooser, options, setting, greedy: boo
     if rule is not None and decoder.num_active:
         shallow = chooser.shallow_could_win(options, max(decoder.num_active, 1))
         if shallow is not None:
-            run(rule, shallow)
-    return next((f for f in firsts if f[0] > 0), firsts[0] if firsts else None)
+            _block(decoder, chooser, setting, rule, shallow, PROBE_STEPS)
 
 
 def generate_auto(
@@ -89,17 +69,14 @@ def generate_auto(
     row_ids: list[int] | None = None,
     chooser: AutoChooser | None = None,
 ) -> tuple[Completions, Decision]:
-    """``generate`` with the mode and/or K chosen within the call.
+    """``generate`` with the mode and/or K chosen within the call (``_probe``, ``AutoChooser.should_probe``).
 
     Args:
-        model, tokenizer, prompts, mtp, sampling, seed, step, row_ids: as for ``generate``.
-        spec: mode and/or speculate_k ``"auto"``; the other fields as for ``generate``.
-        chooser: the run's models and probe schedule; None: a fresh one that probes and learns
-            nothing after its decision (no later call reads it).
+        spec: mode and/or speculate_k ``"auto"``, its other fields as for ``generate`` (as are the other arguments).
+        chooser: the run's models and probe schedule; None: a fresh one that learns nothing after its decision.
 
     Returns:
-        ``(result, decision)``: the whole call's completions and statistics (probe tokens kept), and
-        the decision with its prediction and the tokens/s measured after it.
+        ``(result, decision)``: the call's completions (probe tokens kept), and the decision with its measured tok/s.
     """
     check_settings(spec, None)
     options = candidates(spec)
@@ -120,18 +97,16 @@ def generate_auto(
     else:
         decision = dataclasses.replace(chooser.held, probed=False, measured_tok_s=math.nan)
         first = (decision.mode, decision.speculate_k)
-    # NOTE: a held call never switches: room for its own K only (a held plain call runs no head at all)
-    depth = max_k if probe else decision.speculate_k
+    depth = max_k if probe else decision.speculate_k  # NOTE: a held call never switches: room for its K only
     decoder = Decoder(model, tokenizer, prompts, mtp=mtp if depth else None, sampling=sampling, spec=setting(*first),
                       seed=seed, step=step, row_ids=row_ids, max_speculate_k=depth, time_drafts=probe)
-    first_step = None
     if probe:
-        first_step = _probe(decoder, chooser, options, setting, greedy)
+        _probe(decoder, chooser, options, setting, greedy)
         tail = chooser.lengths.rows(decoder.active_lengths(), sampling.max_new_tokens) if decoder.num_active else None
         decision = chooser.choose(options, rows=max(decoder.num_active, 1), tail=tail)
         decoder.set_spec(setting(decision.mode, decision.speculate_k))
-    elif decoder.num_active:  # NOTE: the first step also feeds the head the prompt: priced as prefill
-        first_step = (decision.speculate_k, decoder.step())
+    elif decoder.num_active:  # NOTE: the first step also feeds the head the prompt: not in measured_tok_s
+        decoder.step()
     start, before, rest = time.perf_counter(), decoder.num_tokens(), []
     while decoder.num_active:
         rest.append(decoder.step())
@@ -145,6 +120,6 @@ def generate_auto(
         chooser.acceptance = prior  # every drafted position of the call, once (not the probe's twice)
         chooser.settle(decision)
     chooser.acceptance.observe(result.log, result.lengths, greedy, age=DECAY)
-    chooser.end_call(result, first_step)
+    chooser.lengths.add(result.lengths)
     chooser.calls += 1
     return result, decision

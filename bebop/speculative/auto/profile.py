@@ -1,21 +1,8 @@
 """Auto profiles: what ``--mode auto`` / ``--speculate-k auto`` learned, kept between ``bebop generate`` calls.
 
-A call that starts from nothing has seen no completion lengths and prices its rows as running to
-max_new_tokens. A profile is the ``AutoChooser``'s state (acceptance, the last probe's step costs,
-completion lengths, the held decision) and its call count in a JSON file; the next call on the
-same model, head, device and sampling starts from it and follows the chooser's probe schedule as
-``bebop rl`` does (``AutoChooser.should_probe``).
-
-    key     what the profile is for (``profile_key``): the model and head directories (path, newest
-            file mtime, bytes), device, dtype, torch threads, sampling and the candidate settings.
-            A profile whose key differs is refused, not reused.
-    path    ``--auto-profile PATH``; by default one file per key under
-            $BEBOP_CACHE_DIR/auto-profiles/ (``default_path``); ``--auto-profile none``: no profile.
-
-Example:
-    chooser = load(path, key)                  # a fresh chooser when the file does not exist
-    ... generate_auto(..., chooser=chooser) ...
-    save(path, key, chooser)                   # through a temporary file and a rename
+A JSON file of an ``AutoChooser``'s state (not its step costs) and call count for one setup (``profile_key``),
+at ``--auto-profile PATH`` or ``default_path``: with it, ``bebop generate`` calls follow the probe schedule
+as ``bebop rl``'s do; without, a call has seen no lengths and prices its rows as running to max_new_tokens.
 """
 
 from __future__ import annotations
@@ -35,8 +22,7 @@ VERSION = 4  # of the file's layout; an older one is a fresh start (replaced by 
 
 
 def _fingerprint(path: str | os.PathLike) -> dict:
-    """A directory's identity: absolute path, newest mtime and total bytes of its files (a model
-    retrained in place gets a new fingerprint)."""
+    """A directory's absolute path, newest mtime and total bytes of its files (a model retrained in place differs)."""
     path = Path(path).resolve()
     files = [f for f in path.iterdir() if f.is_file()] if path.is_dir() else []
     stats = [f.stat() for f in files]
@@ -46,8 +32,7 @@ def _fingerprint(path: str | os.PathLike) -> dict:
 
 def profile_key(model_dir, mtp_dir, device: torch.device, dtype: torch.dtype, sampling: SamplingParams,
                 spec: SpecConfig) -> dict:
-    """What a profile is for: the costs depend on the model, head, device, dtype and threads, the
-    acceptance and lengths on the sampling too."""
+    """What a profile is for: model and head (``_fingerprint``), device, dtype, threads, sampling, candidates."""
     device = torch.device(device)
     return {
         "model": _fingerprint(model_dir), "mtp": _fingerprint(mtp_dir) if mtp_dir is not None else None,
@@ -68,15 +53,10 @@ def default_path(key: dict) -> Path:
 
 
 def load(path: str | os.PathLike, key: dict) -> AutoChooser:
-    """The chooser saved at ``path`` (its ``calls`` restored); a fresh chooser when the file does not exist
-    or is a profile of an older layout (its models do not fit this chooser's).
-
-    A corrupt profile (not JSON, fields that do not fit, NaN, infinite or absurd numbers, unknown
-    setting names) is moved to ``NAME.bad`` with a one-line warning, and the call starts fresh.
-
-    Raises BebopError (one line) when the file is a profile of a newer version or for another key:
-    those are left as they are.
-    """
+    """The chooser saved at ``path``, its ``calls`` restored; a fresh chooser when the file does not exist,
+    has an older layout, or is corrupt (not JSON, fields that do not fit, NaN, infinite or absurd numbers,
+    unknown setting names: moved to ``NAME.bad`` with a one-line warning). Raises BebopError (one line), the
+    file left as it is, for a newer version's profile or another key's."""
     path = Path(path)
     if not path.exists():
         return AutoChooser()
@@ -113,8 +93,7 @@ MAX_VALUE = 1e15  # bound on a profile's numbers (seconds, counts, rates): beyon
 
 
 def _check_numbers(state, where: str) -> None:
-    """ValueError naming the first number in ``state`` (nested lists and dicts) that is NaN, infinite or
-    beyond +-MAX_VALUE: no measurement of a profile is."""
+    """ValueError naming the first number in ``state`` (nested) that is NaN, infinite or beyond +-MAX_VALUE."""
     if isinstance(state, dict):
         for name, value in state.items():
             _check_numbers(value, f"{where}.{name}")
@@ -126,8 +105,7 @@ def _check_numbers(state, where: str) -> None:
 
 
 def _set_aside(path: Path, reason: str) -> AutoChooser:
-    """Renames a corrupt profile to ``NAME.bad`` (``NAME.bad-2``, ... if taken), says so in one line and
-    returns a fresh chooser."""
+    """Renames a corrupt profile to ``NAME.bad`` (``NAME.bad-2``, ... if taken), warns in one line: a fresh chooser."""
     from bebop.utils.progress import say
 
     bad = path.with_name(path.name + ".bad")

@@ -1,15 +1,11 @@
 """The batch's lockstep tail in ``--mode auto``'s prediction, priced exactly (expectations, no sampling).
 
 A batch decodes until its longest row ends, so its tokens/s is below rows (1 + E[L]) / step cost.
-``call_rates`` prices the rest of a call at every candidate setting at once:
-    remaining   each row's tokens still to emit (``Rows``): the recent completion lengths longer than
-                what it emitted (``Lengths``), capped at max_new_tokens (the cap when none is longer).
-    steps       one token per plain step; 1 + L per verify step, P(L >= j) = prod_{i<=j} alpha_i at
-                the alphas of the step's offset bucket (``OFFSET_EDGES``), a Markov chain (``finished``).
-    tokens/s    E[tokens] / (prefill + step cost x E[steps until the last row ends]).
+``call_rates`` prices it at every candidate setting at once: each row's remaining tokens drawn from
+recent completion lengths (``Lengths.rows``); 1 + L tokens a verify step, P(L >= j) = prod_{i<=j} alpha_i
+at the step's offset bucket, a Markov chain (``finished``); tokens/s = E[tokens] / (step cost x E[steps]).
 
-Example: rows with 2 and 10 tokens left, plain, 1 ms a step: 10 steps, 12 tokens, 1200 tokens/s
-(rows x tokens per step / step cost would say 2000).
+Example: rows with 2 and 10 tokens left, plain, 1 ms a step: 10 steps, 12 tokens, 1200 tok/s (not 2000).
 """
 
 from __future__ import annotations
@@ -19,9 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 HISTORY = 4096  # completion lengths kept (the newest)
-# NOTE: a completion's first tokens accept least, so one alpha for all offsets would price a deep K's
-# opener too high and its later steps too low.
-OFFSET_EDGES = (4, 8)  # offset buckets [0, 4), [4, 8), [8, max_new_tokens)
+OFFSET_EDGES = (4, 8)  # offset buckets [0, 4), [4, 8), [8, max_new_tokens): a completion's opener accepts least
 
 
 @dataclass
@@ -47,17 +41,14 @@ class Lengths:
     def add(self, lengths: list[int]) -> None:
         self.seen = (self.seen + [int(n) for n in lengths])[-HISTORY:]
 
-    def rows(self, generated: list[int], max_new: int, fresh: bool = False) -> Rows:
-        """``Rows`` of rows that have emitted ``generated`` tokens: each still emits a seen length
-        longer than that (capped at max_new) less what it emitted, uniform over the seen lengths; the
-        cap less what it emitted when none is longer. ``fresh``: a call about to start, whose prefill
-        will emit ``generated`` tokens a row: a seen length of at least that, 0 tokens left for a
-        completion that ends within the prefill (it runs no step)."""
+    def rows(self, generated: list[int], max_new: int) -> Rows:
+        """``Rows`` of rows that have emitted ``generated`` tokens: each emits a seen length longer than that
+        (uniform over them, capped at max_new), or the cap when none is longer, less what it emitted."""
         seen = np.minimum(np.asarray(self.seen, dtype=np.int64), max_new)
         done, count = np.unique(np.asarray(generated, dtype=np.int64), return_counts=True)
         left = np.zeros((len(done), max(max_new, 1) + 1))
         for g, d in enumerate(done.tolist()):
-            longer = seen[seen >= d] - d if fresh else seen[seen > d] - d
+            longer = seen[seen > d] - d
             if len(longer):
                 left[g] = np.bincount(longer, minlength=left.shape[1]) / len(longer)
             else:
@@ -66,8 +57,7 @@ class Lengths:
 
 
 def _thresholds(alphas, k: int) -> np.ndarray:
-    """(buckets, k) P(L >= j) of one setting from its alphas (flat: one bucket; nested: one list per
-    offset bucket; empty: plain decoding, never a draft), zero past its own K."""
+    """(buckets, k) P(L >= j) of one setting's alphas (flat, per offset bucket, or [] for plain), 0 past its K."""
     per = alphas if len(alphas) and isinstance(alphas[0], (list, tuple)) else [alphas]
     out = np.zeros((len(per), k))
     for b, a in enumerate(per):
@@ -76,16 +66,11 @@ def _thresholds(alphas, k: int) -> np.ndarray:
 
 
 def finished(rows: Rows, alphas: list) -> np.ndarray:
-    """(N, G, T + 1) P(a row of group g has emitted all it has left after t steps) at N settings,
-    t = 0..T, T the most tokens a row can still emit (a step emits at least one: every row is
-    finished after T steps).
-
-    A Markov chain per setting over o, the tokens a row has emitted (lo..O, O absorbing; lo the lowest
-    start, O the most tokens any row can reach): a step at o emits 1 + L, L drawn at the alphas of
-    o's offset bucket. Past the last edge the chain is the same at every o, so a group that has
-    emitted more starts at the edge, its target shifted with it: at most OFFSET_EDGES[-1] + 1 chains
-    whatever the batch. The distributions after t = 0..T steps come from matrix products by doubling.
-    """
+    """(N, G, T + 1) P(a row of group g has emitted all it has left after t steps) at N settings, t = 0..T,
+    T the most tokens a row can still emit. A Markov chain per setting over o, the tokens a row has
+    emitted (O absorbing): a step at o emits 1 + L, L at the alphas of o's offset bucket. Past the last
+    edge the chain is the same at every o, so a group that has emitted more starts at the edge, its target
+    shifted with it: at most OFFSET_EDGES[-1] + 1 chains whatever the batch; t = 0..T by doubling."""
     k = max([_depth(a) for a in alphas] + [1])  # every setting padded to the deepest K
     per = [_thresholds(a, k) for a in alphas]
     buckets = max(len(t) for t in per)
@@ -128,20 +113,16 @@ def _depth(alphas) -> int:
 
 
 def steps_left(rows: Rows, alphas: list) -> np.ndarray:
-    """(N, T + 1) P(another step follows step t) at N settings (``finished``'s rows independent); summed
-    over t: the expected steps of the rest of the call."""
+    """(N, T + 1) P(another step follows step t) at N settings, rows independent; summed: E[steps left]."""
     done_by = finished(rows, alphas)  # (N, G, T + 1)
     return 1.0 - np.prod(done_by ** rows.count[None, :, None], axis=1)
 
 
-def call_rates(rows: Rows, alphas: list, base: np.ndarray, prefill_s: float = 0.0) -> np.ndarray:
-    """Predicted tokens/s of the rest of a call at N settings: E[tokens] / (prefill_s + E[step seconds]).
-
-    Args:
-        rows: the active rows and their remaining tokens (``Lengths.rows``).
-        alphas: per setting, alpha_1..alpha_K, or one list per offset bucket, or [] for plain decoding.
-        base: (N,) seconds of a step of each setting.
-        prefill_s: seconds before the first step (0 for the rest of a started call).
-    """
-    seconds = prefill_s + np.asarray(base, dtype=float) * steps_left(rows, alphas).sum(-1)
+def call_rates(
+    rows: Rows,  # the active rows and their remaining tokens (``Lengths.rows``)
+    alphas: list,  # per setting: alpha_1..alpha_K, or one list per offset bucket, or [] for plain decoding
+    base: np.ndarray,  # (N,) seconds of a step of each setting
+) -> np.ndarray:
+    """Predicted tokens/s of the rest of a call at N settings: E[tokens] / E[step seconds]."""
+    seconds = np.asarray(base, dtype=float) * steps_left(rows, alphas).sum(-1)
     return np.where(seconds > 0, rows.tokens() / np.maximum(seconds, 1e-30), 0.0)

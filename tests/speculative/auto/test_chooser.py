@@ -15,8 +15,7 @@ from bebop.speculative.auto import acceptance, chooser as auto
 from bebop.speculative.auto.acceptance import expected_accepted
 from bebop.speculative.auto.chooser import AutoChooser, candidates, config_name, predict
 from bebop.speculative.auto.costs import StepCosts
-from bebop.speculative.completions import Completions
-from bebop.speculative.engine import Decoder, SamplingParams, SpecConfig, generate
+from bebop.speculative.engine import SamplingParams, SpecConfig, generate
 from tests.speculative.auto.helpers import ALL, acceptance_of, costs_of
 from tests.helpers import ToyTokenizer, toy_prompts, peaked_model, perturbed_head
 
@@ -102,25 +101,6 @@ def test_the_tail_changes_the_best_choice():
     assert 26 < steps < 31  # the longest of 64 rows (mean 22.9 steps, sd 2.3)
 
 
-def test_a_whole_call_is_priced_from_the_prefills_token_on():
-    """The prefill emits each row's first token: a plain call of known lengths runs max(length) - 1 decode
-    steps, and ``predict_call`` prices exactly those (from offset 0 it priced one step more)."""
-    model = peaked_model()
-    decoder = Decoder(model, ToyTokenizer(), toy_prompts((3, 5, 8, 2)), spec=SpecConfig("none"),
-                      sampling=SamplingParams(temperature=1.0, max_new_tokens=24))
-    assert decoder.active_lengths() == [auto.PREFILL_TOKENS] * 4
-    while decoder.num_active:
-        decoder.step()
-    out = decoder.result()
-    chooser = AutoChooser()
-    chooser.costs = StepCosts(seconds={0: 0.001})
-    chooser.lengths.add([max(out.lengths)] * 4)  # every row as long as the longest: the call's steps
-    chooser.prefill_s = 0.002
-    assert len(out.step_times) == max(out.lengths) - 1
-    tokens, seconds = 4 * max(out.lengths), 0.002 + 0.001 * len(out.step_times)
-    assert chooser.predict_call("none", 0, 4, 24) == pytest.approx(tokens / seconds)
-
-
 def test_settle_holds_a_first_chosen_setting_for_one_call_until_a_probe_confirms_it():
     """A decision for a setting no decision chose before awaits a confirming probe (a chain of new
     settings, each); one for a setting chosen before is held; with confirm=False every decision is held."""
@@ -138,28 +118,6 @@ def test_settle_holds_a_first_chosen_setting_for_one_call_until_a_probe_confirms
     for mode, k in [("rs", 2), ("rs", 1), ("none", 0)]:
         unchecked.settle(decide(mode, k))
         assert unchecked.holds(options)
-
-
-def test_a_calls_first_step_is_priced_as_prefill():
-    """The first step also feeds the head the prompt: it is not a step cost, its excess joins the prefill."""
-    result = Completions(prompt_ids=[[1]], token_ids=[[1, 2, 3]], texts=[""], lengths=[3],
-                              finish_reasons=["eos"], step_times=[(1, 0.010, 0.0), (1, 0.002, 0.0),
-                                                                  (1, 0.002, 0.0)], prefill_seconds=0.005)
-    chooser = AutoChooser()
-    chooser.costs.observe(0, result.step_times[1:])  # as a probe's plain block: its first step not timed
-    chooser.end_call(result, (0, result.step_times[0]))
-    assert chooser.costs.seconds[0] == pytest.approx(0.002)
-    assert chooser.prefill_s == pytest.approx(0.005 + 0.008)
-    assert chooser.lengths.seen == [3]
-
-
-def test_a_fresh_call_is_priced_with_rows_that_may_end_with_the_prefill():
-    """History [1, 3], two plain rows at 1 ms a step: each has 0 or 2 tokens left after the prefill's
-    token (tests/speculative/auto/test_tail.py), so a whole call emits 2 + 2 tokens over 1.5 steps."""
-    chooser = AutoChooser()
-    chooser.costs = StepCosts(seconds={0: 0.001})
-    chooser.lengths.add([1, 3])
-    assert chooser.predict_call("none", 0, 2, 10) == pytest.approx((2 + 2) / 0.0015)  # the prefill's 2 tokens too
 
 
 def test_the_probe_schedule_is_every_nth_call_and_a_confirming_probe():

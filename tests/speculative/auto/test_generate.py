@@ -22,6 +22,7 @@ import pytest
 from bebop.speculative.auto import acceptance, generate as auto
 from bebop.speculative.auto.chooser import AutoChooser, candidates, config_name
 from bebop.speculative.auto.generate import generate_auto
+from bebop.speculative.auto.tail import Lengths
 from bebop.speculative.engine import Decoder, SamplingParams, SpecConfig, generate
 from bebop.utils.io import BebopError
 from tests.speculative.auto.helpers import acceptance_of, with_history
@@ -94,10 +95,9 @@ def test_auto_probes_then_runs_the_choice(monkeypatch, spec, history, shallow, p
     assert out.stats.speculate_k == 4 and decision.measured_tok_s > 0
 
 
-def test_a_fresh_probe_times_its_plain_step_and_prices_the_heads_prompt_as_prefill(monkeypatch):
+def test_a_fresh_probe_times_its_plain_step(monkeypatch):
     """The plain first step is a clean plain step (no head input pending is fed): timed as a plain
-    cost. The first drafted step feeds the head the whole prompt: not a step cost; its excess joins
-    the prefill."""
+    cost; the first drafted step feeds the head the whole prompt."""
     monkeypatch.setattr(AutoChooser, "choose", lambda self, options, rows, tail=None:
                         auto.Decision("rs", 1, 1.0, {"rs1": 1.0}, rows))
     model = peaked_model()
@@ -107,8 +107,6 @@ def test_a_fresh_probe_times_its_plain_step_and_prices_the_heads_prompt_as_prefi
     plain_step, first_drafted = out.step_times[0], out.step_times[1]
     assert plain_step[2] == 0.0 and first_drafted[2] > 0  # no drafting, then drafting
     assert chooser.costs.measured[0] == [(plain_step[1], 1)]
-    excess = chooser.costs.excess(4, first_drafted)
-    assert chooser.prefill_s == pytest.approx(out.prefill_seconds + excess)
 
 
 def test_a_batch_of_one_probes_until_enough_positions(monkeypatch):
@@ -224,9 +222,9 @@ def test_a_one_shot_call_learns_nothing_after_its_decision(monkeypatch):
     records nothing (no end-of-call costs, acceptance or lengths), and the call's tokens and decision
     are those of a call that did."""
     learnt = []
-    for name in ("end_call", "settle"):
-        method = getattr(AutoChooser, name)
-        monkeypatch.setattr(AutoChooser, name, lambda self, *a, _m=method, _n=name: learnt.append(_n) or _m(self, *a))
+    for owner, name in ((AutoChooser, "settle"), (Lengths, "add")):
+        method = getattr(owner, name)
+        monkeypatch.setattr(owner, name, lambda self, *a, _m=method, _n=name: learnt.append(_n) or _m(self, *a))
     step, init = Decoder.step, Decoder.__init__
 
     def timed_step(self):  # NOTE: the decision turns on timings: made the same in both calls
@@ -247,7 +245,7 @@ def test_a_one_shot_call_learns_nothing_after_its_decision(monkeypatch):
     one_shot, decided = generate_auto(model, ToyTokenizer(), toy_prompts((3, 4, 6)), **kwargs)
     assert learnt == []
     kept, decided_kept = generate_auto(model, ToyTokenizer(), toy_prompts((3, 4, 6)), chooser=AutoChooser(), **kwargs)
-    assert learnt == ["settle", "end_call"]
+    assert learnt == ["settle", "add"]
     assert one_shot.token_ids == kept.token_ids
     assert (decided.mode, decided.speculate_k, decided.predictions) == \
         (decided_kept.mode, decided_kept.speculate_k, decided_kept.predictions)
@@ -274,12 +272,10 @@ def test_auto_sampling_is_exact(monkeypatch, spec):
         assert_fits(pairs, joint.sum(axis), f"tokens ({s + 1}, {t + 1})")
 
 
-def test_generate_auto_learns_the_calls_lengths_and_prefill():
-    """A call leaves its completion lengths and its prefill's seconds (the head's first pass included)
-    to the chooser, for the forecasts of whole calls (``predict_call``)."""
+def test_generate_auto_learns_the_calls_lengths():
+    """A call leaves its completion lengths to the chooser (``Lengths.rows`` prices the next call's tail)."""
     model = peaked_model()
     chooser = AutoChooser()
     out, decision = generate_auto(model, ToyTokenizer(), toy_prompts((3, 4, 6)), mtp=perturbed_head(model, 0.1),
                                   sampling=SamplingParams(temperature=1.0, max_new_tokens=24), chooser=chooser)
     assert decision.measured_tok_s > 0 and chooser.lengths.seen == out.lengths
-    assert chooser.prefill_s >= out.prefill_seconds > 0

@@ -28,8 +28,7 @@ SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=24)
 
 
 def _learned() -> AutoChooser:
-    """A chooser after a probing call, the probe confirming its decision (``AutoChooser.settle``) and a
-    call keeping it."""
+    """A chooser after three calls, holding a decision (which calls probed and what they chose turn on timings)."""
     model, chooser = peaked_model(), AutoChooser()
     for seed in range(3):
         generate_auto(model, ToyTokenizer(), toy_prompts((3, 4, 6)), mtp=perturbed_head(model, 0.1), chooser=chooser,
@@ -48,6 +47,7 @@ def _key(tmp_path, **sampling) -> dict:
 
 def test_a_restored_chooser_prices_as_the_saved_one(tmp_path):
     chooser, key, path = _learned(), _key(tmp_path), tmp_path / "p.json"
+    chooser.settle(chooser.held)  # NOTE: a setting chosen before: confirmed, whatever the timings made the last probe
     profile.save(path, key, chooser)
     restored = profile.load(path, key)
     assert restored.calls == chooser.calls == 3 and [f.name for f in tmp_path.iterdir() if f.name.startswith(".")] == []  # no temp file left
@@ -69,6 +69,17 @@ def test_a_restored_chooser_prices_as_the_saved_one(tmp_path):
 def test_a_missing_profile_is_a_fresh_start(tmp_path):
     chooser = profile.load(tmp_path / "none.json", _key(tmp_path))
     assert chooser.calls == 0 and not chooser.costs.seconds and not chooser.lengths.seen
+
+
+def test_a_version_4_profile_with_a_prefill_field_still_loads(tmp_path):
+    """A chooser field this code does not read (``prefill_s``, in some version-4 profiles) is ignored."""
+    chooser, key, path = _learned(), _key(tmp_path), tmp_path / "p.json"
+    profile.save(path, key, chooser)
+    data = json.loads(path.read_text())
+    data["chooser"]["prefill_s"] = 0.01
+    path.write_text(json.dumps(data))
+    restored = profile.load(path, key)
+    assert restored.calls == 3 and path.exists() and restored.to_state() == json.loads(json.dumps(chooser.to_state()))
 
 
 def test_the_key_follows_sampling_and_the_model_files(tmp_path):
@@ -107,7 +118,7 @@ def _set_held_prediction(d, value):
     (lambda d: d["chooser"]["acceptance"]["sums"]["rs"].append(1.0), "mismatched depths"),
     (lambda d: d.update(calls=-1), "calls -1 < 0"),
     (lambda d: d["chooser"]["held"].pop("mode"), "a held decision has fields"),
-    (lambda d: d["chooser"].update(prefill_s=-1e30), r"chooser.prefill_s is -1e\+30"),  # issue 46 item 12
+    (lambda d: d["chooser"]["held"].update(predicted_tok_s=-1e30), r"chooser.held.predicted_tok_s is -1e\+30"),  # issue 46 item 12
     (lambda d: d["chooser"]["acceptance"]["weights"].__setitem__(0, float("nan")), r"weights\[0\] is nan"),
     (lambda d: _set_held_prediction(d, float("inf")), r"predictions.rs3 is inf"),
     (lambda d: d["chooser"].update(tried=["rs3", "turbo9"]), "unknown setting name 'turbo9'"),

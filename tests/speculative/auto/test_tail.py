@@ -1,7 +1,7 @@
 """Tests for the batch's tail in --mode auto's prediction (bebop.speculative.auto.tail).
 
 What pins it, on synthetic numbers (no model): the remaining-length draws, the steps per row, a
-call's tokens/s by hand (lockstep: the longest row sets the steps; the prefill) and against simulated
+call's tokens/s by hand (lockstep: the longest row sets the steps) and against simulated
 calls. The chooser's use of it is in test_chooser.py.
 """
 
@@ -34,22 +34,6 @@ def test_remaining_lengths_follow_the_history_longer_than_each_row():
     assert nothing.left[0, 17] == nothing.left[1, 15] == 1
     known = known_rows([0, 0, 3], [4, 4, 0])  # a row with nothing left counts one token
     assert known.done.tolist() == [0, 3] and known.count.tolist() == [2, 1] and known.left[1, 1] == 1
-
-
-def test_a_fresh_calls_rows_may_end_with_the_prefill():
-    """Before a call, a row has not yet emitted its prefill token, so a completion of one token (EOS
-    first) is a row that runs no decode step, not a row known to be longer. History [1, 3], two plain
-    rows at 1 ms a step: each has 0 or 2 tokens left (1/2 each), so 2 tokens are expected over
-    1.5 steps (none when both end: 1/4), 1,333 tok/s; rows still decoding at offset 1 have 2 left."""
-    lengths = tail.Lengths()
-    lengths.add([1, 3])
-    fresh = lengths.rows([1, 1], max_new=10, fresh=True)
-    assert fresh.done.tolist() == [1] and fresh.count.tolist() == [2]
-    assert fresh.left[0, 0] == fresh.left[0, 2] == 0.5 and fresh.tokens() == pytest.approx(2.0)
-    assert tail.call_rates(fresh, [[]], np.array([0.001]))[0] == pytest.approx(2 / 0.0015)
-    decoding = lengths.rows([1, 1], max_new=10)
-    assert decoding.left[0, 2] == 1 and tail.call_rates(decoding, [[]], np.array([0.001]))[0] == pytest.approx(2000)
-    assert tail.Lengths().rows([1] * 3, max_new=10, fresh=True).left[0, 9] == 1  # nothing seen: the cap
 
 
 def test_steps_per_row_by_hand():
@@ -114,7 +98,6 @@ def test_call_rate_prices_the_lockstep_tail_by_hand():
     """The module's example: rows with 2 and 10 tokens left take 10 plain steps."""
     rows = known_rows([0, 0], [2, 10])
     assert tail.call_rates(rows, [[]], np.array([0.001]))[0] == pytest.approx(1200)
-    assert tail.call_rates(rows, [[]], np.array([0.001]), prefill_s=0.003)[0] == pytest.approx(12 / 0.013)  # 3 ms prefill
 
 
 def test_a_chain_cut_to_the_longest_remaining_row_prices_the_same():
@@ -128,8 +111,7 @@ def test_a_chain_cut_to_the_longest_remaining_row_prices_the_same():
     short = tail.Rows(rows.done, rows.count, rows.left[:, :15])
     settings = [[], [0.9, 0.5], [[0.4, 0.9], [0.7, 0.6], [0.95, 0.8]]]
     base = np.array([0.001, 0.002, 0.003])
-    assert tail.call_rates(rows, settings, base, 0.004) == pytest.approx(
-        tail.call_rates(short, settings, base, 0.004), rel=1e-12)
+    assert tail.call_rates(rows, settings, base) == pytest.approx(tail.call_rates(short, settings, base), rel=1e-12)
     done_by = tail.finished(rows, settings)
     assert done_by.shape == tail.finished(short, settings).shape == (3, 3, 15)  # the same chain: t = 0..14
     assert done_by[..., -1] == pytest.approx(1.0) and not done_by[..., 0].any()  # 14 tokens at most: all done by step 14
@@ -154,11 +136,11 @@ def test_call_rate_matches_a_simulated_lockstep_call():
     lengths.add(rng.integers(3, 40, 50).tolist())
     done = [0, 0, 5, 9]
     rows = lengths.rows(done, max_new=40)
-    exact = tail.call_rates(rows, [alphas], np.array([0.01]), prefill_s=0.02)[0]
+    exact = tail.call_rates(rows, [alphas], np.array([0.01]))[0]
     seen, thresholds, n = np.minimum(np.array(lengths.seen), 40), np.cumprod(alphas, 1), 20_000
     offset = np.array(done)[None].repeat(n, 0)  # (calls, rows)
     end = np.stack([rng.choice(seen[seen > d], n) for d in done], 1)
-    tokens, seconds = (end - offset).sum(1), np.full(n, 0.02)
+    tokens, seconds = (end - offset).sum(1), np.zeros(n)
     while (active := offset < end).any():
         bucket = np.searchsorted(tail.OFFSET_EDGES, offset, side="right")
         accepted = (rng.random(offset.shape)[..., None] < thresholds[bucket]).sum(-1)
