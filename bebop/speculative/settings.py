@@ -74,7 +74,6 @@ def verify_problem(mode: str, verify: str, backend: str = "engine") -> str | Non
     return None
 
 
-
 def _spec_problems(spec: SpecConfig, auto_ok: bool) -> list[str]:
     modes = (*MODES, AUTO) if auto_ok else MODES
     problems = [] if spec.mode in modes else [f"unknown mode {spec.mode!r}; choose one of {', '.join(modes)}"]
