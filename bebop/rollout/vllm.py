@@ -165,7 +165,8 @@ class VllmBackend(RolloutBackend):
                                                    else CPU_MEMORY_FRACTION)
         self._llm, self._key = None, None
         self._starts = 0  # engines started so far (each gets seed + its index)
-        self.log_path = vllm_process.log_to_file(self.workdir)
+        self.log_path: Path | None = None  # vLLM's log file, from the first engine start (``_start_logging``)
+        self._logging = False
         self._sampling = None  # vllm_cpu_fix.decide's answer, found before the first engine starts
 
     # ------------------------------------------------------------------ engine lifecycle
@@ -198,6 +199,8 @@ class VllmBackend(RolloutBackend):
         if self._llm is not None and self._key == key and _LIVE["llm"] is self._llm:
             return self._llm
         _shutdown_live()
+        if not self._logging:  # NOTE: not in __init__: a run directory is checked empty after its backend is made
+            self.log_path, self._logging = vllm_process.log_to_file(self.workdir), True
         model_dir = self._model_dir(with_head=spec.mode != "none")
         # NOTE: the engine must live in this process: weight sync hands it tensors, not files.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"

@@ -218,9 +218,10 @@ def vllm_logger():
 def test_a_failed_start_is_one_line_and_vllms_log_is_a_file(monkeypatch, tmp_path, vllm_logger, capsys):
     monkeypatch.setattr(_FakeLLM, "fail_start", True)
     backend = _fake_backend(monkeypatch, tmp_path)
-    assert backend.log_path == tmp_path / "work" / vllm_process.LOG_NAME and os.environ["VLLM_CONFIGURE_LOGGING"] == "0"
+    assert backend.log_path is None and not (tmp_path / "work").exists()  # nothing written before an engine starts
     with pytest.raises(BebopError) as caught:
         backend.rollout([[1, 2]], SamplingParams(max_new_tokens=4), SpecConfig("none"))
+    assert backend.log_path == tmp_path / "work" / vllm_process.LOG_NAME and os.environ["VLLM_CONFIGURE_LOGGING"] == "0"
     line = str(caught.value)
     assert "\n" not in line and "module xformers is missing" in line and str(backend.log_path) in line
     assert "No module named 'xformers'" in backend.log_path.read_text()
