@@ -33,7 +33,7 @@ from bebop.speculative.engine import SamplingParams, SpecConfig, generate
 from bebop.speculative.sampling import finite_at_drafts
 from bebop.utils.io import BebopError, is_disk_full, lock_holder, output_dir, output_lock
 from tests.conftest import save_model_dir, tiny_model, tiny_tokenizer
-from tests.mtp.test_native import _backbone, _keep_architectures, _save_checkpoint, _tokenizer
+from tests.mtp.native_checkpoints import keep_architectures, save_native_checkpoint, save_word_tokenizer, tiny_backbone
 
 
 def snapshot(directory: Path) -> dict[str, bytes]:
@@ -60,9 +60,9 @@ def one_error_line(err: str) -> str:
 def native(tmp_path_factory):
     """A tiny Qwen3.5 checkpoint with a native MTP layer and a tokenizer, and a head imported from it."""
     root = tmp_path_factory.mktemp("native")
-    model = _backbone("qwen3_5")
-    tensors = _save_checkpoint("qwen3_5", model, root / "model")
-    _tokenizer(root / "model")
+    model = tiny_backbone("qwen3_5")
+    tensors = save_native_checkpoint("qwen3_5", model, root / "model")
+    save_word_tokenizer(root / "model")
     import_mtp(root / "model", model).save_pretrained(root / "head")
     return root, model, tensors
 
@@ -92,8 +92,8 @@ def _write_head(directory: Path, state: dict[str, torch.Tensor], config_from: Pa
 def test_import_mtp_refuses_a_native_layer_holding_nan(native, tmp_path, capsys):
     root, model, tensors = native
     bad = tmp_path / "model"
-    _save_checkpoint("qwen3_5", model, bad)
-    _tokenizer(bad)
+    save_native_checkpoint("qwen3_5", model, bad)
+    save_word_tokenizer(bad)
     fc = tensors["mtp.fc.weight"].clone()
     fc[3, 5] = float("nan")
     poisoned = {**tensors, "mtp.fc.weight": fc}
@@ -176,8 +176,8 @@ def test_finite_at_drafts_reads_a_row_through_its_drafts():
 def test_import_mtp_never_writes_over_or_around_its_model(native, tmp_path, capsys, where, relation):
     root, model, _ = native
     work = tmp_path / "work"
-    _save_checkpoint("qwen3_5", model, work / "model")
-    _tokenizer(work / "model")
+    save_native_checkpoint("qwen3_5", model, work / "model")
+    save_word_tokenizer(work / "model")
     before = snapshot(work)
     for extra in ([], ["--overwrite"]):
         status, err = run(["import-mtp", "--model", work / "model", "--out", work / where, *extra], capsys)
@@ -223,9 +223,9 @@ def test_export_mtp_follows_the_output_rules(native, tmp_path, capsys):
 # ---------------------------------------------------------------------------------------------- 6. export layout
 def test_export_mtp_refuses_a_misshapen_or_incomplete_head(tmp_path, capsys):
     """MiMo names: input_proj is the projection, final_layernorm the output norm."""
-    model = _backbone("mimo")
+    model = tiny_backbone("mimo")
     model.save_pretrained(tmp_path / "model")
-    _keep_architectures(model, tmp_path / "model")
+    keep_architectures(model, tmp_path / "model")
     MtpHead(model).save_pretrained(tmp_path / "head")
     state = load_file(str(tmp_path / "head" / "model.safetensors"))
     wrong = _write_head(tmp_path / "wrong-shape", {**state, "layers.0.eh_proj.weight": torch.zeros(32, 32)},
@@ -440,8 +440,8 @@ def test_is_disk_full_reads_every_writer_s_wording():
 def test_export_mtp_copies_regular_files_only(native, tmp_path, capsys):
     root, model, _ = native
     source = tmp_path / "model"
-    _save_checkpoint("qwen3_5", model, source)
-    _tokenizer(source)
+    save_native_checkpoint("qwen3_5", model, source)
+    save_word_tokenizer(source)
     secret = tmp_path / "secret.txt"
     secret.write_text("outside the model")
     (source / "notes.txt").symlink_to(secret)

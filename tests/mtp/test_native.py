@@ -10,114 +10,22 @@ import os
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import (
-    DeepseekV3Config,
-    DeepseekV3ForCausalLM,
-    Glm4MoeConfig,
-    Glm4MoeForCausalLM,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-    Qwen3_5ForCausalLM,
-    Qwen3_5TextConfig,
-    Qwen3NextConfig,
-    Qwen3NextForCausalLM,
-)
 
 from bebop.mtp import MtpHead
 from bebop.mtp.head import decoder_states
 from bebop.mtp.native import INDEX_NAME, MTP_SHARD, export_mtp, import_mtp, weight_map
 from bebop.utils.io import BebopError
 from tests.conftest import tiny_model
-
-V, D, N = 64, 32, 2  # vocabulary, width, backbone layers of every tiny checkpoint
-_COMMON = dict(vocab_size=V, hidden_size=D, intermediate_size=64, num_hidden_layers=N, num_attention_heads=2,
-               num_key_value_heads=1, max_position_embeddings=128, pad_token_id=0, eos_token_id=None,
-               tie_word_embeddings=False)
-_MOE = dict(moe_intermediate_size=16, first_k_dense_replace=1, n_routed_experts=4, num_experts_per_tok=2, n_group=1,
-            topk_group=1)
-
-# Each family's model, and its MTP layer written out by hand from vLLM's model files: the checkpoint
-# names of the projection's norms, the projection, the output norm and the block; the norm form;
-# the projection-input order; position-0 embedding zeroing; which state the next step receives.
-FAMILIES = {
-    "qwen3_5": dict(
-        build=lambda: Qwen3_5ForCausalLM(Qwen3_5TextConfig(**_COMMON, head_dim=16, layer_types=["full_attention"] * N,
-                                                           mtp_num_hidden_layers=1)),
-        e="mtp.pre_fc_norm_embedding.weight", h="mtp.pre_fc_norm_hidden.weight", fc="mtp.fc.weight",
-        out="mtp.norm.weight", block="mtp.layers.0.", zero_centered=True, hidden_first=False, zero0=False,
-        prenorm=False),
-    "qwen3_next": dict(
-        build=lambda: Qwen3NextForCausalLM(Qwen3NextConfig(
-            **_COMMON, head_dim=16, layer_types=["full_attention"] * N, num_experts=4, num_experts_per_tok=2,
-            moe_intermediate_size=16, shared_expert_intermediate_size=16, num_nextn_predict_layers=1)),
-        e="mtp.pre_fc_norm_embedding.weight", h="mtp.pre_fc_norm_hidden.weight", fc="mtp.fc.weight",
-        out="mtp.norm.weight", block="mtp.layers.0.", zero_centered=True, hidden_first=False, zero0=False,
-        prenorm=False),
-    "deepseek_v3": dict(
-        build=lambda: DeepseekV3ForCausalLM(DeepseekV3Config(
-            **{**_COMMON, "num_key_value_heads": 2}, **_MOE, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
-            v_head_dim=16, num_nextn_predict_layers=1)),
-        e=f"model.layers.{N}.enorm.weight", h=f"model.layers.{N}.hnorm.weight", fc=f"model.layers.{N}.eh_proj.weight",
-        out=f"model.layers.{N}.shared_head.norm.weight", block=f"model.layers.{N}.", zero_centered=False,
-        hidden_first=False, zero0=True, prenorm=False),
-    "glm4_moe": dict(
-        build=lambda: Glm4MoeForCausalLM(Glm4MoeConfig(**_COMMON, **_MOE, head_dim=16, num_nextn_predict_layers=1)),
-        e=f"model.layers.{N}.enorm.weight", h=f"model.layers.{N}.hnorm.weight", fc=f"model.layers.{N}.eh_proj.weight",
-        out=f"model.layers.{N}.shared_head.norm.weight", block=f"model.layers.{N}.", zero_centered=False,
-        hidden_first=False, zero0=True, prenorm=True),
-    "mimo": dict(
-        build=lambda: Qwen2ForCausalLM(Qwen2Config(**_COMMON, head_dim=16, architectures=["MiMoForCausalLM"],
-                                                   num_nextn_predict_layers=1)),
-        e="model.mtp_layers.0.token_layernorm.weight", h="model.mtp_layers.0.hidden_layernorm.weight",
-        fc="model.mtp_layers.0.input_proj.weight", out="model.mtp_layers.0.final_layernorm.weight",
-        block="model.mtp_layers.0.", zero_centered=False, hidden_first=True, zero0=True, prenorm=False,
-        target_prenorm=True),
-}
-FAMILIES_ARCH = {"qwen2": ["MiMoForCausalLM"]}  # the tiny qwen2 checkpoints here are MiMo checkpoints
-_OWN = ("enorm.", "hnorm.", "eh_proj.", "shared_head.", "embed_tokens.", "token_layernorm.", "hidden_layernorm.",
-        "input_proj.", "final_layernorm.")  # tensors under a DeepSeek/MiMo layer prefix that are not the block's
-
-
-def _backbone(family: str, seed: int = 0):
-    torch.manual_seed(seed)
-    model = FAMILIES[family]["build"]().eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    return model
-
-
-def _native_tensors(family: str, model, seed: int = 1) -> dict[str, torch.Tensor]:
-    """Random MTP-layer tensors under the family's checkpoint names (block shapes from the backbone's layer class)."""
-    spec = FAMILIES[family]
-    gen = torch.Generator().manual_seed(seed)
-    block = MtpHead(model, warm_start=False).layers[0].mtp_block.state_dict()
-    norm_center = 0.0 if spec["zero_centered"] else 1.0
-    tensors = {spec[k]: norm_center + 0.2 * torch.randn(D, generator=gen) for k in ("e", "h", "out")}
-    tensors[spec["fc"]] = 0.2 * torch.randn(D, 2 * D, generator=gen)
-    for name, t in block.items():
-        tensors[spec["block"] + name] = 0.2 * torch.randn(t.shape, generator=gen) + (1.0 if "norm" in name else 0.0)
-    return tensors
-
-
-def _keep_architectures(model, directory) -> None:
-    """save_pretrained writes the class name (Qwen2ForCausalLM); a MiMo checkpoint says MiMoForCausalLM."""
-    config = json.loads((directory / "config.json").read_text())
-    config["architectures"] = FAMILIES_ARCH.get(config["model_type"], config["architectures"])
-    (directory / "config.json").write_text(json.dumps(config))
-    model.config.architectures = config["architectures"]
-
-
-def _save_checkpoint(family: str, model, directory, seed: int = 1) -> dict[str, torch.Tensor]:
-    """A sharded checkpoint: the backbone in several shards, the MTP layer in a shard of its own."""
-    model.save_pretrained(directory, max_shard_size="40KB")
-    _keep_architectures(model, directory)
-    (directory / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 128}))
-    tensors = _native_tensors(family, model, seed)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(directory / "model-native-mtp.safetensors"))
-    index = json.loads((directory / INDEX_NAME).read_text())
-    index["weight_map"].update({k: "model-native-mtp.safetensors" for k in tensors})
-    (directory / INDEX_NAME).write_text(json.dumps(index))
-    return tensors
+from tests.mtp.native_checkpoints import (
+    D,
+    FAMILIES,
+    OWN_PREFIXES,
+    V,
+    keep_architectures,
+    save_native_checkpoint,
+    save_word_tokenizer,
+    tiny_backbone,
+)
 
 
 def _rms(x, w, zero_centered, eps):
@@ -131,7 +39,7 @@ def _reference_logits(family: str, model, tensors, ids, num_steps):
     norm = functools.partial(_rms, zero_centered=spec["zero_centered"], eps=model.config.rms_norm_eps)
     block = MtpHead(model, warm_start=False).layers[0].mtp_block  # a fresh block of the family's layer class
     block.load_state_dict({k[len(spec["block"]):]: v for k, v in tensors.items()
-                           if k.startswith(spec["block"]) and not k[len(spec["block"]):].startswith(_OWN)})
+                           if k.startswith(spec["block"]) and not k[len(spec["block"]):].startswith(OWN_PREFIXES)})
     decoder = model.get_decoder()
     b, t = ids.shape
     mask = torch.full((t, t), torch.finfo(torch.float32).min).triu(1)[None, None]
@@ -159,8 +67,8 @@ def _reference_logits(family: str, model, tensors, ids, num_steps):
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_import_matches_family_reference(family, tmp_path):
-    model = _backbone(family)
-    tensors = _save_checkpoint(family, model, tmp_path)
+    model = tiny_backbone(family)
+    tensors = save_native_checkpoint(family, model, tmp_path)
     head = import_mtp(tmp_path, model)
     assert head.config.family == family
     ids = torch.randint(1, V, (2, 10), generator=torch.Generator().manual_seed(3))
@@ -173,8 +81,8 @@ def test_import_matches_family_reference(family, tmp_path):
 
 
 def test_import_reads_only_shards_with_mtp_tensors(tmp_path):
-    model = _backbone("qwen3_5")
-    _save_checkpoint("qwen3_5", model, tmp_path)
+    model = tiny_backbone("qwen3_5")
+    save_native_checkpoint("qwen3_5", model, tmp_path)
     files = weight_map(tmp_path)
     backbone_shard = files["model.embed_tokens.weight"]
     (tmp_path / backbone_shard).write_bytes(b"not a safetensors file")  # never opened by the import
@@ -184,8 +92,8 @@ def test_import_reads_only_shards_with_mtp_tensors(tmp_path):
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_export_then_import_is_bit_identical(family, tmp_path):
-    model = _backbone(family)
-    _save_checkpoint(family, model, tmp_path / "native")
+    model = tiny_backbone(family)
+    save_native_checkpoint(family, model, tmp_path / "native")
     head = import_mtp(tmp_path / "native", model)
     with torch.no_grad():
         for p in head.parameters():  # a "fine-tuned" head: different from the native one
@@ -212,9 +120,9 @@ def test_export_then_import_is_bit_identical(family, tmp_path):
 
 def test_export_of_a_trained_head_onto_a_model_without_mtp_layer(tmp_path):
     """The embedded path: a Qwen3.5 backbone with no MTP layer, a head trained by Bebop from the backbone."""
-    model = _backbone("qwen3_5")
+    model = tiny_backbone("qwen3_5")
     model.save_pretrained(tmp_path / "model")  # one model.safetensors, no index
-    _keep_architectures(model, tmp_path / "model")
+    keep_architectures(model, tmp_path / "model")
     head = MtpHead(model)
     head.save_pretrained(tmp_path / "head")
     out = export_mtp(tmp_path / "model", tmp_path / "head", tmp_path / "served", fmt="qwen3_5")
@@ -231,8 +139,8 @@ def test_a_model_without_native_layer_points_to_backbone_init(tmp_path):
 
 
 def test_bad_checkpoints_give_one_clear_error(tmp_path):
-    model = _backbone("qwen3_5")
-    tensors = _save_checkpoint("qwen3_5", model, tmp_path)
+    model = tiny_backbone("qwen3_5")
+    tensors = save_native_checkpoint("qwen3_5", model, tmp_path)
     index = json.loads((tmp_path / INDEX_NAME).read_text())
     # A shape that does not fit the backbone.
     save_file({**tensors, "mtp.fc.weight": torch.zeros(D, D)}, str(tmp_path / "model-native-mtp.safetensors"))
@@ -251,9 +159,9 @@ def test_bad_checkpoints_give_one_clear_error(tmp_path):
 
 
 def test_export_refusals_write_nothing(tmp_path):
-    model = _backbone("qwen3_5")
+    model = tiny_backbone("qwen3_5")
     model.save_pretrained(tmp_path / "model")
-    _keep_architectures(model, tmp_path / "model")
+    keep_architectures(model, tmp_path / "model")
     MtpHead(model).save_pretrained(tmp_path / "head")
     with pytest.raises(BebopError, match="unknown --format 'llama'"):
         export_mtp(tmp_path / "model", tmp_path / "head", tmp_path / "out", fmt="llama")
@@ -266,7 +174,7 @@ def test_export_refusals_write_nothing(tmp_path):
     with pytest.raises(BebopError, match="not of an MTP-capable family"):
         export_mtp(tmp_path / "qwen3", tmp_path / "qwen3-head", tmp_path / "out")
     # A head trained for another model.
-    other = _backbone("mimo")
+    other = tiny_backbone("mimo")
     MtpHead(other).save_pretrained(tmp_path / "mimo-head")
     with pytest.raises(BebopError, match="trained on a qwen2 model"):
         export_mtp(tmp_path / "model", tmp_path / "mimo-head", tmp_path / "out")
@@ -274,22 +182,12 @@ def test_export_refusals_write_nothing(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- CLI
-def _tokenizer(directory) -> None:
-    """A word-level tokenizer with the tiny models' vocabulary, so the directory loads like any HF model."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(V)}, unk_token="w1"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="w0", eos_token="w2", unk_token="w1").save_pretrained(directory)
-
-
 def test_cli_import_train_native_and_export(tmp_path, capsys):
     from bebop.cli import main
 
-    model = _backbone("qwen3_5")
-    _save_checkpoint("qwen3_5", model, tmp_path / "native")
-    _tokenizer(tmp_path / "native")
+    model = tiny_backbone("qwen3_5")
+    save_native_checkpoint("qwen3_5", model, tmp_path / "native")
+    save_word_tokenizer(tmp_path / "native")
     assert main(["import-mtp", "--model", str(tmp_path / "native"), "--out", str(tmp_path / "imported")]) == 0
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"token_ids": list(range(3, 3 + 12)), "start": 2}) + "\n" for _ in range(4)))
@@ -318,7 +216,7 @@ def test_cli_import_from_a_model_without_mtp_layer(tmp_path, capsys):
 
     model = tiny_model("qwen3", vocab_size=V)
     model.save_pretrained(tmp_path / "model")
-    _tokenizer(tmp_path / "model")
+    save_word_tokenizer(tmp_path / "model")
     capsys.readouterr()
     assert main(["import-mtp", "--model", str(tmp_path / "model"), "--out", str(tmp_path / "head")]) == 2
     err = capsys.readouterr().err
@@ -330,9 +228,9 @@ def test_an_index_naming_a_tensor_its_shard_lacks_is_one_line(tmp_path, capsys):
     """Issue 46 item 13: the index puts mtp.norm.weight in a shard that does not hold it."""
     from bebop.cli import main
 
-    model = _backbone("qwen3_5")
-    tensors = _save_checkpoint("qwen3_5", model, tmp_path / "native")
-    _tokenizer(tmp_path / "native")
+    model = tiny_backbone("qwen3_5")
+    tensors = save_native_checkpoint("qwen3_5", model, tmp_path / "native")
+    save_word_tokenizer(tmp_path / "native")
     save_file({k: v for k, v in tensors.items() if k != "mtp.norm.weight"},
               str(tmp_path / "native" / "model-native-mtp.safetensors"))
     assert main(["import-mtp", "--model", str(tmp_path / "native"), "--out", str(tmp_path / "imported")]) == 2
@@ -348,9 +246,9 @@ def test_train_mtp_init_auto_on_a_declared_but_absent_mtp_layer_starts_from_the_
     none of its tensors; --init auto starts from the backbone with a note, --init native names the remedy."""
     from bebop.cli import main
 
-    model = _backbone(family)
+    model = tiny_backbone(family)
     model.save_pretrained(tmp_path / "model")
-    _tokenizer(tmp_path / "model")
+    save_word_tokenizer(tmp_path / "model")
     assert json.loads((tmp_path / "model" / "config.json").read_text())["num_nextn_predict_layers"] == 1
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"token_ids": list(range(3, 15)), "start": 2}) + "\n" for _ in range(4)))
