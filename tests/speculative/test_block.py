@@ -57,22 +57,22 @@ from tests.helpers import (
     peaked_model,
     perturbed_head,
 )
-from tests.speculative.test_sampling import (
+from tests.speculative.verification import (
     ALPHA,
     CASES,
     EXACT_ATOL,
     NUM_ROWS,
-    VOCAB,
+    JOINT_VOCAB,
     Chain,
-    _block_inputs,
-    _chain_for,
-    _chi_square_pvalues,
-    _continue_plain,
-    _emitted_joint,
-    _random_pairs,
-    _rs_rows,
-    _tables,
-    _target_joint,
+    block_inputs,
+    chain_for,
+    chi_square_pvalues,
+    continue_plain,
+    one_hot_case,
+    random_pairs,
+    rs_rows,
+    sample_tables,
+    target_joint,
 )
 
 WRONG_GAP = 1e-3  # the wrong verifier must miss the target's joint by more than this somewhere
@@ -96,7 +96,7 @@ def _emitted_joint_from_stops(chain, drafts, stop, resample, vocab) -> np.ndarra
 
 def _block_step_joint(chain, vocab, k, dtype=torch.float64) -> tuple[np.ndarray, float]:
     """(the emitted joint mixed over ŷ ~ q, E[τ]) of one block verify step, from `block_distributions`."""
-    drafts, target, draft_tokens, draft_probs, weights = _block_inputs(chain, vocab, k, dtype)
+    drafts, target, draft_tokens, draft_probs, weights = block_inputs(chain, vocab, k, dtype)
     stop, resample = block_distributions(target, draft_tokens, draft_probs)
     assert torch.isfinite(stop).all() and torch.isfinite(resample).all()
     np.testing.assert_allclose(stop.sum(1).numpy(), 1.0, atol=1e-12)
@@ -110,13 +110,13 @@ def _block_step_joint(chain, vocab, k, dtype=torch.float64) -> tuple[np.ndarray,
 
 
 def _token_expected_accepts(chain, vocab, k) -> float:
-    drafts, target, draft_tokens, draft_probs, weights = _block_inputs(chain, vocab, k)
+    drafts, target, draft_tokens, draft_probs, weights = block_inputs(chain, vocab, k)
     accept, _ = verify_distributions(target, draft_tokens, draft_probs)
     return sum(w * float(accept[i].cumprod(0).sum()) for i, w in enumerate(weights))
 
 
 BLOCK_CASES = [c for c in CASES if c[2] <= 4] + [(f"random_v3_k3_{i}", pair, 3)
-                                                  for i, pair in enumerate(_random_pairs(3, 2, seed=33))]
+                                                  for i, pair in enumerate(random_pairs(3, 2, seed=33))]
 
 
 # ----------------------------------------------------------------------------- exact
@@ -128,15 +128,15 @@ def test_block_verification_is_exact(name, pair, vocab, k):
     """Mixing over ŷ ~ q, the first K+1 emitted tokens (the step's, then plain sampling) are the target's."""
     if k == 3 and vocab == 4 and name not in ("uniform", "disjoint", "q_has_zeros"):
         pytest.skip("V = 4, K = 3: three awkward cases suffice (the others run at K <= 2)")
-    chain = _chain_for(pair, vocab)
+    chain = chain_for(pair, vocab)
     emitted, _ = _block_step_joint(chain, vocab, k)
-    np.testing.assert_allclose(emitted, _target_joint(chain, vocab, k + 1), atol=EXACT_ATOL, rtol=0)
+    np.testing.assert_allclose(emitted, target_joint(chain, vocab, k + 1), atol=EXACT_ATOL, rtol=0)
 
 
 def test_exact_in_float32():
-    chain = _chain_for(_random_pairs(4, 1, seed=7)[0], 4)
+    chain = chain_for(random_pairs(4, 1, seed=7)[0], 4)
     emitted, _ = _block_step_joint(chain, 4, 2, dtype=torch.float32)
-    np.testing.assert_allclose(emitted, _target_joint(chain, 4, 3), atol=EXACT_ATOL, rtol=0)
+    np.testing.assert_allclose(emitted, target_joint(chain, 4, 3), atol=EXACT_ATOL, rtol=0)
 
 
 def _without_block_correction(monkeypatch):
@@ -151,7 +151,7 @@ def _without_block_correction(monkeypatch):
 
 
 def _random_chain(seed: int) -> Chain:
-    pairs = _random_pairs(3, 7, seed=200 + seed)
+    pairs = random_pairs(3, 7, seed=200 + seed)
     return Chain(pairs[0], pairs[1:])
 
 
@@ -163,7 +163,7 @@ def test_wrong_block_verifier_fails_enumeration(k, monkeypatch):
     for seed in range(6):
         chain = _random_chain(seed)
         emitted, _ = _block_step_joint(chain, 3, k)
-        gaps.append(np.abs(emitted - _target_joint(chain, 3, k + 1)).max())
+        gaps.append(np.abs(emitted - target_joint(chain, 3, k + 1)).max())
     assert max(gaps) > WRONG_GAP, gaps
 
 
@@ -213,7 +213,7 @@ def test_sampler_follows_the_closed_form():
     """Coins just below / at each threshold: the row stops at the largest j with u_j < h_j, and emits
     the exponential race over that stop's residual."""
     k, vocab = 2, 4
-    rows = [_block_inputs(_chain_for(pair, vocab), vocab, k) for _, pair, v in BLOCK_CASES if v == vocab]
+    rows = [block_inputs(chain_for(pair, vocab), vocab, k) for _, pair, v in BLOCK_CASES if v == vocab]
     target = torch.cat([r[1] for r in rows])
     draft_tokens = torch.cat([r[2] for r in rows])
     draft_probs = torch.cat([r[3] for r in rows])
@@ -241,10 +241,10 @@ def test_sampler_follows_the_closed_form():
 def test_k1_is_token_wise_bit_for_bit():
     """At K = 1, h_1 = min(1, r_1) and w_0 = 1: the same noise gives the same tokens as rejection sampling."""
     gen = torch.Generator().manual_seed(3)
-    target, draft_tokens, draft_probs = _rs_rows(_tables(seed=3), gen)
+    target, draft_tokens, draft_probs = rs_rows(sample_tables(seed=3), gen)
     target, draft_tokens, draft_probs = target[:2000, :2], draft_tokens[:2000, :1], draft_probs[:2000, :1]
     coins = torch.rand(2000, 1, generator=gen, dtype=torch.float64).clamp(1e-9, 1 - 1e-9)
-    race = torch.empty(2000, VOCAB).exponential_(generator=gen) + 1e-6
+    race = torch.empty(2000, JOINT_VOCAB).exponential_(generator=gen) + 1e-6
     got = block_verify_from_noise(target, draft_tokens, draft_probs, coins, race)
     want = rejection_sample_from_noise(target, draft_tokens, draft_probs, coins, race)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
@@ -278,37 +278,37 @@ def test_expected_block_accepts_matches_enumeration_and_sampling():
 
 def test_block_verify_statistics():
     gen = torch.Generator().manual_seed(1)
-    tables = _tables(seed=1)
-    target, draft_tokens, draft_probs = _rs_rows(tables, gen)
+    tables = sample_tables(seed=1)
+    target, draft_tokens, draft_probs = rs_rows(tables, gen)
     output, num_accepted = block_verify(target, draft_tokens, draft_probs, generator=gen)
     assert 0 < (num_accepted == 2).float().mean() < 1 and (num_accepted == 0).any() and (num_accepted == 1).any()
-    seq = _continue_plain(output, num_accepted, tables[1], tables[2], gen)
-    assert min(_chi_square_pvalues(seq, *tables[:3])) > ALPHA
+    seq = continue_plain(output, num_accepted, tables[1], tables[2], gen)
+    assert min(chi_square_pvalues(seq, *tables[:3])) > ALPHA
 
 
 def test_chi_square_catches_the_wrong_block_verifier(monkeypatch):
     """Power check: the residual without the block correction fails the same test."""
     gen = torch.Generator().manual_seed(1)
-    tables = _tables(seed=1)
-    target, draft_tokens, draft_probs = _rs_rows(tables, gen)
+    tables = sample_tables(seed=1)
+    target, draft_tokens, draft_probs = rs_rows(tables, gen)
     _without_block_correction(monkeypatch)
     output, num_accepted = block_verify(target, draft_tokens, draft_probs, generator=gen)
-    seq = _continue_plain(output, num_accepted, tables[1], tables[2], gen)
-    assert min(_chi_square_pvalues(seq, *tables[:3])) < ALPHA
+    seq = continue_plain(output, num_accepted, tables[1], tables[2], gen)
+    assert min(chi_square_pvalues(seq, *tables[:3])) < ALPHA
 
 
 def test_seeded_path_statistics_and_batch_independence():
-    p1, p2, p3, q1, q2 = tables = _tables(seed=3)
+    p1, p2, p3, q1, q2 = tables = sample_tables(seed=3)
     seeds = rng.derive_seeds(0, 0, torch.arange(NUM_ROWS))
     counters = torch.full((NUM_ROWS,), 17, dtype=torch.int64)
-    y1 = sample_from_probs(q1.expand(NUM_ROWS, VOCAB), draw_draft_noise(seeds, counters, 0, VOCAB))
-    y2 = sample_from_probs(q2[y1], draw_draft_noise(seeds, counters, 1, VOCAB))
-    target = torch.stack([p1.expand(NUM_ROWS, VOCAB), p2[y1], p3[y1, y2]], dim=1)
+    y1 = sample_from_probs(q1.expand(NUM_ROWS, JOINT_VOCAB), draw_draft_noise(seeds, counters, 0, JOINT_VOCAB))
+    y2 = sample_from_probs(q2[y1], draw_draft_noise(seeds, counters, 1, JOINT_VOCAB))
+    target = torch.stack([p1.expand(NUM_ROWS, JOINT_VOCAB), p2[y1], p3[y1, y2]], dim=1)
     draft_tokens = torch.stack([y1, y2], dim=1)
-    draft_probs = torch.stack([q1.expand(NUM_ROWS, VOCAB), q2[y1]], dim=1)
+    draft_probs = torch.stack([q1.expand(NUM_ROWS, JOINT_VOCAB), q2[y1]], dim=1)
     output, num_accepted = block_verify_seeded(target, draft_tokens, draft_probs, seeds, counters)
-    seq = _continue_plain(output, num_accepted, p2, p3, torch.Generator().manual_seed(3))
-    assert min(_chi_square_pvalues(seq, p1, p2, p3)) > ALPHA
+    seq = continue_plain(output, num_accepted, p2, p3, torch.Generator().manual_seed(3))
+    assert min(chi_square_pvalues(seq, p1, p2, p3)) > ALPHA
     again = block_verify_seeded(target, draft_tokens, draft_probs, seeds, counters)
     assert torch.equal(again[0], output) and torch.equal(again[1], num_accepted)
     for rows in (slice(5, 6), slice(1000, 1064)):
@@ -366,12 +366,7 @@ def test_engine_seeded_determinism_and_stats():
 
 def test_one_hot_target_reduces_to_greedy():
     """With p one-hot at the argmax, block verification gives exactly greedy_verify's output."""
-    gen = torch.Generator().manual_seed(5)
-    logits = torch.randn(500, 4, 7, generator=gen)
-    p = torch.nn.functional.one_hot(logits.argmax(-1), 7).float()
-    q = torch.softmax(torch.randn(500, 3, 7, generator=gen), -1)
-    drafts = torch.multinomial(q.view(-1, 7), 1, generator=gen).view(500, 3)
-    drafts[:100] = logits[:100, :3].argmax(-1)
+    logits, p, q, drafts, gen = one_hot_case()
     expected = greedy_verify(logits, drafts)
     got = block_verify(p, drafts, q, generator=gen)
     assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])

@@ -10,12 +10,10 @@ Three layers:
   * literal: greedy cases, logits_to_probs cases and input validation written by hand.
 """
 
-import itertools
 import math
 
 import numpy as np
 import pytest
-import scipy.stats
 import torch
 
 from bebop.speculative import rng, sampling
@@ -31,130 +29,50 @@ from bebop.speculative.sampling import (
     sample_from_probs,
     verify_distributions,
 )
-
-ALPHA = 1e-4  # false-alarm odds per chi-square check
-NUM_ROWS = 100_000  # rows per statistical test, drawn as one batch
-EXACT_ATOL = 1e-6  # closed-form distributions must match to this
-
-# ----------------------------------------------------------------------------- closed form
-
-AWKWARD = {  # name -> (p, q) over V = 4
-    "p_has_zeros": ([0.5, 0.5, 0.0, 0.0], [0.25, 0.25, 0.25, 0.25]),
-    "q_has_zeros": ([0.25, 0.25, 0.25, 0.25], [0.7, 0.3, 0.0, 0.0]),
-    "one_hot_p": ([0.0, 0.0, 1.0, 0.0], [0.1, 0.2, 0.3, 0.4]),
-    "one_hot_q": ([0.3, 0.3, 0.2, 0.2], [1.0, 0.0, 0.0, 0.0]),
-    "uniform": ([0.25, 0.25, 0.25, 0.25], [0.25, 0.25, 0.25, 0.25]),
-    "disjoint": ([0.5, 0.5, 0.0, 0.0], [0.0, 0.0, 0.6, 0.4]),
-    "p_equals_q": ([0.1, 0.2, 0.3, 0.4], [0.1, 0.2, 0.3, 0.4]),
-    "same_one_hot": ([0.0, 1.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0]),
-    "other_one_hot": ([0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]),
-}
-
-
-def _random_pairs(vocab: int, count: int, seed: int) -> list:
-    """Dirichlet pairs with about a third of the entries zeroed (each row keeps some mass)."""
-    gen = np.random.default_rng(seed)
-    pairs = []
-    for _ in range(count):
-        pq = gen.dirichlet(np.ones(vocab), size=2) * (gen.random((2, vocab)) > 0.33)
-        pq[:, gen.integers(vocab)] += 0.05
-        pairs.append(tuple((pq / pq.sum(1, keepdims=True)).tolist()))
-    return pairs
-
-
-class Chain:
-    """A target P and draft Q that depend on the prefix: step 1 is the given pair; later steps pick
-    pairs from a pool by a hash of the prefix, so p_2 = P2[ŷ_1] changes with the first token."""
-
-    def __init__(self, first_pair, pool):
-        self.first, self.pool = first_pair, pool
-
-    def pair(self, prefix: tuple) -> tuple:
-        if not prefix:
-            return self.first
-        index = sum((i + 2) * (t + 1) for i, t in enumerate(prefix)) + 5 * len(prefix)
-        return self.pool[index % len(self.pool)]
-
-    def p(self, prefix):
-        return np.array(self.pair(prefix)[0])
-
-    def q(self, prefix):
-        return np.array(self.pair(prefix)[1])
-
-
-def _target_joint(chain: Chain, vocab: int, length: int) -> np.ndarray:
-    """P(s) = Π_t P(s[:t])[s[t]] over all sequences of `length` tokens."""
-    joint = np.zeros((vocab,) * length)
-    for seq in itertools.product(range(vocab), repeat=length):
-        joint[seq] = math.prod(chain.p(seq[:t])[seq[t]] for t in range(length))
-    return joint
-
-
-def _emitted_joint(chain, drafts, accept, resample, vocab) -> np.ndarray:
-    """Distribution of the first K+1 emitted tokens for one fixed draft sequence: the block stops at
-    n with probability Π_{i<n} a_i · (1 - a_n) (or Π a_i at n = K), emits drafts[:n] then a token
-    from resample[n]; afterwards decoding continues with plain draws from the target."""
-    k = len(drafts)
-    joint = np.zeros((vocab,) * (k + 1))
-    for seq in itertools.product(range(vocab), repeat=k + 1):
-        total, reach = 0.0, 1.0
-        for n in range(k + 1):
-            if tuple(seq[:n]) != tuple(drafts[:n]):
-                break
-            stop = reach * ((1 - accept[n]) if n < k else 1.0)
-            tail = math.prod(chain.p(seq[:t])[seq[t]] for t in range(n + 1, k + 1))
-            total += stop * resample[n][seq[n]] * tail
-            if n < k:
-                reach *= accept[n]
-        joint[seq] = total
-    return joint
-
-
-def _block_inputs(chain: Chain, vocab: int, k: int, dtype=torch.float64):
-    """Every draft sequence as one row: target rows P(ŷ[:j]) (j = 0..K), draft rows Q(ŷ[:j])."""
-    drafts = list(itertools.product(range(vocab), repeat=k))
-    target = np.array([[chain.p(d[:j]) for j in range(k + 1)] for d in drafts])  # (B, K+1, V)
-    draft_probs = np.array([[chain.q(d[:j]) for j in range(k)] for d in drafts])  # (B, K, V)
-    weights = [math.prod(chain.q(d[:j])[d[j]] for j in range(k)) for d in drafts]
-    draft_tokens = torch.tensor(drafts, dtype=torch.int64).view(len(drafts), k)  # (B, K)
-    return (drafts, torch.tensor(target, dtype=dtype), draft_tokens,
-            torch.tensor(draft_probs, dtype=dtype), weights)
-
-
-CASES = [(name, pair, 4) for name, pair in AWKWARD.items()]
-CASES += [(f"random_v{v}_{i}", pair, v) for v in (3, 5) for i, pair in enumerate(_random_pairs(v, 3, seed=v))]
-
-
-def _chain_for(pair, vocab):
-    pool = list(AWKWARD.values()) if vocab == 4 else _random_pairs(vocab, 6, seed=100 + vocab)
-    return Chain(pair, pool)
-
+from tests.speculative.verification import (
+    ALPHA,
+    AWKWARD,
+    CASES,
+    EXACT_ATOL,
+    JOINT_VOCAB,
+    NUM_ROWS,
+    block_inputs,
+    chain_for,
+    chi_square_pvalues,
+    continue_plain,
+    one_hot_case,
+    emitted_joint,
+    random_pairs,
+    rs_rows,
+    sample_tables,
+    target_joint,
+)
 
 @pytest.mark.parametrize("k", [1, 2])
 @pytest.mark.parametrize("name, pair, vocab", CASES, ids=[c[0] for c in CASES])
 def test_rejection_sampling_is_exact(name, pair, vocab, k):
     """RS: mixing over ŷ ~ q, the first K+1 emitted tokens are distributed exactly as the target's."""
-    chain = _chain_for(pair, vocab)
-    drafts, target, draft_tokens, draft_probs, weights = _block_inputs(chain, vocab, k)
+    chain = chain_for(pair, vocab)
+    drafts, target, draft_tokens, draft_probs, weights = block_inputs(chain, vocab, k)
     accept, resample = verify_distributions(target, draft_tokens, draft_probs)
     assert torch.isfinite(accept).all() and torch.isfinite(resample).all()
     emitted = sum(
-        w * _emitted_joint(chain, d, accept[i].tolist(), resample[i].numpy(), vocab)
+        w * emitted_joint(chain, d, accept[i].tolist(), resample[i].numpy(), vocab)
         for i, (d, w) in enumerate(zip(drafts, weights)) if w > 0
     )
-    np.testing.assert_allclose(emitted, _target_joint(chain, vocab, k + 1), atol=EXACT_ATOL, rtol=0)
+    np.testing.assert_allclose(emitted, target_joint(chain, vocab, k + 1), atol=EXACT_ATOL, rtol=0)
 
 
 @pytest.mark.parametrize("k", [1, 2])
 @pytest.mark.parametrize("name, pair, vocab", CASES, ids=[c[0] for c in CASES])
 def test_target_only_is_exact_for_any_draft(name, pair, vocab, k):
     """TO: for every fixed draft sequence (argmax q included), the output is exactly the target's."""
-    chain = _chain_for(pair, vocab)
-    drafts, target, draft_tokens, _, _ = _block_inputs(chain, vocab, k)
+    chain = chain_for(pair, vocab)
+    drafts, target, draft_tokens, _, _ = block_inputs(chain, vocab, k)
     accept, resample = verify_distributions(target, draft_tokens, None)
-    expected = _target_joint(chain, vocab, k + 1)
+    expected = target_joint(chain, vocab, k + 1)
     for i, d in enumerate(drafts):
-        emitted = _emitted_joint(chain, d, accept[i].tolist(), resample[i].numpy(), vocab)
+        emitted = emitted_joint(chain, d, accept[i].tolist(), resample[i].numpy(), vocab)
         np.testing.assert_allclose(emitted, expected, atol=EXACT_ATOL, rtol=0, err_msg=f"drafts {d}")
     argmax_drafts = [int(np.argmax(chain.q(())))]
     for _ in range(1, k):
@@ -163,13 +81,13 @@ def test_target_only_is_exact_for_any_draft(name, pair, vocab, k):
 
 
 def test_exact_in_float32():
-    chain = _chain_for(_random_pairs(5, 1, seed=7)[0], 5)
-    drafts, target, draft_tokens, draft_probs, weights = _block_inputs(chain, 5, 2, dtype=torch.float32)
+    chain = chain_for(random_pairs(5, 1, seed=7)[0], 5)
+    drafts, target, draft_tokens, draft_probs, weights = block_inputs(chain, 5, 2, dtype=torch.float32)
     accept, resample = verify_distributions(target, draft_tokens, draft_probs)
     assert resample.dtype == torch.float32
-    emitted = sum(w * _emitted_joint(chain, d, accept[i].tolist(), resample[i].double().numpy(), 5)
+    emitted = sum(w * emitted_joint(chain, d, accept[i].tolist(), resample[i].double().numpy(), 5)
                   for i, (d, w) in enumerate(zip(drafts, weights)))
-    np.testing.assert_allclose(emitted, _target_joint(chain, 5, 3), atol=EXACT_ATOL, rtol=0)
+    np.testing.assert_allclose(emitted, target_joint(chain, 5, 3), atol=EXACT_ATOL, rtol=0)
 
 
 @pytest.mark.parametrize("use_draft_probs", [True, False], ids=["rs", "to"])
@@ -177,7 +95,7 @@ def test_samplers_follow_the_closed_form(use_draft_probs):
     """Crafted coins just below / at each acceptance threshold stop the block exactly where the
     closed form says; the emitted token is the exponential race over that row's distribution."""
     k, vocab = 2, 4
-    rows = [_block_inputs(_chain_for(pair, vocab), vocab, k) for pair in AWKWARD.values()]
+    rows = [block_inputs(chain_for(pair, vocab), vocab, k) for pair in AWKWARD.values()]
     target = torch.cat([r[1] for r in rows])
     draft_tokens = torch.cat([r[2] for r in rows])
     draft_probs = torch.cat([r[3] for r in rows]) if use_draft_probs else None
@@ -238,90 +156,40 @@ def test_zero_draft_tokens_is_plain_sampling():
 
 # ----------------------------------------------------------------------------- statistical
 
-VOCAB = 5  # small enough that the V^3 = 125 cells of the 3-token joint hold ~800 samples each
-
-
-def _tables(seed: int):
-    """Target P1, P2[a], P3[a, b] and draft Q1, Q2[a] with zeros on either side (float32)."""
-    gen = np.random.default_rng(seed)
-
-    def rand(*shape):
-        x = gen.dirichlet(np.ones(VOCAB), size=shape) * (gen.random(shape + (VOCAB,)) > 0.25)
-        x[..., 0] += 0.02  # keep every row non-empty
-        return torch.tensor(x / x.sum(-1, keepdims=True), dtype=torch.float32)
-
-    return rand(), rand(VOCAB), rand(VOCAB, VOCAB), rand(), rand(VOCAB)
-
-
-def _continue_plain(output, num_accepted, p2, p3, gen):
-    """Complete each row to 3 tokens: after the block stops, draw from the target as plain decoding would."""
-    seq = output.clone()
-    plain_2 = torch.multinomial(p2[seq[:, 0]], 1, generator=gen).squeeze(1)
-    seq[:, 1] = torch.where(num_accepted >= 1, output[:, 1], plain_2)
-    plain_3 = torch.multinomial(p3[seq[:, 0], seq[:, 1]], 1, generator=gen).squeeze(1)
-    seq[:, 2] = torch.where(num_accepted >= 2, output[:, 2], plain_3)
-    return seq
-
-
-def _chi_square_pvalues(seq, p1, p2, p3) -> list:
-    """p-values for the first token, the first two, and all three, against the target's joint."""
-    joint = (p1[:, None, None] * p2[:, :, None] * p3).double()  # (V, V, V)
-    counts = torch.bincount(seq[:, 0] * VOCAB**2 + seq[:, 1] * VOCAB + seq[:, 2], minlength=VOCAB**3)
-    counts = counts.view(VOCAB, VOCAB, VOCAB).double()
-    pvalues = []
-    for dims in ((1, 2), (2,), ()):
-        observed = counts.sum(dims) if dims else counts
-        expected = joint.sum(dims) if dims else joint
-        expected = expected / expected.sum() * seq.shape[0]
-        support = expected > 0
-        assert observed[~support].sum() == 0, "a token the target gives probability 0 was emitted"
-        pvalues.append(scipy.stats.chisquare(observed[support].numpy(), expected[support].numpy()).pvalue)
-    return pvalues
-
-
-def _rs_rows(tables, gen):
-    p1, p2, p3, q1, q2 = tables
-    y1 = torch.multinomial(q1, NUM_ROWS, replacement=True, generator=gen)
-    y2 = torch.multinomial(q2[y1], 1, generator=gen).squeeze(1)
-    target = torch.stack([p1.expand(NUM_ROWS, VOCAB), p2[y1], p3[y1, y2]], dim=1)  # (N, 3, V)
-    draft_probs = torch.stack([q1.expand(NUM_ROWS, VOCAB), q2[y1]], dim=1)  # (N, 2, V)
-    return target, torch.stack([y1, y2], dim=1), draft_probs
-
-
 def test_rejection_sample_statistics():
     gen = torch.Generator().manual_seed(1)
-    tables = _tables(seed=1)
-    target, draft_tokens, draft_probs = _rs_rows(tables, gen)
+    tables = sample_tables(seed=1)
+    target, draft_tokens, draft_probs = rs_rows(tables, gen)
     output, num_accepted = rejection_sample(target, draft_tokens, draft_probs, generator=gen)
     assert 0 < (num_accepted == 2).float().mean() < 1 and (num_accepted == 0).any()
-    seq = _continue_plain(output, num_accepted, tables[1], tables[2], gen)
-    assert min(_chi_square_pvalues(seq, *tables[:3])) > ALPHA
+    seq = continue_plain(output, num_accepted, tables[1], tables[2], gen)
+    assert min(chi_square_pvalues(seq, *tables[:3])) > ALPHA
 
 
 def test_target_only_statistics():
     gen = torch.Generator().manual_seed(2)
-    p1, p2, p3, q1, q2 = tables = _tables(seed=2)
+    p1, p2, p3, q1, q2 = tables = sample_tables(seed=2)
     y1 = q1.argmax().expand(NUM_ROWS)
     y2 = q2[y1].argmax(-1)
-    target = torch.stack([p1.expand(NUM_ROWS, VOCAB), p2[y1], p3[y1, y2]], dim=1)
+    target = torch.stack([p1.expand(NUM_ROWS, JOINT_VOCAB), p2[y1], p3[y1, y2]], dim=1)
     output, num_accepted = rejection_sample(target, torch.stack([y1, y2], dim=1), None, generator=gen)
-    seq = _continue_plain(output, num_accepted, p2, p3, gen)
-    assert min(_chi_square_pvalues(seq, p1, p2, p3)) > ALPHA
+    seq = continue_plain(output, num_accepted, p2, p3, gen)
+    assert min(chi_square_pvalues(seq, p1, p2, p3)) > ALPHA
 
 
 def test_seeded_path_statistics_and_batch_independence():
     """The engine's path: drafts and verification noise from (seed, stream, counter)."""
-    p1, p2, p3, q1, q2 = tables = _tables(seed=3)
+    p1, p2, p3, q1, q2 = tables = sample_tables(seed=3)
     seeds = rng.derive_seeds(0, 0, torch.arange(NUM_ROWS))
     counters = torch.full((NUM_ROWS,), 17, dtype=torch.int64)
-    y1 = sample_from_probs(q1.expand(NUM_ROWS, VOCAB), sampling.draw_draft_noise(seeds, counters, 0, VOCAB))
-    y2 = sample_from_probs(q2[y1], sampling.draw_draft_noise(seeds, counters, 1, VOCAB))
-    target = torch.stack([p1.expand(NUM_ROWS, VOCAB), p2[y1], p3[y1, y2]], dim=1)
+    y1 = sample_from_probs(q1.expand(NUM_ROWS, JOINT_VOCAB), sampling.draw_draft_noise(seeds, counters, 0, JOINT_VOCAB))
+    y2 = sample_from_probs(q2[y1], sampling.draw_draft_noise(seeds, counters, 1, JOINT_VOCAB))
+    target = torch.stack([p1.expand(NUM_ROWS, JOINT_VOCAB), p2[y1], p3[y1, y2]], dim=1)
     draft_tokens = torch.stack([y1, y2], dim=1)
-    draft_probs = torch.stack([q1.expand(NUM_ROWS, VOCAB), q2[y1]], dim=1)
+    draft_probs = torch.stack([q1.expand(NUM_ROWS, JOINT_VOCAB), q2[y1]], dim=1)
     output, num_accepted = rejection_sample_seeded(target, draft_tokens, draft_probs, seeds, counters)
-    seq = _continue_plain(output, num_accepted, p2, p3, torch.Generator().manual_seed(3))
-    assert min(_chi_square_pvalues(seq, p1, p2, p3)) > ALPHA
+    seq = continue_plain(output, num_accepted, p2, p3, torch.Generator().manual_seed(3))
+    assert min(chi_square_pvalues(seq, p1, p2, p3)) > ALPHA
     # A row's result does not depend on the rows around it.
     for rows in (slice(5, 6), slice(1000, 1064)):
         sub_out, sub_num = rejection_sample_seeded(target[rows], draft_tokens[rows], draft_probs[rows],
@@ -332,16 +200,16 @@ def test_seeded_path_statistics_and_batch_independence():
 def test_chi_square_catches_a_wrong_recovery(monkeypatch):
     """Power check: recovering from p instead of max(0, p - q) must fail the same test."""
     gen = torch.Generator().manual_seed(1)
-    tables = _tables(seed=1)
-    target, draft_tokens, draft_probs = _rs_rows(tables, gen)
+    tables = sample_tables(seed=1)
+    target, draft_tokens, draft_probs = rs_rows(tables, gen)
     monkeypatch.setattr(sampling, "recovery_weights", lambda p, tokens, q=None: p.to(torch.float32))
     output, num_accepted = rejection_sample(target, draft_tokens, draft_probs, generator=gen)
-    seq = _continue_plain(output, num_accepted, tables[1], tables[2], gen)
-    assert _chi_square_pvalues(seq, *tables[:3])[0] < ALPHA
+    seq = continue_plain(output, num_accepted, tables[1], tables[2], gen)
+    assert chi_square_pvalues(seq, *tables[:3])[0] < ALPHA
 
 
 def test_generator_determinism():
-    target, draft_tokens, draft_probs = _rs_rows(_tables(seed=4), torch.Generator().manual_seed(4))
+    target, draft_tokens, draft_probs = rs_rows(sample_tables(seed=4), torch.Generator().manual_seed(4))
     target, draft_tokens, draft_probs = target[:256], draft_tokens[:256], draft_probs[:256]
     first = rejection_sample(target, draft_tokens, draft_probs, torch.Generator().manual_seed(9))
     second = rejection_sample(target, draft_tokens, draft_probs, torch.Generator().manual_seed(9))
@@ -377,12 +245,7 @@ def test_greedy_literal_cases():
 
 def test_one_hot_target_reduces_to_greedy():
     """With p = one-hot(argmax), RS and TO must both give exactly greedy_verify's output."""
-    gen = torch.Generator().manual_seed(5)
-    logits = torch.randn(500, 4, 7, generator=gen)
-    p = torch.nn.functional.one_hot(logits.argmax(-1), 7).float()
-    q = torch.softmax(torch.randn(500, 3, 7, generator=gen), -1)
-    drafts = torch.multinomial(q.view(-1, 7), 1, generator=gen).view(500, 3)
-    drafts[:100] = logits[:100, :3].argmax(-1)  # some rows accept everything
+    logits, p, q, drafts, gen = one_hot_case()
     expected = greedy_verify(logits, drafts)
     for draft_probs in (q, None):
         got = rejection_sample(p, drafts, draft_probs, generator=gen)
