@@ -125,17 +125,21 @@ def save_model_dir(path, model, add_bos: bool = True):
     return path
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    """One cache for the module: a barely-trained embedded model, so every no-argument command works."""
+def fill_tiny_cache(path, mp: pytest.MonkeyPatch):
+    """Points BEBOP_CACHE_DIR at ``path`` and fills it with a barely-trained embedded model and head."""
     from bebop.cli import main
 
-    path = tmp_path_factory.mktemp("cli-cache")
-    mp = pytest.MonkeyPatch()
     mp.setenv("BEBOP_CACHE_DIR", str(path))
     assert main(["pretrain", "--steps", "3", "--eval-problems", "4"]) == 0
     assert main(["train-mtp", "--steps", "2", "--num-sequences", "8", "--batch-size", "4"]) == 0
-    yield path
+    return path
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """One cache for the module: a barely-trained embedded model, so every no-argument command works."""
+    mp = pytest.MonkeyPatch()
+    yield fill_tiny_cache(tmp_path_factory.mktemp("cli-cache"), mp)
     mp.undo()
 
 

@@ -11,6 +11,7 @@ import pytest
 pytest.importorskip("trl")
 
 from bebop.cli import main as bebop_main  # noqa: E402
+from tests.conftest import fill_tiny_cache  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "trl_grpo.py"
 
@@ -18,11 +19,8 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "trl_grpo.py"
 @pytest.fixture(scope="module")
 def example_run(tmp_path_factory):
     """The example's output directory after 2 GRPO steps (its own barely-trained cache)."""
-    cache = tmp_path_factory.mktemp("trl-cache")
     mp = pytest.MonkeyPatch()
-    mp.setenv("BEBOP_CACHE_DIR", str(cache))
-    assert bebop_main(["pretrain", "--steps", "3", "--eval-problems", "4"]) == 0
-    assert bebop_main(["train-mtp", "--steps", "2", "--num-sequences", "8", "--batch-size", "4"]) == 0
+    fill_tiny_cache(tmp_path_factory.mktemp("trl-cache"), mp)
     spec = importlib.util.spec_from_file_location("trl_grpo_example", EXAMPLE)
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
