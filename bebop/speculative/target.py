@@ -193,7 +193,7 @@ class Target:
             raise ValueError("prefill rows must be ordered longest prompt first")
         device, batch = ids.device, len(lengths)
         last_out = last_state = None
-        for start, end, num_rows in prefill_chunks(lengths, cut_at_ends=self.recurrent):
+        for start, end, num_rows in prefill_chunks(lengths, self.recurrent, MASK_BUDGET, PREFILL_TOKENS):
             valid = None
             if lengths[num_rows - 1] < end:  # some rows end inside the chunk (attention-only models)
                 positions = torch.arange(start, end, device=device)
@@ -212,8 +212,8 @@ class Target:
         return self.logits(last_out), last_state
 
 
-def prefill_chunks(lengths: list[int], cut_at_ends: bool, mask_budget: int = MASK_BUDGET,
-                   token_budget: int = PREFILL_TOKENS) -> list[tuple[int, int, int]]:
+def prefill_chunks(lengths: list[int], cut_at_ends: bool, mask_budget: int,
+                   token_budget: int) -> list[tuple[int, int, int]]:
     """(start, end, rows) of each prefill chunk over prompts of ``lengths`` (non-increasing).
 
     A chunk's rows are the first ``rows``, those whose prompts go past its start. It ends at the
