@@ -73,10 +73,13 @@ NO_WINDOW_KWARGS = {  # arch -> config fields that turn a default sliding window
 
 
 def tiny_model(arch: str = "qwen3", vocab_size: int = 64, seed: int = 0, hidden_size: int = 32, num_layers: int = 2,
-               eos_token_id: int | None = None, max_position_embeddings: int = 256, sliding_window: int | None = None):
+               eos_token_id: int | None = None, max_position_embeddings: int = 256, sliding_window: int | None = None,
+               layer_types: list[str] | None = None):
     """A randomly initialised tiny causal LM built from a config (no download), frozen, eval mode.
 
-    ``sliding_window`` w gives the model's sliding layers (see SLIDING_WINDOW_KWARGS) a window of w.
+    ``sliding_window`` w gives the model's sliding layers (see SLIDING_WINDOW_KWARGS) a window of w;
+    ``layer_types`` replaces the layer kinds (and count) of a model that has them. The hybrids' layer
+    count is their EXTRA_KWARGS' (``num_layers`` does not apply).
     """
     config_name, model_name = ARCHITECTURES[arch]
     torch.manual_seed(seed)
@@ -92,6 +95,8 @@ def tiny_model(arch: str = "qwen3", vocab_size: int = 64, seed: int = 0, hidden_
         kwargs.update(SLIDING_WINDOW_KWARGS[arch](sliding_window))
     else:
         kwargs.update(NO_WINDOW_KWARGS.get(arch, {}))
+    if layer_types is not None:
+        kwargs.update(layer_types=layer_types, num_hidden_layers=len(layer_types))
     config = getattr(transformers, config_name)(**kwargs)
     model = getattr(transformers, model_name)(config).eval()
     for p in model.parameters():
