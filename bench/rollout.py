@@ -64,7 +64,7 @@ from bebop.embedded import ensure_embedded_head
 from bebop.models import load_model
 from bebop.mtp.head import MtpHead
 from bebop.speculative import SamplingParams, SpecConfig, engine, generate
-from bebop.speculative.engine import _Target  # the engine's own verify forward, timed as the engine runs it
+from bebop.speculative.target import Target  # the engine's own verify forward, timed as the engine runs it
 from bebop.speculative.kv_cache import RaggedKVCache
 from bebop.task import arith
 
@@ -341,9 +341,10 @@ def _prefilled_caches(model, head, batch: int, kv_len: int, capacity: int):
     gen = torch.Generator(device="cpu").manual_seed(0)
     vocab = model.config.get_text_config().vocab_size
     ids = torch.randint(0, vocab, (batch, kv_len), generator=gen).to(device)
-    target = _Target(model, batch, capacity)
-    _, hidden = target.forward(ids)
-    target.cache.commit([kv_len] * batch)
+    target = Target(model, batch, capacity)
+    hidden = []
+    target.prefill(ids, [kv_len] * batch, lambda start, state: hidden.append(state))
+    hidden = torch.cat(hidden, dim=1)  # (B, kv_len, D)
     mtp_cache = RaggedKVCache(len(head.layers), batch, capacity, device, hidden.dtype)
     positions = mtp_cache.begin(kv_len)
     g = head.forward_step(hidden, ids, positions, step=0, attention_bias=mtp_cache.attention_bias(), cache=mtp_cache)

@@ -148,3 +148,8 @@ class RowStates:
     def nbytes(self) -> int:
         """Bytes held by the committed windows and states (the pending verify pass's snapshots not included)."""
         return sum(t.numel() * t.element_size() for d in (self.windows, self.states) for t in d.values())
+
+    def pending_nbytes(self) -> int:
+        """Bytes a verify pass holds until its commit: every position's state and the windows with its inputs."""
+        tensors = [t for snaps in self._snapshots.values() for t in snaps] + list(self._inputs.values())
+        return sum(t.numel() * t.element_size() for t in tensors)
