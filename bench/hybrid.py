@@ -69,7 +69,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16], help="rows B per call")
     ap.add_argument("--max-new-tokens", type=int, default=64, help="completion tokens per row")
     ap.add_argument("--repeats", type=int, default=7, help="timed calls per setting")
-    ap.add_argument("--quick", action="store_true", help="D 128, 4 layers, V 2048, 100 head steps, 5 repeats, 32 tokens")
+    ap.add_argument("--quick", action="store_true",
+                    help="D 128, 4 layers, V 2048, 100 head steps, 5 repeats, 32 tokens")
     ap.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     args = ap.parse_args(argv)
@@ -134,27 +135,27 @@ def run_rollouts(models: dict, heads: dict, batch: int, args) -> dict:
     """tok/s of none and rs per model at B = ``batch``, every setting once per repeat in a random order."""
     prompts = make_prompts(batch, args.vocab)
     settings = [(name, mode) for name in models for mode in ("none", "rs")]
-    seconds = {s: [] for s in settings}
-    results, steps = {}, {}
+    calls = {s: [] for s in settings}  # (seconds, forwards: decode steps + prefill) per timed call
+    accept = {}
     for repeat in range(args.repeats + 1):  # repeat 0 warms up
         for name, mode in run_order(settings, repeat):
             method = Method(mode, SPECULATE_K if mode == "rs" else 0)
             took, out, num_steps = run_bebop(models[name], _Tokenizer(), heads[name], prompts, method, 1.0,
                                              args.max_new_tokens, seed=repeat)
             if repeat:
-                seconds[(name, mode)].append(took / (num_steps + 1))  # per forward: decode steps + prefill
-                results[(name, mode)], steps[(name, mode)] = out, num_steps + 1
+                calls[(name, mode)].append((took, num_steps + 1))
+                if mode == "rs":
+                    accept[name] = out.stats.accept_length
     rows = {}
     tokens = batch * args.max_new_tokens
     for name in models:
-        per_step = {mode: statistics.median(seconds[(name, mode)]) for mode in ("none", "rs")}
-        call = {mode: per_step[mode] * steps[(name, mode)] for mode in ("none", "rs")}  # seconds of one call
-        ratios = [(n * steps[(name, "none")]) / (r * steps[(name, "rs")])
-                  for n, r in zip(seconds[(name, "none")], seconds[(name, "rs")])]
+        none, rs = calls[(name, "none")], calls[(name, "rs")]
+        ratios = [n / r for (n, _), (r, _) in zip(none, rs)]  # the same repeat's calls: paired
+        per_step = {mode: statistics.median(t / f for t, f in calls[(name, mode)]) for mode in ("none", "rs")}
         rows[name] = {
-            "step_cost": per_step["rs"] / per_step["none"], "none": tokens / call["none"], "rs": tokens / call["rs"],
-            "speedup": statistics.median(ratios), "low": min(ratios), "high": max(ratios),
-            "accept": results[(name, "rs")].stats.accept_length,
+            "step_cost": per_step["rs"] / per_step["none"],
+            "none": tokens / statistics.median(t for t, _ in none), "rs": tokens / statistics.median(t for t, _ in rs),
+            "speedup": statistics.median(ratios), "low": min(ratios), "high": max(ratios), "accept": accept[name],
         }
     return rows
 

@@ -7,11 +7,14 @@ One verify step of a row (``to``/``rs``)::
     verify:  one target forward over [last token, d_1..d_K] -> p_1..p_{K+1}
     accept:  rejection_sample (RS, q = the draft's distribution) or target-only (q one-hot); RS with
              ``SpecConfig.verify="block"`` accepts the chain jointly (``bebop.speculative.block``)
-    commit:  the row keeps 1 + num_accepted KV entries; the recovered/bonus token is the next "last token"
+    commit:  the row keeps 1 + num_accepted KV entries (and recurrent states at that length); the
+             recovered/bonus token is the next "last token"
 
-Rows accept different numbers of tokens in the same step; a ``RaggedKVCache`` (one per model)
-keeps a length per row, so a rollback costs nothing and nothing is recomputed. Finished rows are
-dropped from the batch. A row's randomness comes from ``bebop.speculative.rng`` keyed by (its seed, its
+Rows accept different numbers of tokens in the same step; a ragged cache (one per model) keeps a
+length per row, so a rollback costs nothing and nothing is recomputed: KV entries past a row's
+length are ignored, and a recurrent layer's state is the snapshot the verify pass took at the row's
+kept length (``bebop.speculative.target``, ``bebop.speculative.state_cache``). Finished rows are
+dropped from the batch, their KV entries and states with them. A row's randomness comes from ``bebop.speculative.rng`` keyed by (its seed, its
 number of emitted tokens), so its output does not depend on which other rows share the batch.
 Statistics (``Completions.stats``) count only the tokens the completions keep (see
 ``bebop.speculative.stats``): each step is logged first and trimmed once every row's end is known.
@@ -29,6 +32,12 @@ Deviations from a textbook implementation:
        target uses: full causal, or the sliding window of each ``sliding_attention`` layer (see
        ``bebop.speculative.attention``, which refuses, in one line, any pattern it cannot reproduce exactly).
        The MTP head's layers are full-attention layers, in training and here.
+    4) Recurrent layers (Gated DeltaNet, Mamba2) run a verify pass position by position with their
+       sequential recurrence, keeping the state after each position, as a plain step runs them;
+       prefill chunks end at every row's prompt end, so no recurrent layer ever sees padding.
+    5) The prefill runs in chunks under a fixed mask budget, rows ordered longest prompt first, and
+       computes logits only at each row's last prompt position; the MTP head reads its first input
+       pairs chunk by chunk alongside (``bebop.speculative.target``).
 """
 
 from __future__ import annotations

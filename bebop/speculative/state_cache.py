@@ -129,8 +129,8 @@ class RowStates:
             window = self.windows[key]
             width = window.shape[-1]
             # Row b's window: its inputs kept[b] .. kept[b] + kernel - 1 of [old window, S new inputs].
-            index = (kept[:, None] + torch.arange(width, device=self.device))[:, None, :].expand(-1, inputs.shape[1], -1)
-            window[: self._rows] = inputs.gather(2, index)
+            index = kept[:, None] + torch.arange(width, device=self.device)  # (R, kernel)
+            window[: self._rows] = inputs.gather(2, index[:, None, :].expand(-1, inputs.shape[1], -1))
         for key, snapshots in self._snapshots.items():
             state = self.states[key]
             for n in set(num_kept):  # one copy per distinct kept length

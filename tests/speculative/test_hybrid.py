@@ -1,4 +1,5 @@
-"""Tests for the engine on hybrid models: recurrent layers' state is rolled back exactly (bebop.speculative.state_cache).
+"""Tests for the engine on hybrid models: recurrent layers' state is rolled back exactly
+(bebop.speculative.state_cache).
 
 What pins it, on tiny models of each hybrid family (Qwen3.5, Qwen3.5-MoE and Qwen3-Next: Gated DeltaNet
 and full attention, 3:1; NemotronH: Mamba2, attention and MLP blocks):
