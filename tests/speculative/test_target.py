@@ -72,7 +72,8 @@ def test_a_long_prompt_decodes_within_the_mask_budget(monkeypatch):
     out = generate(model, ToyTokenizer(), [prompt], mtp=MtpHead(model), spec=SpecConfig("rs", 3),
                    sampling=SamplingParams(temperature=0.0, max_new_tokens=8))
     assert out.lengths == [8] and max(sizes) <= target.MASK_BUDGET
-    assert len(sizes) > 2 * LONG_PROMPT ** 2 // target.MASK_BUDGET  # the target's chunks and the head's
+    # The prompt ran in chunks whose masks fill most of the budget: at least 8 of the target's, 8 of the head's.
+    assert sum(n > target.MASK_BUDGET // 2 for n in sizes) >= 16
     with torch.no_grad():
         logits, _ = Target(model, 1, LONG_PROMPT + 1).prefill(torch.tensor([prompt]), [LONG_PROMPT])
         expected = model(input_ids=torch.tensor([prompt + out.token_ids[0][:-1]])).logits[0, LONG_PROMPT - 1:]
