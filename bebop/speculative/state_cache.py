@@ -131,10 +131,11 @@ class RowStates:
             # Row b's window: its inputs kept[b] .. kept[b] + kernel - 1 of [old window, S new inputs].
             index = kept[:, None] + torch.arange(width, device=self.device)  # (R, kernel)
             window[: self._rows] = inputs.gather(2, index[:, None, :].expand(-1, inputs.shape[1], -1))
+        groups = {n: torch.tensor([b for b, m in enumerate(num_kept) if m == n], device=self.device)
+                  for n in set(num_kept)}  # rows by kept length: one copy per group and layer
         for key, snapshots in self._snapshots.items():
             state = self.states[key]
-            for n in set(num_kept):  # one copy per distinct kept length
-                rows = torch.tensor([b for b, m in enumerate(num_kept) if m == n], device=self.device)
+            for n, rows in groups.items():
                 state.index_copy_(0, rows, snapshots[n - 1].index_select(0, rows).to(state.dtype))
         self._record = 0
         self._inputs, self._snapshots = {}, {}
