@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from bebop.analysis import bootstrap, plots
-from bebop.analysis.roles import answer_role, none_runs, speculative_roles
+from bebop.analysis.roles import answer_role, none_runs, role_name, speculative_roles
 from bebop.analysis.runs import Run, metric_column
 from bebop.analysis.slopes import steps_estimate
 from bebop.analysis.summary import (
@@ -78,10 +78,11 @@ def _share_clause(base: Sequence[Run], runs: Sequence[Run]) -> str:
 def _speed_sentence(name: str, runs: Sequence[Run], base: Sequence[Run]) -> str:
     """Step time with and without MTP and their ratio (see the module docstring, item 1)."""
     trl = any(r.config.get("trainer") == "trl" for r in (*runs, *base))
-    source = " (TRL's `step_time`, which leaves out the optimizer step)" if trl else ""
+    source = "step times are TRL's `step_time`, which leaves out the optimizer step" if trl else ""
     if not base:
         mean, _ = mean_step_time(runs)
-        took = f"An RL step took {mean.estimate:.3g} s with MTP ({_pooled(name, runs)}){source}"
+        took = f"An RL step took {mean.estimate:.3g} s with MTP ({_pooled(name, runs)})"
+        took += f" ({source})" if source else ""
         return f"{took}; no run without MTP was given, so there is no speed-up: {BASELINE_HOW}."
     ratio, base_mean, mean = step_speedup(base, runs)
     if not np.isfinite(ratio.estimate):
@@ -89,12 +90,13 @@ def _speed_sentence(name: str, runs: Sequence[Run], base: Sequence[Run]) -> str:
     low, high = ratio.ci
     warmup = "first step" if WARMUP_STEPS == 1 else f"first {WARMUP_STEPS} steps"
     if np.isfinite(low) and np.isfinite(high):
-        speedup = (f"{ratio.estimate:.2f}× [{low:.2f}, {high:.2f}]**{source} (95% interval, block bootstrap over "
-                   f"{ratio.n} RL steps, each run's {warmup} left out)")
+        speedup, how = f"{ratio.estimate:.2f}× [{low:.2f}, {high:.2f}]", "95% interval, block bootstrap over"
     else:
-        speedup = f"{ratio.estimate:.2f}×**{source} (no interval from {ratio.n} RL steps; each run's {warmup} left out)"
+        speedup, how = f"{ratio.estimate:.2f}×", "no interval from"
+    notes = "; ".join(filter(None, (f"{how} {ratio.n} RL steps, each run's {warmup} left out", source)))
     return (f"**An RL step took {mean.estimate:.3g} s with MTP ({_pooled(name, runs)}) and {base_mean.estimate:.3g} s "
-            f"without ({_pooled('none', base)}): a speed-up of {speedup}{_share_clause(base, runs)}.")
+            f"without ({_pooled(role_name(base[0]), base)}): a speed-up of {speedup}** ({notes})"
+            f"{_share_clause(base, runs)}.")
 
 
 def _accept_sentence(name: str, runs: Sequence[Run], summaries: Sequence[dict]) -> str:
