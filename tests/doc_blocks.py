@@ -49,10 +49,15 @@ def section_blocks(text: str, heading: str) -> list[tuple[str, str]]:
     return re.findall(r"^```(\w+)\n(.*?)^```", body, flags=re.M | re.S)
 
 
-def shell_commands(body: str) -> list[list[str]]:
-    """A bash block's commands, each split into words; ``\\``-continued lines joined, comments dropped."""
+def command_lines(body: str) -> list[str]:
+    """A bash block's command lines, stripped; ``\\``-continued lines joined, blank and comment lines dropped."""
     joined = re.sub(r"\\\n", " ", body)
-    return [words for line in joined.splitlines() if (words := shlex.split(line, comments=True))]
+    return [line.strip() for line in joined.splitlines() if shlex.split(line, comments=True)]
+
+
+def shell_commands(body: str) -> list[list[str]]:
+    """A bash block's commands, each split into words (``command_lines``, inline comments dropped)."""
+    return [shlex.split(line, comments=True) for line in command_lines(body)]
 
 
 def expand(word: str, settings: dict[str, str]) -> str:

@@ -36,7 +36,7 @@ import pytest
 import bebop
 from bebop.cli import main
 from tests.conftest import WORDS, fill_tiny_cache, save_model_dir, tiny_model
-from tests.doc_blocks import DOC_FILES, REPO, SETTING, Block, expand, fenced_blocks, shell_commands
+from tests.doc_blocks import DOC_FILES, REPO, SETTING, Block, command_lines, expand, fenced_blocks
 from tests.test_readme import TINY as WALKTHROUGH_SIZES
 
 COMMAND_LANGUAGES = ("bash", "python", "yaml")  # blocks that are commands, code or configs
@@ -52,15 +52,16 @@ RUN_HERE = {  # (file, first line's start) -> the test of this module that runs 
     ("docs/trainers.md", "bebop train-mtp --model ./Qwen3.5-9B"): "test_export_blocks_run_as_written",
     ("docs/trainers.md", "bebop train-mtp --model ckpt/step_400/hf"): "test_export_blocks_run_as_written",
 }
+WALKTHROUGH = "tests/test_readme.py::test_walkthrough_runs_as_written"
 RUN_ELSEWHERE = {  # (file, first line's start) -> "test file::test" that runs the block as written
-    ("README.md", "MODEL=./my-model"): "tests/test_readme.py::test_walkthrough_runs_as_written",
-    ("README.md", "bebop generate --model $MODEL"): "tests/test_readme.py::test_walkthrough_runs_as_written",
-    ("README.md", "bebop train-mtp --model $MODEL"): "tests/test_readme.py::test_walkthrough_runs_as_written",
-    ("README.md", "bebop eval-mtp --model $MODEL"): "tests/test_readme.py::test_walkthrough_runs_as_written",
-    ("README.md", "bebop check-lossless --model $MODEL"): "tests/test_readme.py::test_walkthrough_runs_as_written",
-    ("README.md", "# my_rewards.py"): "tests/test_readme.py::test_walkthrough_runs_as_written",
-    ("README.md", "bebop rl --model $MODEL"): "tests/test_readme.py::test_walkthrough_runs_as_written",
-    ("README.md", "from bebop import models, mtp, speculative"): "tests/test_readme.py::test_walkthrough_runs_as_written",
+    ("README.md", "MODEL=./my-model"): WALKTHROUGH,
+    ("README.md", "bebop generate --model $MODEL"): WALKTHROUGH,
+    ("README.md", "bebop train-mtp --model $MODEL"): WALKTHROUGH,
+    ("README.md", "bebop eval-mtp --model $MODEL"): WALKTHROUGH,
+    ("README.md", "bebop check-lossless --model $MODEL"): WALKTHROUGH,
+    ("README.md", "# my_rewards.py"): WALKTHROUGH,
+    ("README.md", "bebop rl --model $MODEL"): WALKTHROUGH,
+    ("README.md", "from bebop import models, mtp, speculative"): WALKTHROUGH,
 }
 FLAGS_ONLY = {  # (file, first line's start) -> why the benchmark is not run
     ("bench/README.md", "PYTHONPATH=. .venv/bin/python bench/rollout.py --quick"):
@@ -163,17 +164,11 @@ def _command_words(line: str, settings: dict[str, str]) -> list[str]:
     return [expand(w, settings) for w in shlex.split(line, comments=True)]
 
 
-def _commands(body: str) -> list[str]:
-    """A block's command lines, continuations joined, comment lines and blank lines dropped."""
-    joined = re.sub(r"\\\n", " ", body)
-    return [line.strip() for line in joined.splitlines() if line.strip() and not line.strip().startswith("#")]
-
-
 def run_shell_block(block: Block, settings: dict[str, str]) -> list[str]:
     """Runs ``block``'s commands in the current directory; returns the commands it skipped (``SKIPPED_COMMANDS``)."""
     assert block.language == "bash", block
     skipped = []
-    for line in _commands(block.body):
+    for line in command_lines(block.body):
         if (start := next((s for s in SKIPPED_COMMANDS if line.startswith(s)), None)) is not None:
             skipped.append(start)
             continue
@@ -308,7 +303,7 @@ def test_benchmark_commands_parse(path, start, monkeypatch):
 
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
     monkeypatch.chdir(REPO)
-    for line in _commands(find_block(path, start).body):
+    for line in command_lines(find_block(path, start).body):
         argv, target, is_module = _bench_command(line)
         monkeypatch.setattr(sys, "argv", argv)
         with pytest.raises(_FlagsParsed):

@@ -100,9 +100,10 @@ def summarize_run(run: Run) -> dict:
         ``num_steps``; mean seconds ``step_s``, ``rollout_s``, ``train_s``, ``mtp_s``;
         ``accept_length_start``/``_end``, ``accuracy_start``/``final_accuracy`` and
         ``entropy_start``/``_end`` (window means, see the module docstring) with ``accuracy_change``
-        and ``entropy_change`` (Intervals of end - start); ``mean_target_entropy`` (nats); ``entropy_slope`` (Interval of the
-        accept-length slope against entropy over steps, block bootstrap; NaN with ``entropy_slope_reason``
-        when the steps are too few or their entropies too close, ``slopes.steps_estimate``) and ``entropy_r``;
+        and ``entropy_change`` (Intervals of end - start); ``mean_target_entropy`` (nats);
+        ``entropy_slope`` (Interval of the accept-length slope against entropy over steps, block
+        bootstrap; NaN with ``entropy_slope_reason`` when the steps are too few or their entropies too
+        close, ``slopes.steps_estimate``) and ``entropy_r``;
         per-position lists ``alpha_rs_start``/``_end``, ``alpha_to_start``/``_end``,
         ``accepted_per_pos_start``/``_end``; the Eq. 16 split (``early_slope``,
         ``delta_accept_end``, ``entropy_part_end``, ``mismatch_part_end``); and ``token``

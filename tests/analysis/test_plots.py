@@ -234,7 +234,8 @@ def test_step_latency_stacks_the_logged_parts_and_the_rest_of_the_step(drawn):
 def test_latency_parts_without_a_step_time_are_the_logged_parts():
     np.testing.assert_allclose(plots.latency_parts(1.5, np.nan, np.nan, 2.0), [1.5, 0, 0, 0.5])
     np.testing.assert_allclose(plots.latency_parts(1.5, 0.4, np.nan, np.nan), [1.5, 0.4, 0, 0])
-    np.testing.assert_allclose(plots.latency_parts(1.5, 0.6, 0.1, 2.0), [1.5, 0.6, 0.1, 0])  # parts above the step time: no negative rest
+    # parts that add up to more than the step time: no negative rest
+    np.testing.assert_allclose(plots.latency_parts(1.5, 0.6, 0.1, 2.0), [1.5, 0.6, 0.1, 0])
 
 
 def test_accept_vs_temperature_sorts_by_temperature_and_pairs_rs_with_to(drawn):
