@@ -8,7 +8,8 @@ Stages (each reuses what an earlier, possibly interrupted, run finished):
     4. exact teacher-forced acceptance of each head at K=3 (RS and TO), and a temperature sweep;
     5. RL runs: none, to+ce, rs+ce, rs+e2e_tv (frozen), rs+e2e_tv with online CE, and with online TV updates;
        the key comparison (to+ce, rs+ce, rs+e2e_tv) runs with ``seeds`` RL seeds, pooled by the analyses;
-    6. a markdown report with plots and one row per paper finding, its verdict computed from the data.
+    6. a markdown report that opens with the answer (RL step time with and without MTP, accept length against
+       entropy), then one row per paper finding the runs answer, its verdict computed from the data.
 """
 
 from __future__ import annotations

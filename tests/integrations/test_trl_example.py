@@ -46,6 +46,6 @@ def test_report_reads_the_trl_output(example_run, tmp_path):
     out = tmp_path / "report"
     assert bebop_main(["report", str(example_run), "--out", str(out)]) == 0
     text = (out / "report.md").read_text()
-    assert "trl:rs+e2e_tv" in text and "headline.png" in text
+    assert "trl:rs+e2e_tv" in text and "accept_vs_entropy.png" in text
     token_section = text.split("## Token level")[1].split("\n## ")[0]
     assert "| trl:rs+e2e_tv |" in token_section  # the token statistics Bebop left beside TRL's history

@@ -41,7 +41,7 @@ def test_table_names_both_backends_and_refuses_unknown():
 
 def test_vllm_backend_without_vllm_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm -> ImportError, installed or not
-    with pytest.raises(BebopError, match=r"pip install 'bebop\[vllm\]'"):
+    with pytest.raises(BebopError, match=r"pip install vllm \(bebop-rl's vllm extra"):
         backend_class("vllm")
 
 
