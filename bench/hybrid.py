@@ -39,7 +39,7 @@ import transformers
 from bebop.mtp.data import Sequences
 from bebop.mtp.head import MtpHead
 from bebop.mtp.train import TrainMtpConfig, train_mtp
-from bebop.speculative import SamplingParams, SpecConfig, generate
+from bebop.speculative import SamplingParams, generate
 from bebop.speculative.target import Target
 from bench.rollout import Method, measure_costs, run_bebop, run_order
 

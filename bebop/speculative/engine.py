@@ -49,6 +49,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from bebop.config import is_auto
+from bebop.speculative import rng
 from bebop.speculative.completions import Completions
 from bebop.speculative.kv_cache import RaggedKVCache, fill_order
 from bebop.speculative.sampling import logits_to_probs, sample_from_probs
