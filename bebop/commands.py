@@ -366,10 +366,11 @@ def _abs(path: str | None) -> str | None:
 def _saved_run(run_dir: Path, args) -> dict:
     """The saved config of the run to resume; fills --model/--mtp from it, refuses different ones."""
     from bebop.utils.io import read_json
+    from bebop.utils.run_files import CONFIG_FILE
 
-    if not (run_dir / "config.json").is_file():
-        raise BebopError(f"nothing to resume: {run_dir} holds no run (no config.json); start one with --out")
-    saved = read_json(run_dir / "config.json", what="run config")
+    if not (run_dir / CONFIG_FILE).is_file():
+        raise BebopError(f"nothing to resume: {run_dir} holds no run (no {CONFIG_FILE}); start one with --out")
+    saved = read_json(run_dir / CONFIG_FILE, what="run config")
     for key in RUN_PATHS:
         given, recorded = _abs(getattr(args, key, None)), saved.get(key)
         if given is None:

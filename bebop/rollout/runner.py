@@ -2,7 +2,8 @@
 
 ``bebop.rl.loop`` asks it for a step's rollout (``collect``), for the model whose logprobs are the
 old ones (``sampling_model``), tells it when this step's update is about to start (``launch``) and
-when it has finished (``updated``), and saves what it lists in ``checkpoint_parts``.
+when it has finished (``updated``), and saves what it lists in ``checkpoint_parts``. What it samples
+comes typed in ``RolloutSettings`` (``bebop.rl.config.rollout_settings`` builds them from the run's config).
 
 Synchronous: the backend samples with the policy itself; after each update the backend is synced
 (``RolloutBackend.sync``: the engine rebinds, vLLM copies the weights in place). With
@@ -14,7 +15,7 @@ frozen head never changes (it reads the current policy's states in every backend
 
 Under torchrun each rank samples a contiguous 1/W of the prompts (their rows keep their global ids,
 so on the engine they are the rows one process samples), and ``collect`` gathers every rank's rows
-(on the main thread, never in the background one) into the step's whole rollout.
+(``gather_completions``, on the main thread, never in the background one) into the step's whole rollout.
 """
 
 from __future__ import annotations
