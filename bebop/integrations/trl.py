@@ -92,8 +92,8 @@ def _outside_unit(value) -> bool:
 
 # Every GenerationConfig field (transformers 5) by what TRL's ``model.generate`` does with it, as transformers'
 # ``get_generation_mode``, ``_get_logits_processor`` and ``_get_stopping_criteria`` read it: READ, NO_EFFECT,
-# or a test that passes when the field leaves the tokens alone (refused by name otherwise). A field missing
-# here (a newer transformers) is refused unless unset.
+# or a test that passes when the field leaves the tokens alone (refused by name otherwise). A field of
+# GenerationConfig missing here (a newer transformers) is refused unless unset.
 GENERATION_FIELDS = {
     "do_sample": READ, "temperature": READ, "top_k": READ, "top_p": READ, "max_new_tokens": READ, "eos_token_id": READ,
     "max_length": NO_EFFECT,  # NOTE: max_new_tokens, which TRL always sets, takes precedence
@@ -329,10 +329,13 @@ def sampling_params(trainer, model) -> tuple[SamplingParams, set[int]]:
     if not isinstance(trainer.temperature, (int, float)) or not trainer.temperature > 0:
         raise BebopError(f"GRPOConfig temperature={trainer.temperature!r}: TRL's loss divides the policy's logits by "
                          "it, so it must be > 0 (for greedy rollouts set generation_kwargs={'do_sample': False})")
+    from transformers import GenerationConfig
+
     config = generation_config(trainer, model)
+    fields = GenerationConfig().to_dict()  # NOTE: generate ignores a config's other (custom) entries
     changed = []
     for name, value in config.to_dict().items():
-        meaning = GENERATION_FIELDS.get(name)
+        meaning = GENERATION_FIELDS.get(name, None if name in fields else NO_EFFECT)
         if (meaning is None and value is not None) or (callable(meaning) and not meaning(value)):
             changed.append(f"{name}={value!r}")
     if changed:

@@ -21,6 +21,7 @@ so on the engine they are the rows one process samples), and ``collect`` gathers
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -77,7 +78,8 @@ def gather_completions(local: Completions, seconds: float) -> tuple[Completions,
     """
     if distributed.world_size() == 1:
         return local, seconds
-    parts = distributed.gather_objects((local, seconds))
+    # NOTE: without the per-step log and timings, which the gathered rollout does not keep
+    parts = distributed.gather_objects((dataclasses.replace(local, log=None, step_times=[]), seconds))
     results = [r for r, _ in parts]
     stats = concat_stats([r.stats for r in results], [len(r.token_ids) for r in results])
     merged = Completions(*(sum((getattr(r, name) for r in results), []) for name in

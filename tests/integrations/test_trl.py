@@ -284,6 +284,20 @@ def test_refuses_settings_it_cannot_reproduce_before_sampling(tmp_path, config, 
     assert rollout.sampler is None and rollout.num_calls == 0 and not (tmp_path / "out" / "bebop_rollout.json").exists()
 
 
+def test_a_field_bebop_does_not_know_is_refused_and_a_custom_entry_ignored(tmp_path, monkeypatch):
+    """A GenerationConfig field missing from GENERATION_FIELDS (as one a newer transformers adds) is refused when
+    set; an entry GenerationConfig does not define (generate ignores it) is not."""
+    from bebop.integrations import trl as integration
+
+    model = peaked_model()
+    model.generation_config.chat_format = "chatml"  # a custom entry some checkpoints ship
+    trainer = make_trainer(tmp_path, model, generation_kwargs={"low_memory": True})
+    assert integration.sampling_params(trainer, model)[0].temperature == 1.0
+    monkeypatch.delitem(integration.GENERATION_FIELDS, "low_memory")
+    with pytest.raises(BebopError, match="low_memory=True"):
+        integration.sampling_params(trainer, model)
+
+
 def test_refuses_what_the_integration_cannot_run(tmp_path):
     model = peaked_model()
     trainer = make_trainer(tmp_path, model, bebop_rollout_func(MtpHead(model)))
