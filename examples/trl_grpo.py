@@ -95,9 +95,9 @@ def step_line(row: dict) -> str:
     def shown(key: str, fmt: str) -> str:
         return "-" if row.get(key) is None else format(row[key], fmt)
 
-    return (f"step {row['step']:3d}  reward {shown('reward', '.3f')}  accept length {shown('spec/accept_length', '.2f')}"
-            f"  H(p) {shown('spec/target_entropy', '.3f')}  rollout {shown('spec/rollout_seconds', '.2f')}s"
-            f"  step {shown('step_time', '.2f')}s")
+    return (f"step {row['step']:3d}  reward {shown('reward', '.3f')}"
+            f"  accept length {shown('spec/accept_length', '.2f')}  H(p) {shown('spec/target_entropy', '.3f')}"
+            f"  rollout {shown('spec/rollout_seconds', '.2f')}s  step {shown('step_time', '.2f')}s")
 
 
 if __name__ == "__main__":

@@ -290,7 +290,8 @@ def train_head_on_policy(trainer, out_dir: str | Path, num_prompts: int = 64, sa
         sampler = make_backend("engine", model, tokenizer)
         result = sampler.rollout(prompt_ids, sampling, SpecConfig("none"), group_size=samples_per_prompt, seed=seed)
         result = result.cut_after(eos_ids, tokenizer)
-        data = Sequences([p + c for p, c in zip(result.prompt_ids, result.token_ids)], [len(p) for p in result.prompt_ids])
+        rows = [p + c for p, c in zip(result.prompt_ids, result.token_ids)]
+        data = Sequences(rows, [len(p) for p in result.prompt_ids])
         train_mtp(model, data, out_dir, config or TrainMtpConfig(), pad_id=tokenizer.pad_token_id,
                   show_progress=trainer.accelerator.is_main_process)
     finally:  # NOTE: train_mtp freezes the backbone; the policy goes back to training as it was

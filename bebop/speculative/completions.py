@@ -68,7 +68,8 @@ class Completions:
         changed = [end < len(tokens) for tokens, end in zip(self.token_ids, ends)]
         return dataclasses.replace(
             self, token_ids=cut, lengths=ends, stats=self.log.to_stats(ends),
-            texts=[tokenizer.decode(c, skip_special_tokens=True) if ch else t for c, ch, t in zip(cut, changed, self.texts)],
+            texts=[tokenizer.decode(c, skip_special_tokens=True) if ch else text
+                   for c, ch, text in zip(cut, changed, self.texts)],
             finish_reasons=["eos" if ch else r for ch, r in zip(changed, self.finish_reasons)])
 
     def spec_metrics(self) -> dict:

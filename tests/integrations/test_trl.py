@@ -254,10 +254,12 @@ def test_sampling_params_are_what_transformers_applies(tmp_path, config):
     gen = generation_config(trainer, model)
     warpers = {type(p).__name__: p for p in model._get_logits_processor(gen, device="cpu", model_kwargs={})}
     assert set(warpers) <= {"TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper"}
+    temperature = warpers["TemperatureLogitsWarper"].temperature if "TemperatureLogitsWarper" in warpers else 1.0
+    top_k = warpers["TopKLogitsWarper"].top_k if "TopKLogitsWarper" in warpers else 0
     top_p = warpers["TopPLogitsWarper"].top_p if "TopPLogitsWarper" in warpers else 1.0
-    expected = (gen.temperature if gen.do_sample and "TemperatureLogitsWarper" in warpers else 1.0 if gen.do_sample
-                else 0.0, 1 if top_p == 0 else warpers["TopKLogitsWarper"].top_k if "TopKLogitsWarper" in warpers else 0,
-                1.0 if top_p == 0 else top_p)
+    if top_p == 0:  # transformers keeps one token, the most likely: top-k 1
+        top_k, top_p = 1, 1.0
+    expected = (temperature if gen.do_sample else 0.0, top_k, top_p)
     assert (sampling.temperature, sampling.top_k, sampling.top_p) == expected
     assert sampling.max_new_tokens == 6 and eos_ids == {EOS_ID}
 
@@ -268,7 +270,8 @@ def test_sampling_params_are_what_transformers_applies(tmp_path, config):
     ({"generation_kwargs": {"dola_layers": "low"}}, "dola_layers='low'"),
     ({"generation_kwargs": {"max_time": 5.0}}, "max_time=5.0"),
     ({"generation_kwargs": {"num_beams": 2}}, "num_beams=2"),
-    ({"generation_kwargs": {"no_repeat_ngram_size": 2, "stop_strings": ["b"]}}, "stop_strings=['b'], no_repeat_ngram_size=2"),
+    ({"generation_kwargs": {"no_repeat_ngram_size": 2, "stop_strings": ["b"]}},
+     "stop_strings=['b'], no_repeat_ngram_size=2"),
     ({"generation_kwargs": {"temperature": 0.0}}, "temperature=0.0 with do_sample=True: TRL's generate refuses it"),
     ({"temperature": 0.0}, "TRL's loss divides the policy's logits by it"),
     ({"generation_kwargs": {"top_k": -1}}, "top_k=-1: TRL's generate refuses it"),
