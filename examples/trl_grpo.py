@@ -92,12 +92,12 @@ def main(argv=None) -> Path:
 
 def step_line(row: dict) -> str:
     """One log-history row as a line; "-" for what the step did not measure (accept length in mode none)."""
-    def shown(key: str, fmt: str) -> str:
-        return "-" if row.get(key) is None else format(row[key], fmt)
+    def shown(key: str, fmt: str, unit: str = "") -> str:
+        return "-" if row.get(key) is None else format(row[key], fmt) + unit
 
     return (f"step {row['step']:3d}  reward {shown('reward', '.3f')}"
             f"  accept length {shown('spec/accept_length', '.2f')}  H(p) {shown('spec/target_entropy', '.3f')}"
-            f"  rollout {shown('spec/rollout_seconds', '.2f')}s  step {shown('step_time', '.2f')}s")
+            f"  rollout {shown('spec/rollout_seconds', '.2f', 's')}  step {shown('step_time', '.2f', 's')}")
 
 
 if __name__ == "__main__":
