@@ -62,6 +62,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bebop.config import temperature_problem
 from bebop.rollout.base import backend_problem, make_backend
 from bebop.rollout.logprobs import policy_logprobs
 from bebop.rollout.runner import gather_completions
@@ -327,7 +328,7 @@ def sampling_params(trainer, model) -> tuple[SamplingParams, set[int]]:
     """
     if getattr(trainer, "use_vllm", False):
         raise BebopError("bebop_rollout_func samples on the trainer's own model: set use_vllm=False in GRPOConfig")
-    if not isinstance(trainer.temperature, (int, float)) or not trainer.temperature > 0:
+    if temperature_problem(trainer.temperature, greedy_ok=False):
         raise BebopError(f"GRPOConfig temperature={trainer.temperature!r}: TRL's loss divides the policy's logits by "
                          "it, so it must be > 0 (for greedy rollouts set generation_kwargs={'do_sample': False})")
     from transformers import GenerationConfig
@@ -353,7 +354,8 @@ def _distribution(config) -> SamplingParams:
         return SamplingParams(temperature=0.0, max_new_tokens=config.max_new_tokens)
     temperature, top_k, top_p = config.temperature, config.top_k, config.top_p
     # NOTE: transformers leaves a warper out at its "off" value and refuses the rest, as TRL's generate would
-    if temperature not in (None, 1.0) and not (isinstance(temperature, float) and temperature > 0):
+    refused = not isinstance(temperature, float) or temperature_problem(temperature, greedy_ok=False)
+    if temperature not in (None, 1.0) and refused:
         raise BebopError(f"temperature={temperature!r} with do_sample=True: TRL's generate refuses it (a float > 0); "
                          "for greedy rollouts set generation_kwargs={'do_sample': False}")
     if top_k not in (None, 0) and not (isinstance(top_k, int) and top_k > 0):
