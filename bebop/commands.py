@@ -406,7 +406,7 @@ def _head_loss(path: Path) -> str | None:
 # ---------------------------------------------------------------------------------------------- report / demo
 def cmd_report(args) -> None:
     from bebop.analysis.report import REPORT_FILE, write_report
-    from bebop.analysis.runs import load_run
+    from bebop.analysis.runs import load_run, run_inputs
     from bebop.utils.io import atomic_dir, check_output_dir, output_dir, read_json
     from bebop.utils.run_files import REPORT_DIR
 
@@ -422,8 +422,7 @@ def cmd_report(args) -> None:
         if not isinstance(result, dict) or "alpha_rs" not in result:
             raise BebopError(f"{file} is not a `bebop eval-mtp --json` result (no alpha_rs)")
         head_evals.append(result)
-    # NOTE: the inputs are the files the runs were read from, so a report folder inside a run directory is allowed
-    inputs = (*(file for run in runs for file in run.files), *(args.eval or ()))
+    inputs = (*(path for run in runs for path in run_inputs(run)), *(args.eval or ()))  # NOTE: not RUN/report
     with output_dir(out, overwrite=args.overwrite, what="report directory", inputs=inputs), \
             atomic_dir(out) as tmp:  # NOTE: a sibling of --out, so the runs' relative links hold
         write_report(runs, tmp, head_evals=head_evals)

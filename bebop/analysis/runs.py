@@ -32,6 +32,7 @@ from bebop.utils.progress import say
 from bebop.utils.run_files import (
     CONFIG_FILE,
     METRICS_FILE,
+    REPORT_DIR,
     ROLLOUT_FILE,
     TOKEN_STATS_FILE,
     TRL_STATE_FILES,
@@ -55,7 +56,6 @@ class Run:
     metrics: list[dict]  # one dict per RL step, sorted by "step"
     token_stats: list[dict] | None  # rows of token_stats.jsonl, or None when the file is absent
     path: Path | None = None  # the run directory
-    files: tuple[Path, ...] = ()  # the files the run was read from (a report must not write over them)
 
 
 # --------------------------------------------------------------------------------------------
@@ -109,12 +109,12 @@ def _read_log(path: Path, what: str) -> list[dict]:
     return rows
 
 
-def _read_token_stats(run_dir: Path) -> tuple[list[dict] | None, tuple[Path, ...]]:
-    """The run's token statistics (None without the file), checked, and the file read."""
+def _read_token_stats(run_dir: Path) -> list[dict] | None:
+    """The run's token statistics, checked; None without the file."""
     path = run_dir / TOKEN_STATS_FILE
     if not path.exists():
-        return None, ()
-    return check_token_stats(_last_of_each_step(_read_log(path, "token stats"), path), path), (path,)
+        return None
+    return check_token_stats(_last_of_each_step(_read_log(path, "token stats"), path), path)
 
 
 def load_run(run_dir: str | os.PathLike) -> Run:
@@ -141,9 +141,15 @@ def load_run(run_dir: str | os.PathLike) -> Run:
         raise BebopError(f"run config {run_dir / CONFIG_FILE} is not a JSON object")
     config = shown_text(config)
     metrics = _check_metrics(shown_text(_read_log(run_dir / METRICS_FILE, "metrics")), run_dir / METRICS_FILE)
-    token_stats, stats_file = _read_token_stats(run_dir)
-    return Run(run_label(config), config, metrics, token_stats, run_dir,
-               (run_dir / CONFIG_FILE, run_dir / METRICS_FILE, *stats_file))
+    return Run(run_label(config), config, metrics, _read_token_stats(run_dir), run_dir)
+
+
+def run_inputs(run: Run) -> tuple[Path, ...]:
+    """What a report on ``run`` must not write over or move aside: everything its directory holds (files
+    read, checkpoints, a served model) but ``REPORT_DIR``, the default place of its report."""
+    if run.path is None:
+        return ()
+    return tuple(p for p in sorted(run.path.iterdir()) if p.name != REPORT_DIR)
 
 
 def trl_state_file(run_dir: Path) -> Path | None:
@@ -167,11 +173,11 @@ def trl_metrics_row(row: Mapping[str, Any]) -> dict:
     return out
 
 
-def _rollout_settings(run_dir: Path) -> tuple[dict, tuple[Path, ...]]:
-    """The rollout's settings from ``bebop_rollout.json`` (empty without the file), checked, and the file read."""
+def _rollout_settings(run_dir: Path) -> dict:
+    """The rollout's settings from ``bebop_rollout.json``, checked; empty without the file."""
     path = run_dir / ROLLOUT_FILE
     if not path.exists():
-        return {}, ()
+        return {}
     rollout = read_json(path, "Bebop rollout settings")
     if not isinstance(rollout, dict):
         raise BebopError(f"Bebop rollout settings {path} is not a JSON object")
@@ -180,7 +186,7 @@ def _rollout_settings(run_dir: Path) -> tuple[dict, tuple[Path, ...]]:
     k = rollout.get("speculate_k")
     if not (k is None or k == "auto" or (isinstance(k, int) and not isinstance(k, bool))):
         raise BebopError(f"Bebop rollout settings {path}: speculate_k must be an integer or auto")
-    return shown_text(rollout), (path,)
+    return shown_text(rollout)
 
 
 def load_trl_run(run_dir: str | os.PathLike) -> Run:
@@ -196,13 +202,12 @@ def load_trl_run(run_dir: str | os.PathLike) -> Run:
     rows = [trl_metrics_row(r) for r in shown_text(history)
             if "step" in r and ("loss" in r or "spec/accept_length" in r)]
     metrics = _check_metrics(rows, path)
-    rollout, rollout_file = _rollout_settings(run_dir)
+    rollout = _rollout_settings(run_dir)
     config = {"mode": str(rollout.get("mode") or "none"), "speculate_k": rollout.get("speculate_k"),
               "mtp_loss": rollout.get("mtp_loss"), "mtp_update": "frozen", "trainer": "trl",
               "sampling": rollout.get("sampling")}
     config["label"] = "trl:" + run_label(config)
-    token_stats, stats_file = _read_token_stats(run_dir)
-    return Run(config["label"], config, metrics, token_stats, run_dir, (path, *rollout_file, *stats_file))
+    return Run(config["label"], config, metrics, _read_token_stats(run_dir), run_dir)
 
 
 def as_float(value: Any) -> float:

@@ -68,7 +68,6 @@ def test_saved_model_config_leaves_a_trl_directory_trl(tmp_path):
     (run_dir / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"}))
     run = load_run(run_dir)
     assert run.label == "trl:rs+e2e_tv" and [m["step"] for m in run.metrics] == [1, 2]
-    assert {p.name for p in run.files} == {"trainer_state.json", "bebop_rollout.json"}
 
 
 def test_trl_token_stats_torn_tail_and_repeated_steps_are_left_out_with_a_note(tmp_path, capsys):
@@ -100,8 +99,8 @@ def test_received_rollout_settings_are_checked_and_escaped(tmp_path):
 
 
 def test_report_of_a_trl_directory_goes_inside_it_by_default_and_escapes_html(tmp_path, capsys):
-    """`bebop report RUN` writes RUN/report (a report folder is not an input of its run), `--out RUN/report` too;
-    several runs need --out; a report over the run's own files is refused."""
+    """`bebop report RUN` writes RUN/report (a report folder is not an input of its run), `--out RUN/report2` too;
+    several runs need --out; a report over, or moving aside, anything else the run holds is refused."""
     from bebop.cli import main
 
     run_dir = _trl_dir(tmp_path / "out", steps=(1, 2, 3), rollout={"mode": "rs", "speculate_k": 3,
@@ -117,3 +116,9 @@ def test_report_of_a_trl_directory_goes_inside_it_by_default_and_escapes_html(tm
     before = sorted(p.name for p in tmp_path.iterdir())
     assert main(["report", str(run_dir), "--out", str(tmp_path), "--overwrite"]) == 2
     assert "contains the input" in capsys.readouterr().err and sorted(p.name for p in tmp_path.iterdir()) == before
+    (run_dir / "checkpoint-2").mkdir()
+    (run_dir / "checkpoint-2" / "model.safetensors").write_text("weights")
+    assert main(["report", str(run_dir), "--out", str(run_dir / "checkpoint-2"), "--overwrite"]) == 2
+    assert "is the input" in capsys.readouterr().err  # --overwrite never moves a part of the run aside
+    assert (run_dir / "checkpoint-2" / "model.safetensors").read_text() == "weights"
+    assert main(["report", str(run_dir), "--overwrite"]) == 0  # an earlier report is not part of the run
