@@ -152,11 +152,12 @@ def _seeds(cfg: DemoConfig, spec: tuple) -> list[int]:
 def _rl_run(cfg: DemoConfig, out: Path, model_dir: Path, head_dirs: dict[str, Path], spec: tuple, seed: int) -> Path:
     """One RL run from the pretrained policy; skipped when complete, resumed when checkpointed."""
     from bebop.rl import resolve_rl_config, train_rl
+    from bebop.utils.run_files import METRICS_FILE
 
     label, mode, loss, update, online_loss = spec
     label = label if seed == cfg.seed else f"{label}-seed{seed}"  # the first seed keeps the plain name
     run_dir = out / "runs" / label
-    metrics = run_dir / "metrics.jsonl"
+    metrics = run_dir / METRICS_FILE
     if metrics.is_file() and len(read_jsonl(metrics, torn_tail_ok=True)) >= cfg.rl_steps:
         return run_dir
     rl_cfg = resolve_rl_config(None, {

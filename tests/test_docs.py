@@ -44,7 +44,6 @@ PROSE_LANGUAGES = ("text",)  # blocks that are not (the README's package map)
 TINY = {**WALKTHROUGH_SIZES, "STEPS": "2"}  # every NAME=value setting of the docs, sized for a test
 
 RUN_HERE = {  # (file, first line's start) -> the test of this module that runs the block
-    ("README.md", "STEPS=20"): "test_trainer_speed_up_block_runs_as_written",
     ("README.md", "bebop export-mtp --model ./Qwen3.5-9B --mtp ./my-head"): "test_export_blocks_run_as_written",
     ("README.md", "torchrun --nproc-per-node 2 $(which bebop) train-mtp --model $MODEL"):
         "test_torchrun_block_runs_as_written",
@@ -53,6 +52,7 @@ RUN_HERE = {  # (file, first line's start) -> the test of this module that runs 
     ("docs/trainers.md", "bebop train-mtp --model ckpt/step_400/hf"): "test_export_blocks_run_as_written",
 }
 WALKTHROUGH = "tests/test_readme.py::test_walkthrough_runs_as_written"
+TRL_EXAMPLE = "tests/integrations/test_trl_example.py::test_documented_commands_run_as_written"
 RUN_ELSEWHERE = {  # (file, first line's start) -> "test file::test" that runs the block as written
     ("README.md", "MODEL=./my-model"): WALKTHROUGH,
     ("README.md", "bebop generate --model $MODEL"): WALKTHROUGH,
@@ -62,6 +62,8 @@ RUN_ELSEWHERE = {  # (file, first line's start) -> "test file::test" that runs t
     ("README.md", "# my_rewards.py"): WALKTHROUGH,
     ("README.md", "bebop rl --model $MODEL"): WALKTHROUGH,
     ("README.md", "from bebop import models, mtp, speculative"): WALKTHROUGH,
+    ("README.md", "python examples/trl_grpo.py --max-steps 20 --output-dir runs/trl-none"): TRL_EXAMPLE,
+    ("docs/trainers.md", "python examples/trl_grpo.py --max-steps 20 --output-dir runs/trl-grpo"): TRL_EXAMPLE,
 }
 FLAGS_ONLY = {  # (file, first line's start) -> why the benchmark is not run
     ("bench/README.md", "PYTHONPATH=. .venv/bin/python bench/rollout.py --quick"):
@@ -180,8 +182,6 @@ def run_shell_block(block: Block, settings: dict[str, str]) -> list[str]:
             settings[setting.group(1)] = TINY[setting.group(1)]
         elif words[0] == "bebop":
             assert main(words[1:]) == 0, f"{block.path}:{block.line}: {line}"
-        elif words[:2] == ["python", "examples/trl_grpo.py"]:
-            _run_script(REPO / words[1], words[2:])
         elif words[0] == "torchrun":
             command = [str(Path(sys.executable).parent / "torchrun"), *words[1:]]
             done = subprocess.run(command, capture_output=True, text=True, timeout=600,
@@ -190,18 +190,6 @@ def run_shell_block(block: Block, settings: dict[str, str]) -> list[str]:
         else:
             raise AssertionError(f"{block.path}:{block.line}: no runner for {line!r}")
     return skipped
-
-
-def _run_script(path: Path, args: list[str]) -> None:
-    """Runs a Python script as ``python PATH ARGS`` would, in this process."""
-    argv = sys.argv
-    sys.argv = [str(path), *args]
-    try:
-        runpy.run_path(str(path), run_name="__main__")
-    except SystemExit as done:
-        assert done.code in (0, None), f"{path} {' '.join(args)} exited {done.code}"
-    finally:
-        sys.argv = argv
 
 
 def _native_checkpoint(directory: Path):
@@ -260,18 +248,6 @@ def test_torchrun_block_runs_as_written(tmp_path, monkeypatch):
     block = find_block("README.md", "torchrun --nproc-per-node 2")
     assert run_shell_block(block, dict(TINY)) == []
     assert (tmp_path / "my-head-dp" / "model.safetensors").is_file()
-
-
-@pytest.mark.slow
-def test_trainer_speed_up_block_runs_as_written(tmp_path, monkeypatch):
-    """README, "Your trainer": the TRL example without and with MTP, then ``bebop report`` of both."""
-    pytest.importorskip("trl")
-    fill_tiny_cache(tmp_path / "cache", monkeypatch)
-    monkeypatch.chdir(tmp_path)
-    assert run_shell_block(find_block("README.md", "STEPS=20"), dict(TINY)) == []
-    report = (tmp_path / "trl-report" / "report.md").read_text()
-    answer = report[report.index("## The answer"):report.index("## The paper's findings")]
-    assert "without (trl:none): a speed-up of" in answer and "TRL's `step_time`" in answer
 
 
 # --------------------------------------------------------------------------------------------

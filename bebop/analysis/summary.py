@@ -21,8 +21,9 @@ import numpy as np
 from bebop.analysis import bootstrap
 from bebop.analysis.bootstrap import Interval
 from bebop.analysis.fit import entropy_mismatch_split, rs_vs_to
-from bebop.analysis.runs import TOKEN_ROW_KEY, TOKEN_STATS_KEYS, Run, as_float, metric_column
+from bebop.analysis.runs import Run, as_float, metric_column
 from bebop.analysis.slopes import steps_estimate
+from bebop.utils.run_files import TOKEN_ROW_KEY, TOKEN_STATS_KEYS
 
 WARMUP_STEPS = 1  # first steps of a run left out of its mean step times (one-time costs)
 WINDOW_FRAC = 0.2  # share of the steps averaged for "start" and "end" values
