@@ -357,7 +357,8 @@ def measure_costs(model, head, batch: int, ks: list[int], kv_len: int, stat: str
     """Seconds of one chained draft step, one verify forward over K+1 tokens and one plain forward,
     interleaved call by call at batch ``batch`` over ``kv_len`` cached positions; medians (or minima).
 
-    Nothing is committed, so every call sees the same cache state.
+    Nothing is committed, so every call sees the same cache length (a hybrid's plain forward does move its
+    recurrent state, which changes no cost).
     """
     device = next(model.parameters()).device
     target, mtp_cache, g, last = _prefilled_caches(model, head, batch, kv_len, kv_len + max(ks) + 2)
