@@ -1,6 +1,6 @@
 """Hybrid (Gated DeltaNet and attention) against full attention: what the exact state rollback costs.
 
-    PYTHONPATH=. .venv/bin/python bench/hybrid.py --quick --threads 1   # ~6 min on 2 shared CPU cores
+    PYTHONPATH=. .venv/bin/python bench/hybrid.py --quick --threads 1   # 3-6 min on 2 shared CPU cores
     PYTHONPATH=. .venv/bin/python bench/hybrid.py --threads 1           # wider models, more repeats
     PYTHONPATH=. .venv/bin/python bench/hybrid.py --device cuda --hidden-size 1024 --layers 8 --vocab 32768
 
