@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from bebop.config import short_repr
 from bebop.pretrained import UNPICKLABLE
 from bebop.utils.io import BebopError, atomic_dir, read_json, save_torch, write_json
 
@@ -132,7 +133,11 @@ def load_checkpoint(
     """
     where = checkpoint_dir(run_dir)
     trainer = read_json(where / STATE_FILE, what="checkpoint state")
-    _check_config(read_json(where / "config.json", what="checkpoint config"), config, may_change, where)
+    saved = read_json(where / "config.json", what="checkpoint config")
+    if not isinstance(saved, dict):
+        raise BebopError(f"checkpoint config {where / 'config.json'} is not a table of settings")
+    _check_config(saved, config, may_change, where)
+    step = _saved_step(trainer, saved, where / STATE_FILE)
     missing = sorted(set(components) - set(trainer.get("components", [])))
     if missing:
         raise BebopError(f"checkpoint {where} lacks {missing}; it holds {trainer.get('components')}")
@@ -149,7 +154,20 @@ def load_checkpoint(
     except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as e:  # a loadable file of other contents
         raise BebopError(f"corrupt checkpoint file {where / RNG_FILE}: not RNG states ({type(e).__name__}: "
                          f"{str(e).splitlines()[0] if str(e) else ''})") from None
-    return int(trainer["step"])
+    return step
+
+
+def _saved_step(trainer: Any, saved: dict[str, Any], path: Path) -> int:
+    """The steps a checkpoint completed, trusted only when they fit its own run: an integer in [0, its steps]."""
+    steps = saved.get("steps")
+    step = trainer.get("step") if isinstance(trainer, dict) else None
+    if not isinstance(trainer, dict) or not isinstance(trainer.get("components", []), list):
+        raise BebopError(f"checkpoint state {path} is not a table of step and components")
+    if isinstance(step, bool) or not isinstance(step, int) or isinstance(steps, bool) or not isinstance(steps, int) \
+            or not 0 <= step <= steps:
+        raise BebopError(f"checkpoint state {path} says step {short_repr(step)}, which no run of {short_repr(steps)} "
+                         "steps reaches (a step is an integer from 0 to the run's steps)")
+    return step
 
 
 def _load_file(path: Path) -> Any:

@@ -7,10 +7,9 @@ they are and reach reward functions as keyword lists (see ``bebop.rl.rewards``).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from bebop.utils.io import read_text
+from bebop.utils.io import parse_json, read_text
 
 PROMPT_FIELD = "prompt"  # the one field every row must have
 JSONL_SUFFIXES = (".jsonl", ".ndjson")  # one JSON object per line
@@ -39,10 +38,7 @@ def _read_jsonl(path: Path) -> list[tuple[str, dict]]:
     for line_no, line in enumerate(read_text(path, "prompt file").splitlines(), start=1):
         if not line.strip():
             continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{line_no}: invalid JSON ({err.msg})") from err
+        row = parse_json(line, f"{path}:{line_no}")
         rows.append((f"{path}:{line_no}", _check_row(row, f"{path}:{line_no}")))
     return rows
 

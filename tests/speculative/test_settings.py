@@ -18,13 +18,15 @@ PACKAGE = Path(__file__).resolve().parents[2] / "bebop"
 @pytest.mark.parametrize("value, greedy_ok, ok", [
     (1.0, False, True), (0.7, True, True), (2, False, True), (0.0, True, True),
     (0.0, False, False), (-0.5, True, False), (math.inf, True, False), (math.nan, True, False),
-    (True, True, False), ("1", True, False),
+    (True, True, False), ("1", True, False), (1e-45, True, False), (0.009, False, False), (0.01, False, True),
 ])
 def test_temperature_rule(value, greedy_ok, ok):
+    """A temperature is 0 (greedy, where allowed) or at least 0.01: below it logits / T overflow float32."""
     problem = temperature_problem(value, greedy_ok)
     assert (problem is None) == ok
     if not ok:
-        assert problem.startswith("temperature must be a finite number") and (">= 0" in problem) == greedy_ok
+        assert problem.startswith("temperature must be ") and "a finite number >= 0.01" in problem
+        assert ("0 (greedy)" in problem) == greedy_ok
 
 
 @pytest.mark.parametrize("value, auto_ok, ok", [
