@@ -86,6 +86,21 @@ def workdir(tmp_path_factory):
     (root / "bool-k.toml").write_text("# bebop train-mtp --config bool-k.toml\nspeculate_k = true\n")
     (root / "bool-k-rl.toml").write_text("# bebop rl --config bool-k-rl.toml\nspeculate_k = true\n")
     (root / "bad_rewards.py").write_text(REWARDS)
+    shutil.copytree(root / "model", root / "strict-template")  # a template that refuses roles other than its own
+    (root / "strict-template" / "chat_template.jinja").unlink(missing_ok=True)
+    strict = tiny_tokenizer()
+    strict.chat_template = ("{% for m in messages %}{% if m['role'] not in ['user', 'assistant', 'system'] %}"
+                            "{{ raise_exception('Conversation roles must be user, assistant or system') }}{% endif %}"
+                            "{{ m['content'] }} {% endfor %}")
+    strict.save_pretrained(root / "strict-template")
+    rows = {"robot-role.jsonl": [{"prompt": [{"role": "robot", "content": "a b"}]}, {"prompt": "c d"}],
+            "two-token-completions.jsonl": [{"token_ids": [1, 4, 5, 6], "start": 2}] * 4,
+            "text-number.jsonl": [{"text": "a b c"}, {"text": 12345}],
+            "float-ids.jsonl": [{"token_ids": [1, 4, 5.5, 6], "start": 1}]}
+    for name, content in rows.items():
+        (root / name).write_text("".join(json.dumps(r) + "\n" for r in content))
+    (root / "surrogate.jsonl").write_text('{"prompt": "a b"}\n{"prompt": "c \\ud800 d"}\n')
+    (root / "surrogate-data.jsonl").write_text('{"prompt": "a b", "completion": "c \\udc00"}\n')
     return root
 
 
@@ -192,6 +207,37 @@ TABLE = {  # case (command): argv, the error line it must give (regex)
     "--dtype float16 (issue 12: auto, float32 or bfloat16)": ([*GEN, "--model", "model", "--dtype", "float16"],
                                                               r"unsupported dtype 'float16'; use auto, float32"),
     # issue 14: two processes on one empty cache.
+    "chat roles the model's template refuses (generate)": (
+        [*GEN[:6], "robot-role.jsonl", "--model", "strict-template"],
+        r"robot-role.jsonl:1: the model's chat template refuses these messages: Conversation roles must be"),
+    "chat roles the model's template refuses (rl)": (
+        [*RL[:1], "--model", "strict-template", "--data", "robot-role.jsonl", *RL[5:], "--reward",
+         "bad_rewards:no_fields"],
+        r"robot-role.jsonl:1: the model's chat template refuses these messages"),
+    "chat roles the model's template refuses (check-lossless)": (
+        [*LOSSLESS[:5], "--prompts", "robot-role.jsonl", "--model", "strict-template"],
+        r"robot-role.jsonl:1: the model's chat template refuses these messages"),
+    "a lone surrogate in a prompt (generate)": ([*GEN[:6], "surrogate.jsonl", "--model", "model"],
+                                                r"surrogate.jsonl:2: prompt holds a lone surrogate U\+D800 at character 3"),
+    "a lone surrogate in a prompt (rl)": ([*RL[:3], "--data", "surrogate.jsonl", *RL[5:], "--reward",
+                                           "bad_rewards:no_fields"],
+                                          r"surrogate.jsonl:2: prompt holds a lone surrogate U\+D800"),
+    "a lone surrogate in a completion (train-mtp)": ([*TRAIN[:3], "--data", "surrogate-data.jsonl", *TRAIN[5:]],
+                                                     r"surrogate-data.jsonl line 1: a completion holds a lone "
+                                                     r"surrogate U\+DC00"),
+    "a text that is a number (eval-mtp)": ([*EVAL[:6], "text-number.jsonl"],
+                                           r"data file text-number.jsonl line 2: 'text' must be a string, got int 12345"),
+    "token ids that are not integers (train-mtp)": ([*TRAIN[:3], "--data", "float-ids.jsonl", *TRAIN[5:]],
+                                                    r"float-ids.jsonl line 1: 'token_ids' must be a list of integers"),
+    "train-mtp --log-every 0": ([*TRAIN, "--log-every", "0"], r"log_every must be an integer in \[1, "),
+    "generate --temperature 1e-45 (blamed the head)": ([*GEN[:2], "rs", *GEN[3:], "--model", "model", "--mtp", "head",
+                                                        "--temperature", "1e-45"],
+                                                       r"temperature must be 0 \(greedy\) or a finite number >= 0.01, "
+                                                       r"got 1e-45"),
+    "train-mtp's default K on 2-token completions names the flag": (
+        [*TRAIN[:3], "--data", "two-token-completions.jsonl", *TRAIN[5:]],
+        r"speculate_k=5 is deeper than the data allows: its longest completion has 2 tokens, room for chains of 1 "
+        r"drafts; give --speculate-k 1 or less \(train-mtp drafts 5 deep by default, generate and rl 3\)"),
 }
 
 
