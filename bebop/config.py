@@ -53,20 +53,21 @@ def is_auto(mode: str, speculate_k: int | str) -> bool:
 def temperature_problem(temperature: Any, greedy_ok: bool, name: str = "temperature") -> str | None:
     """Why ``temperature`` cannot be used, or None: every temperature Bebop takes is checked here.
 
-    A usable temperature is a real number in [MIN_TEMPERATURE, inf), or 0 (greedy decoding) where
+    A usable temperature is a finite real number >= MIN_TEMPERATURE, or 0 (greedy decoding) where
     ``greedy_ok``: generation may be greedy; a loss, a log-probability or a sampled rollout needs T > 0.
 
     Example: temperature_problem(0.0, greedy_ok=True) -> None;
-    temperature_problem(0.0, greedy_ok=False) -> "temperature must be a finite number >= 0.01, got 0.0".
+    temperature_problem(0.0, greedy_ok=False) -> "temperature must be a finite number > 0, got 0.0".
     """
-    bound = f"0 (greedy) or a finite number >= {MIN_TEMPERATURE:g}" if greedy_ok else \
-        f"a finite number >= {MIN_TEMPERATURE:g}"
+    bound = ">= 0 (0 = greedy)" if greedy_ok else "> 0"
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-        return f"{name} must be {bound}, got {short_repr(temperature)}"
-    if temperature == 0 and greedy_ok:
-        return None
-    if not math.isfinite(temperature) or temperature < MIN_TEMPERATURE:
-        return f"{name} must be {bound}, got {temperature:g}"
+        return f"{name} must be a finite number {bound}, got {short_repr(temperature)}"
+    if not math.isfinite(temperature) or temperature < 0 or (temperature == 0 and not greedy_ok):
+        return f"{name} must be a finite number {bound}, got {temperature}"
+    if 0 < temperature < MIN_TEMPERATURE:
+        greedy = "0 (greedy) or " if greedy_ok else ""
+        return (f"{name} must be {greedy}at least {MIN_TEMPERATURE:g} (below it logits / T overflow float32), "
+                f"got {temperature:g}")
     return None
 
 
@@ -262,7 +263,7 @@ def field_problems(config: Any) -> list[str]:
             continue
         choices = f.metadata.get("choices", ())
         if choices and value not in choices:
-            problems.append(f"unknown {f.name} {short_repr(value)}; choose one of {', '.join(choices)}")
+            problems.append(f"unknown {f.name.replace('_', ' ')} {short_repr(value)}; choose one of {', '.join(choices)}")
         elif value is not None and (check := f.metadata.get("check")) is not None and (problem := check(f.name, value)):
             problems.append(problem)
     return problems

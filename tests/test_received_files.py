@@ -123,10 +123,10 @@ def _copied_run(root: Path, name: str) -> Path:
 RUN_DAMAGE = {  # case -> what is done to the copied run, the line it must give (a substring)
     "a checkpoint's step of -5 (it trained and logged steps -4..0)": (
         lambda run: _edit_json(run / "checkpoint" / "trainer_state.json", step=-5),
-        "trainer_state.json says step -5, which no run of 1 steps reaches"),
+        "trainer_state.json says step -5, which a run of 1 steps never reaches"),
     "a checkpoint's step of 1e12 (it reported 'run written' with nothing trained)": (
         lambda run: _edit_json(run / "checkpoint" / "trainer_state.json", step=10**12),
-        "says step 1000000000000, which no run of 1 steps reaches"),
+        "says step 1000000000000, which a run of 1 steps never reaches"),
     "a run config nested thousands of levels": (
         lambda run: (run / "config.json").write_text(DEEP), "run config run-"),
     "a run config that is a list": (

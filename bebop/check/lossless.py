@@ -68,6 +68,7 @@ from bebop.check.chi2 import MIN_EXPECTED, chi2_sf, pool_rare_cells, two_sample_
 from bebop.check.config import ALPHA_CHECK, DEFAULT_ALPHA, DEFAULT_NUM_SAMPLES, NUM_SAMPLES_CHECK, TESTED_PROMPTS_CHECK
 from bebop.check.verdict import (  # noqa: F401 (re-exported: the harness's results)
     VERDICT_EXIT_CODES,
+    LosslessCheck,
     LosslessSummary,
     describe_prompt,
     false_alarm_odds,
@@ -140,37 +141,6 @@ BACKEND_LOSSLESS_CONFIGS = (
     LosslessConfig("to", 3, 1.0),
     LosslessConfig("to", 3, 0.7, batch_mix=True),
 )
-
-
-@dataclass(frozen=True)
-class LosslessCheck:
-    """One two-sample chi-square test: speculative vs plain distribution of one token (or token pair)."""
-
-    name: str  # e.g. "rs K=3 T=1 top-k=20 top-p=0.9 mixed, token 2"
-    mode: str  # to | rs
-    speculate_k: int  # K (0 for plain sampling)
-    temperature: float  # of the target (q is drawn at the same temperature)
-    top_k: int  # 0 = off
-    top_p: float  # 1 = off
-    statistic: float  # Pearson's chi-square
-    dof: int  # cells - 1 (0: both samples are one token, nothing to compare; p = 1)
-    p_value: float  # P(chi2_dof >= statistic) under exactness
-    passed: bool  # p_value > alpha (true for an uninformative check, which cannot fail)
-    token: int = 1  # which generated token, 1-based (the first of ``tokens``)
-    batch_mix: bool = False  # the speculative rows were mixed with other prompts' rows
-    alpha: float = DEFAULT_ALPHA  # the false-alarm odds this check was run at
-    kind: str = "marginal"  # which entry of CHECK_KINDS made it
-    tokens: tuple[int, ...] = ()  # the generated tokens compared (1-based): (i,) or a joint (i, j)
-    prompt: int = 0  # which tested prompt (0-based index into the prompts)
-
-    @property
-    def informative(self) -> bool:
-        """Compared something: at least two cells after pooling (dof >= 1)."""
-        return self.dof >= 1
-
-    @property
-    def result(self) -> str:
-        return "uninformative" if not self.informative else "pass" if self.passed else "FAIL"
 
 
 # ----------------------------------------------------------------------------- sampling

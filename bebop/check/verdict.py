@@ -1,4 +1,5 @@
-"""The verdict of the lossless checks (``bebop.check.lossless``) and the report ``bebop check-lossless`` prints.
+"""The results of the lossless checks (``bebop.check.lossless``), their verdict, and the report
+``bebop check-lossless`` prints.
 
 Three verdicts, each with its exit code: lossless (0: no informative check fails, and at least
 half the checks are informative), not lossless (1: an informative check fails), inconclusive (3:
@@ -8,16 +9,43 @@ none fails, but too few compared anything). The verdict is the report's first li
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from bebop.check.config import DEFAULT_ALPHA
-
-if TYPE_CHECKING:
-    from bebop.check.lossless import LosslessCheck
 
 MIN_INFORMATIVE_SHARE = 0.5  # fewer informative checks than this share: the run is inconclusive
 LOSSLESS, NOT_LOSSLESS, INCONCLUSIVE = "lossless", "not lossless", "inconclusive"  # the verdicts
 VERDICT_EXIT_CODES = {LOSSLESS: 0, NOT_LOSSLESS: 1, INCONCLUSIVE: 3}  # 2 is taken: bad input, as every command
+
+
+@dataclass(frozen=True)
+class LosslessCheck:
+    """One two-sample chi-square test: speculative vs plain distribution of one token (or token pair)."""
+
+    name: str  # e.g. "rs K=3 T=1 top-k=20 top-p=0.9 mixed, token 2"
+    mode: str  # to | rs
+    speculate_k: int  # K (0 for plain sampling)
+    temperature: float  # of the target (q is drawn at the same temperature)
+    top_k: int  # 0 = off
+    top_p: float  # 1 = off
+    statistic: float  # Pearson's chi-square
+    dof: int  # cells - 1 (0: both samples are one token, nothing to compare; p = 1)
+    p_value: float  # P(chi2_dof >= statistic) under exactness
+    passed: bool  # p_value > alpha (true for an uninformative check, which cannot fail)
+    token: int = 1  # which generated token, 1-based (the first of ``tokens``)
+    batch_mix: bool = False  # the speculative rows were mixed with other prompts' rows
+    alpha: float = DEFAULT_ALPHA  # the false-alarm odds this check was run at
+    kind: str = "marginal"  # which entry of CHECK_KINDS made it
+    tokens: tuple[int, ...] = ()  # the generated tokens compared (1-based): (i,) or a joint (i, j)
+    prompt: int = 0  # which tested prompt (0-based index into the prompts)
+
+    @property
+    def informative(self) -> bool:
+        """Compared something: at least two cells after pooling (dof >= 1)."""
+        return self.dof >= 1
+
+    @property
+    def result(self) -> str:
+        return "uninformative" if not self.informative else "pass" if self.passed else "FAIL"
 
 
 def false_alarm_odds(alpha: float, num_checks: int) -> float:

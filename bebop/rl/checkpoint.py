@@ -29,7 +29,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from bebop.config import short_repr
+from bebop.config import INT64_MAX, short_repr
 from bebop.pretrained import UNPICKLABLE
 from bebop.utils.io import BebopError, atomic_dir, read_json, save_torch, write_json
 
@@ -158,15 +158,16 @@ def load_checkpoint(
 
 
 def _saved_step(trainer: Any, saved: dict[str, Any], path: Path) -> int:
-    """The steps a checkpoint completed, trusted only when they fit its own run: an integer in [0, its steps]."""
-    steps = saved.get("steps")
-    step = trainer.get("step") if isinstance(trainer, dict) else None
+    """The steps a checkpoint completed, trusted only when they fit its own run: an integer from 0 to the
+    ``steps`` of its config (when it records them)."""
     if not isinstance(trainer, dict) or not isinstance(trainer.get("components", []), list):
         raise BebopError(f"checkpoint state {path} is not a table of step and components")
-    if isinstance(step, bool) or not isinstance(step, int) or isinstance(steps, bool) or not isinstance(steps, int) \
-            or not 0 <= step <= steps:
-        raise BebopError(f"checkpoint state {path} says step {short_repr(step)}, which no run of {short_repr(steps)} "
-                         "steps reaches (a step is an integer from 0 to the run's steps)")
+    step, steps = trainer.get("step"), saved.get("steps")
+    bound = steps if isinstance(steps, int) and not isinstance(steps, bool) else INT64_MAX
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= bound:
+        run = f"a run of {short_repr(steps)} steps" if bound == steps else "a run"
+        raise BebopError(f"checkpoint state {path} says step {short_repr(step)}, which {run} never reaches (a step is "
+                         f"an integer from 0 to the run's steps)")
     return step
 
 

@@ -69,7 +69,8 @@ def load_prompts(path: str | Path) -> list[dict]:
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: unknown suffix, bad JSON (with its line), a row without ``prompt``, or no rows.
+        ValueError: unknown suffix, a row without ``prompt``, or no rows.
+        BebopError: bad JSON, or JSON nested deeper than the parser recurses (with its line).
         ImportError: a parquet file but pyarrow is not installed.
     """
     return [row for _, row in load_prompt_rows(path)]
