@@ -12,19 +12,13 @@ from pathlib import Path
 import pytest
 
 from bebop.cli import main
-from bebop.mtp import MtpHead
-from tests.conftest import save_model_dir, tiny_model
+from tests.conftest import model_workdir
 
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("output-paths")
-    model = tiny_model("llama", vocab_size=16)
-    save_model_dir(root / "model", model)
-    MtpHead(model).save_pretrained(root / "head")
-    (root / "prompts.jsonl").write_text('{"prompt": "a b"}\n{"prompt": "c d"}\n')
+    root = model_workdir(tmp_path_factory.mktemp("output-paths"))
     (root / "data.jsonl").write_text(json.dumps({"token_ids": [1, 4, 5, 6, 7, 8, 9, 10], "start": 2}) + "\n")
-    (root / "rewards.py").write_text("def score(prompts, completions, **_):\n    return [1.0] * len(completions)\n")
     return root
 
 

@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 
 from bebop.cli import main
-from bebop.mtp import MtpHead
 from bebop.utils.io import BebopError, read_json, read_jsonl
-from tests.conftest import save_model_dir, tiny_model, tiny_tokenizer
+from tests.conftest import model_workdir, tiny_model, tiny_tokenizer
 
 DEPTH = 5000  # nesting levels: beyond Python's recursion limit, so json.loads raised RecursionError
 DEEP = "[" * DEPTH + "]" * DEPTH
@@ -24,14 +23,9 @@ BILLION_LAUGHS = "".join(["# bebop rl --config laughs.yaml\nlabel: [&a [lol, lol
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     """A model (whole and sharded), its head, data, and a one-step run to copy and damage."""
-    root = tmp_path_factory.mktemp("received")
-    model = tiny_model("llama", vocab_size=16)
-    save_model_dir(root / "model", model)
-    MtpHead(model).save_pretrained(root / "head")
-    model.save_pretrained(root / "sharded", max_shard_size="20KB")
+    root = model_workdir(tmp_path_factory.mktemp("received"))
+    tiny_model("llama", vocab_size=16).save_pretrained(root / "sharded", max_shard_size="20KB")
     tiny_tokenizer().save_pretrained(root / "sharded")
-    (root / "prompts.jsonl").write_text('{"prompt": "a b"}\n{"prompt": "c d"}\n')
-    (root / "rewards.py").write_text("def score(prompts, completions, **_):\n    return [1.0] * len(completions)\n")
     mp = pytest.MonkeyPatch()
     mp.chdir(root)  # NOTE: the run records its reward as given, a module found from here
     assert main(["rl", "--model", "model", "--mtp", "head", "--data", "prompts.jsonl", "--out", "run", "--mode", "none",

@@ -7,20 +7,13 @@ from __future__ import annotations
 import pytest
 
 from bebop.cli import main
-from bebop.mtp import MtpHead
 from bebop.utils import memory
-from tests.conftest import save_model_dir, tiny_model
+from tests.conftest import model_workdir, tiny_model
 
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("sizes")
-    model = tiny_model("llama", vocab_size=16)
-    save_model_dir(root / "model", model)
-    MtpHead(model).save_pretrained(root / "head")
-    (root / "prompts.jsonl").write_text('{"prompt": "a b"}\n{"prompt": "c d"}\n')
-    (root / "rewards.py").write_text("def score(prompts, completions, **_):\n    return [1.0] * len(completions)\n")
-    return root
+    return model_workdir(tmp_path_factory.mktemp("sizes"))
 
 
 MODEL = ["--model", "model", "--mtp", "head", "--threads", "1"]
