@@ -35,7 +35,7 @@ from bebop.speculative.block import (
     stop_thresholds,
 )
 from bebop.speculative.engine import SamplingParams, SpecConfig, generate
-from bebop.speculative.settings import verify_problem
+from bebop.speculative.settings import backend_problem, verify_problem
 from bebop.speculative.sampling import (
     PAD_TOKEN_ID,
     draw_draft_noise,
@@ -375,7 +375,7 @@ def test_one_hot_target_reduces_to_greedy():
 def test_verify_setting_errors():
     assert verify_problem("rs", "block") is None and verify_problem("to", "token") is None
     assert "mode rs" in verify_problem("to", "block") and "mode rs" in verify_problem("auto", "block")
-    assert "backend engine" in verify_problem("rs", "block", "vllm")
+    assert "backend engine" in backend_problem("rs", 3, "block", "vllm")
     assert "not one of" in verify_problem("rs", "blocky")
     with pytest.raises(BebopError, match="verify block needs mode rs"):
         _generate(SpecConfig("to", 3, verify="block"))

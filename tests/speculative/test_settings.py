@@ -65,3 +65,26 @@ def test_no_module_writes_its_own_temperature_or_k_rule():
                  for n, line in enumerate(path.read_text().splitlines(), 1)
                  if own_rule.search(line) and re.match(r"\s*(el)?if ", line) and path.name != "config.py"]
     assert offenders == []
+
+
+def test_auto_and_block_verification_need_the_engine_in_one_rule():
+    """``backend_problem`` is the one check of "auto needs the engine" (generate, rl) and of block on another backend."""
+    from bebop.speculative.settings import backend_problem
+
+    assert backend_problem("auto", 3, "token", "engine") is None and backend_problem("rs", 3, "token", "vllm") is None
+    assert backend_problem("none", "auto", "token", "vllm") is None  # mode none ignores K
+    for mode, k in (("auto", 3), ("rs", "auto")):
+        assert backend_problem(mode, k, "token", "vllm").startswith("mode/speculate_k auto needs backend engine")
+    assert backend_problem("rs", 3, "block", "vllm") == "verify block needs backend engine: vllm has no block verification"
+    assert backend_problem("rs", 3, "token", "sglang") == "unknown backend 'sglang'; choose one of engine, vllm"
+
+
+def test_needs_an_mtp_head_is_one_rule():
+    """``needs_head`` / ``head_problem``: the CLI, the engine, the auto wing, check-lossless and the RL loop ask here."""
+    from bebop.speculative.settings import head_problem, needs_head
+
+    assert [needs_head(m) for m in ("none", "to", "rs", "auto")] == [False, True, True, True]
+    assert needs_head("none", "online") and head_problem("none", has_head=False) is None
+    assert head_problem("rs", has_head=False) == "mode 'rs' needs an MTP head (--mtp)"
+    assert head_problem("none", False, "online") == "mode 'none' with mtp_update online needs an MTP head (--mtp)"
+    assert head_problem("rs", has_head=True) is None
