@@ -362,11 +362,7 @@ def run_lossless_checks(
 
         backend = EngineBackend(model, tokenizer, head)
     references = {label: sampler or backend for label, sampler in references.items()}
-    # A plain reference generates as many tokens as the deepest setting at its temperature/top-k/top-p needs.
-    runs = [(key, None, max(c.num_tokens for c in configs if c.sampling_key == key), label)
-            for label in references for key in plain_keys]
-    runs += [(c.sampling_key, c, c.num_tokens, None) for c in configs]
-    runs = [(index, *run) for index in range(num_tested) for run in runs]
+    runs = _runs(configs, list(references), plain_keys, num_tested)
     plain: dict[tuple, list[tuple[int, ...]]] = {}
     checks: list[LosslessCheck] = []
     for step, (index, key, config, num_tokens, label) in enumerate(
@@ -395,6 +391,16 @@ def run_lossless_checks(
             for kind in kinds:
                 checks.extend(CHECK_KINDS[kind](inputs))
     return checks
+
+
+def _runs(configs, labels: list[str], plain_keys: list[tuple], num_tested: int) -> list[tuple]:
+    """(tested prompt, sampling key, config or None for a plain reference, tokens, reference label) of every
+    generation, in order: per tested prompt, its plain references, then its speculative settings. A plain
+    reference generates as many tokens as the deepest setting at its temperature/top-k/top-p needs."""
+    runs = [(key, None, max(c.num_tokens for c in configs if c.sampling_key == key), label)
+            for label in labels for key in plain_keys]
+    runs += [(c.sampling_key, c, c.num_tokens, None) for c in configs]
+    return [(index, *run) for index in range(num_tested) for run in runs]
 
 
 def _crash_check(config: LosslessConfig, error: Exception, alpha: float) -> LosslessCheck:
