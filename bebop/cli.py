@@ -132,8 +132,8 @@ def _add_flags(p: argparse.ArgumentParser, flags: dict[str, Flag]) -> None:
 
 
 def _add_report_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("runs", nargs="+", help="run directories written by `bebop rl`")
-    p.add_argument("--out", required=True, help="output directory for report.md and the PNG plots")
+    p.add_argument("runs", nargs="+", help="run directories written by `bebop rl`, or TRL output directories")
+    p.add_argument("--out", help="output directory for report.md and the PNG plots (default for one run: RUN/report)")
     p.add_argument("--overwrite", action="store_true",
                    help="if OUT exists and is not empty, move it aside to NAME.old-<timestamp> first")
     p.add_argument("--eval", action="append", metavar="JSON",

@@ -186,17 +186,17 @@ def _check_rollout_memory(model, num_rows: int, num_positions: int, what: str, f
 
 
 def cmd_generate(args) -> None:
-    from bebop.rollout.base import backend_class, make_backend
+    from bebop.rollout.base import backend_class, backend_problem, make_backend
     from bebop.speculative import SamplingParams, SpecConfig
     from bebop.speculative.auto import profile as profiles
-    from bebop.speculative.settings import backend_problem, needs_head, verify_problem
+    from bebop.speculative.settings import needs_head, verify_problem
     from bebop.utils.io import atomic_write_text, write_json
 
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                               max_new_tokens=args.max_new_tokens, stop=tuple(args.stop))
     auto = is_auto(args.mode, args.speculate_k)
-    if problem := verify_problem(args.mode, args.verify) or backend_problem(args.mode, args.speculate_k, args.verify,
-                                                                             args.backend):
+    if problem := backend_problem(args.backend, args.mode, args.speculate_k) or \
+            verify_problem(args.mode, args.verify, args.backend):
         raise BebopError(problem)
     if args.auto_profile and not auto:
         raise BebopError("--auto-profile needs --mode auto or --speculate-k auto")
@@ -293,10 +293,10 @@ def cmd_check_lossless(args) -> int:
     )
     from bebop.check.reference import run_reference_checks
     from bebop.rollout.base import backend_class
-    from bebop.speculative.settings import backend_problem, verify_problem
+    from bebop.speculative.settings import verify_problem
     from bebop.utils.progress import say
 
-    if problem := verify_problem("rs", args.verify) or backend_problem("rs", 3, args.verify, args.backend):
+    if problem := verify_problem("rs", args.verify, args.backend):
         raise BebopError(problem)
     backend_class(args.backend)  # NOTE: a missing optional package fails here, before the model loads
     model, tok, head, _ = _load(args, need_mtp=True)
@@ -391,12 +391,13 @@ def _abs(path: str | None) -> str | None:
 def _saved_run(run_dir: Path, args) -> dict:
     """The saved config of the run to resume; fills --model/--mtp from it, refuses different ones."""
     from bebop.utils.io import read_json
+    from bebop.utils.run_files import CONFIG_FILE
 
-    if not (run_dir / "config.json").is_file():
-        raise BebopError(f"nothing to resume: {run_dir} holds no run (no config.json); start one with --out")
-    saved = read_json(run_dir / "config.json", what="run config")
+    if not (run_dir / CONFIG_FILE).is_file():
+        raise BebopError(f"nothing to resume: {run_dir} holds no run (no {CONFIG_FILE}); start one with --out")
+    saved = read_json(run_dir / CONFIG_FILE, what="run config")
     if not isinstance(saved, dict) or any(not isinstance(saved.get(key), (str, type(None))) for key in RUN_PATHS):
-        raise BebopError(f"run config {run_dir / 'config.json'} is not a run's config (a table with the paths "
+        raise BebopError(f"run config {run_dir / CONFIG_FILE} is not a run's config (a table with the paths "
                          f"{', '.join(RUN_PATHS)})")
     for key in RUN_PATHS:
         given, recorded = _abs(getattr(args, key, None)), saved.get(key)
@@ -431,10 +432,15 @@ def _head_loss(path: Path) -> str | None:
 # ---------------------------------------------------------------------------------------------- report / demo
 def cmd_report(args) -> None:
     from bebop.analysis.report import REPORT_FILE, write_report
-    from bebop.analysis.runs import load_run
+    from bebop.analysis.runs import load_run, run_inputs
     from bebop.utils.io import atomic_dir, check_output_dir, output_dir, read_json
+    from bebop.utils.run_files import REPORT_DIR
 
-    check_output_dir(args.out, overwrite=args.overwrite, what="report directory", inputs=tuple(args.runs))
+    if args.out is None and len(args.runs) > 1:
+        raise BebopError(f"{len(args.runs)} runs: give --out (only one run's report has a default place, "
+                         f"RUN/{REPORT_DIR})")
+    out = Path(args.out) if args.out is not None else Path(args.runs[0]) / REPORT_DIR
+    check_output_dir(out, overwrite=args.overwrite, what="report directory")
     runs = [load_run(run) for run in args.runs]  # NOTE: a run that cannot be read fails before --out is created
     head_evals = []
     for file in args.eval or []:
@@ -442,10 +448,11 @@ def cmd_report(args) -> None:
         if not isinstance(result, dict) or "alpha_rs" not in result:
             raise BebopError(f"{file} is not a `bebop eval-mtp --json` result (no alpha_rs)")
         head_evals.append(result)
-    with output_dir(args.out, overwrite=args.overwrite, what="report directory", inputs=tuple(args.runs)), \
-            atomic_dir(args.out) as tmp:  # NOTE: a sibling of --out, so the runs' relative links hold
+    inputs = (*(path for run in runs for path in run_inputs(run)), *(args.eval or ()))  # NOTE: not RUN/report
+    with output_dir(out, overwrite=args.overwrite, what="report directory", inputs=inputs), \
+            atomic_dir(out) as tmp:  # NOTE: a sibling of --out, so the runs' relative links hold
         write_report(runs, tmp, head_evals=head_evals)
-    print(f"report written to {Path(args.out) / REPORT_FILE}")
+    print(f"report written to {out / REPORT_FILE}")
 
 
 def cmd_demo(args) -> None:

@@ -171,11 +171,12 @@ def max_speculate_k(cfg: RLConfig) -> int:
 def check_rl_config(cfg: RLConfig) -> None:
     """Raises BebopError (one line) on a value no run could use: each field's own check
     (``bebop.config.field_problems``), then the rules that relate fields."""
-    from bebop.speculative.settings import backend_problem, verify_problem
+    from bebop.rollout.base import backend_problem
+    from bebop.speculative.settings import verify_problem
 
     problems = field_problems(cfg) + field_problems(cfg.policy) + field_problems(cfg.mtp)
-    problems += [p for p in (verify_problem(cfg.mode, cfg.verify),
-                             backend_problem(cfg.mode, cfg.speculate_k, cfg.verify, cfg.backend)) if p]
+    problems += [p for p in (backend_problem(cfg.backend, cfg.mode, cfg.speculate_k),
+                             verify_problem(cfg.mode, cfg.verify, cfg.backend)) if p]
     if cfg.task == "math" and not cfg.data:
         problems.append("task math needs data (a JSONL/parquet prompt file)")
     if cfg.task == "embedded" and cfg.data:
@@ -183,6 +184,17 @@ def check_rl_config(cfg: RLConfig) -> None:
                         "use task math (implied by data when task is not set) or drop data")
     if problems:
         raise BebopError("invalid rl config: " + "; ".join(problems))
+
+
+def rollout_settings(cfg: RLConfig):
+    """What the run's rollouts read, typed: a ``bebop.rollout.runner.RolloutSettings``."""
+    from bebop.rollout.runner import RolloutSettings
+    from bebop.speculative.settings import SamplingParams, SpecConfig
+
+    return RolloutSettings(
+        sampling=SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p, cfg.max_new_tokens),
+        spec=SpecConfig(cfg.mode, cfg.speculate_k, verify=cfg.verify), group_size=cfg.group_size, seed=cfg.seed,
+        async_rollout=cfg.async_rollout, online_head=cfg.mtp.mtp_update == "online", auto_every=cfg.auto_every)
 
 
 def resolve_rl_config(file: str | os.PathLike | None = None, overrides: dict[str, Any] | None = None) -> RLConfig:

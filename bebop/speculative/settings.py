@@ -13,13 +13,11 @@ from dataclasses import dataclass
 
 from bebop.config import (
     AUTO,
-    BACKEND_NAMES,
     MAX_NEW_TOKENS,
     MODES,
     TOP_K,
     TOP_P,
     VERIFY_CHOICES,
-    is_auto,
     speculate_k_problem,
     temperature_problem,
 )
@@ -65,8 +63,8 @@ def _sampling_problems(sampling: SamplingParams, greedy_ok: bool) -> list[str]:
     return problems
 
 
-def verify_problem(mode: str, verify: str) -> str | None:
-    """The one-line reason a (mode, verify) setting cannot run, or None.
+def verify_problem(mode: str, verify: str, backend: str = "engine") -> str | None:
+    """The one-line reason a (mode, verify, backend) setting cannot run, or None.
 
     Example: verify_problem("to", "block") -> "verify block needs mode rs (...), got mode to".
     """
@@ -74,20 +72,6 @@ def verify_problem(mode: str, verify: str) -> str | None:
         return f"verify {verify!r} is not one of {', '.join(VERIFY_CHOICES)}"
     if verify == "block" and mode != "rs":
         return f"verify block needs mode rs (it verifies against the draft's q), got mode {mode}"
-    return None
-
-
-def backend_problem(mode: str, speculate_k: int | str, verify: str, backend: str) -> str | None:
-    """The one-line reason ``backend`` cannot run these settings, or None: mode/K auto reads the
-    engine's step times and acceptance, and block verification is the engine's.
-
-    Example: backend_problem("auto", 3, "token", "vllm") -> "mode/speculate_k auto needs backend engine (...)".
-    """
-    if backend not in BACKEND_NAMES:
-        return f"unknown backend {backend!r}; choose one of {', '.join(BACKEND_NAMES)}"
-    if is_auto(mode, speculate_k) and backend != "engine":
-        return (f"mode/speculate_k {AUTO} needs backend engine (it reads the engine's step times and acceptance); "
-                f"{backend} takes a fixed mode and K")
     if verify == "block" and backend != "engine":
         return f"verify block needs backend engine: {backend} has no block verification"
     return None

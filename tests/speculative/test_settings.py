@@ -67,18 +67,6 @@ def test_no_module_writes_its_own_temperature_or_k_rule():
     assert offenders == []
 
 
-def test_auto_and_block_verification_need_the_engine_in_one_rule():
-    """``backend_problem`` is the one check of "auto needs the engine" (generate, rl) and of block on another backend."""
-    from bebop.speculative.settings import backend_problem
-
-    assert backend_problem("auto", 3, "token", "engine") is None and backend_problem("rs", 3, "token", "vllm") is None
-    assert backend_problem("none", "auto", "token", "vllm") is None  # mode none ignores K
-    for mode, k in (("auto", 3), ("rs", "auto")):
-        assert backend_problem(mode, k, "token", "vllm").startswith("mode/speculate_k auto needs backend engine")
-    assert backend_problem("rs", 3, "block", "vllm") == "verify block needs backend engine: vllm has no block verification"
-    assert backend_problem("rs", 3, "token", "sglang") == "unknown backend 'sglang'; choose one of engine, vllm"
-
-
 def test_needs_an_mtp_head_is_one_rule():
     """``needs_head`` / ``head_problem``: the CLI, the engine, the auto wing, check-lossless and the RL loop ask here."""
     from bebop.speculative.settings import head_problem, needs_head
