@@ -37,8 +37,9 @@ from bebop.config import BASELINE_DRAFT_LOSS, field_problems
 from bebop.mtp.chains import check_head_context
 from bebop.mtp.config import TrainMtpConfig
 from bebop.mtp.data import Sequences, check_chain_args
-from bebop.mtp.head import MtpHead, _decoder
+from bebop.mtp.head import MtpHead
 from bebop.mtp.loss import chain_loss, fused_loss_blocker
+from bebop.speculative.target import decoder_of
 from bebop.utils import distributed
 from bebop.utils.io import (
     BebopError,
@@ -295,7 +296,7 @@ def _fsdp_shard(backbone, head: MtpHead, opt, cfg: TrainMtpConfig):
     state = opt.state_dict()
     device = distributed.comm_device()
     mesh = distributed.fsdp_mesh(device)
-    decoder = _decoder(backbone)
+    decoder = decoder_of(backbone)
     layers, decoder.layers = decoder.layers, torch.nn.ModuleList()
     backbone.to(device)  # NOTE: all but the decoder layers, which fully_shard moves one shard at a time
     decoder.layers = layers

@@ -19,7 +19,7 @@ import pytest
 import scipy.stats
 import torch
 
-from bebop.speculative import engine, sampling
+from bebop.speculative import sampling, target
 from bebop.check import lossless
 from bebop.check.lossless import (
     BLOCK_LOSSLESS_CONFIGS,
@@ -165,7 +165,7 @@ def _context_model():
 def _break_rollback(monkeypatch):
     """From the second verify step on, a row that rejected a draft keeps that draft's KV entry in the
     target's cache (one more committed position than it emitted), as a faulty rollback would."""
-    init = engine._Target.__init__
+    init = target.Target.__init__
 
     def patched(self, model, batch_size, max_len, **kwargs):
         init(self, model, batch_size, max_len + LEAK_ROOM, **kwargs)
@@ -179,7 +179,7 @@ def _break_rollback(monkeypatch):
 
         cache.commit = leaky_commit
 
-    monkeypatch.setattr(engine._Target, "__init__", patched)
+    monkeypatch.setattr(target.Target, "__init__", patched)
 
 
 @pytest.mark.parametrize("broken", [False, True])
