@@ -147,6 +147,22 @@ def save_model_dir(path, model, add_bos: bool = True):
     return path
 
 
+REWARD_MODULE = "def score(prompts, completions, **_):\n    return [1.0] * len(completions)\n"  # rewards:score
+
+
+def model_workdir(root):
+    """``root`` holding what a command on a user's model reads: ``model`` (a tiny Llama), its ``head``,
+    ``prompts.jsonl`` (two prompts) and ``rewards.py`` (``rewards:score``)."""
+    from bebop.mtp import MtpHead
+
+    model = tiny_model("llama", vocab_size=16)
+    save_model_dir(root / "model", model)
+    MtpHead(model).save_pretrained(root / "head")
+    (root / "prompts.jsonl").write_text('{"prompt": "a b"}\n{"prompt": "c d"}\n')
+    (root / "rewards.py").write_text(REWARD_MODULE)
+    return root
+
+
 def fill_tiny_cache(path, mp: pytest.MonkeyPatch):
     """Points BEBOP_CACHE_DIR at ``path`` and fills it with a barely-trained embedded model and head."""
     from bebop.cli import main

@@ -310,7 +310,25 @@ def read_head_files(directory: Path) -> tuple[MtpConfig, dict[str, torch.Tensor]
     except Exception as e:  # noqa: BLE001 - any parse failure is a corrupt file
         raise BebopError(f"corrupt MTP head in {directory}: {str(e).splitlines()[0]}") from None
     check_finite_weights(state, f"MTP head in {directory}")
-    return MtpConfig(**{k: raw[k] for k in MtpConfig.__dataclass_fields__ if k in raw}), state
+    return _checked_config(raw, state, cfg_path), state
+
+
+def _checked_config(raw, state: dict[str, torch.Tensor], path: Path) -> MtpConfig:
+    """The ``MtpConfig`` a received ``mtp_config.json`` holds, each field of its declared type and
+    ``num_layers`` the layers the weights hold (a head is built before its weights load)."""
+    if not isinstance(raw, dict):
+        raise BebopError(f"corrupt MTP head config {path}: not a JSON object")
+    defaults = MtpConfig()
+    for name in MtpConfig.__dataclass_fields__:
+        value, default = raw.get(name, getattr(defaults, name)), getattr(defaults, name)
+        if isinstance(value, bool) != isinstance(default, bool) or not isinstance(value, type(default)):
+            raise BebopError(f"corrupt MTP head config {path}: {name} should be {type(default).__name__}, "
+                             f"got {str(value)[:40]!r}")
+    num_layers = len({name.split(".")[1] for name in state if name.startswith("layers.")})
+    if raw.get("num_layers", defaults.num_layers) != num_layers:
+        raise BebopError(f"corrupt MTP head config {path}: num_layers is {raw.get('num_layers')} but the weights "
+                         f"hold {num_layers} layer(s)")
+    return MtpConfig(**{k: raw[k] for k in MtpConfig.__dataclass_fields__ if k in raw})
 
 
 def check_finite_weights(state: dict[str, torch.Tensor], where: str) -> None:

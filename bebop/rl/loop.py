@@ -80,6 +80,7 @@ from bebop.rl.prompts import PromptBatch, check_embedded_prompts, load_task_rows
 from bebop.rl.rewards import RewardFn, call_reward
 from bebop.rollout.base import backend_problem, make_backend
 from bebop.rollout.runner import Rollout, RolloutRunner, frozen_copy
+from bebop.speculative.settings import head_problem
 from bebop.utils import distributed
 from bebop.utils.io import (
     BebopError,
@@ -304,8 +305,8 @@ def make_state(model: nn.Module, tokenizer, head: nn.Module | None, cfg: RLConfi
 
     ``backend_options`` go to the backend's constructor (the vLLM backend's ``workdir``, say).
     """
-    if head is None and (cfg.mode != "none" or cfg.mtp.mtp_update == "online"):
-        raise BebopError(f"mode {cfg.mode!r} with mtp_update {cfg.mtp.mtp_update!r} needs an MTP head")
+    if problem := head_problem(cfg.mode, head is not None, cfg.mtp.mtp_update):
+        raise BebopError(problem)
     model.eval()
     for p in model.parameters():
         p.requires_grad_(True)

@@ -53,7 +53,7 @@ from bebop.speculative import rng
 from bebop.speculative.completions import Completions
 from bebop.speculative.kv_cache import RaggedKVCache, fill_order
 from bebop.speculative.sampling import logits_to_probs, sample_from_probs
-from bebop.speculative.settings import MODES, SamplingParams, SpecConfig, check_settings
+from bebop.speculative.settings import MODES, SamplingParams, SpecConfig, check_settings, head_problem
 from bebop.speculative.stats import EmissionLog, entropy
 from bebop.speculative.target import Target
 from bebop.speculative.verification import (
@@ -220,8 +220,8 @@ def _check_args(model, mtp, prompts, sampling: SamplingParams, spec: SpecConfig)
     if is_auto(spec.mode, spec.speculate_k):
         raise BebopError("mode/speculate_k 'auto' is chosen by bebop.speculative.auto.generate.generate_auto, not by generate")
     check_settings(spec, sampling, auto_ok=False)
-    if spec.mode != "none" and mtp is None:
-        raise BebopError(f"mode {spec.mode!r} needs an MTP head (--mtp)")
+    if problem := head_problem(spec.mode, mtp is not None):
+        raise BebopError(problem)
     if not prompts:
         raise BebopError("no prompts given")
 

@@ -11,7 +11,7 @@ and full attention, 3:1; NemotronH: Mamba2, attention and MLP blocks):
   * a row's sampled tokens do not depend on the rows beside it, which end and leave the batch (their
     states move), and switching mode and K between steps (auto mode) keeps greedy's tokens;
   * ``RowStates`` by hand: each row's window and state after a verify pass are the ones at its kept length;
-  * statistical: the lossless checks (``bebop.speculative.check.lossless``: speculative against plain
+  * statistical: the lossless checks (``bebop.check.lossless``: speculative against plain
     sampling, rs token-wise and block, T = 1 and 0.7) pass on each family (23 checks at alpha = 3e-4: a
     correct engine fails one family with odds 0.7% for a seed picked at random; the seeds are fixed), and
     fail, with a p-value below 1e-12, when the rollback leaves each row's state at the pass's end.
@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from bebop.mtp import MtpHead
-from bebop.speculative.check.lossless import LosslessConfig, run_lossless_checks, summarize_checks
+from bebop.check.lossless import LosslessConfig, run_lossless_checks, summarize_checks
 from bebop.speculative.engine import Decoder, SamplingParams, SpecConfig, generate
 from bebop.speculative.state_cache import RowStates
 from tests.conftest import HYBRIDS, tiny_model
