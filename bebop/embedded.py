@@ -1,9 +1,10 @@
 """The embedded default: a tiny Qwen3.5 model trained by the package on the embedded task, cached.
 
 Every command uses it when no ``--model`` is given. It is a text-only ``Qwen3_5ForCausalLM`` (the
-paper's model family) shaped as the family is: three Gated DeltaNet (linear-attention, recurrent
-state) layers to every full-attention layer, a dense MLP and head_dim 32, so vLLM's CPU build serves
-it with an exported MTP head (in bf16, as that build runs hybrids). It is built from a config (no download),
+paper's model family) with full-attention layers, a dense MLP and head_dim 32, so vLLM's CPU build
+serves it with an exported MTP head. ``PretrainConfig(full_attention_interval=4)`` builds the family's
+own shape instead, three Gated DeltaNet (linear-attention, recurrent state) layers to every full-attention
+layer; docs/results.md measures it and says why it is not the default. It is built from a config (no download),
 pretrained by ``bebop pretrain`` in a few CPU minutes, and cached under ``$BEBOP_CACHE_DIR``
 (default ``~/.cache/bebop``). Heads trained on it are cached beside it, one per loss.
 
@@ -34,7 +35,7 @@ from bebop.utils.optim import make_adamw, master_state_dict
 from bebop.utils.progress import progress, say, step_line
 from bebop.utils.torch_utils import resolve_device, resolve_dtype, seed_everything, state_sha256
 
-EMBEDDED_VERSION = "v4"  # bump when the task, tokenizer or model changes, so stale caches are not reused
+EMBEDDED_VERSION = "v3"  # bump when the task, tokenizer or model changes, so stale caches are not reused
 CACHE_DTYPE = torch.float32  # NOTE: cached heads and data are built on, and keyed by, the float32 weights
 LINEAR_CONV_KERNEL = 4  # the Gated DeltaNet layers' short convolution, Qwen3.5's
 PRETRAIN_THREADS = 1  # NOTE: CPU reductions depend on the thread count: one thread makes pretraining bit-reproducible
@@ -53,7 +54,8 @@ class PretrainConfig:
     seed: int = 0  # weight init and data
     hidden_size: int = 64  # model width D
     num_layers: int = 8  # enough that one MTP layer costs about 1/8 of a backbone forward
-    full_attention_interval: int = 4  # every 4th layer full attention, the others Gated DeltaNet (Qwen3.5's 3:1)
+    full_attention_interval: int = 1  # every Nth layer full attention, the others Gated DeltaNet: 1 = all full
+    #   attention (the default), 4 = Qwen3.5's 3:1 hybrid
     num_heads: int = 2  # attention heads
     num_kv_heads: int = 1  # grouped-query KV heads
     head_dim: int = 32  # per-head width; vLLM's CPU attention needs >= 32
@@ -82,9 +84,9 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def build_model(cfg: PretrainConfig, vocab_size: int, pad_id: int, eos_id: int) -> Qwen3_5ForCausalLM:
-    """A randomly initialised text-only Qwen3.5: Gated DeltaNet layers with a full-attention layer (gated,
-    q/k-normed, partial rotary as in the family) every ``full_attention_interval``, dense MLP, tied embeddings.
-    Each Gated DeltaNet layer has ``hidden_size // linear_head_dim`` key and value heads of ``linear_head_dim``
+    """A randomly initialised text-only Qwen3.5: a full-attention layer (gated, q/k-normed, partial rotary as in
+    the family) every ``full_attention_interval`` layers (every layer by default) and Gated DeltaNet layers
+    between them, dense MLP, tied embeddings. Each Gated DeltaNet layer has ``hidden_size // linear_head_dim`` key and value heads of ``linear_head_dim``
     (one each by default: as wide as the model, as the attention's queries are) and the family's convolution
     kernel of 4."""
     layer_types = ["full_attention" if (i + 1) % cfg.full_attention_interval == 0 else "linear_attention"
