@@ -42,7 +42,7 @@ ACCEPT_TOLERANCE = 0.1  # |Bebop - vLLM| accept length at T = 1
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """(engine.json's results, the vllm backend) on the tiny hybrid and its head."""
+    """(engine.json's results, the vllm backend, the tokenizer) of the tiny hybrid and its head."""
     out = tmp_path_factory.mktemp("hybrid")
     assert Path(ENGINE_PYTHON).is_file(), f"Bebop's side needs the main venv ({ENGINE_PYTHON}): make install"
     run = subprocess.run([ENGINE_PYTHON, "-m", "tests.vllm.hybrid_engine_side", str(out)], cwd=ROOT,
