@@ -45,7 +45,10 @@ from bebop.utils.io import BebopError
 # the loss and mode tables lazily.
 TASKS = ("embedded", "math")  # prompt sources: the built-in arithmetic task, or a JSONL/parquet file
 MTP_UPDATES = ("frozen", "online")  # what happens to the head during RL (paper §5)
-RESUME_MAY_CHANGE = ("steps", "save_every", "label", "backend")  # keys a resumed run may set differently
+RESUME_MAY_CHANGE = ("steps", "save_every", "label", "backend", "micro_batch_tokens")  # keys a resumed run may set differently
+# NOTE: verl's default token budget per micro-batch. The activations a backward keeps grow linearly with it
+# (docs/scaling.md measures them per token); a row longer than the budget goes through alone.
+MICRO_BATCH_TOKENS = 16_384
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,9 @@ class PolicyConfig:
     update_epochs: int = option(1, "mu, optimizer steps on each rollout batch (full batch each)")
     mean_only: bool = option(False, "advantages without dividing by the group std (Dr. GRPO)")
     grad_clip: float = option(1.0, "max global gradient norm of the policy; 0 = no clipping")
+    micro_batch_tokens: int = option(MICRO_BATCH_TOKENS,
+                                     "padded tokens (rows x longest row) per forward/backward of the update and the "
+                                     "online head step; gradients add up over micro-batches, so only memory changes")
 
 
 @dataclass(frozen=True)
@@ -188,6 +194,8 @@ def check_rl_config(cfg: RLConfig) -> None:
             problems.append(f"{name} must be >= 1, got {getattr(cfg, name)}")
     if cfg.policy.update_epochs < 1:
         problems.append(f"update_epochs must be >= 1, got {cfg.policy.update_epochs}")
+    if cfg.policy.micro_batch_tokens < 1:
+        problems.append(f"micro_batch_tokens must be >= 1, got {cfg.policy.micro_batch_tokens}")
     if problem := speculate_k_problem(cfg.mtp.mtp_speculate_k, auto_ok=False):
         problems.append("mtp_" + problem)
     if cfg.save_every < 0 or cfg.policy.kl_coef < 0:

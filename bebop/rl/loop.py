@@ -34,7 +34,10 @@ Deviations from textbook GRPO (beyond the numbered list in ``bebop.rl.grpo``):
      one extra copy of the weights; it is saved in checkpoints, so a resumed async run on the engine
      regenerates the in-flight rollout bit for bit. On CUDA both threads use the default stream:
      correct, and the overlap comes from the host side (the engine's Python loop and kernel launches).
-  6) Full-batch updates: each of the update_epochs is one optimizer step on all B*G rows.
+  6) Full-batch updates: each of the update_epochs is one optimizer step on all B*G rows, its gradient
+     accumulated over micro-batches of at most ``micro_batch_tokens`` padded tokens (old and reference
+     logprobs and the online head step are computed in the same micro-batches). The logprobs come from
+     the policy's decoder and a tiled lm_head (``bebop.rl.grpo.token_logprobs``): no (rows, T, V) tensor.
   7) ``backend vllm``: rollouts are not seeded per row (vLLM cannot seed requests that draft), so a
      run does not repeat bit for bit; ``spec/alpha_*``, ``spec/accept_length_hist``,
      ``spec/accepted_per_pos`` and ``target_entropy`` are null (vLLM does not expose the
@@ -76,7 +79,7 @@ from bebop.analysis.runs import CONFIG_FILE, METRICS_FILE, TOKEN_STATS_FILE  # t
 from bebop.config import is_auto
 from bebop.rl.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from bebop.rl.config import RESUME_MAY_CHANGE, PolicyConfig, RLConfig, check_rl_config, flat_config
-from bebop.rl.grpo import group_advantages, pad_sequences, policy_loss, token_logprobs
+from bebop.rl.grpo import IGNORE_LOGPROB, group_advantages, micro_batches, pad_sequences, policy_loss, token_logprobs
 from bebop.rl.online import make_head_optimizer, online_head_step, rollout_sequences
 from bebop.rl.prompts import PromptBatch, check_embedded_prompts, load_task_rows, prompt_batch, task_reward
 from bebop.rl.rewards import RewardFn, call_reward
@@ -159,12 +162,64 @@ def sequence_tensors(rollout: Rollout, pad_id: int, device: torch.device):
     return ids.to(device), attn.to(device), comp.to(device)
 
 
+def row_lengths(inputs: tuple[torch.Tensor, ...]) -> list[int]:
+    """Each row's real length, from the attention mask of (input_ids, attention_mask, completion_mask) (B, T);
+    one host sync."""
+    return inputs[1].sum(dim=1).tolist()
+
+
+def _part(inputs: tuple[torch.Tensor, ...], rows: slice, lengths: list[int]) -> tuple[torch.Tensor, ...]:
+    """The rows' tensors (b, T') cut to their longest row: rows are right-padded, so nothing real is cut."""
+    width = max(lengths[rows])
+    return tuple(t[rows, :width] for t in inputs)
+
+
 @torch.no_grad()
-def fixed_logprobs(sampler: nn.Module, reference: nn.Module | None, inputs, temperature: float):
-    """Old logprobs (B*G, T) under the model that sampled, and reference logprobs (or None)."""
-    old = token_logprobs(sampler, *inputs, temperature=temperature)
-    ref = token_logprobs(reference, *inputs, temperature=temperature) if reference is not None else None
+def fixed_logprobs(sampler: nn.Module, reference: nn.Module | None, inputs, temperature: float, max_tokens: int):
+    """Old logprobs (B*G, T) under the model that sampled, and reference logprobs (or None), computed
+    ``micro_batches`` of at most ``max_tokens`` padded tokens at a time."""
+    lengths = row_lengths(inputs)
+    old = torch.full(inputs[0].shape, IGNORE_LOGPROB, dtype=torch.float32, device=inputs[0].device)
+    ref = old.clone() if reference is not None else None
+    for rows in micro_batches(lengths, max_tokens):
+        part = _part(inputs, rows, lengths)
+        width = part[0].shape[1]
+        old[rows, :width] = token_logprobs(sampler, *part, temperature=temperature)
+        if reference is not None:
+            ref[rows, :width] = token_logprobs(reference, *part, temperature=temperature)
     return old, ref
+
+
+def accumulate_gradients(
+    policy: nn.Module,
+    inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor],  # 3 x (B*G, T)
+    old_logprobs: torch.Tensor,  # (B*G, T)
+    ref_logprobs: torch.Tensor | None,  # (B*G, T)
+    advantages: torch.Tensor,  # (B*G,)
+    num_tokens: torch.Tensor,  # () the whole step's completion tokens (all ranks)
+    cfg: PolicyConfig,
+    temperature: float,
+) -> dict[str, float]:
+    """Adds the gradient of the batch's GRPO loss to the policy's ``.grad``, one micro-batch at a time.
+
+    Each micro-batch's loss is normalised by ``num_tokens``, so the losses, their gradients and the
+    metrics (each a sum over tokens / num_tokens) add up to the whole batch's: the metrics returned are
+    those sums. Holds one micro-batch's activations at a time. Syncs: ``policy_loss``'s metrics and the
+    loss, per micro-batch.
+    """
+    lengths = row_lengths(inputs)
+    sums: dict[str, float] = {}
+    for rows in micro_batches(lengths, cfg.micro_batch_tokens):
+        part = _part(inputs, rows, lengths)
+        width = part[0].shape[1]
+        logprobs = token_logprobs(policy, *part, temperature=temperature)
+        ref = ref_logprobs[rows, :width] if ref_logprobs is not None else None
+        loss, metrics = policy_loss(logprobs, old_logprobs[rows, :width], advantages[rows], part[2], cfg.clip_eps,
+                                    ref, cfg.kl_coef, num_tokens)
+        loss.backward()
+        for key, value in {**metrics, "rl/loss": loss.item()}.items():
+            sums[key] = sums.get(key, 0.0) + value
+    return sums
 
 
 def update_policy(
@@ -177,32 +232,30 @@ def update_policy(
     cfg: PolicyConfig,
     temperature: float,
 ) -> dict[str, float]:
-    """``update_epochs`` full-batch AdamW steps of the GRPO loss; returns the metrics' epoch means.
+    """``update_epochs`` AdamW steps of the GRPO loss on the whole batch; returns the metrics' epoch means.
 
-    Under torchrun the rows are this rank's: the loss is normalised by the global token count and the
-    gradients (and metrics) are summed over ranks, so every rank takes the one-process step.
+    Each step's gradient is accumulated over micro-batches of at most ``cfg.micro_batch_tokens`` padded
+    tokens (``accumulate_gradients``), so it is the one-batch gradient. Under torchrun the rows are this
+    rank's: the loss is normalised by the global token count and the gradients (and metrics) are summed
+    over ranks, so every rank takes the one-process step.
     """
     params = [p for p in policy.parameters() if p.requires_grad]
     max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
     advantages = advantages.to(old_logprobs.device)
-    num_tokens = None  # NOTE: one process counts its own batch's tokens (policy_loss's default)
-    if distributed.world_size() > 1:
-        num_tokens = distributed.sum_tensor(inputs[2].sum().to(old_logprobs.dtype)).clamp(min=1.0)
+    # NOTE: the whole step's count normalises every micro-batch's loss on every rank
+    num_tokens = distributed.sum_tensor(inputs[2].sum().to(old_logprobs.dtype)).clamp(min=1.0)
     history: list[dict[str, float]] = []
     for _ in range(cfg.update_epochs):
-        logprobs = token_logprobs(policy, *inputs, temperature=temperature)
-        loss, metrics = policy_loss(
-            logprobs, old_logprobs, advantages, inputs[2], cfg.clip_eps, ref_logprobs, cfg.kl_coef, num_tokens
-        )
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        metrics = accumulate_gradients(policy, inputs, old_logprobs, ref_logprobs, advantages, num_tokens, cfg,
+                                       temperature)
         distributed.sum_gradients(params)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         if not math.isfinite(float(grad_norm)):  # NOTE: a NaN step would poison every weight; sync per epoch
-            raise BebopError(f"the policy loss ({loss.item():.3g}) has a non-finite gradient (norm "
+            raise BebopError(f"the policy loss ({metrics['rl/loss']:.3g}) has a non-finite gradient (norm "
                              f"{float(grad_norm)}); scale the rewards down (nothing was written for this step)")
         optimizer.step()
-        metrics = distributed.sum_floats({**metrics, "rl/loss": loss.item()})  # sync per epoch
+        metrics = distributed.sum_floats(metrics)  # sync per epoch
         history.append({**metrics, "rl/grad_norm": float(grad_norm)})
     optimizer.zero_grad(set_to_none=True)  # frees the gradients until the next step
     return {key: sum(h[key] for h in history) / len(history) for key in history[0]}
@@ -217,7 +270,7 @@ def update_head(state: RLState, rollout: Rollout, cfg: RLConfig) -> dict:
         return dict(NO_HEAD_METRICS)
     sequences = rollout_sequences(rollout.result.prompt_ids, rollout.result.token_ids)
     return online_head_step(state.policy, state.head, state.head_optimizer, sequences, cfg.mtp, cfg.temperature,
-                            state.pad_id)
+                            state.pad_id, cfg.policy.micro_batch_tokens)
 
 
 # ------------------------------------------------------------------------------ metrics
@@ -303,7 +356,7 @@ def rl_step(
     if distributed.world_size() > 1:  # NOTE: this rank's rows, padded as in the whole batch
         inputs, advantages = tuple(t[first:last] for t in inputs), advantages[first:last]
     old_logprobs, ref_logprobs = fixed_logprobs(state.rollouts.sampling_model, state.reference, inputs,
-                                                cfg.temperature)
+                                                cfg.temperature, cfg.policy.micro_batch_tokens)
     state.rollouts.launch(next_batch)
     update = update_policy(state.policy, state.optimizer, inputs, old_logprobs, ref_logprobs, advantages, cfg.policy,
                            cfg.temperature)
