@@ -86,7 +86,7 @@ def _rl_point(model, p: dict) -> dict:
 
     from bebop.rl import grpo
     from bebop.rl.config import PolicyConfig
-    from bebop.rl.loop import accumulate_gradients, fixed_logprobs
+    from bebop.rl.update import accumulate_gradients, fixed_logprobs
     from bebop.utils.optim import make_adamw
 
     if p.get("full_logits"):  # the untiled path: the model's (rows, T, V) logits, one micro-batch
@@ -111,9 +111,11 @@ def _rl_point(model, p: dict) -> dict:
     optimizer.step()
     phases["adamw_step_mb"] = _status_mb("VmHWM") - base
     seconds = time.perf_counter() - start
-    peak = max(phases.values()) + base
     state = 3 * sum(q.numel() * q.element_size() for q in model.parameters()) / 2**20  # weights + 2 moments
-    return {"seconds": seconds, "peak_mb": peak, "state_mb": state, **phases}
+    # NOTE: the curves' extra is the forward/backward's (what grows with the work); the AdamW step adds the
+    # moments to the gradients whatever the batch (adamw_step_mb), and the headline reads the whole step's peak.
+    return {"seconds": seconds, "step_peak_mb": base + max(phases.values()), "state_mb": state,
+            "extra_mb": max(phases["logprobs_mb"], phases["backward_mb"]), **phases}
 
 
 def _chains(p: dict):
@@ -237,32 +239,39 @@ def run_point(p: dict) -> dict:
 
 
 def curves(quick: bool, layers: int) -> list[dict]:
-    """Each curve: a name, the size that grows (``x``: a point field), its values and the fixed fields."""
-    def c(section, name, x, values, **fixed):
-        return {"section": section, "name": name, "x": x, "values": values,
-                "fixed": {"vocab": QWEN3_VOCAB, "layers": layers, **fixed}}
+    """Each curve: a name, the point field that grows (``x``), its values (--quick's, or the full run's) and the
+    fixed fields; the slopes are taken against ``size`` (tokens per step where tokens grow)."""
+    def c(section, name, x, quick_values, full_values, size=None, **fixed):
+        return {"section": section, "name": name, "x": x, "values": quick_values if quick else full_values,
+                "size": size or (lambda p: p[x]), "fixed": {"vocab": QWEN3_VOCAB, "layers": layers, **fixed}}
 
-    q = quick
+    def rl_tokens(p):
+        return p["rows"] * (PROMPT_TOKENS + p["new_tokens"])
+
+    def chain_tokens(p):
+        return p["rows"] * p["length"]
+
     vocabs = [32_768, QWEN3_VOCAB, QWEN3_5_VOCAB]
     return [
-        c("rl", "rl step: completion length (2 rows)", "new_tokens", [32, 64, 128] if q else [128, 256, 512, 1024],
+        c("rl", "rl step: completion length (2 rows; memory of logprobs + backward)", "new_tokens", [32, 64, 128], [128, 256, 512, 1024], rl_tokens,
           kind="rl", rows=2),
-        c("rl", "rl step, full logits: completion length (2 rows)", "new_tokens", [32, 64, 128] if q else [128, 256, 512],
-          kind="rl", rows=2, full_logits=True),
-        c("rl", "rl step: rows (64 new tokens)", "rows", [1, 2, 4] if q else [2, 4, 8, 16], kind="rl", new_tokens=64),
-        c("rl", "rl step: vocabulary (2 rows x 64)", "vocab", vocabs, kind="rl", rows=2, new_tokens=64),
-        c("train-mtp", "train-mtp step: tokens (1 row, K=3)", "length", [64, 128, 256] if q else [128, 256, 512, 1024],
+        c("rl", "rl step, full logits: completion length (2 rows; same memory)", "new_tokens", [32, 128], [128, 256, 512],
+          rl_tokens, kind="rl", rows=2, full_logits=True),
+        c("rl", "rl step: rows (64 new tokens)", "rows", [], [2, 4, 8, 16], rl_tokens, kind="rl", new_tokens=64),
+        c("rl", "rl step: vocabulary (2 rows x 64)", "vocab", vocabs[::2], vocabs, kind="rl", rows=2, new_tokens=64),
+        c("train-mtp", "train-mtp step: tokens (1 row, K=3)", "length", [64, 256], [128, 256, 512, 1024], chain_tokens,
           kind="train-mtp", rows=1),
-        c("train-mtp", "train-mtp step: vocabulary (1 row x 128)", "vocab", vocabs, kind="train-mtp", rows=1, length=128),
-        c("eval-mtp", "eval-mtp: tokens (1 row, K=3)", "length", [64, 128, 256] if q else [128, 256, 512, 1024],
+        c("train-mtp", "train-mtp step: vocabulary (1 row x 128)", "vocab", [], vocabs, kind="train-mtp", rows=1,
+          length=128),
+        c("eval-mtp", "eval-mtp: tokens (1 row, K=3)", "length", [64, 256], [128, 256, 512, 1024], chain_tokens,
           kind="eval-mtp", rows=1),
-        c("generate", "generate rs: rows (32 new tokens)", "rows", [1, 8] if q else [1, 8, 64], kind="generate",
-          mode="rs", new_tokens=32),
-        c("generate", "generate rs: completion length (8 rows)", "new_tokens", [16, 32, 64] if q else [32, 64, 128, 256],
-          kind="generate", mode="rs", rows=8),
-        c("check-lossless", "check-lossless reference: samples", "samples", [100, 200, 400] if q else [200, 400, 800],
+        c("generate", "generate rs: rows (32 new tokens)", "rows", [1, 8], [1, 8, 64], kind="generate", mode="rs",
+          new_tokens=32),
+        c("generate", "generate rs: completion length (8 rows)", "new_tokens", [], [32, 64, 128, 256], kind="generate",
+          mode="rs", rows=8),
+        c("check-lossless", "check-lossless reference: samples", "samples", [100, 400], [200, 400, 800],
           kind="check-lossless"),
-        c("export", "export-mtp + import-mtp: vocabulary (Qwen3.5 blocks)", "vocab", vocabs, kind="export"),
+        c("export", "export-mtp + import-mtp: vocabulary (Qwen3.5 blocks)", "vocab", vocabs[::2], vocabs, kind="export"),
     ]
 
 
@@ -327,19 +336,21 @@ def run_curve(curve: dict, threads: int) -> tuple[list[str], dict]:
     print("\n".join(lines), flush=True)
     xs, seconds, extras = [], [], []
     for value in curve["values"]:
-        row = spawn({**curve["fixed"], curve["x"]: value}, threads)
+        point = {**curve["fixed"], curve["x"]: value}
+        row = spawn(point, threads)
         ok = "error" not in row
         lines.append(f"| {value:,} | {_fmt(row.get('seconds'))} | {_fmt(row.get('extra_mb'), '.0f')} | "
                      f"{_fmt(row.get('base_mb'), '.0f')} | {_notes(row)} |")
         print(lines[-1], flush=True)
         if ok:
-            xs.append(value)
+            xs.append(curve["size"](point))
             seconds.append(row["seconds"])
             extras.append(row["extra_mb"])
-    summary = {"name": curve["name"], "x": curve["x"], "range": f"{curve['values'][0]:,}-{curve['values'][-1]:,}",
+    grows = "tokens per step" if curve["size"](point) != value else curve["x"]
+    summary = {"name": curve["name"], "x": grows, "range": f"{min(xs or [0]):,}-{max(xs or [0]):,}",
                "time_slope": slope(xs, seconds), "memory_slope": slope(xs, extras),
                "extra_mb": extras[-1] if extras else float("nan")}
-    lines += ["", f"slopes (log-log): time {_fmt(summary['time_slope'], '.2f')}, "
+    lines += ["", f"slopes (log-log, against {grows}): time {_fmt(summary['time_slope'], '.2f')}, "
                   f"extra memory {_fmt(summary['memory_slope'], '.2f')}", ""]
     return lines, summary
 
@@ -371,7 +382,7 @@ def run_headline(point: dict, threads: int) -> list[str]:
     if "error" in row:
         return [f"rl step {point['rows']} x {point['new_tokens']}: failed: {row['error']}", ""]
     runtime = row["base_mb"] - row["weights_mb"]  # torch and Python, before any weight
-    peak = row["base_mb"] + row["extra_mb"]
+    peak = row["step_peak_mb"]
     ratio = (peak - runtime) / row["state_mb"]
     return [f"### rl step, {point['rows']} rows x {point['new_tokens']} new tokens ({point['layers']} layers, "
             f"V = {point['vocab']:,})", "",
@@ -401,7 +412,7 @@ def main(argv: list[str] | None = None) -> None:
           f"{os.cpu_count()} CPUs | Qwen3 blocks, D = 1,024, {args.layers} layers, random weights\n", flush=True)
     start, summaries = time.time(), []
     for curve in curves(args.quick, args.layers):
-        if curve["section"] in wanted:
+        if curve["section"] in wanted and curve["values"]:
             lines, summary = run_curve(curve, args.threads)
             print("\n".join(lines[-2:]), flush=True)
             summaries.append(summary)

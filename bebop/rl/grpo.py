@@ -35,7 +35,7 @@ from torch import nn
 
 from bebop.architectures import SUPPORTED_MODEL_TYPES
 from bebop.config import temperature_problem
-from bebop.losses.logprobs import token_logprobs_from_hidden
+from bebop.losses import token_logprobs_from_hidden
 from bebop.mtp.head import decoder_states
 from bebop.mtp.loss import fused_loss_blocker
 
