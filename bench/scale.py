@@ -253,7 +253,8 @@ def curves(quick: bool, layers: int) -> list[dict]:
 
     vocabs = [32_768, QWEN3_VOCAB, QWEN3_5_VOCAB]
     return [
-        c("rl", "rl step: completion length (2 rows; memory of logprobs + backward)", "new_tokens", [32, 64, 128], [128, 256, 512, 1024], rl_tokens,
+        c("rl", "rl step: completion length (2 rows; memory of logprobs + backward)", "new_tokens", [32, 128],
+          [128, 256, 512, 1024], rl_tokens,
           kind="rl", rows=2),
         c("rl", "rl step, full logits: completion length (2 rows; same memory)", "new_tokens", [32, 128], [128, 256, 512],
           rl_tokens, kind="rl", rows=2, full_logits=True),
@@ -263,13 +264,13 @@ def curves(quick: bool, layers: int) -> list[dict]:
           kind="train-mtp", rows=1),
         c("train-mtp", "train-mtp step: vocabulary (1 row x 128)", "vocab", [], vocabs, kind="train-mtp", rows=1,
           length=128),
-        c("eval-mtp", "eval-mtp: tokens (1 row, K=3)", "length", [64, 256], [128, 256, 512, 1024], chain_tokens,
+        c("eval-mtp", "eval-mtp: tokens (1 row, K=3)", "length", [64, 128], [128, 256, 512, 1024], chain_tokens,
           kind="eval-mtp", rows=1),
         c("generate", "generate rs: rows (32 new tokens)", "rows", [1, 8], [1, 8, 64], kind="generate", mode="rs",
           new_tokens=32),
         c("generate", "generate rs: completion length (8 rows)", "new_tokens", [], [32, 64, 128, 256], kind="generate",
           mode="rs", rows=8),
-        c("check-lossless", "check-lossless reference: samples", "samples", [100, 400], [200, 400, 800],
+        c("check-lossless", "check-lossless reference: samples", "samples", [25, 50], [50, 100, 200],
           kind="check-lossless"),
         c("export", "export-mtp + import-mtp: vocabulary (Qwen3.5 blocks)", "vocab", vocabs[::2], vocabs, kind="export"),
     ]
@@ -282,7 +283,7 @@ def headline(layers: int) -> dict:
 
 def versus_hf(quick: bool, layers: int) -> list[dict]:
     """Plain decoding and rs (K=3) in Bebop's engine, and HF generate, at B = 1, 8, 64."""
-    new = 16 if quick else 32
+    new = 8 if quick else 32
     return [{"kind": "generate", "mode": mode, "rows": rows, "new_tokens": new, "vocab": QWEN3_VOCAB, "layers": layers}
             for rows in (1, 8, 64) for mode in ("none", "rs", "hf")]
 
