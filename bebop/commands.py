@@ -182,7 +182,7 @@ def _auto_profile(args, model, sampling, spec) -> tuple[Path, dict] | None:
 
 
 def cmd_generate(args) -> None:
-    from bebop.rollout.base import backend_class, make_backend
+    from bebop.rollout.base import backend_class, backend_problem, make_backend
     from bebop.speculative import SamplingParams, SpecConfig
     from bebop.speculative.auto import profile as profiles
     from bebop.speculative.settings import verify_problem
@@ -194,8 +194,8 @@ def cmd_generate(args) -> None:
                               max_new_tokens=args.max_new_tokens, stop=tuple(args.stop or ()))
     check_settings(SpecConfig(mode=args.mode, speculate_k=args.speculate_k), sampling)
     auto = is_auto(args.mode, args.speculate_k)
-    if auto and args.backend != "engine":
-        raise BebopError("--mode/--speculate-k auto needs --backend engine (it reads the engine's step times)")
+    if problem := backend_problem(args.backend, args.mode, args.speculate_k):
+        raise BebopError(problem)
     if args.auto_profile and not auto:
         raise BebopError("--auto-profile needs --mode auto or --speculate-k auto")
     if problem := verify_problem(args.mode, args.verify, args.backend):
@@ -366,10 +366,11 @@ def _abs(path: str | None) -> str | None:
 def _saved_run(run_dir: Path, args) -> dict:
     """The saved config of the run to resume; fills --model/--mtp from it, refuses different ones."""
     from bebop.utils.io import read_json
+    from bebop.utils.run_files import CONFIG_FILE
 
-    if not (run_dir / "config.json").is_file():
-        raise BebopError(f"nothing to resume: {run_dir} holds no run (no config.json); start one with --out")
-    saved = read_json(run_dir / "config.json", what="run config")
+    if not (run_dir / CONFIG_FILE).is_file():
+        raise BebopError(f"nothing to resume: {run_dir} holds no run (no {CONFIG_FILE}); start one with --out")
+    saved = read_json(run_dir / CONFIG_FILE, what="run config")
     for key in RUN_PATHS:
         given, recorded = _abs(getattr(args, key, None)), saved.get(key)
         if given is None:
@@ -405,10 +406,15 @@ def _head_loss(path: Path) -> str | None:
 # ---------------------------------------------------------------------------------------------- report / demo
 def cmd_report(args) -> None:
     from bebop.analysis.report import REPORT_FILE, write_report
-    from bebop.analysis.runs import load_run
+    from bebop.analysis.runs import load_run, run_inputs
     from bebop.utils.io import atomic_dir, check_output_dir, output_dir, read_json
+    from bebop.utils.run_files import REPORT_DIR
 
-    check_output_dir(args.out, overwrite=args.overwrite, what="report directory", inputs=tuple(args.runs))
+    if args.out is None and len(args.runs) > 1:
+        raise BebopError(f"{len(args.runs)} runs: give --out (only one run's report has a default place, "
+                         f"RUN/{REPORT_DIR})")
+    out = Path(args.out) if args.out is not None else Path(args.runs[0]) / REPORT_DIR
+    check_output_dir(out, overwrite=args.overwrite, what="report directory")
     runs = [load_run(run) for run in args.runs]  # NOTE: a run that cannot be read fails before --out is created
     head_evals = []
     for file in args.eval or []:
@@ -416,10 +422,11 @@ def cmd_report(args) -> None:
         if not isinstance(result, dict) or "alpha_rs" not in result:
             raise BebopError(f"{file} is not a `bebop eval-mtp --json` result (no alpha_rs)")
         head_evals.append(result)
-    with output_dir(args.out, overwrite=args.overwrite, what="report directory", inputs=tuple(args.runs)), \
-            atomic_dir(args.out) as tmp:  # NOTE: a sibling of --out, so the runs' relative links hold
+    inputs = (*(path for run in runs for path in run_inputs(run)), *(args.eval or ()))  # NOTE: not RUN/report
+    with output_dir(out, overwrite=args.overwrite, what="report directory", inputs=inputs), \
+            atomic_dir(out) as tmp:  # NOTE: a sibling of --out, so the runs' relative links hold
         write_report(runs, tmp, head_evals=head_evals)
-    print(f"report written to {Path(args.out) / REPORT_FILE}")
+    print(f"report written to {out / REPORT_FILE}")
 
 
 def cmd_demo(args) -> None:

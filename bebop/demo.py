@@ -8,7 +8,8 @@ Stages (each reuses what an earlier, possibly interrupted, run finished):
     4. exact teacher-forced acceptance of each head at K=3 (RS and TO), and a temperature sweep;
     5. RL runs: none, to+ce, rs+ce, rs+e2e_tv (frozen), rs+e2e_tv with online CE, and with online TV updates;
        the key comparison (to+ce, rs+ce, rs+e2e_tv) runs with ``seeds`` RL seeds, pooled by the analyses;
-    6. a markdown report with plots and one row per paper finding, its verdict computed from the data.
+    6. a markdown report that opens with the answer (RL step time with and without MTP, accept length against
+       entropy), then one row per paper finding the runs answer, its verdict computed from the data.
 """
 
 from __future__ import annotations
@@ -151,11 +152,12 @@ def _seeds(cfg: DemoConfig, spec: tuple) -> list[int]:
 def _rl_run(cfg: DemoConfig, out: Path, model_dir: Path, head_dirs: dict[str, Path], spec: tuple, seed: int) -> Path:
     """One RL run from the pretrained policy; skipped when complete, resumed when checkpointed."""
     from bebop.rl import resolve_rl_config, train_rl
+    from bebop.utils.run_files import METRICS_FILE
 
     label, mode, loss, update, online_loss = spec
     label = label if seed == cfg.seed else f"{label}-seed{seed}"  # the first seed keeps the plain name
     run_dir = out / "runs" / label
-    metrics = run_dir / "metrics.jsonl"
+    metrics = run_dir / METRICS_FILE
     if metrics.is_file() and len(read_jsonl(metrics, torn_tail_ok=True)) >= cfg.rl_steps:
         return run_dir
     rl_cfg = resolve_rl_config(None, {

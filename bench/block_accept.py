@@ -9,7 +9,8 @@ token-wise Σ_j Π_{i<=j} min(1, r_i), block Σ_j w_j (``bebop.speculative.block
 all verify steps, and the paired difference with a 95% interval (normal, over verify steps; steps of
 one row are treated as independent), estimate the accept-length gain of block verification on the
 chains rollouts actually draft, free of the noise of the accept coins. Rows decode with token-wise
-verification; only the expectations are recorded. Accept length = 1 + expected accepts.
+verification (the run's verifier, wrapped to record both expectations before it decides). Accept
+length = 1 + expected accepts.
 """
 
 from __future__ import annotations
@@ -22,39 +23,37 @@ import torch
 from bebop.embedded import ensure_embedded_head, ensure_embedded_model
 from bebop.models import load_model
 from bebop.mtp.head import MtpHead
-from bebop.speculative import SamplingParams, SpecConfig, engine, generate
+from bebop.speculative import SamplingParams, SpecConfig
 from bebop.speculative.block import prefix_weights
+from bebop.speculative.engine import Decoder
 from bebop.speculative.sampling import acceptance_probs
+from bebop.speculative.verification import Verifier
 from bebop.task import arith
 
 PROMPT_SEED = 1  # problems drawn for the prompts
 Z95 = 1.96  # normal quantile of a 95% interval
 
 
-def record_expectations(steps: list[tuple[torch.Tensor, torch.Tensor]]):
-    """Wraps the engine's token-wise verifier so each rs verify step appends (token (R,), block (R,)) expectations."""
-    original = engine.rejection_sample_from_noise
+def recording(verifier: Verifier, steps: list[tuple[torch.Tensor, torch.Tensor]]) -> Verifier:
+    """``verifier``, appending each verify step's (token-wise (R,), block (R,)) expected accepts to ``steps`` first."""
 
-    def recording(target_probs, draft_tokens, draft_probs, *args, **kwargs):
-        if draft_probs is not None:
-            token = acceptance_probs(target_probs, draft_tokens, draft_probs).cumprod(1).sum(1)
-            block = prefix_weights(target_probs, draft_tokens, draft_probs)[:, 1:].sum(1)
-            steps.append((token.double(), block.double()))
-        return original(target_probs, draft_tokens, draft_probs, *args, **kwargs)
+    def record(target_probs, draft_tokens, draft_probs, uniform):
+        token = acceptance_probs(target_probs, draft_tokens, draft_probs).cumprod(1).sum(1)
+        block = prefix_weights(target_probs, draft_tokens, draft_probs)[:, 1:].sum(1)
+        steps.append((token.double(), block.double()))
+        return verifier(target_probs, draft_tokens, draft_probs, uniform)
 
-    engine.rejection_sample_from_noise = recording
-    return original
+    return record
 
 
 def measure(model, tok, head, k: int, temperature: float, rows: int, max_new: int) -> dict:
     steps: list[tuple[torch.Tensor, torch.Tensor]] = []
-    original = record_expectations(steps)
-    try:
-        prompts = [p.prompt for p in arith.make_problems(rows, seed=PROMPT_SEED)]
-        generate(model, tok, prompts, mtp=head, sampling=SamplingParams(temperature=temperature, max_new_tokens=max_new),
-                 spec=SpecConfig("rs", k), seed=0)
-    finally:
-        engine.rejection_sample_from_noise = original
+    prompts = [p.prompt for p in arith.make_problems(rows, seed=PROMPT_SEED)]
+    decoder = Decoder(model, tok, prompts, mtp=head, sampling=SamplingParams(temperature=temperature,
+                      max_new_tokens=max_new), spec=SpecConfig("rs", k, verify="token"), seed=0)
+    decoder.runner.verifier = recording(decoder.runner.verifier, steps)  # the verifier this run chose, once
+    while decoder.num_active:
+        decoder.step()
     token = torch.cat([t for t, _ in steps])
     block = torch.cat([b for _, b in steps])
     diff = block - token

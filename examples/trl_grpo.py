@@ -1,11 +1,17 @@
 """GRPO with TRL's GRPOTrainer on the embedded model, rolling out with Bebop (rs, the cached e2e-TV head).
 
     python examples/trl_grpo.py --max-steps 20 --output-dir runs/trl-grpo --threads 1
-    bebop report runs/trl-grpo --out runs/trl-grpo/report
+    bebop report runs/trl-grpo                       # writes runs/trl-grpo/report/report.md
+
+The speed-up: run the same steps without MTP (Bebop's engine, plain decoding), then report both runs.
+
+    python examples/trl_grpo.py --max-steps 20 --output-dir runs/trl-none --threads 1 --mode none
+    bebop report runs/trl-none runs/trl-grpo --out runs/trl-report
 
 The embedded model and its head are built on first use (a few CPU minutes, cached in ~/.cache/bebop).
-TRL's log history (``trainer_state.json``) and Bebop's per-position statistics (``token_stats.jsonl``)
-are left in the output directory; every step's row carries ``spec/accept_length``.
+TRL's log history (``trainer_state.json``), the rollout's settings (``bebop_rollout.json``) and Bebop's
+per-position statistics (``token_stats.jsonl``) are left in the output directory; every step's row
+carries ``spec/accept_length`` (null in mode none: nothing is drafted).
 """
 
 from __future__ import annotations
@@ -77,13 +83,21 @@ def main(argv=None) -> Path:
     trainer.train()
     out = Path(args.output_dir)
     trainer.state.save_to_json(str(out / "trainer_state.json"))
-    rows = [r for r in trainer.state.log_history if "spec/accept_length" in r]
-    for r in rows:
-        print(f"step {r['step']:3d}  reward {r['reward']:.3f}  accept length {r['spec/accept_length']:.2f}  "
-              f"H(p) {r['spec/target_entropy']:.3f}  rollout {r['spec/rollout_seconds']:.2f}s  "
-              f"step {r.get('step_time', float('nan')):.2f}s")
+    for r in trainer.state.log_history:
+        if "spec/rollout_seconds" in r:
+            print(step_line(r))
     print(f"TRL's log history: {out / 'trainer_state.json'}; report: bebop report {out}")
     return out
+
+
+def step_line(row: dict) -> str:
+    """One log-history row as a line; "-" for what the step did not measure (accept length in mode none)."""
+    def shown(key: str, fmt: str, unit: str = "") -> str:
+        return "-" if row.get(key) is None else format(row[key], fmt) + unit
+
+    return (f"step {row['step']:3d}  reward {shown('reward', '.3f')}"
+            f"  accept length {shown('spec/accept_length', '.2f')}  H(p) {shown('spec/target_entropy', '.3f')}"
+            f"  rollout {shown('spec/rollout_seconds', '.2f', 's')}  step {shown('step_time', '.2f', 's')}")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ def test_demo_quick(tmp_path):
     report = out / "report.md"
     assert report.is_file() and report.stat().st_size > 0
     text = report.read_text()
-    assert "Paper findings" in text
+    assert text.index("## The answer") < text.index("## The paper's findings") < text.index("## Details")
     for label in ("none", "to+ce", "rs+ce", "rs+e2e_tv", "rs+e2e_tv+online-ce"):
         assert label in text
     images = re.findall(r"\]\(([^)]+\.png)\)", text)

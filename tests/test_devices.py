@@ -19,9 +19,9 @@ from bebop.cli import main
 from bebop.mtp import MtpHead
 from bebop.mtp.train import TrainMtpConfig, train_mtp
 from bebop.rl.grpo import token_logprobs
-from bebop.speculative import engine
 from bebop.speculative.engine import SamplingParams, SpecConfig, generate
 from bebop.speculative.sampling import logits_to_probs
+from bebop.speculative.verification import VERIFIERS
 from bebop.utils.io import BebopError
 from bebop.utils.optim import MasterWeightAdamW, make_adamw, master_state_dict
 from bebop.utils.torch_utils import resolve_dtype
@@ -122,16 +122,18 @@ def test_sampling_probabilities_of_bfloat16_logits_are_float32():
 
 
 def test_engine_verifies_bfloat16_models_with_float32_p_and_q(monkeypatch):
-    """The p and q that rejection sampling compares (min(1, p/q), max(0, p - q)) and the draw's noise are
-    float32 for a bf16 model: the engine upcasts the logits before its softmaxes."""
+    """The p and q that rejection sampling compares (min(1, p/q), max(0, p - q)) and the weights the
+    emitted token is drawn from are float32 for a bf16 model: the engine upcasts the logits before its
+    softmaxes."""
     seen = []
-    verify = engine.rejection_sample_from_noise
+    verify = VERIFIERS["token"]
 
-    def spy(p, drafts, q, coins, race, **kwargs):
-        seen.append((p.dtype, q.dtype, race.dtype))
-        return verify(p, drafts, q, coins, race, **kwargs)
+    def spy(p, drafts, q, uniform):
+        num_accepted, weights = verify(p, drafts, q, uniform)
+        seen.append((p.dtype, q.dtype, weights.dtype))
+        return num_accepted, weights
 
-    monkeypatch.setattr(engine, "rejection_sample_from_noise", spy)
+    monkeypatch.setitem(VERIFIERS, "token", spy)  # looked up when the engine's runner is built
     model = _bf16_model(vocab_size=VOCAB)
     out = generate(model, ToyTokenizer(), toy_prompts((3, 5)), mtp=perturbed_head(model, 0.3), seed=0,
                    sampling=SamplingParams(temperature=1.0, max_new_tokens=8), spec=SpecConfig("rs", 3))

@@ -13,44 +13,18 @@ from __future__ import annotations
 
 import json
 import random
-import re
-import shlex
 from pathlib import Path
 
 import pytest
 
 from bebop.cli import main
 from tests.conftest import WORDS, save_model_dir, tiny_model
+from tests.doc_blocks import REPO, SETTING, expand, section_blocks, shell_commands
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = REPO / "README.md"
 WALKTHROUGH = "## Your own model and data"
 LIBRARY = "## The library in three lines"
 TINY = {"MODEL": "./my-model", "NEW_TOKENS": "16", "HEAD_STEPS": "4", "RL_STEPS": "2", "SAMPLES": "200"}
-SETTING = re.compile(r"^([A-Z_][A-Z0-9_]*)=(\S+)$")  # NAME=value, one token
-VARIABLE = re.compile(r"\$(?:\{([A-Z_][A-Z0-9_]*)\}|([A-Z_][A-Z0-9_]*))")
-
-
-def section_blocks(text: str, heading: str) -> list[tuple[str, str]]:
-    """(language, body) of every fenced block between ``heading`` and the next level-2 heading."""
-    start = text.index(heading + "\n")
-    end = text.find("\n## ", start + len(heading))
-    body = text[start:end if end >= 0 else len(text)]
-    return re.findall(r"^```(\w+)\n(.*?)^```", body, flags=re.M | re.S)
-
-
-def shell_commands(body: str) -> list[list[str]]:
-    """A bash block's commands, each split into words; ``\\``-continued lines joined, comments dropped."""
-    joined = re.sub(r"\\\n", " ", body)
-    return [words for line in joined.splitlines() if (words := shlex.split(line, comments=True))]
-
-
-def expand(word: str, settings: dict[str, str]) -> str:
-    def value(match: re.Match) -> str:
-        name = match.group(1) or match.group(2)
-        assert name in settings, f"README uses ${name}, which its settings block does not set"
-        return settings[name]
-
-    return VARIABLE.sub(value, word)
 
 
 def run_block(language: str, body: str, settings: dict[str, str]) -> None:
@@ -109,7 +83,15 @@ def test_walkthrough_runs_as_written(user_files):
     for language, body in section_blocks(text, WALKTHROUGH):
         run_block(language, body, settings)
     assert settings.keys() == TINY.keys()  # every tiny size was used by the README
-    assert (user_files / "report" / "report.md").is_file()
+    report = (user_files / "report" / "report.md").read_text()
+    # What the README says report.md opens with: step times, their ratio, the rollout's share, accept length
+    # against entropy with its figure; then the findings these two runs answer (the step speed-up alone).
+    answer = report[report.index("## The answer"):report.index("## The paper's findings")]
+    for needle in ("**An RL step took", "without (none): a speed-up of", "the rollout was", "of the step",
+                   "Accept length was", "the policy's entropy went", "(accept_vs_entropy.png)"):
+        assert needle in answer, needle
+    findings = report[report.index("## The paper's findings"):report.index("## Details")]
+    assert [line[:5] for line in findings.splitlines() if line[:2] == "| " and line[2].isdigit()] == ["| 7 |"]
     stats = json.loads((user_files / "stats.json").read_text())
     assert stats["spec/num_drafts"] > 0
     for run in ("none", "rs"):

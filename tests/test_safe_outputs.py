@@ -30,7 +30,7 @@ from bebop.cli import main
 from bebop.mtp import MtpHead
 from bebop.mtp.native import import_mtp
 from bebop.speculative.engine import SamplingParams, SpecConfig, generate
-from bebop.speculative.sampling import finite_at_drafts
+from bebop.speculative.verification import finite_at_drafts
 from bebop.utils.io import BebopError, is_disk_full, lock_holder, output_dir, output_lock
 from tests.conftest import save_model_dir, tiny_model, tiny_tokenizer
 from tests.mtp.native_checkpoints import keep_architectures, save_native_checkpoint, save_word_tokenizer, tiny_backbone

@@ -7,8 +7,9 @@
 - ``slopes``: accept length against entropy from RL steps, a temperature sweep or token level.
 - ``runs`` / ``roles``: loading run directories; which run plays which part.
 - ``findings``: the paper's findings with verdicts computed from data.
-- ``headline`` / ``plots``: the report's first figure; one PNG per figure the runs can reproduce.
-- ``report``: writes ``report.md``, answer first, then tables and plots.
+- ``answer``: the report's first section: step time with and without MTP, accept length against entropy.
+- ``plots``: one PNG per figure the runs can reproduce.
+- ``report``: writes ``report.md``, answer first, then the findings the runs answer, tables and plots.
 """
 
 from bebop.analysis.fit import (

@@ -56,9 +56,9 @@ import numpy as np
 from bebop.analysis import bootstrap
 from bebop.analysis.bootstrap import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, decide
 from bebop.analysis.markdown import MISSING, markdown_table
-from bebop.analysis.runs import Run, as_float, metric_column
+from bebop.analysis.runs import Run, as_float
 from bebop.analysis.roles import CE_LOSS, TV_LOSS, none_runs, runs_with
-from bebop.analysis.summary import WARMUP_STEPS, summarize_run
+from bebop.analysis.summary import describe_speedup, rollout_share, step_speedup, summarize_run
 from bebop.analysis.slopes import (
     SlopeEstimate,
     chain_weights,
@@ -79,7 +79,8 @@ TABLE2_ORDER = ("e2e_tv", "tv", "rkl", "fkl", "ce")  # finding 3, best first; th
 BLOCK_TIE = 0.005  # finding 8: accept-length gains within this many tokens per verify step cannot be told apart
 LOSS_NAMES = {"ce": "CE", "fkl": "FKL", "rkl": "RKL", "tv": "TV", "e2e_tv": "e2e TV"}
 
-__all__ = ["VERDICTS", "Finding", "HeadEval", "SweepRow", "chain_weights", "compute_findings", "findings_table"]
+__all__ = ["VERDICTS", "Finding", "HeadEval", "SweepRow", "chain_weights", "compute_findings", "findings_section",
+           "findings_table"]
 
 
 class HeadEval(TypedDict):
@@ -348,23 +349,14 @@ def _speedup_finding(runs: Sequence[Run]) -> Finding:
     missing = [name for name, rs in (("none", base), ("rs+e2e_tv (frozen)", frozen)) if not rs]
     if missing:
         return Finding(*args, MISSING, NOT_COMPARABLE, f"no {' or '.join(missing)} run")
-    b, f = summarize_run(base[0]), summarize_run(frozen[0])
-    if not (b["step_s"] > 0 and f["step_s"] > 0):
+    ratio, nb, tv = step_speedup(base, frozen)
+    if not (nb.estimate > 0 and tv.estimate > 0):
         return Finding(*args, MISSING, NOT_COMPARABLE, "a run logged no step_s")
-    timed = [[metric_column(r.metrics[WARMUP_STEPS:], "step_s") for r in rs] for rs in (base, frozen)]  # no warm-up
-    nb, nb_draws = bootstrap.steps_mean(timed[0])
-    tv, tv_draws = bootstrap.steps_mean(timed[1])
-    with np.errstate(invalid="ignore", divide="ignore"):
-        ratio = bootstrap.percentile_interval(nb.estimate / tv.estimate, nb_draws / tv_draws, nb.n + tv.n, "RL steps")
-    lo, hi = ratio.ci
-    ours = (f"{ratio.estimate:.2f}× [{lo:.2f}, {hi:.2f}] (none {nb.estimate:.2f} s, rs+e2e_tv {tv.estimate:.2f} s "
-            "per step)")
+    ours = f"{describe_speedup(ratio)} (none {nb.estimate:.2f} s, rs+e2e_tv {tv.estimate:.2f} s per step)"
     d = decide(ratio, low, "above", "the speed-up (×)")
-    note = d.note
-    if d.verdict != REPRODUCED and 0 < b["rollout_s"] < b["step_s"]:
-        bound = b["step_s"] / (b["step_s"] - b["rollout_s"])
-        note += (f"; rollout is {b['rollout_s'] / b['step_s']:.0%} of the none step, so even free rollouts give "
-                 f"at most {bound:.2f}×")
+    note, share = d.note, rollout_share(base)
+    if d.verdict != REPRODUCED and 0 < share < 1:
+        note += f"; rollout is {share:.0%} of the none step, so even free rollouts give at most {1 / (1 - share):.2f}×"
     return Finding(*args, ours, d.verdict, note)
 
 
@@ -415,3 +407,24 @@ def findings_table(findings: Sequence[Finding]) -> str:
     notes = [f"- **{f.number}** ({f.verdict}): {f.note}" for f in findings if f.note]
     return (markdown_table(FINDINGS_HEADER, rows) + "\n\n" + VERDICT_LEGEND
             + ("\n\nNotes:\n\n" + "\n".join(notes) if notes else ""))
+
+
+def findings_section(findings: Sequence[Finding]) -> str:
+    """The report's section on the paper: the table of the findings the data can answer (verdict other than
+    not comparable), then one line per finding they cannot, saying what it needs.
+
+    Example:
+        >>> findings_section([Finding(7, "c", "p", "o", NOT_COMPARABLE, "no none run")]).splitlines()[-1]
+        '- **7** c: no none run'
+    """
+    answered = [f for f in findings if f.verdict != NOT_COMPARABLE]
+    rest = [f"- **{f.number}** {f.claim}: {f.note}" for f in findings if f.verdict == NOT_COMPARABLE]
+    text = "## The paper's findings\n\n"
+    if answered:
+        text += ("Verdicts are computed from the data of this report, for the findings it can answer.\n\n"
+                 + findings_table(answered))
+    else:
+        text += "These runs answer none of the paper's findings."
+    if rest:
+        text += "\n\nNot answered by these runs (what each needs):\n\n" + "\n".join(rest)
+    return text

@@ -7,11 +7,10 @@ Every figure carries a title, axis labels with units and a legend, so it reads o
 
 Figures (arXiv 2606.12370):
 
-- ``plot_headline``: accept length against entropy per role with fitted lines and 95% bands
-  (Figs. 1a, 8), the report's first screen.
-- ``plot_accept_vs_entropy``: accept length against target entropy with linear fits (Figs. 1a, 8).
+- ``plot_accept_vs_entropy``: accept length against entropy per role with fitted lines and 95% bands
+  (Figs. 1a, 8), the figure of the report's answer.
 - ``plot_accept_per_position``: per-position acceptance over RL steps (Figs. 2, 6).
-- ``plot_step_latency``: RL step time split into rollout and update (Fig. 7).
+- ``plot_step_latency``: mean RL step time split into the parts the runs logged (Fig. 7).
 - ``plot_accept_vs_temperature``: accept length against sampling temperature (Fig. 12a).
 - ``plot_rs_acceptance_by_loss``: RS acceptance per draft loss and draft step (Table 2, Fig. 4).
 """
@@ -28,7 +27,6 @@ from typing import NamedTuple
 import numpy as np
 from matplotlib.figure import Figure
 
-from bebop.analysis.fit import linear_fit
 from bebop.utils.io import no_space_left
 
 FIG_DPI = 120  # sharp enough for a report, small enough to keep PNGs around 50 kB
@@ -61,25 +59,26 @@ def _check_nonempty(series: Mapping, what: str) -> None:
 
 
 class FittedSeries(NamedTuple):
-    """Points of one role and a fitted line with its band, drawn by ``plot_headline``."""
+    """Points of one role and a fitted line with its band, drawn by ``plot_accept_vs_entropy``."""
 
     entropy: Sequence[float]  # (S,) mean target entropy per RL step, nats
     accept: Sequence[float]  # (S,) accept length per RL step
     grid: Sequence[float]  # (G,) entropies the line is drawn at
-    line: Sequence[float]  # (G,) fitted accept length
+    line: Sequence[float]  # (G,) fitted accept length (NaN: no line, the points alone)
     band: tuple[Sequence[float], Sequence[float]]  # (G,) lower and upper edge of the 95% band (NaN: none)
     legend: str  # e.g. "TO + CE head: slope -1.52 [-2.10, -0.90] /nat (60 steps, 2 runs)"
 
 
-def plot_headline(
+def plot_accept_vs_entropy(
     series: Mapping[str, FittedSeries],
     path: str | os.PathLike,
     title: str = "Accept length vs policy entropy over RL (paper Figs. 1a, 8)",
 ) -> Path:
-    """Scatters accept length against entropy per role, with its fitted line and 95% band.
+    """Scatters accept length against entropy per role, with its fitted line and 95% band where it has them.
 
     Args:
-        series: Per role (e.g. "TO + CE head"), a ``FittedSeries``.
+        series: Per role (e.g. "rs+e2e_tv"), a ``FittedSeries``; a role without a line (NaN) puts its legend
+            on its points.
         path: Where the PNG goes.
         title: Figure title.
 
@@ -94,10 +93,12 @@ def plot_headline(
     ax = fig.add_subplot()
     for i, s in enumerate(series.values()):
         color = f"C{i % 10}"
-        ax.scatter(np.asarray(s.entropy, dtype=float), np.asarray(s.accept, dtype=float), s=10, alpha=0.45,
-                   color=color)
         grid, line = np.asarray(s.grid, dtype=float), np.asarray(s.line, dtype=float)
-        ax.plot(grid, line, color=color, linewidth=2.0, label=s.legend)
+        fitted = bool(np.isfinite(line).all())
+        ax.scatter(np.asarray(s.entropy, dtype=float), np.asarray(s.accept, dtype=float), s=10, alpha=0.45,
+                   color=color, label=None if fitted else s.legend)
+        if fitted:
+            ax.plot(grid, line, color=color, linewidth=2.0, label=s.legend)
         low, high = (np.asarray(b, dtype=float) for b in s.band)
         if np.isfinite(low).all() and np.isfinite(high).all():
             ax.fill_between(grid, low, high, color=color, alpha=0.2, linewidth=0)
@@ -106,46 +107,6 @@ def plot_headline(
     ax.set_ylabel(ACCEPT_LENGTH_LABEL)
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small", loc="best")
-    return _save(fig, path)
-
-
-def plot_accept_vs_entropy(
-    series: Mapping[str, tuple[Sequence[float], Sequence[float]]],  # label -> ((S,) nats, (S,))
-    path: str | os.PathLike,
-    title: str = "Accept length vs target entropy",
-) -> Path:
-    """Scatters accept length against entropy per series, with a fitted line and its slope.
-
-    Args:
-        series: Per label (e.g. "rs+e2e_tv"), the mean target entropy (nats) and accept length
-            of each RL step. NaN points are skipped.
-        path: Where the PNG goes.
-        title: Figure title.
-
-    Returns:
-        ``path``.
-
-    Raises:
-        ValueError: If ``series`` is empty.
-    """
-    _check_nonempty(series, "series")
-    fig = Figure(figsize=PANEL_INCHES)
-    ax = fig.add_subplot()
-    for i, (label, (entropy, accept)) in enumerate(series.items()):
-        color = f"C{i % 10}"
-        h = np.asarray(entropy, dtype=float)
-        a = np.asarray(accept, dtype=float)
-        fit = linear_fit(h, a)
-        legend = f"{label}: slope {fit.slope:+.2f}/nat, r = {fit.r:.2f} (n = {fit.n})"
-        ax.scatter(h, a, s=12, alpha=0.6, color=color, label=legend)
-        if np.isfinite(fit.slope):
-            grid = np.linspace(np.nanmin(h), np.nanmax(h), 2)
-            ax.plot(grid, fit.predict(grid), color=color, linewidth=1.5)
-    ax.set_title(f"{title}\n(one point per RL step; lines are least-squares fits)")
-    ax.set_xlabel("mean target entropy H(p) (nats/token)")
-    ax.set_ylabel(ACCEPT_LENGTH_LABEL)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
     return _save(fig, path)
 
 
@@ -189,18 +150,34 @@ def plot_accept_per_position(
     return _save(fig, path)
 
 
-def plot_step_latency(
-    latency: Mapping[str, tuple[float, float, float]],  # label -> (rollout_s, train_s, mtp_s)
-    path: str | os.PathLike,
-    title: str = "RL step latency",
-) -> Path:
-    """Draws one stacked bar per run: rollout, policy update and MTP update seconds per step.
+LATENCY_PARTS = ("rollout", "policy update (train)", "MTP update", "rest of the step (not split out)")
 
-    The update is split into its policy (``train_s``) and MTP-head (``mtp_s``) parts so the cost
-    of online MTP training is visible; the total is written above each bar.
+
+def latency_parts(rollout_s: float, train_s: float, mtp_s: float, step_s: float) -> np.ndarray:  # (4,)
+    """Seconds of each of ``LATENCY_PARTS`` in a mean step; a part a run did not log is 0, and the rest is
+    the step time the logged parts leave unexplained (0 without a step time).
+
+    Example: a TRL run logs its rollout and step time only: latency_parts(1.5, nan, nan, 2.0) -> [1.5, 0, 0, 0.5].
+    """
+    parts = np.nan_to_num(np.array([rollout_s, train_s, mtp_s], dtype=float))  # (3,)
+    rest = step_s - parts.sum() if np.isfinite(step_s) else 0.0
+    return np.append(parts, max(rest, 0.0))
+
+
+def plot_step_latency(
+    latency: Mapping[str, tuple[float, float, float, float]],  # label -> (rollout_s, train_s, mtp_s, step_s)
+    path: str | os.PathLike,
+    title: str = "Mean time per RL step, by part",
+) -> Path:
+    """Draws one stacked bar per run: the parts of its mean step time (``LATENCY_PARTS``, ``latency_parts``).
+
+    The update is split into its policy (``train_s``) and MTP-head (``mtp_s``) parts so the cost of
+    online MTP training is visible; what the step time (``step_s``) holds beyond the logged parts is
+    drawn as its rest, so a run that logs only its rollout and step time (TRL) shows both. The bar's
+    height, written above it, is the step time when the run logged one.
 
     Args:
-        latency: Per run label, the mean rollout, policy-update and MTP-update seconds per step.
+        latency: Per run label, the mean rollout, policy-update, MTP-update and step seconds (NaN: not logged).
         path: Where the PNG goes.
         title: Figure title.
 
@@ -212,23 +189,22 @@ def plot_step_latency(
     """
     _check_nonempty(latency, "latency")
     labels = list(latency)
-    parts = np.nan_to_num(np.array([latency[k] for k in labels], dtype=float).reshape(len(labels), 3))  # (R, 3)
-    names = ("rollout", "policy update (train)", "MTP update")
+    parts = np.stack([latency_parts(*latency[k]) for k in labels])  # (R, 4)
     fig = Figure(figsize=(max(PANEL_INCHES[0], 1.2 * len(labels) + 2.0), PANEL_INCHES[1]))
     ax = fig.add_subplot()
     x = np.arange(len(labels))
     bottom = np.zeros(len(labels))
-    for c, name in enumerate(names):
+    for c, name in enumerate(LATENCY_PARTS):
         ax.bar(x, parts[:, c], bottom=bottom, color=f"C{c}", label=name, width=0.6)
         bottom += parts[:, c]
     for xi, total in zip(x, bottom):
         ax.annotate(f"{total:.2f} s", (xi, total), ha="center", va="bottom", fontsize="small")
     ax.set_xticks(x, labels, rotation=20, ha="right")
-    ax.set_ylabel("mean time per RL step (s)")
+    ax.set_ylabel("mean seconds per RL step")
     ax.set_title(title)
-    ax.set_ylim(0, 1.15 * max(float(bottom.max()), 1e-9))
+    ax.set_ylim(0, 1.4 * max(float(bottom.max()), 1e-9))  # room for the legend above the bars
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize="small")
+    ax.legend(fontsize="small", loc="upper center", ncol=2)
     return _save(fig, path)
 
 

@@ -5,8 +5,9 @@ Run directories (written by ``bebop rl``, loaded by ``bebop.analysis.runs``) hol
 plus optional MTP-head evaluations (``bebop eval-mtp --json`` dicts with ``loss`` and
 ``temperature`` added), into ``report.md`` beside the PNGs it links.
 
-The report leads with the answer: the accept-length-vs-entropy figure of the TO, RS+CE and
-RS+e2e-TV runs (``headline``) and the findings table; details follow.
+The report leads with the user's answer (``answer``): RL step time with and without MTP, their
+ratio with its interval, the rollout's share of the step, and accept length against entropy in one
+figure. The paper's findings follow, only those the runs can answer (``findings``); details after.
 
 Conventions (besides those of ``summary``: start/end windows, NaN for missing metrics, warm-up
 steps left out of step times):
@@ -29,11 +30,12 @@ import numpy as np
 
 from bebop.analysis import bootstrap, plots
 from bebop.analysis.bootstrap import Interval
-from bebop.analysis.findings import compute_findings, findings_table
-from bebop.analysis.headline import headline_section
+from bebop.analysis.answer import answer_section
+from bebop.analysis.findings import compute_findings, findings_section
 from bebop.analysis.markdown import MISSING, markdown_table
 from bebop.analysis.runs import TOKEN_STATS_FILE, Run, as_float, load_run, metric_column
-from bebop.analysis.summary import WINDOW_FRAC, per_position, summarize_run
+from bebop.analysis.slopes import MIN_ENTROPY_RANGE, MIN_POINTS
+from bebop.analysis.summary import WINDOW_FRAC, describe_speedup, per_position, step_speedup, summarize_run
 from bebop.utils.io import BebopError, atomic_write_text
 
 REPORT_FILE = "report.md"
@@ -88,10 +90,11 @@ def _unique_labels(runs: Sequence[Run]) -> list[str]:
 # --------------------------------------------------------------------------------------------
 
 
-def _run_row(s: dict, base: dict | None) -> list[str]:
-    """One row of the runs table; ``base`` is the summary of the ``none`` run, if any."""
+def _run_row(run: Run, s: dict, base: Run | None) -> list[str]:
+    """One row of the runs table; ``base`` is the first ``none`` run, if any."""
     speculative = s["mode"] != "none"
-    speedup = base["step_s"] / s["step_s"] if base and s["step_s"] > 0 else math.nan
+    speedup = MISSING if base is None else "1.00× (the baseline)" if run is base else (
+        describe_speedup(step_speedup([base], [run])[0]))
     update = s["mtp_update"] or MISSING
     if s["mtp_update"] == "online" and s["online_loss"]:
         update = f"online ({s['online_loss']})"
@@ -101,7 +104,7 @@ def _run_row(s: dict, base: dict | None) -> list[str]:
         (s["mtp_loss"] or MISSING) if speculative else MISSING,
         update if speculative else MISSING,
         _fmt(s["step_s"]),
-        f"{speedup:.2f}×" if math.isfinite(speedup) else MISSING,
+        speedup,
         _fmt(s["rollout_s"]),
         _fmt_change(s["entropy_start"], s["entropy_end"], s["entropy_change"]),
         _fmt_change(s["accuracy_start"], s["final_accuracy"], s["accuracy_change"]),
@@ -110,21 +113,24 @@ def _run_row(s: dict, base: dict | None) -> list[str]:
     ]
 
 
-RUNS_HEADER = ("run", "mode", "head loss", "update", "step (s)", "speed-up vs none", "rollout (s)",
+RUNS_HEADER = ("run", "mode", "head loss", "update", "step (s)", "speed-up vs none [95% CI]", "rollout (s)",
                "entropy start → end, nats (Δ [95% CI], relative)", "accuracy start → end (Δ [95% CI], relative)",
                "accept length start → end", "accept-length slope vs entropy (/nat) [95% CI]")
 
 
-def _runs_section(summaries: Sequence[dict]) -> str:
-    base = next((s for s in summaries if s["mode"] == "none"), None)
+def _runs_section(runs: Sequence[Run], summaries: Sequence[dict]) -> str:
+    base = next((r for r, s in zip(runs, summaries) if s["mode"] == "none"), None)
     notes = (
         f"Start and end are means over the first and last {WINDOW_FRAC:.0%} of the steps; intervals are 95%, "
         "block bootstrap over RL steps. Entropy is the mean H(p) per completion token. Accept length is tokens per "
-        "verify pass including the bonus token. Speed-up is the `none` run's mean step time over the run's."
+        "verify pass including the bonus token. Speed-up is the first `none` run's mean step time over the run's "
+        f"(first step of each run left out). A slope needs {MIN_POINTS} or more steps whose entropies span "
+        f"{MIN_ENTROPY_RANGE} nats or more."
     )
     if base is None:
         notes += " No `none` run was given, so speed-ups are not computed."
-    return "## Runs\n\n" + markdown_table(RUNS_HEADER, [_run_row(s, base) for s in summaries]) + "\n\n" + notes
+    rows = [_run_row(r, s, base) for r, s in zip(runs, summaries)]
+    return "## Runs\n\n" + markdown_table(RUNS_HEADER, rows) + "\n\n" + notes
 
 
 def _mismatch_row(s: dict) -> list[str]:
@@ -169,25 +175,20 @@ def _plot_block(out_dir: Path, name: str, heading: str, data: Mapping, skip_reas
 
 
 def _run_plots(out_dir: Path, runs: Sequence[Run], labels: Sequence[str], summaries: Sequence[dict]) -> list[str]:
-    """The plots drawn from the runs' metrics: accept vs entropy, per-position acceptance, latency."""
-    entropy_data, position_data, latency = {}, {}, {}
+    """The plots drawn from the runs' metrics besides the answer's: per-position acceptance, step time by part."""
+    position_data, latency = {}, {}
     for run, label, s in zip(runs, labels, summaries):
-        accept = metric_column(run.metrics, "spec/accept_length")  # (S,)
-        if np.isfinite(accept).sum() >= 2:
-            entropy_data[label] = (metric_column(run.metrics, "target_entropy"), accept)
         per_pos = per_position(run.metrics, "spec/accepted_per_pos")  # (S, K)
         if np.isfinite(per_pos).any():
             position_data[label] = (metric_column(run.metrics, "step"), per_pos)
-        if math.isfinite(s["rollout_s"]):
-            latency[label] = (s["rollout_s"], s["train_s"], s["mtp_s"])
+        if math.isfinite(s["rollout_s"]) or math.isfinite(s["step_s"]):
+            latency[label] = (s["rollout_s"], s["train_s"], s["mtp_s"], s["step_s"])
     no_spec = "no run has speculative metrics (every run is mode `none` or logged no `spec/*` keys)"
     return [
-        _plot_block(out_dir, "accept_vs_entropy.png", "Accept length vs entropy (Figs. 1a, 8)",
-                    entropy_data, no_spec, plots.plot_accept_vs_entropy),
         _plot_block(out_dir, "accept_per_position.png", "Per-position acceptance over RL (Figs. 2, 6)",
                     position_data, no_spec, plots.plot_accept_per_position),
-        _plot_block(out_dir, "step_latency.png", "Step latency (Fig. 7)",
-                    latency, "no run logged `rollout_s`", plots.plot_step_latency),
+        _plot_block(out_dir, "step_latency.png", "Mean time per RL step, by part (Fig. 7)",
+                    latency, "no run logged `step_s` or `rollout_s`", plots.plot_step_latency),
     ]
 
 
@@ -252,13 +253,12 @@ def _head_eval_section(out_dir: Path, head_evals: Sequence[Mapping]) -> list[str
 
 
 def _findings_markdown(runs: Sequence[Run], head_evals: Sequence[Mapping[str, Any]], findings) -> str:
-    """The findings table: ``findings`` as given, or computed from the runs and the head evaluations
+    """The findings section: ``findings`` as given, or computed from the runs and the head evaluations
     (those at τ = 1 as the per-loss evaluations, all of them as the temperature sweep)."""
     if findings is None:
         at_one = {str(e.get("loss")): e for e in head_evals if as_float(e.get("temperature")) == 1.0}
         findings = compute_findings(at_one, list(head_evals), runs)
-    return "### Paper findings at our scale\n\nVerdicts are computed from the data of this report.\n\n" + (
-        findings_table(findings))
+    return findings_section(findings)
 
 
 def write_report(
@@ -271,14 +271,16 @@ def write_report(
 ) -> Path:
     """Writes ``report.md`` and its PNGs into ``out_dir`` from run directories and head evaluations.
 
-    The first screen answers the paper's question: accept length against entropy for the TO,
-    RS+CE and RS+e2e-TV runs with fitted lines and 95% bands, and the findings table. Details
-    follow: the runs table (label, mode, head loss, update, mean step seconds, speed-up over the
-    ``none`` run, rollout seconds, entropy start → end with its interval, accuracy and accept
-    length start → end, accept-length slope against entropy), plots over the runs' metrics, the
-    Eq. 16 entropy/mismatch split, token-level RS-vs-TO shares, head evaluations with their plots,
-    then ``extra_sections`` verbatim. A plot without data is skipped and the report says why.
-    Files are written atomically; plots are linked by relative path.
+    The first screen is the user's answer (``answer.answer_section``): step time with and without
+    MTP, the speed-up with its interval, the rollout's share of the step, accept length against
+    entropy and its figure. Then the paper's findings the runs can answer, with what the others
+    need (``findings.findings_section``). Details follow: the runs table (label, mode, head loss,
+    update, mean step seconds, speed-up over the ``none`` run with its interval, rollout seconds,
+    entropy start → end with its interval, accuracy and accept length start → end, accept-length
+    slope against entropy), per-position acceptance and step time by part, the Eq. 16
+    entropy/mismatch split, token-level RS-vs-TO shares, head evaluations with their plots, then
+    ``extra_sections`` verbatim. A plot without data is skipped and the report says why. Files are
+    written atomically; plots are linked by relative path.
 
     Args:
         run_dirs: Run directories (from ``bebop rl`` or the user's own runs in the same format), or runs
@@ -305,10 +307,11 @@ def write_report(
     sources = "\n".join(f"- **{lab}**: `{os.path.relpath(r.path, out_dir)}`" for lab, r in zip(labels, runs))
     sections = [
         f"# {title}",
-        f"{len(runs)} run(s), method of arXiv 2606.12370 (MTP drafts verified by rejection sampling).",
-        headline_section(out_dir, runs, _findings_markdown(runs, head_evals, findings)),
-        f"## Details\n\nRuns:\n\n{sources}",
-        _runs_section(summaries),
+        answer_section(out_dir, runs, summaries),
+        _findings_markdown(runs, head_evals, findings),
+        f"## Details\n\n{len(runs)} run(s), method of arXiv 2606.12370 (MTP drafts verified by rejection "
+        f"sampling):\n\n{sources}",
+        _runs_section(runs, summaries),
         "## Plots",
         *_run_plots(out_dir, runs, labels, summaries),
         _mismatch_section(summaries),

@@ -7,12 +7,9 @@ online with some loss). Several runs with one role (seeds) are pooled by the ana
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
+from bebop.analysis.runs import Run, run_label
 from bebop.config import BASELINE_DRAFT_LOSS, DEFAULT_DRAFT_LOSS
-
-if TYPE_CHECKING:
-    from bebop.analysis.runs import Run
 
 CE_LOSS = BASELINE_DRAFT_LOSS  # the baseline draft loss
 TV_LOSS = DEFAULT_DRAFT_LOSS  # the paper's recommended draft loss
@@ -38,12 +35,31 @@ def none_runs(runs: Sequence[Run]) -> list[Run]:
     return [r for r in runs if run_mode(r) == "none"]
 
 
-def headline_roles(runs: Sequence[Run]) -> dict[str, list[Run]]:
-    """The three runs of the paper's Figs. 1a/8: TO with a CE head, RS with a CE head, RS with a frozen
-    e2e-TV head; roles without a run are left out."""
-    roles = {
-        "TO + CE head": runs_with(runs, "to", CE_LOSS),
-        "RS + CE head": runs_with(runs, "rs", CE_LOSS),
-        "RS + e2e-TV head": runs_with(runs, "rs", TV_LOSS),
-    }
-    return {name: rs for name, rs in roles.items() if rs}
+def role_name(run: Run) -> str:
+    """The run's role as a label without its seed or name: mode, head loss, update, and ``trl:`` for TRL runs.
+
+    Example: a run labelled "rs+e2e_tv-seed1" with mode rs and head loss e2e_tv has role "rs+e2e_tv".
+    """
+    cfg = run.config
+    name = run_label({key: cfg.get(key) for key in ("mode", "mtp_loss", "mtp_update", "online_loss")})
+    return f"trl:{name}" if cfg.get("trainer") == "trl" else name
+
+
+def speculative_roles(runs: Sequence[Run]) -> dict[str, list[Run]]:
+    """The runs with speculative rollouts grouped by ``role_name``, in the order the roles first appear."""
+    roles: dict[str, list[Run]] = {}
+    for run in runs:
+        if run_mode(run) != "none":
+            roles.setdefault(role_name(run), []).append(run)
+    return roles
+
+
+def answer_role(runs: Sequence[Run]) -> tuple[str, list[Run]] | None:
+    """The role the report's answer is about: the paper's recipe (rs, frozen e2e-TV head) when a run has it,
+    else the first speculative role; None without speculative runs."""
+    roles = speculative_roles(runs)
+    recipe = runs_with(runs, "rs", TV_LOSS)
+    if recipe:
+        name = role_name(recipe[0])
+        return name, roles[name]
+    return next(iter(roles.items()), None)

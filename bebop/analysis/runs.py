@@ -1,14 +1,19 @@
 """RL run directories as written by ``bebop rl`` or by TRL with Bebop's rollouts: loading and checking them.
 
-A run directory holds ``config.json`` (the resolved config), ``metrics.jsonl`` (one object per RL
-step) and optionally ``token_stats.jsonl`` (per kept draft position: depth j, completion row,
-H(p), alpha_RS, alpha_TO). Bad files give one ``BebopError`` line naming the file.
-
+The files and their rows are those of ``bebop.utils.run_files``. A `bebop rl` run directory holds
+``config.json`` (the resolved config), ``metrics.jsonl`` (one object per RL step) and optionally
+``token_stats.jsonl`` (per kept draft position: depth j, completion row, H(p), alpha_RS, alpha_TO).
 A TRL output directory (``GRPOTrainer`` with ``bebop.integrations.trl``) holds TRL's log history
 instead (``trainer_state.json``, ``log_history.json`` or the newest ``checkpoint-N/trainer_state.json``),
-optionally ``bebop_rollout.json`` and the same ``token_stats.jsonl``. Its rows become metrics rows
-by ``TRL_KEYS`` (TRL's mean reward stands for accuracy), and the per-position ``spec/<name>/j`` keys
-become the lists ``spec/<name>``.
+optionally ``bebop_rollout.json`` and the same ``token_stats.jsonl``; a directory with a log history and
+no ``metrics.jsonl`` is read as TRL's, whatever else it holds (``trainer.save_model`` leaves the model's
+``config.json`` there). TRL's rows become metrics rows by ``TRL_KEYS`` (TRL's mean reward stands for
+accuracy), and the per-position ``spec/<name>/j`` keys become the lists ``spec/<name>``.
+
+Bad files give one ``BebopError`` line naming the file. A torn last line of a JSONL log (a run killed
+while appending) is left out with a note, and so are rows of a step logged again later (a run resumed
+from an earlier checkpoint): the later row is kept. Strings a received file supplies are HTML-escaped
+(``shown_text``), since the report copies them into markdown.
 """
 
 from __future__ import annotations
@@ -24,17 +29,22 @@ import numpy as np
 
 from bebop.utils.io import BebopError, read_json, read_jsonl
 from bebop.utils.progress import say
+from bebop.utils.run_files import (
+    CONFIG_FILE,
+    METRICS_FILE,
+    REPORT_DIR,
+    ROLLOUT_FILE,
+    TOKEN_STATS_FILE,
+    TRL_STATE_FILES,
+    check_token_stats,
+    last_of_each_step,
+    listed_metrics,
+    shown_text,
+)
 
-CONFIG_FILE = "config.json"  # resolved config of the run
-METRICS_FILE = "metrics.jsonl"  # one JSON object per RL step
-TOKEN_STATS_FILE = "token_stats.jsonl"  # optional per-position entropy and counterfactual acceptance
-TOKEN_STATS_KEYS = ("position", "entropy", "alpha_rs", "alpha_to")  # flat lists, one entry per position
-TOKEN_ROW_KEY = "row"  # optional flat list: the completion each position belongs to (older files lack it)
-TRL_STATE_FILES = ("trainer_state.json", "log_history.json")  # TRL's log history: a state dict, or the bare list
-TRL_ROLLOUT_FILE = "bebop_rollout.json"  # the rollout function's settings (bebop.integrations.trl)
 TRL_KEYS = {"target_entropy": ("spec/target_entropy", "entropy"), "rollout_s": ("spec/rollout_seconds",),
             "step_s": ("step_time",), "accuracy": ("reward",)}  # metrics key <- first TRL key not null
-TRL_PER_POSITION = ("spec/accepted_per_pos", "spec/alpha_rs", "spec/alpha_to")  # logged by TRL as "<key>/j"
+TRL_MODES = ("none", "to", "rs", "auto")  # the modes a bebop_rollout.json may name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,21 +87,15 @@ def _check_metrics(rows: list[dict], path: Path) -> list[dict]:
     for i, row in enumerate(rows, start=1):
         if not isinstance(row.get("step"), int) or isinstance(row.get("step"), bool):
             raise BebopError(f"metrics {path} row {i} has no integer 'step'")
-    return sorted(rows, key=lambda r: r["step"])
+    return sorted(_last_of_each_step(rows, path), key=lambda r: r["step"])
 
 
-def _check_token_stats(rows: list[dict], path: Path) -> list[dict]:
-    for i, row in enumerate(rows, start=1):
-        lists = [row.get(k) for k in TOKEN_STATS_KEYS]
-        if not all(isinstance(v, list) for v in lists):
-            raise BebopError(f"token stats {path} row {i} lacks one of the lists {', '.join(TOKEN_STATS_KEYS)}")
-        if TOKEN_ROW_KEY in row:
-            lists.append(row[TOKEN_ROW_KEY])
-            if not isinstance(row[TOKEN_ROW_KEY], list):
-                raise BebopError(f"token stats {path} row {i}: '{TOKEN_ROW_KEY}' is not a list")
-        if len({len(v) for v in lists}) != 1:
-            raise BebopError(f"token stats {path} row {i} has lists of different lengths")
-    return rows
+def _last_of_each_step(rows: list[dict], path: Path) -> list[dict]:
+    kept, dropped = last_of_each_step(rows)
+    if dropped:
+        say(f"bebop: note: {path}: left out {dropped} row(s) of steps logged again later (a run resumed from an "
+            "earlier checkpoint); the later rows are kept")
+    return kept
 
 
 def _read_log(path: Path, what: str) -> list[dict]:
@@ -105,11 +109,20 @@ def _read_log(path: Path, what: str) -> list[dict]:
     return rows
 
 
+def _read_token_stats(run_dir: Path) -> list[dict] | None:
+    """The run's token statistics, checked; None without the file."""
+    path = run_dir / TOKEN_STATS_FILE
+    if not path.exists():
+        return None
+    return check_token_stats(_last_of_each_step(_read_log(path, "token stats"), path), path)
+
+
 def load_run(run_dir: str | os.PathLike) -> Run:
     """Reads a run directory.
 
     Args:
-        run_dir: Directory holding config.json, metrics.jsonl and optionally token_stats.jsonl.
+        run_dir: Directory holding config.json, metrics.jsonl and optionally token_stats.jsonl, or a
+            TRL output directory (the module docstring).
 
     Returns:
         The run, metrics sorted by step.
@@ -121,17 +134,22 @@ def load_run(run_dir: str | os.PathLike) -> Run:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise BebopError(f"run directory not found: {run_dir}")
-    if not (run_dir / CONFIG_FILE).exists() and trl_state_file(run_dir) is not None:
+    if not (run_dir / METRICS_FILE).exists() and trl_state_file(run_dir) is not None:
         return load_trl_run(run_dir)
     config = read_json(run_dir / CONFIG_FILE, "run config")
     if not isinstance(config, dict):
         raise BebopError(f"run config {run_dir / CONFIG_FILE} is not a JSON object")
-    metrics = _check_metrics(_read_log(run_dir / METRICS_FILE, "metrics"), run_dir / METRICS_FILE)
-    stats_path = run_dir / TOKEN_STATS_FILE
-    token_stats = None
-    if stats_path.exists():
-        token_stats = _check_token_stats(_read_log(stats_path, "token stats"), stats_path)
-    return Run(run_label(config), config, metrics, token_stats, run_dir)
+    config = shown_text(config)
+    metrics = _check_metrics(shown_text(_read_log(run_dir / METRICS_FILE, "metrics")), run_dir / METRICS_FILE)
+    return Run(run_label(config), config, metrics, _read_token_stats(run_dir), run_dir)
+
+
+def run_inputs(run: Run) -> tuple[Path, ...]:
+    """What a report on ``run`` must not write over or move aside: everything its directory holds (files
+    read, checkpoints, a served model) but ``REPORT_DIR``, the default place of its report."""
+    if run.path is None:
+        return ()
+    return tuple(p for p in sorted(run.path.iterdir()) if p.name != REPORT_DIR)
 
 
 def trl_state_file(run_dir: Path) -> Path | None:
@@ -149,15 +167,26 @@ def trl_metrics_row(row: Mapping[str, Any]) -> dict:
     Example: {"step": 3, "reward": 0.5, "spec/alpha_rs/1": 0.9, "spec/alpha_rs/2": 0.8}
         -> {..., "step": 3, "accuracy": 0.5, "spec/alpha_rs": [0.9, 0.8]}
     """
-    out = dict(row)
+    out = listed_metrics(row)
     for key, sources in TRL_KEYS.items():
         out[key] = next((row[s] for s in sources if row.get(s) is not None), None)  # NOTE: TRL logs null for all-NaN
-    for key in TRL_PER_POSITION:
-        suffixes = [k[len(key) + 1:] for k in row if k.startswith(key + "/")]
-        depths = sorted(int(j) for j in suffixes if j.isdigit())
-        if depths:
-            out[key] = [row.get(f"{key}/{j}") for j in range(1, depths[-1] + 1)]
     return out
+
+
+def _rollout_settings(run_dir: Path) -> dict:
+    """The rollout's settings from ``bebop_rollout.json``, checked; empty without the file."""
+    path = run_dir / ROLLOUT_FILE
+    if not path.exists():
+        return {}
+    rollout = read_json(path, "Bebop rollout settings")
+    if not isinstance(rollout, dict):
+        raise BebopError(f"Bebop rollout settings {path} is not a JSON object")
+    if rollout.get("mode") not in (None, *TRL_MODES):
+        raise BebopError(f"Bebop rollout settings {path}: mode must be one of {', '.join(TRL_MODES)}")
+    k = rollout.get("speculate_k")
+    if not (k is None or k == "auto" or (isinstance(k, int) and not isinstance(k, bool))):
+        raise BebopError(f"Bebop rollout settings {path}: speculate_k must be an integer or auto")
+    return shown_text(rollout)
 
 
 def load_trl_run(run_dir: str | os.PathLike) -> Run:
@@ -170,19 +199,15 @@ def load_trl_run(run_dir: str | os.PathLike) -> Run:
     history = state.get("log_history") if isinstance(state, dict) else state
     if not isinstance(history, list) or not all(isinstance(r, dict) for r in history):
         raise BebopError(f"TRL log history {path} is not a list of objects")
-    rows = [trl_metrics_row(r) for r in history if "step" in r and ("loss" in r or "spec/accept_length" in r)]
+    rows = [trl_metrics_row(r) for r in shown_text(history)
+            if "step" in r and ("loss" in r or "spec/accept_length" in r)]
     metrics = _check_metrics(rows, path)
-    rollout = {}
-    if (run_dir / TRL_ROLLOUT_FILE).exists():
-        rollout = read_json(run_dir / TRL_ROLLOUT_FILE, "Bebop rollout settings")
-        if not isinstance(rollout, dict):
-            raise BebopError(f"Bebop rollout settings {run_dir / TRL_ROLLOUT_FILE} is not a JSON object")
+    rollout = _rollout_settings(run_dir)
     config = {"mode": str(rollout.get("mode") or "none"), "speculate_k": rollout.get("speculate_k"),
-              "mtp_loss": rollout.get("mtp_loss"), "mtp_update": "frozen", "trainer": "trl"}
+              "mtp_loss": rollout.get("mtp_loss"), "mtp_update": "frozen", "trainer": "trl",
+              "sampling": rollout.get("sampling")}
     config["label"] = "trl:" + run_label(config)
-    stats_path = run_dir / TOKEN_STATS_FILE
-    token_stats = _check_token_stats(read_jsonl(stats_path, "token stats"), stats_path) if stats_path.exists() else None
-    return Run(config["label"], config, metrics, token_stats, run_dir)
+    return Run(config["label"], config, metrics, _read_token_stats(run_dir), run_dir)
 
 
 def as_float(value: Any) -> float:

@@ -19,8 +19,11 @@ from typing import Any
 import numpy as np
 
 from bebop.analysis import bootstrap
-from bebop.analysis.fit import entropy_mismatch_split, linear_fit, rs_vs_to
-from bebop.analysis.runs import TOKEN_ROW_KEY, TOKEN_STATS_KEYS, Run, as_float, metric_column
+from bebop.analysis.bootstrap import Interval
+from bebop.analysis.fit import entropy_mismatch_split, rs_vs_to
+from bebop.analysis.runs import Run, as_float, metric_column
+from bebop.analysis.slopes import steps_estimate
+from bebop.utils.run_files import TOKEN_ROW_KEY, TOKEN_STATS_KEYS
 
 WARMUP_STEPS = 1  # first steps of a run left out of its mean step times (one-time costs)
 WINDOW_FRAC = 0.2  # share of the steps averaged for "start" and "end" values
@@ -98,8 +101,10 @@ def summarize_run(run: Run) -> dict:
         ``num_steps``; mean seconds ``step_s``, ``rollout_s``, ``train_s``, ``mtp_s``;
         ``accept_length_start``/``_end``, ``accuracy_start``/``final_accuracy`` and
         ``entropy_start``/``_end`` (window means, see the module docstring) with ``accuracy_change``
-        and ``entropy_change`` (Intervals of end - start); ``mean_target_entropy`` (nats); ``entropy_slope`` (Interval of the
-        accept-length slope against entropy over steps, block bootstrap) and ``entropy_r``;
+        and ``entropy_change`` (Intervals of end - start); ``mean_target_entropy`` (nats);
+        ``entropy_slope`` (Interval of the accept-length slope against entropy over steps, block
+        bootstrap; NaN with ``entropy_slope_reason`` when the steps are too few or their entropies too
+        close, ``slopes.steps_estimate``) and ``entropy_r``;
         per-position lists ``alpha_rs_start``/``_end``, ``alpha_to_start``/``_end``,
         ``accepted_per_pos_start``/``_end``; the Eq. 16 split (``early_slope``,
         ``delta_accept_end``, ``entropy_part_end``, ``mismatch_part_end``); and ``token``
@@ -107,10 +112,10 @@ def summarize_run(run: Run) -> dict:
         be computed are NaN.
     """
     m, cfg = run.metrics, run.config
-    timed = m[WARMUP_STEPS:] if len(m) > WARMUP_STEPS else m  # step times without the warm-up step
     entropy = metric_column(m, "target_entropy")  # (S,)
     accept = metric_column(m, "spec/accept_length")  # (S,)
     accuracy = metric_column(m, "accuracy")  # (S,)
+    slope = steps_estimate([run], run.label)
     entropy_start, entropy_end, entropy_change = bootstrap.window_change(entropy, WINDOW_FRAC)
     accuracy_start, accuracy_end, accuracy_change = bootstrap.window_change(accuracy, WINDOW_FRAC)
     summary = {
@@ -120,7 +125,7 @@ def summarize_run(run: Run) -> dict:
         "mtp_update": cfg.get("mtp_update"),
         "online_loss": cfg.get("online_loss"),
         "num_steps": len(m),
-        **{key: float(_nanmean(metric_column(timed, key))) for key in ("step_s", "rollout_s", "train_s", "mtp_s")},
+        **{key: float(_nanmean(timed_column(run, key))) for key in ("step_s", "rollout_s", "train_s", "mtp_s")},
         "accept_length_start": float(_nanmean(_window(accept, end=False))),
         "accept_length_end": float(_nanmean(_window(accept, end=True))),
         "accuracy_start": accuracy_start,
@@ -130,8 +135,9 @@ def summarize_run(run: Run) -> dict:
         "entropy_end": entropy_end,
         "entropy_change": entropy_change,
         "mean_target_entropy": float(_nanmean(entropy)),
-        "entropy_slope": bootstrap.steps_slope([(entropy, accept)])[0],
-        "entropy_r": linear_fit(entropy, accept).r,
+        "entropy_slope": slope.interval,
+        "entropy_r": slope.r,
+        "entropy_slope_reason": slope.reason,
     }
     for key in ("alpha_rs", "alpha_to", "accepted_per_pos"):
         values = per_position(m, f"spec/{key}")  # (S, K)
@@ -140,3 +146,57 @@ def summarize_run(run: Run) -> dict:
     summary.update(_mismatch_summary(entropy, accept))
     summary["token"] = _token_summary(run.token_stats)
     return summary
+
+
+def timed_column(run: Run, key: str) -> np.ndarray:  # (S',)
+    """A step-time metric of a run without its warm-up steps (module docstring, item 3)."""
+    timed = run.metrics[WARMUP_STEPS:] if len(run.metrics) > WARMUP_STEPS else run.metrics
+    return metric_column(timed, key)
+
+
+def mean_step_time(runs: Sequence[Run]) -> tuple[Interval, np.ndarray]:
+    """Mean seconds per step over the runs' steps (pooled, warm-up steps left out), with a block bootstrap over
+    RL steps; returns (interval, draws (B,)), NaN without any logged ``step_s``."""
+    times = [timed_column(r, "step_s") for r in runs]  # (S',) per run
+    if not np.isfinite(np.concatenate(times or [np.zeros(0)])).any():
+        return Interval(math.nan, (math.nan, math.nan), 0, "RL steps"), np.full(bootstrap.NUM_RESAMPLES, math.nan)
+    return bootstrap.steps_mean(times)
+
+
+def step_speedup(base: Sequence[Run], runs: Sequence[Run]) -> tuple[Interval, Interval, Interval]:
+    """How much faster the steps of ``runs`` are than those of ``base`` (runs of one role each, pooled).
+
+    The speed-up is (mean step time of ``base``) / (mean step time of ``runs``), warm-up steps left
+    out; its interval combines the two block bootstraps over RL steps (independent draws, so their
+    ratio is a draw of the ratio).
+
+    Returns:
+        (speed-up, mean seconds per step of ``base``, mean seconds per step of ``runs``); estimates
+        are NaN where the runs logged no ``step_s``.
+    """
+    (base_mean, base_draws), (mean, draws) = mean_step_time(base), mean_step_time(runs)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        estimate = base_mean.estimate / mean.estimate if mean.estimate > 0 else math.nan
+        ratio = bootstrap.percentile_interval(estimate, base_draws / draws, base_mean.n + mean.n, "RL steps")
+    return ratio, base_mean, mean
+
+
+def describe_speedup(ratio: Interval) -> str:
+    """A speed-up with its interval, or says it has none.
+
+    Example: Interval(1.2, (1.1, 1.3), 40, "RL steps") -> "1.20× [1.10, 1.30]".
+    """
+    low, high = ratio.ci
+    if not math.isfinite(ratio.estimate):
+        return "–"
+    interval = f"[{low:.2f}, {high:.2f}]" if math.isfinite(low) and math.isfinite(high) else "(no interval)"
+    return f"{ratio.estimate:.2f}× {interval}"
+
+
+def rollout_share(runs: Sequence[Run]) -> float:
+    """The share of the step time the rollout takes, over the steps of ``runs`` that logged both (warm-up steps
+    left out); NaN without such steps."""
+    rollout = np.concatenate([timed_column(r, "rollout_s") for r in runs] or [np.zeros(0)])  # (S',)
+    step = np.concatenate([timed_column(r, "step_s") for r in runs] or [np.zeros(0)])  # (S',)
+    keep = np.isfinite(rollout) & np.isfinite(step)
+    return float(rollout[keep].sum() / step[keep].sum()) if keep.any() and step[keep].sum() > 0 else math.nan

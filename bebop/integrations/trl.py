@@ -5,24 +5,29 @@
                           rollout_func=bebop_rollout_func(head="path/to/mtp-head", mode="rs", speculate_k=3))
     trainer.train()
 
-TRL's contract (``GRPOTrainer._generate``, TRL 1.16): ``rollout_func(prompts, trainer) -> dict`` with
-``prompt_ids``, ``completion_ids`` and ``logprobs`` (lists of per-row lists); other keys go to the
-reward functions. ``prompts`` is the process's slice of the batch, each prompt already repeated
-``num_generations`` times by TRL's sampler, so one completion per entry is one group per prompt.
+This module is TRL's side of the contract: it reads the trainer's settings and calls Bebop's rollout
+seam (``bebop.rollout``: ``make_backend``, ``sync``, ``rollout``, as `bebop rl` does). TRL 1.16 calls
+``rollout_func(prompts, trainer) -> dict`` from ``GRPOTrainer._generate`` and takes ``prompt_ids``,
+``completion_ids`` and ``logprobs`` (lists of per-row lists); ``prompts`` is the process's slice of the
+batch, each prompt already repeated ``num_generations`` times, so one completion per entry is one group
+per prompt.
 
-The sampled distribution is TRL's own: temperature, top-k, top-p, greedy (``do_sample=False``),
-``max_new_tokens`` and the EOS ids are read from the trainer's ``generation_config`` (which
-``GRPOConfig`` and its ``generation_kwargs`` build), and settings Bebop cannot reproduce exactly
-(repetition penalty, min-p, ...) are refused in one line. Mode ``rs`` is lossless, so the completions
-are distributed exactly as TRL's ``model.generate`` would sample them; ``to`` too; ``none`` is plain
-decoding by Bebop's engine. Prompts are tokenized by the trainer itself (chat template included).
+The sampled distribution is the one TRL's own ``model.generate`` samples: the trainer's
+``generation_config`` (which ``GRPOConfig`` and its ``generation_kwargs`` build), its unset fields taken
+from the model's and then transformers' defaults, is read field by field as transformers reads it
+(``sampling_params``; ``GENERATION_FIELDS`` says what each field means here), and every setting Bebop
+cannot reproduce exactly (a repetition penalty, min-p, beams, DoLa, a time limit, ...) is refused in one
+line naming what to remove, at the first rollout, before anything is sampled. Mode ``rs`` is lossless,
+so the completions are distributed exactly as TRL's generate would sample them; ``to`` too; ``none`` is
+plain decoding by Bebop's engine. Prompts are tokenized by the trainer itself (chat template included).
 
-Statistics go into TRL's metrics (``trainer._metrics``), summed over processes, so they appear in
-``trainer.state.log_history``, the console and every ``report_to``: ``spec/accept_length``,
-``spec/accepted_per_pos/j``, ``spec/alpha_rs/j``, ``spec/alpha_to/j``, ``spec/target_entropy``,
-``spec/num_drafts``, ``spec/num_accepted_tokens``, ``spec/rollout_seconds`` (the slowest process).
-With ``token_stats=True`` the main process also appends each training rollout's per-position
-entropy and acceptance to ``<output_dir>/token_stats.jsonl``, which ``bebop report`` reads.
+What ran is recorded: each rollout's statistics (``SpecStats.to_metrics()``, summed over processes, as
+``scalar_metrics`` spells lists for TRL: ``spec/alpha_rs/j``, ...), ``spec/rollout_seconds`` (the
+slowest process) and, with mode/K auto, the setting chosen (``auto/speculate_k``, ``auto/mode/<mode>``
+= 1) go into TRL's metrics, hence ``trainer.state.log_history``, the console and every ``report_to``.
+With ``token_stats=True`` the main process writes ``<output_dir>/bebop_rollout.json`` (mode, K, head,
+backend, the sampling settings read from the trainer) and appends each training rollout's per-position
+statistics to ``<output_dir>/token_stats.jsonl`` (``bebop.utils.run_files``), which ``bebop report`` reads.
 
 Deviations from TRL's own generation:
     1) Randomness is Bebop's: row r of call c draws from (seed, c, r) with r offset by the process
@@ -31,20 +36,21 @@ Deviations from TRL's own generation:
     2) The model runs in eval mode during the rollout (no dropout), as a sampler should; TRL's own
        ``generate`` call runs it in the mode it is in (train mode during training), which differs only
        for models with dropout.
-    3) ``logprobs`` are recomputed in one teacher-forced forward (no grad) as TRL computes its own:
-       log softmax(logits / args.temperature) of each emitted token, without top-k/top-p; by default
-       only when the trainer reads them (otherwise ``None``, which TRL accepts).
-    4) The engine stops at the tokenizer's EOS; completions are then cut after the first of TRL's
-       other EOS ids (the statistics count only the kept tokens). Cutting a sample is exact.
-    5) Every process needs the whole policy: FSDP and DeepSpeed ZeRO-3 are refused in one line.
+    3) ``logprobs`` are recomputed in one teacher-forced forward (no grad) as TRL computes its own
+       (``bebop.rollout.logprobs``); by default only when the trainer reads them (otherwise ``None``,
+       which TRL accepts).
+    4) The engine stops at the tokenizer's EOS; completions are then cut after the first of the
+       generation config's other EOS ids (``Completions.cut_after``; the statistics count only the kept
+       tokens). Cutting a sample is exact.
+    5) Every process needs the whole policy: FSDP and DeepSpeed ZeRO-3 are refused in one line; so is
+       mode/K auto under several processes (each would choose from its own timings).
 
 With ``backend="vllm"`` the completions come from Bebop's vLLM backend (``bebop.rollout.vllm``, the
-one ``bebop rl --backend vllm`` uses): a vLLM engine in this process serving the policy with the head as
-its MTP layer (rs: probabilistic drafts), the trainer's current weights pushed into it in place before
-every call. vLLM draws its own randomness (deviation 1 becomes: not a function of (seed, call, row)),
-and measures no per-token entropy or counterfactual acceptance: ``spec/target_entropy``,
-``spec/accepted_per_pos/j``, ``spec/alpha_*/j`` are NaN (TRL logs null) and no token statistics are
-written. Mode/K auto needs the engine.
+one ``bebop rl --backend vllm`` uses): a vLLM engine in this (single) process serving the policy with
+the head as its MTP layer (rs: probabilistic drafts), the trainer's current weights pushed into it in
+place before every call (``RolloutBackend.sync``). vLLM draws its own randomness (deviation 1 becomes:
+not a function of (seed, call, row)), and measures no per-token entropy or counterfactual acceptance:
+those metrics are NaN (TRL logs null) and no token statistics are written.
 
 ``train_head_on_policy`` trains a head on the policy's own samples in one call, for users without one.
 """
@@ -56,28 +62,66 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
-from bebop.config import AUTO, is_auto
-from bebop.speculative.auto.chooser import AutoChooser, candidates
-from bebop.speculative.auto.generate import generate_auto
-from bebop.speculative.engine import generate
-from bebop.speculative.settings import SamplingParams, SpecConfig, check_settings
-from bebop.speculative.stats import SpecStats
+from bebop.config import temperature_problem
+from bebop.rollout.base import backend_problem, make_backend
+from bebop.rollout.logprobs import policy_logprobs
+from bebop.rollout.runner import gather_completions
+from bebop.speculative.completions import ABSENT_WITHOUT_TOKEN_STATS, Completions
+from bebop.speculative.settings import MODES, SamplingParams, SpecConfig, check_settings
 from bebop.utils.io import BebopError, read_json, write_json
+from bebop.utils.run_files import ROLLOUT_FILE, TOKEN_STATS_FILE, scalar_metrics, token_stats_row
 
-TOKEN_STATS_FILE = "token_stats.jsonl"  # per-position entropy and acceptance, as ``bebop rl`` writes it
-CONFIG_FILE = "bebop_rollout.json"  # the rollout's settings, written beside TRL's output
-BACKENDS = ("engine", "vllm")  # what samples: Bebop's engine on the trainer's model, or Bebop's vLLM backend
-LOGPROB_BATCH = 16  # rows per teacher-forced forward of ``policy_logprobs``
-# GenerationConfig fields that change the sampled distribution, with the values that leave it alone.
-UNSUPPORTED_SETTINGS = {
-    "repetition_penalty": (1.0,), "encoder_repetition_penalty": (1.0,), "min_p": (0.0,), "typical_p": (1.0,),
-    "epsilon_cutoff": (0.0,), "eta_cutoff": (0.0,), "top_h": (), "no_repeat_ngram_size": (0,),
-    "bad_words_ids": (), "suppress_tokens": (), "begin_suppress_tokens": (), "sequence_bias": (),
-    "min_new_tokens": (0,), "min_length": (0,), "forced_bos_token_id": (), "forced_eos_token_id": (),
-    "num_beams": (1,), "stop_strings": (), "guidance_scale": (1.0,), "watermarking_config": (),
-    "exponential_decay_length_penalty": (), "penalty_alpha": (), "diversity_penalty": (0.0,),
+
+READ = "read"  # reproduced: ``sampling_params`` reads it
+NO_EFFECT = "no effect"  # changes how generate computes, not which tokens it emits
+
+
+def _off(*values):
+    """A field's test: unset or one of ``values``. Example: _off(1)(None) and _off(1)(1) are True, _off(1)(4) False."""
+    return lambda value: value is None or value in values
+
+
+def _at_most(limit):
+    """A field's test: unset or <= ``limit`` (transformers applies it only above)."""
+    return lambda value: value is None or value <= limit
+
+
+def _outside_unit(value) -> bool:
+    """A cutoff's test: transformers applies epsilon/eta cutoffs only strictly between 0 and 1."""
+    return value is None or not 0.0 < value < 1.0
+
+
+# Every GenerationConfig field (transformers 5) by what TRL's ``model.generate`` does with it, as transformers'
+# ``get_generation_mode``, ``_get_logits_processor`` and ``_get_stopping_criteria`` read it: READ, NO_EFFECT,
+# or a test that passes when the field leaves the tokens alone (refused by name otherwise). A field of
+# GenerationConfig missing here (a newer transformers) is refused unless unset.
+GENERATION_FIELDS = {
+    "do_sample": READ, "temperature": READ, "top_k": READ, "top_p": READ, "max_new_tokens": READ, "eos_token_id": READ,
+    "max_length": NO_EFFECT,  # NOTE: max_new_tokens, which TRL always sets, takes precedence
+    # the generation mode: greedy search or sampling only
+    "num_beams": _off(1), "num_beam_groups": _off(1), "constraints": _off(), "force_words_ids": _off(),
+    "penalty_alpha": _off(0.0), "dola_layers": _off(), "prompt_lookup_num_tokens": _off(),
+    "assistant_early_exit": _off(), "use_mtp": _off(False), "speculation_type": _off(), "token_healing": _off(False),
+    "num_return_sequences": _off(1), "guidance_scale": _off(1.0),
+    # logits processors
+    "min_p": _off(0.0), "typical_p": lambda value: value is None or value >= 1.0, "top_h": _off(),
+    "epsilon_cutoff": _outside_unit, "eta_cutoff": _outside_unit, "repetition_penalty": _off(1.0),
+    "encoder_repetition_penalty": _off(1.0), "no_repeat_ngram_size": _at_most(0),
+    "encoder_no_repeat_ngram_size": _at_most(0), "bad_words_ids": _off(), "sequence_bias": _off(),
+    "suppress_tokens": _off([]), "begin_suppress_tokens": _off([]), "min_length": _at_most(0),
+    "min_new_tokens": _at_most(0), "forced_bos_token_id": _off(), "forced_eos_token_id": _off(),
+    "exponential_decay_length_penalty": _off(), "watermarking_config": _off(),
+    # stopping criteria
+    "max_time": _off(), "stop_strings": _off([]), "is_assistant": _off(False),
+    # finite logits, beam-only or assisted-only settings, caching, outputs
+    **dict.fromkeys((
+        "remove_invalid_values", "renormalize_logits", "early_stopping", "length_penalty", "diversity_penalty",
+        "low_memory", "num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold",
+        "max_matching_ngram_size", "assistant_lookbehind", "target_lookbehind", "assistant_ensemble_weight",
+        "use_cache", "cache_implementation", "cache_config", "max_cache_len", "compile_config", "disable_compile",
+        "continuous_batching_config", "prefill_chunk_size", "output_attentions", "output_hidden_states",
+        "output_scores", "output_logits", "return_dict_in_generate", "pad_token_id", "bos_token_id",
+        "decoder_start_token_id", "transformers_version", "_from_model_config"), NO_EFFECT),
 }
 
 
@@ -91,7 +135,8 @@ class BebopRollout:
         logprobs: return the policy's log-probabilities of the emitted tokens (one extra forward);
             None = only when the trainer reads them (``off_policy_mask_threshold`` set: without vLLM,
             TRL 1.16 reads a rollout's logprobs nowhere else).
-        token_stats: append per-position statistics to ``<output_dir>/token_stats.jsonl``.
+        token_stats: write ``bebop_rollout.json`` and append per-position statistics to ``token_stats.jsonl``
+            in the trainer's output directory.
         seed: base of the rows' randomness; None = the trainer's ``args.seed``.
         backend: "engine" (Bebop's engine on the trainer's model) or "vllm" (Bebop's vLLM backend, synced
             with the trainer's weights before every call).
@@ -104,51 +149,58 @@ class BebopRollout:
     seed: int | None = None
     backend: str = "engine"
     num_calls: int = field(default=0, init=False)  # the call counter keys each call's randomness
-    chooser: AutoChooser | None = field(default=None, init=False, repr=False)  # mode/K auto: the run's chooser
+    sampler: object = field(default=None, init=False, repr=False)  # the RolloutBackend, from the first call
     loaded_head: object = field(default=None, init=False, repr=False)  # the MtpHead, once on the model
-    vllm: object = field(default=None, init=False, repr=False)  # backend "vllm": the VllmBackend, from the first call
+    recorded: dict | None = field(default=None, init=False, repr=False)  # what bebop_rollout.json holds
+    last_step: tuple[int, int] = field(default=(0, 0), init=False, repr=False)  # (step, rollouts in it) of the stats
 
     def __post_init__(self) -> None:
         check_settings(self.spec, None)
         if self.spec.mode != "none" and self.head is None:
             raise BebopError(f"mode {self.spec.mode!r} needs an MTP head (head=path or MtpHead)")
-        if self.backend not in BACKENDS:
-            raise BebopError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
-        if self.backend == "vllm" and is_auto(self.spec.mode, self.spec.speculate_k):
-            raise BebopError("mode/K auto needs backend engine; the vllm backend takes a fixed mode and K")
+        if problem := backend_problem(self.backend, self.spec.mode, self.spec.speculate_k):
+            raise BebopError(problem)
 
     def __call__(self, prompts: list, trainer) -> dict:
         model = policy_model(trainer)
+        sampling, eos_ids = sampling_params(trainer, model)
+        accelerator = trainer.accelerator
+        if problem := backend_problem(self.backend, self.spec.mode, self.spec.speculate_k, accelerator.num_processes):
+            raise BebopError(problem)
         split = "train" if trainer.model.training else "eval"
-        sampling = sampling_params(trainer, model)
+        tokenizer = text_tokenizer(trainer)
         prompt_ids = prompt_token_ids(trainer, prompts)
-        head = self._head_on(model)
-        first_row = trainer.accelerator.process_index * len(prompt_ids)
         seed = trainer.args.seed if self.seed is None else self.seed
         was_training = model.training
         model.eval()
         try:
+            sampler = self._sampler(model, tokenizer, seed)
             start = time.perf_counter()
-            if self.backend == "vllm":
-                result = self._rollout_vllm(model, text_tokenizer(trainer), prompt_ids, head, sampling, seed)
-            else:
-                result = self._generate(model, text_tokenizer(trainer), prompt_ids, head, sampling, seed, first_row)
+            result = sampler.rollout(prompt_ids, sampling, self.spec, seed=seed, step=self.num_calls,
+                                     first_row=accelerator.process_index * len(prompt_ids))
             seconds = time.perf_counter() - start
-            completion_ids, stats = cut_at_eos(result, set(trainer.eos_token_ids))
+            result = result.cut_after(eos_ids, tokenizer)
             wanted = self.logprobs if self.logprobs is not None else trainer.off_policy_mask_threshold is not None
+            completion_ids = result.token_ids
             logprobs = policy_logprobs(model, prompt_ids, completion_ids, trainer.temperature) if wanted else None
         finally:
             model.train(was_training)
         self.num_calls += 1
-        log_spec_metrics(trainer, split, stats, seconds, self.max_k, result.token_stats)
-        if self.token_stats and split == "train":
-            write_token_stats(trainer, stats if result.token_stats else None, first_row, self.spec, self.head)
+        merged, slowest = gather_completions(result, seconds)  # NOTE: a collective: every process calls it
+        log_metrics(trainer, split, merged, slowest, result.decision)
+        if self.token_stats and split == "train" and accelerator.is_main_process:
+            self._record(Path(trainer.args.output_dir), trainer.state.global_step + 1, merged,
+                         rollout_record(self, sampling, eos_ids, seed))
         return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs}
 
-    @property
-    def max_k(self) -> int:
-        """The deepest K a call may draft: the length of the per-position metrics."""
-        return max(k for _, k in candidates(self.spec))
+    def _sampler(self, model, tokenizer, seed: int):
+        """The backend, made at the first call; every call syncs it with the trainer's current policy
+        (the engine rebinds, vLLM copies the weights in place; the head's own layer stays frozen)."""
+        head = self._head_on(model)
+        if self.sampler is None:
+            self.sampler = make_backend(self.backend, model, tokenizer, head, seed=seed)
+        self.sampler.sync(model)
+        return self.sampler
 
     def _head_on(self, model):
         if self.spec.mode == "none":
@@ -160,29 +212,25 @@ class BebopRollout:
         head = self.loaded_head if self.loaded_head is not None else self.head
         return head.eval()  # NOTE: a sampler runs without dropout, as the policy does here
 
-    def _rollout_vllm(self, model, tokenizer, prompt_ids, head, sampling, seed):
-        """Bebop's vLLM backend, with the trainer's current weights pushed into its engine first."""
-        if self.vllm is None:
-            from bebop.rollout.vllm import VllmBackend
-
-            self.vllm = VllmBackend(model, tokenizer, head, seed=seed)
-        self.vllm.sync(model)  # NOTE: the head's own layer is frozen; its embedding and lm_head are the target's
-        return self.vllm.rollout(prompt_ids, sampling, self.spec, seed=seed, step=self.num_calls)
+    def _record(self, out: Path, step: int, result: Completions, settings: dict) -> None:
+        """On the main process: the rollout's settings when they changed, and its per-position statistics
+        (when the backend measures them) as one row of every process's positions."""
+        out.mkdir(parents=True, exist_ok=True)
+        if settings != self.recorded:
+            write_json(out / ROLLOUT_FILE, settings)
+            self.recorded = settings
+        if not result.token_stats:
+            return
+        rollouts = self.last_step[1] + 1 if self.last_step[0] == step else 1
+        self.last_step = (step, rollouts)
+        row = token_stats_row(step, result.stats.token_arrays(), rollout=rollouts if rollouts > 1 else None)
+        with open(out / TOKEN_STATS_FILE, "a") as f:
+            f.write(json.dumps(row) + "\n")
 
     def close(self) -> None:
-        """Shuts down the vLLM engine (backend "vllm"); the engine backend holds nothing to close."""
-        if self.vllm is not None:
-            self.vllm.close()
-
-    def _generate(self, model, tokenizer, prompt_ids, head, sampling, seed, first_row):
-        row_ids = list(range(first_row, first_row + len(prompt_ids)))
-        if is_auto(self.spec.mode, self.spec.speculate_k):
-            self.chooser = self.chooser or AutoChooser()
-            result, _ = generate_auto(model, tokenizer, prompt_ids, mtp=head, sampling=sampling, spec=self.spec,
-                                      seed=seed, step=self.num_calls, row_ids=row_ids, chooser=self.chooser)
-            return result
-        return generate(model, tokenizer, prompt_ids, mtp=head, sampling=sampling, spec=self.spec, seed=seed,
-                        step=self.num_calls, row_ids=row_ids)
+        """Frees the backend (shuts down the vLLM engine; the engine backend holds nothing to close)."""
+        if self.sampler is not None:
+            self.sampler.close()
 
 
 def bebop_rollout_func(head=None, *, mode: str = "rs", speculate_k: int | str = 3, logprobs: bool | None = None,
@@ -196,10 +244,10 @@ def bebop_rollout_func(head=None, *, mode: str = "rs", speculate_k: int | str = 
         speculate_k: K, drafts per verify step, or "auto".
         logprobs: return the policy's log-probabilities of the emitted tokens; None = only when the
             trainer reads them (``off_policy_mask_threshold``), True = always, False = never.
-        token_stats: append per-position statistics to ``<output_dir>/token_stats.jsonl``.
+        token_stats: write ``bebop_rollout.json`` and ``token_stats.jsonl`` in the trainer's output directory.
         seed: base of the randomness; None = the trainer's ``args.seed``.
         backend: "engine" (Bebop's engine on the trainer's model) or "vllm" (Bebop's vLLM backend, the
-            trainer's weights pushed into it before every call; needs vLLM).
+            trainer's weights pushed into it before every call; needs vLLM, one process).
 
     Example: ``GRPOTrainer(..., rollout_func=bebop_rollout_func("heads/e2e_tv", mode="rs"))``.
     """
@@ -212,10 +260,11 @@ def train_head_on_policy(trainer, out_dir: str | Path, num_prompts: int = 64, sa
     """Trains an MTP head on the trainer's policy's own samples (as ``bebop train-mtp`` does) and saves it.
 
     Samples ``samples_per_prompt`` completions of the first ``num_prompts`` training prompts with the
-    trainer's sampling settings (Bebop's engine, plain decoding), then runs ``bebop.mtp.train.train_mtp``
-    (default: e2e-TV, with its CE warm-up when the head starts from the backbone's last layer). Call it
-    before ``trainer.train()``, with ``out_dir`` the head path given to ``bebop_rollout_func``; under
-    several processes every rank calls it and draws the same samples (the head's batches are sharded).
+    trainer's sampling settings (Bebop's engine backend, plain decoding), then runs
+    ``bebop.mtp.train.train_mtp`` (default: e2e-TV, with its CE warm-up when the head starts from the
+    backbone's last layer). Call it before ``trainer.train()``, with ``out_dir`` the head path given to
+    ``bebop_rollout_func``; under several processes every rank calls it and draws the same samples (the
+    head's batches are sharded).
 
     Args:
         trainer: a ``GRPOTrainer`` whose ``train_dataset`` has a ``prompt`` column.
@@ -232,16 +281,19 @@ def train_head_on_policy(trainer, out_dir: str | Path, num_prompts: int = 64, sa
     from bebop.mtp.train import train_mtp
 
     model = policy_model(trainer)
+    sampling, eos_ids = sampling_params(trainer, model)
+    tokenizer = text_tokenizer(trainer)
     prompts = list(trainer.train_dataset["prompt"][:num_prompts])
-    prompt_ids = [ids for ids in prompt_token_ids(trainer, prompts) for _ in range(samples_per_prompt)]
+    prompt_ids = prompt_token_ids(trainer, prompts)
     was_training, trainable = model.training, [p.requires_grad for p in model.parameters()]
     model.eval()
     try:
-        result = generate(model, text_tokenizer(trainer), prompt_ids, sampling=sampling_params(trainer, model),
-                          seed=seed)
-        completions, _ = cut_at_eos(result, set(trainer.eos_token_ids))
-        data = Sequences([p + c for p, c in zip(prompt_ids, completions)], [len(p) for p in prompt_ids])
-        train_mtp(model, data, out_dir, config or TrainMtpConfig(), pad_id=text_tokenizer(trainer).pad_token_id,
+        sampler = make_backend("engine", model, tokenizer)
+        result = sampler.rollout(prompt_ids, sampling, SpecConfig("none"), group_size=samples_per_prompt, seed=seed)
+        result = result.cut_after(eos_ids, tokenizer)
+        rows = [p + c for p, c in zip(result.prompt_ids, result.token_ids)]
+        data = Sequences(rows, [len(p) for p in result.prompt_ids])
+        train_mtp(model, data, out_dir, config or TrainMtpConfig(), pad_id=tokenizer.pad_token_id,
                   show_progress=trainer.accelerator.is_main_process)
     finally:  # NOTE: train_mtp freezes the backbone; the policy goes back to training as it was
         for p, flag in zip(model.parameters(), trainable):
@@ -262,30 +314,67 @@ def policy_model(trainer):
     return trainer.accelerator.unwrap_model(trainer.model)
 
 
-def _setting(trainer, model, name: str):
-    """A GenerationConfig field as TRL's generate sees it: the trainer's, else the model's default."""
-    value = getattr(trainer.generation_config, name, None)
-    return value if value is not None else getattr(getattr(model, "generation_config", None), name, None)
+def generation_config(trainer, model):
+    """The GenerationConfig TRL's generate runs with: the trainer's, its unset fields filled from the
+    model's own and then transformers' defaults (as ``model.generate`` fills them)."""
+    config, _ = model._prepare_generation_config(trainer.generation_config)
+    return config
 
 
-def sampling_params(trainer, model) -> SamplingParams:
-    """The trainer's sampling settings as Bebop's; BebopError (one line) for any Bebop cannot reproduce."""
+def sampling_params(trainer, model) -> tuple[SamplingParams, set[int]]:
+    """The sampling settings TRL's generate would use, as Bebop's, and the EOS ids that end a completion.
+
+    Raises BebopError (one line naming what to remove) for any setting Bebop cannot reproduce exactly.
+    """
     if getattr(trainer, "use_vllm", False):
         raise BebopError("bebop_rollout_func samples on the trainer's own model: set use_vllm=False in GRPOConfig")
+    if temperature_problem(trainer.temperature, greedy_ok=False):
+        raise BebopError(f"GRPOConfig temperature={trainer.temperature!r}: TRL's loss divides the policy's logits by "
+                         "it, so it must be > 0 (for greedy rollouts set generation_kwargs={'do_sample': False})")
+    from transformers import GenerationConfig
+
+    config = generation_config(trainer, model)
+    fields = GenerationConfig().to_dict()  # NOTE: generate ignores a config's other (custom) entries
     changed = []
-    for name, off in UNSUPPORTED_SETTINGS.items():
-        value = _setting(trainer, model, name)
-        if value is not None and value not in off and value != []:
+    for name, value in config.to_dict().items():
+        meaning = GENERATION_FIELDS.get(name, None if name in fields else NO_EFFECT)
+        if (meaning is None and value is not None) or (callable(meaning) and not meaning(value)):
             changed.append(f"{name}={value!r}")
     if changed:
-        raise BebopError(f"Bebop's rollouts cannot reproduce these sampling settings exactly: {', '.join(changed)}")
-    greedy = _setting(trainer, model, "do_sample") is False
-    return SamplingParams(
-        temperature=0.0 if greedy else float(_setting(trainer, model, "temperature") or 1.0),
-        top_k=int(_setting(trainer, model, "top_k") or 0),
-        top_p=float(_setting(trainer, model, "top_p") or 1.0),
-        max_new_tokens=int(trainer.generation_config.max_new_tokens),
-    )
+        raise BebopError(f"Bebop's rollouts cannot reproduce these settings of TRL's generate exactly: "
+                         f"{', '.join(changed)}; remove them from GRPOConfig and its generation_kwargs")
+    return _distribution(config), _eos_ids(config, text_tokenizer(trainer))
+
+
+def _distribution(config) -> SamplingParams:
+    """Temperature, top-k, top-p and length as transformers applies them (only when sampling)."""
+    if config.max_new_tokens is None or config.max_new_tokens < 1:
+        raise BebopError(f"max_new_tokens={config.max_new_tokens!r}: set max_completion_length in GRPOConfig")
+    if config.do_sample is not True:
+        return SamplingParams(temperature=0.0, max_new_tokens=config.max_new_tokens)
+    temperature, top_k, top_p = config.temperature, config.top_k, config.top_p
+    # NOTE: transformers leaves a warper out at its "off" value and refuses the rest, as TRL's generate would
+    refused = not isinstance(temperature, float) or temperature_problem(temperature, greedy_ok=False)
+    if temperature not in (None, 1.0) and refused:
+        raise BebopError(f"temperature={temperature!r} with do_sample=True: TRL's generate refuses it (a float > 0); "
+                         "for greedy rollouts set generation_kwargs={'do_sample': False}")
+    if top_k not in (None, 0) and not (isinstance(top_k, int) and top_k > 0):
+        raise BebopError(f"top_k={top_k!r}: TRL's generate refuses it (0 = off, else an int > 0)")
+    if top_p is not None and top_p < 0:
+        raise BebopError(f"top_p={top_p!r}: TRL's generate refuses it (0 <= top_p <= 1)")
+    top_p = 1.0 if top_p is None or top_p >= 1.0 else float(top_p)
+    top_k = top_k or 0
+    if top_p == 0.0:  # NOTE: transformers keeps at least one token: top-p 0 samples the most likely token only
+        top_k, top_p = 1, 1.0
+    return SamplingParams(temperature=1.0 if temperature is None else float(temperature), top_k=top_k, top_p=top_p,
+                          max_new_tokens=config.max_new_tokens)
+
+
+def _eos_ids(config, tokenizer) -> set[int]:
+    """The ids generate stops at: the generation config's EOS ids (TRL puts the tokenizer's among them)."""
+    ids = config.eos_token_id
+    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+    return {int(i) for i in ids} | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
 
 
 def text_tokenizer(trainer):
@@ -301,139 +390,42 @@ def prompt_token_ids(trainer, prompts: list) -> list[list[int]]:
     return [list(map(int, ids)) for ids in prompt_ids]
 
 
-# ----------------------------------------------------------------------------- completions
+# ----------------------------------------------------------------------------- what ran
 
 
-def cut_at_eos(result, eos_ids: set[int]) -> tuple[list[list[int]], SpecStats]:
-    """Each completion cut right after its first token in ``eos_ids``, and the statistics of what is kept.
-
-    Example: tokens [5, 7, 2, 9] with eos_ids {2} -> [5, 7, 2].
-    """
-    cut = []
-    for tokens in result.token_ids:
-        end = next((i + 1 for i, t in enumerate(tokens) if t in eos_ids), len(tokens))
-        cut.append(list(tokens[:end]))
-    if all(len(c) == len(t) for c, t in zip(cut, result.token_ids)):
-        return cut, result.stats
-    if result.log is None:  # NOTE: vLLM stops at the EOS ids the model's generation config declares, as TRL does
-        raise BebopError(f"the rollout ran past one of TRL's EOS ids {sorted(eos_ids)}; add it to the model's "
-                         "generation_config.eos_token_id")
-    return cut, result.log.to_stats([len(c) for c in cut])
-
-
-def policy_logprobs(model, prompt_ids: list[list[int]], completion_ids: list[list[int]], temperature: float,
-                    batch_size: int = LOGPROB_BATCH) -> list[list[float]]:
-    """log softmax(logits / temperature) of every completion token under ``model``, row by row.
-
-    Rows are right-padded, so every real token keeps its position; no gradient is kept. The logits are
-    made only at the completion tokens, a tile at a time (``bebop.rl.grpo.token_logprobs``).
-    """
-    from bebop.rl.grpo import pad_sequences, token_logprobs
-
-    device = next(model.parameters()).device
-    out: list[list[float]] = []
-    for start in range(0, len(prompt_ids), batch_size):
-        prompts, completions = prompt_ids[start:start + batch_size], completion_ids[start:start + batch_size]
-        inputs = (t.to(device) for t in pad_sequences(prompts, completions, pad_id=0))  # 3 x (b, S)
-        with torch.no_grad():
-            logprobs = token_logprobs(model, *inputs, temperature=temperature)  # (b, S)
-        for b, (p, c) in enumerate(zip(prompts, completions)):
-            out.append(logprobs[b, len(p):len(p) + len(c)].tolist())  # NOTE: one host sync per row
-    return out
-
-
-# ----------------------------------------------------------------------------- metrics
-
-
-def _local_sums(stats: SpecStats, max_k: int, token_stats: bool = True) -> torch.Tensor:
-    """(5 + 4 * max_k,) float64: this process's counts and sums, summed over processes by the caller
-    (``token_stats`` False: the tokens are counted without their entropies, which vLLM does not give)."""
-    pos = torch.cat(stats.draft_position).long() if stats.draft_position else torch.zeros(0, dtype=torch.long)
-    per_pos = [torch.bincount(pos - 1, minlength=max_k)[:max_k].double()]
-    for values in (stats.alpha_rs, stats.alpha_to):
-        weights = torch.cat(values).double() if values else torch.zeros(0, dtype=torch.float64)
-        per_pos.append(torch.bincount(pos - 1, weights=weights, minlength=max_k)[:max_k])
-    accepted = list(stats.accepted_per_pos) + [0] * (max_k - len(stats.accepted_per_pos))
-    entropy = torch.cat(stats.token_entropy).double() if stats.token_entropy else torch.zeros(0, dtype=torch.float64)
-    num_tokens = entropy.numel() if token_stats else stats.num_generated_tokens
-    head = [stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens, float(entropy.sum()), num_tokens]
-    return torch.cat([torch.tensor(head + accepted[:max_k], dtype=torch.float64), *per_pos])
-
-
-def spec_metrics(sums: torch.Tensor, max_k: int, seconds: float, token_stats: bool = True) -> dict[str, float]:
-    """TRL metrics from summed counts (``_local_sums`` over processes); NaN where nothing was counted, and
-    (``token_stats`` False: vLLM) for entropy and per-position acceptance."""
-    drafts, draft_tokens, accepted, entropy_sum, num_tokens = sums[:5].tolist()
-    accepted_per_pos = sums[5:5 + max_k].tolist()
-    positions, alpha_rs, alpha_to = (sums[5 + max_k * i:5 + max_k * (i + 1)].tolist() for i in (1, 2, 3))
-    nan = float("nan")
-    metrics = {
-        "spec/accept_length": 1 + accepted / drafts if drafts else nan,
-        "spec/num_drafts": drafts,
-        "spec/num_draft_tokens": draft_tokens,
-        "spec/num_accepted_tokens": accepted,
-        "spec/target_entropy": entropy_sum / num_tokens if num_tokens else nan,
-        "spec/num_generated_tokens": num_tokens,
-        "spec/rollout_seconds": seconds,
-    }
-    for j in range(max_k):
-        metrics[f"spec/accepted_per_pos/{j + 1}"] = accepted_per_pos[j] / drafts if drafts else nan
-        metrics[f"spec/alpha_rs/{j + 1}"] = alpha_rs[j] / positions[j] if positions[j] else nan
-        metrics[f"spec/alpha_to/{j + 1}"] = alpha_to[j] / positions[j] if positions[j] else nan
-    if not token_stats:
-        absent = [k for k in metrics if k == "spec/target_entropy" or k.startswith("spec/accepted_per_pos/")]
-        metrics.update(dict.fromkeys(absent, nan))
-    return metrics
-
-
-def log_spec_metrics(trainer, split: str, stats: SpecStats, seconds: float, max_k: int,
-                     token_stats: bool = True) -> dict[str, float]:
-    """Sums the statistics over processes (a collective: every rank calls it) and appends them to TRL's metrics."""
-    accelerator = trainer.accelerator
-    local = _local_sums(stats, max_k, token_stats).to(accelerator.device)
-    sums = accelerator.gather(local[None]).sum(0).cpu()
-    slowest = accelerator.gather(torch.tensor([seconds], dtype=torch.float64, device=accelerator.device)).max().item()
-    metrics = spec_metrics(sums, max_k, slowest, token_stats)
+def log_metrics(trainer, split: str, result: Completions, seconds: float, decision=None) -> dict[str, float]:
+    """Appends a rollout's statistics (every process's, ``gather_completions``) to TRL's metrics, as
+    ``scalar_metrics`` spells them; with mode/K auto, the setting ``decision`` chose."""
+    metrics = result.stats.to_metrics()
+    if not result.token_stats:  # NOTE: what the backend cannot measure is NaN, which TRL logs as null
+        metrics.update({key: [None] * len(value) if isinstance(value, list) else None
+                        for key, value in metrics.items() if key in ABSENT_WITHOUT_TOKEN_STATS})
+    metrics["spec/rollout_seconds"] = seconds
+    if decision is not None:
+        auto = decision.to_metrics()
+        metrics.update({key: value for key, value in auto.items() if key != "auto/mode"},
+                       **{f"auto/mode/{mode}": float(mode == auto["auto/mode"]) for mode in MODES},
+                       **{"auto/measured_tok_s": decision.measured_tok_s})
+    metrics = scalar_metrics(metrics)
     for key, value in metrics.items():
         trainer._metrics[split][key].append(value)
     return metrics
 
 
-def rollout_settings(spec: SpecConfig, head) -> dict:
-    """What ``bebop report`` needs to place the run: mode, K, the head and the loss it was trained with."""
-    settings = {"trainer": "trl", "mode": spec.mode, "speculate_k": spec.speculate_k, "mtp": None, "mtp_loss": None}
-    if isinstance(head, (str, Path)):
+def rollout_record(rollout: BebopRollout, sampling: SamplingParams, eos_ids: set[int], seed: int) -> dict:
+    """What ``bebop_rollout.json`` holds: mode, K, backend, the head and the loss it was trained with (which
+    place the run for ``bebop report``), and the sampling settings read from the trainer."""
+    record = {"trainer": "trl", "mode": rollout.spec.mode, "speculate_k": rollout.spec.speculate_k,
+              "backend": rollout.backend, "mtp": None, "mtp_loss": None, "seed": seed,
+              "sampling": {"temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
+                           "max_new_tokens": sampling.max_new_tokens, "eos_token_ids": sorted(eos_ids)}}
+    if isinstance(rollout.head, (str, Path)):
         from bebop.mtp.head import CONFIG_NAME
 
-        settings["mtp"] = str(head)
-        saved = read_json(Path(head) / CONFIG_NAME, "MTP head config")
-        settings["mtp_loss"] = (saved.get("train") or {}).get("loss") if isinstance(saved, dict) else None
-    return settings
+        record["mtp"] = str(rollout.head)
+        saved = read_json(Path(rollout.head) / CONFIG_NAME, "MTP head config")
+        record["mtp_loss"] = (saved.get("train") or {}).get("loss") if isinstance(saved, dict) else None
+    return record
 
 
-def write_token_stats(trainer, stats: SpecStats | None, first_row: int, spec: SpecConfig, head) -> None:
-    """Appends this rollout's per-position statistics (every process's) as one line, on the main process,
-    and the rollout's settings once; ``stats`` None (vLLM measures none): the settings only."""
-    from accelerate.utils import gather_object
-
-    cat = (lambda xs: torch.cat(xs).tolist() if xs else [])
-    rows = None
-    if stats is not None:
-        row = {"step": trainer.state.global_step + 1, "position": cat(stats.draft_position),
-               "row": [first_row + r for r in cat(stats.draft_row)], "entropy": cat(stats.draft_entropy),
-               "alpha_rs": cat(stats.alpha_rs), "alpha_to": cat(stats.alpha_to)}
-        rows = gather_object([row])
-    if not trainer.accelerator.is_main_process:
-        return
-    out = Path(trainer.args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    if not (out / CONFIG_FILE).exists():
-        write_json(out / CONFIG_FILE, rollout_settings(spec, head))
-    if rows is not None:
-        merged = {"step": row["step"], **{k: [v for r in rows for v in r[k]] for k in row if k != "step"}}
-        with open(out / TOKEN_STATS_FILE, "a") as f:
-            f.write(json.dumps(merged) + "\n")
-
-
-__all__ = ["AUTO", "BebopRollout", "bebop_rollout_func", "cut_at_eos", "policy_logprobs", "sampling_params",
-           "train_head_on_policy"]
+__all__ = ["BebopRollout", "bebop_rollout_func", "generation_config", "sampling_params", "train_head_on_policy"]

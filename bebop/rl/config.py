@@ -32,7 +32,6 @@ from bebop.config import (
     VERIFY_CHOICES,
     Flag,
     flags_of,
-    is_auto,
     merge_sources,
     option,
     resolve,
@@ -164,16 +163,12 @@ def max_speculate_k(cfg: RLConfig) -> int:
 def check_rl_config(cfg: RLConfig) -> None:
     """Raises BebopError (one line) on a value no run could use."""
     from bebop.losses import DRAFT_LOSSES
-    from bebop.rollout.base import BACKENDS
+    from bebop.rollout.base import backend_problem
     from bebop.speculative.settings import SamplingParams, SpecConfig, settings_problems, verify_problem
 
-    problems = []
-    if cfg.backend not in BACKENDS:
-        problems.append(f"backend {cfg.backend!r} is not one of {', '.join(BACKENDS)}")
+    problems = [backend_problem(cfg.backend, cfg.mode, cfg.speculate_k)]
     sampling = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p, cfg.max_new_tokens)
     problems += settings_problems(SpecConfig(cfg.mode, cfg.speculate_k), sampling, greedy_ok=False)
-    if is_auto(cfg.mode, cfg.speculate_k) and cfg.backend != "engine":
-        problems.append(f"mode/speculate_k {AUTO} needs backend engine (it reads the engine's step times and alphas)")
     if problem := verify_problem(cfg.mode, cfg.verify, cfg.backend):
         problems.append(problem)
     if cfg.task not in TASKS:
@@ -200,8 +195,20 @@ def check_rl_config(cfg: RLConfig) -> None:
         problems.append("mtp_" + problem)
     if cfg.save_every < 0 or cfg.policy.kl_coef < 0:
         problems.append("save_every and kl_coef must be >= 0")
+    problems = [p for p in problems if p]
     if problems:
         raise BebopError("invalid rl config: " + "; ".join(problems))
+
+
+def rollout_settings(cfg: RLConfig):
+    """What the run's rollouts read, typed: a ``bebop.rollout.runner.RolloutSettings``."""
+    from bebop.rollout.runner import RolloutSettings
+    from bebop.speculative.settings import SamplingParams, SpecConfig
+
+    return RolloutSettings(
+        sampling=SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p, cfg.max_new_tokens),
+        spec=SpecConfig(cfg.mode, cfg.speculate_k, verify=cfg.verify), group_size=cfg.group_size, seed=cfg.seed,
+        async_rollout=cfg.async_rollout, online_head=cfg.mtp.mtp_update == "online", auto_every=cfg.auto_every)
 
 
 def resolve_rl_config(file: str | os.PathLike | None = None, overrides: dict[str, Any] | None = None) -> RLConfig:

@@ -75,16 +75,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from bebop.analysis.runs import CONFIG_FILE, METRICS_FILE, TOKEN_STATS_FILE  # the files a run directory holds
-from bebop.config import is_auto
 from bebop.rl.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
-from bebop.rl.config import RESUME_MAY_CHANGE, RLConfig, check_rl_config, flat_config
+from bebop.rl.config import RESUME_MAY_CHANGE, RLConfig, check_rl_config, flat_config, rollout_settings
 from bebop.rl.grpo import group_advantages, pad_sequences
 from bebop.rl.online import make_head_optimizer, online_head_step, rollout_sequences
 from bebop.rl.prompts import PromptBatch, check_embedded_prompts, load_task_rows, prompt_batch, task_reward
 from bebop.rl.rewards import RewardFn, call_reward
 from bebop.rl.update import fixed_logprobs, update_policy
-from bebop.rollout.base import make_backend
+from bebop.rollout.base import backend_problem, make_backend
 from bebop.rollout.runner import Rollout, RolloutRunner, frozen_copy
 from bebop.utils import distributed
 from bebop.utils.io import (
@@ -98,6 +96,7 @@ from bebop.utils.io import (
 )
 from bebop.utils.optim import make_adamw
 from bebop.utils.progress import progress, say, step_line
+from bebop.utils.run_files import CONFIG_FILE, METRICS_FILE, TOKEN_STATS_FILE, json_safe, token_stats_row
 from bebop.utils.torch_utils import seed_everything
 
 BACKEND_DIR = "backend"  # what a rollout backend writes once (vLLM: the served model directory)
@@ -178,17 +177,6 @@ def update_head(state: RLState, rollout: Rollout, cfg: RLConfig) -> dict:
 # ------------------------------------------------------------------------------ metrics
 
 
-def _json_safe(value: Any) -> Any:
-    """NaN/inf floats -> None (JSON null), recursively, so metrics.jsonl is strict JSON."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_json_safe(v) for v in value]
-    return value
-
-
 def step_metrics(cfg: RLConfig, rollout: Rollout, rewards: torch.Tensor, update: dict, seconds: dict) -> dict:
     """The metrics.jsonl row of a step: reward, acceptance (``spec/*``, null in mode none), loss, time.
 
@@ -216,17 +204,7 @@ def step_metrics(cfg: RLConfig, rollout: Rollout, rewards: torch.Tensor, update:
     }
     if rollout.decision is not None:  # mode/K auto: the setting chosen, its prediction beside its measured rate
         row.update(rollout.decision.to_metrics(), **{"auto/measured_tok_s": rollout.decision.measured_tok_s})
-    return _json_safe(row)
-
-
-def token_stats_row(rollout: Rollout) -> dict:
-    """One token_stats.jsonl row: flat per-kept-draft-position lists (depth j, completion row, H(p), alpha_RS,
-    alpha_TO); ``row`` lets the analysis resample whole completions rather than correlated tokens."""
-    arrays = rollout.result.stats.token_arrays()
-    row = {"step": rollout.batch.step + 1, "position": [int(j) for j in arrays["position"].tolist()],
-           "row": [int(r) for r in arrays["row"].tolist()]}
-    row.update({k: arrays[k].tolist() for k in ("entropy", "alpha_rs", "alpha_to")})
-    return _json_safe(row)
+    return json_safe(row)
 
 
 # ------------------------------------------------------------------------------ one step
@@ -299,7 +277,8 @@ def make_state(model: nn.Module, tokenizer, head: nn.Module | None, cfg: RLConfi
     backend = make_backend(cfg.backend, model, tokenizer, head, seed=cfg.seed, **(backend_options or {}))
     return RLState(
         policy=model, tokenizer=tokenizer, head=head, optimizer=optimizer, reward_fn=task_reward(cfg),
-        head_optimizer=head_optimizer, reference=reference, rollouts=RolloutRunner(backend, model, head, cfg),
+        head_optimizer=head_optimizer, reference=reference,
+        rollouts=RolloutRunner(backend, model, head, rollout_settings(cfg)),
     )
 
 
@@ -375,11 +354,8 @@ def train_rl(
     """
     check_rl_config(cfg)
     distributed.shard_range(cfg.prompts_per_step, "prompts_per_step")
-    if distributed.world_size() > 1 and cfg.backend != "engine":
-        raise BebopError(f"backend {cfg.backend} does not run under torchrun; use the engine backend or one process")
-    if distributed.world_size() > 1 and is_auto(cfg.mode, cfg.speculate_k):
-        raise BebopError("mode/speculate_k auto does not run under torchrun (each rank would choose from its own "
-                         "timings); give a fixed mode and K, or run one process")
+    if problem := backend_problem(cfg.backend, cfg.mode, cfg.speculate_k, distributed.world_size()):
+        raise BebopError(problem)
     run_dir = Path(run_dir)
     check_output_dir(run_dir, resume=resume, overwrite=overwrite, what="run directory")
     config = {**flat_config(cfg), **(run_info or {})}
@@ -415,7 +391,7 @@ def train_rl(
             next_batch = prompt_batch(cfg, step + 1, data_rows) if step + 1 < cfg.steps else None
             row, rollout = rl_step(state, batch, cfg, next_batch)
             metrics_log.log(row)
-            token_log.log(token_stats_row(rollout))
+            token_log.log(token_stats_row(rollout.batch.step + 1, rollout.result.stats.token_arrays()))
             rows_out.append(row)
             say(step_line("rl", step + 1, cfg.steps, _line(row)))
             if main and ((cfg.save_every and (step + 1) % cfg.save_every == 0) or step + 1 == cfg.steps):

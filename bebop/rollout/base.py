@@ -20,6 +20,8 @@ BACKENDS = {  # name -> "module:class", imported on first use
     "vllm": "bebop.rollout.vllm:VllmBackend",
 }
 DEFAULT_BACKEND = "engine"
+AUTO_BACKENDS = ("engine",)  # backends that run mode/K auto: it times their steps and reads their alphas
+SHARDED_BACKENDS = ("engine",)  # backends that run in several processes, each sampling its share of the rows
 
 
 class RolloutBackend:
@@ -65,10 +67,35 @@ def repeat_prompts(prompts: list, group_size: int) -> list:
     return [p if isinstance(p, str) else list(p) for p in prompts for _ in range(group_size)]
 
 
+def backend_problem(name: str, mode: str = "none", speculate_k: int | str = 1, num_processes: int = 1) -> str | None:
+    """Why backend ``name`` cannot roll out (mode, K) in ``num_processes`` processes, in one line; None when it can.
+
+    The one check of a backend choice (``bebop generate``, ``bebop rl`` and the TRL integration ask it).
+
+    Example: backend_problem("vllm", "rs", "auto") -> "mode/speculate_k auto needs backend engine (...)".
+    """
+    from bebop.config import is_auto
+
+    if name not in BACKENDS:
+        return f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}"
+    if num_processes > 1 and name not in SHARDED_BACKENDS:
+        return (f"backend {name} does not run under torchrun or accelerate launch; use backend "
+                f"{' or '.join(SHARDED_BACKENDS)}, or one process")
+    if not is_auto(mode, speculate_k):
+        return None
+    if name not in AUTO_BACKENDS:
+        return (f"mode/speculate_k auto needs backend {' or '.join(AUTO_BACKENDS)} (it times the engine's steps and "
+                f"reads its acceptance); backend {name} takes a fixed mode and K")
+    if num_processes > 1:
+        return ("mode/speculate_k auto does not run under torchrun or accelerate launch (each process would choose "
+                "from its own timings); give a fixed mode and K, or run one process")
+    return None
+
+
 def backend_class(name: str) -> type[RolloutBackend]:
     """The class behind ``name``; BebopError (one line) for an unknown name or a missing optional package."""
-    if name not in BACKENDS:
-        raise BebopError(f"unknown backend {name!r}; choose from {', '.join(BACKENDS)}")
+    if problem := backend_problem(name):
+        raise BebopError(problem)
     module, name = BACKENDS[name].split(":")
     cls = getattr(importlib.import_module(module), name)
     cls.check_available()

@@ -2,7 +2,8 @@
 
 ``bebop.rl.loop`` asks it for a step's rollout (``collect``), for the model whose logprobs are the
 old ones (``sampling_model``), tells it when this step's update is about to start (``launch``) and
-when it has finished (``updated``), and saves what it lists in ``checkpoint_parts``.
+when it has finished (``updated``), and saves what it lists in ``checkpoint_parts``. What it samples
+comes typed in ``RolloutSettings`` (``bebop.rl.config.rollout_settings`` builds them from the run's config).
 
 Synchronous: the backend samples with the policy itself; after each update the backend is synced
 (``RolloutBackend.sync``: the engine rebinds, vLLM copies the weights in place). With
@@ -14,12 +15,13 @@ frozen head never changes (it reads the current policy's states in every backend
 
 Under torchrun each rank samples a contiguous 1/W of the prompts (their rows keep their global ids,
 so on the engine they are the rows one process samples), and ``collect`` gathers every rank's rows
-(on the main thread, never in the background one) into the step's whole rollout.
+(``gather_completions``, on the main thread, never in the background one) into the step's whole rollout.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -27,10 +29,25 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from bebop.config import is_auto
+from bebop.config import AUTO_EVERY, is_auto
 from bebop.rollout.base import RolloutBackend
 from bebop.speculative.completions import Completions
+from bebop.speculative.settings import SamplingParams, SpecConfig
+from bebop.speculative.stats import concat_stats
 from bebop.utils import distributed
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    """What a run's rollouts read (``bebop.rl.config.rollout_settings`` builds it from the run's config)."""
+
+    sampling: SamplingParams  # temperature, top-k/top-p, max_new_tokens
+    spec: SpecConfig  # mode, K (either may be auto), verify
+    group_size: int  # G, completions per prompt
+    seed: int = 0  # with (step, row): the randomness of every row on the engine
+    async_rollout: bool = False  # sample step s+1 in a background thread while step s updates
+    online_head: bool = False  # the head is trained during the run: its weights are synced too
+    auto_every: int = AUTO_EVERY  # mode/K auto: probe every this many steps
 
 
 @dataclass(frozen=True)
@@ -52,25 +69,31 @@ def frozen_copy(obj):
     return out
 
 
-def gather_rollout(local: Rollout) -> Rollout:
-    """Every rank's rows of a step's rollout, in rank (= row) order; ``local`` itself with one rank.
+def gather_completions(local: Completions, seconds: float) -> tuple[Completions, float]:
+    """Every process's rows of one rollout, in rank (= row) order, and the slowest process's seconds; a
+    collective (every rank calls it), ``(local, seconds)`` itself with one process.
 
-    The ranks' ``SpecStats`` are merged (their ``draft_row`` shifted to global row ids) and the
-    rollout's seconds are the slowest rank's.
+    The statistics are summed over processes by ``concat_stats``: each rank's ``draft_row`` becomes the
+    row's place in the gathered rows.
     """
     if distributed.world_size() == 1:
-        return local
-    parts = distributed.gather_objects((local.result, local.seconds))
+        return local, seconds
+    # NOTE: without the per-step log and timings, which the gathered rollout does not keep
+    parts = distributed.gather_objects((dataclasses.replace(local, log=None, step_times=[]), seconds))
     results = [r for r, _ in parts]
-    stats, offset = type(results[0].stats)(speculate_k=results[0].stats.speculate_k), 0
-    for r in results:
-        r.stats.draft_row = [rows + offset for rows in r.stats.draft_row]
-        stats.merge(r.stats)
-        offset += len(r.token_ids)
+    stats = concat_stats([r.stats for r in results], [len(r.token_ids) for r in results])
     merged = Completions(*(sum((getattr(r, name) for r in results), []) for name in
                            ("prompt_ids", "token_ids", "texts", "lengths", "finish_reasons")),
                          stats, results[0].token_stats)
-    return Rollout(local.batch, merged, max(seconds for _, seconds in parts))
+    return merged, max(s for _, s in parts)
+
+
+def gather_rollout(local: Rollout) -> Rollout:
+    """Every rank's rows of a step's rollout (``gather_completions``); ``local`` itself with one rank."""
+    if distributed.world_size() == 1:
+        return local
+    result, seconds = gather_completions(local.result, local.seconds)
+    return Rollout(local.batch, result, seconds)
 
 
 class RolloutRunner:
@@ -79,21 +102,21 @@ class RolloutRunner:
     Args:
         backend: the ``RolloutBackend`` (made on the policy and head).
         policy, head: the trained modules (head None in mode none without an online head).
-        cfg: the run's ``RLConfig`` (mode, K, G, sampling, seed, async_rollout, mtp_update).
+        settings: what the rollouts read (sampling, mode/K, G, seed, async, online head).
     """
 
-    def __init__(self, backend: RolloutBackend, policy: nn.Module, head: nn.Module | None, cfg):
-        self.backend, self.policy, self.head, self.cfg = backend, policy, head, cfg
-        self.online_head = cfg.mtp.mtp_update == "online"
+    def __init__(self, backend: RolloutBackend, policy: nn.Module, head: nn.Module | None, settings: RolloutSettings):
+        self.backend, self.policy, self.head, self.settings = backend, policy, head, settings
+        self.online_head = settings.online_head
         self.sampler: tuple[nn.Module, nn.Module | None] | None = None
         self.executor: ThreadPoolExecutor | None = None
         self.pending: tuple[int, Future] | None = None
         self.decision = None  # the last auto decision (None: none made yet)
-        if is_auto(cfg.mode, cfg.speculate_k):  # NOTE: on the engine backend (check_rl_config); it probes on its schedule
+        if is_auto(settings.spec.mode, settings.spec.speculate_k):  # NOTE: on the engine (backend_problem)
             from bebop.speculative.auto.chooser import AutoChooser
 
-            backend.chooser = AutoChooser(every=cfg.auto_every)
-        if cfg.async_rollout:
+            backend.chooser = AutoChooser(every=settings.auto_every)  # NOTE: it probes on its own schedule
+        if settings.async_rollout:
             self.sampler = frozen_copy((policy, head))
             self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bebop-rollout")
             backend.sync(*self.sampler)
@@ -102,16 +125,13 @@ class RolloutRunner:
 
     # ------------------------------------------------------------------ sampling
     def _generate(self, batch) -> Rollout:
-        from bebop.speculative.settings import SamplingParams, SpecConfig
-
-        cfg = self.cfg
-        sampling = SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p, cfg.max_new_tokens)
-        spec = SpecConfig(cfg.mode, cfg.speculate_k, verify=cfg.verify)
+        settings = self.settings
         prompts = batch.prompt_ids or batch.prompts
         first, last = distributed.shard_range(len(prompts), "prompts_per_step")  # this rank's prompts
         start = time.perf_counter()
-        result = self.backend.rollout(prompts[first:last], sampling, spec, group_size=cfg.group_size,
-                                      seed=cfg.seed, step=batch.step, first_row=first * cfg.group_size)
+        result = self.backend.rollout(prompts[first:last], settings.sampling, settings.spec,
+                                      group_size=settings.group_size, seed=settings.seed, step=batch.step,
+                                      first_row=first * settings.group_size)
         seconds = time.perf_counter() - start
         self.decision = result.decision or self.decision
         return Rollout(batch, result, seconds, self.decision)

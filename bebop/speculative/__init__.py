@@ -4,12 +4,12 @@ Verification knows nothing about where drafts come from: it takes tensors and re
 counts. The engine (``generate``) drafts with an MTP head and verifies with the target.
 """
 
-from bebop.speculative.block import block_verify
 from bebop.speculative.completions import Completions
 from bebop.speculative.engine import generate
-from bebop.speculative.sampling import PAD_TOKEN_ID, greedy_verify, logits_to_probs, rejection_sample
+from bebop.speculative.sampling import PAD_TOKEN_ID, logits_to_probs
 from bebop.speculative.settings import MODES, SamplingParams, SpecConfig
 from bebop.speculative.stats import SpecStats
+from bebop.speculative.verification import block_verify, greedy_verify, rejection_sample
 
 __all__ = [
     "MODES",

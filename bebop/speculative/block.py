@@ -1,11 +1,13 @@
 """Block verification: the drafted chain is accepted jointly, not token by token.
 
 Sun et al., "Block Verification Accelerates Speculative Decoding" (arXiv 2403.10444, ICLR 2025).
-Same inputs, noise and outputs as the token-wise `bebop.speculative.sampling.rejection_sample`;
-exactly lossless too, and never fewer accepted drafts in expectation with the same drafts.
+`accept_block` is the "block" entry of `bebop.speculative.verification.VERIFIERS`: the same inputs,
+noise and outputs as token-wise verification (`verification` checks the inputs, draws the noise and
+assembles the output for both); exactly lossless too, and never fewer accepted drafts in expectation
+with the same drafts.
 
 Terms (p_j is the target's distribution at draft position j, q_j the draft's; ŷ_j ~ q_j; j = 1..K,
-p_{K+1} the bonus row; `bebop.speculative.sampling` defines draft, accepted, recovered, bonus):
+p_{K+1} the bonus row; `bebop.speculative.verification` defines draft, accepted, recovered, bonus):
     ratio           r_j = p_j(ŷ_j) / q_j(ŷ_j).
     prefix weight   w_0 = 1, w_j = min(1, w_{j-1} · r_j): the probability that the accepted prefix
                     reaches ŷ_1..ŷ_j given those drafts (NOTE: P(stop >= j | ŷ_1..ŷ_j) = w_j is the
@@ -27,7 +29,7 @@ sampling after the stop) has exactly the target's probability.
 
 Deviations from the paper's pseudo-code:
     1) The coins are compared as u_j < h_j (the paper writes η <= h): the same event up to the 2^-53
-       grid of the float64 coins, and the token-wise sampler's convention.
+       grid of the float64 coins, and the token-wise verifier's convention.
     2) h_j = 0 when its denominator m_j + 1 - w_j is 0 (w_j = 1 and p_{j+1} <= q_{j+1}, so p_{j+1} =
        q_{j+1}): then P(τ > j | ŷ_1..ŷ_j) = 1, so u_j never decides τ and any value is exact.
     3) If q_j(ŷ_j) = 0 (a sampled draft cannot have it) w_j = 1 when w_{j-1} > 0 and p_j(ŷ_j) > 0,
@@ -40,30 +42,14 @@ from __future__ import annotations
 
 import torch
 
-from bebop.speculative import rng
-from bebop.speculative.sampling import (
-    COIN_DTYPE,
-    PAD_TOKEN_ID,
-    _check_probs_shape,
-    _check_verify_shapes,
-    _compute_dtype,
-    _prob_checks,
-    _raise_failed,
-    _token_checks,
-    draw_verify_noise,
-    sample_from_probs,
-)
+from bebop.speculative.sampling import compute_dtype, stop_rows
+
+WEIGHT_DTYPE = torch.float64  # w_j and h_j: products of K ratios, compared with the float64 accept coins
 
 
-
-def _check_block_inputs(
-    target_probs: torch.Tensor,  # (B, K+1, V)
-    draft_tokens: torch.Tensor,  # (B, K) int64
-    draft_probs: torch.Tensor,  # (B, K, V)
-) -> tuple[int, int, int]:
+def _require_draft_probs(draft_probs: torch.Tensor | None) -> None:
     if draft_probs is None:
         raise ValueError("block verification needs draft_probs: the q every draft was drawn from")
-    return _check_verify_shapes(target_probs, draft_tokens, draft_probs)
 
 
 def prefix_weights(
@@ -77,9 +63,9 @@ def prefix_weights(
     """
     k = draft_tokens.shape[1]
     index = draft_tokens[..., None]  # (B, K, 1)
-    p_draft = target_probs[:, :k].gather(-1, index).squeeze(-1).to(COIN_DTYPE)  # (B, K)
-    q_draft = draft_probs.gather(-1, index).squeeze(-1).to(COIN_DTYPE)  # (B, K)
-    weights = [torch.ones_like(p_draft[:, 0])]
+    p_draft = target_probs[:, :k].gather(-1, index).squeeze(-1).to(WEIGHT_DTYPE)  # (B, K)
+    q_draft = draft_probs.gather(-1, index).squeeze(-1).to(WEIGHT_DTYPE)  # (B, K)
+    weights = [p_draft.new_ones(p_draft.shape[0])]  # w_0 = 1 (K = 0 included)
     for j in range(k):  # K is small; no host sync
         prev, p, q = weights[-1], p_draft[:, j], q_draft[:, j]
         # NOTE: (prev * p) / q, not prev * (p / q): prev = 0 must stay 0 even when p / q overflows.
@@ -97,7 +83,7 @@ def block_residual(
 
     Example: p = [0.2, 0.8], q = [0.5, 0.5], w = 0.5 -> [0, 0]; w = 1 -> [0, 0.3].
     """
-    dtype = _compute_dtype(target_probs, draft_probs)
+    dtype = compute_dtype(target_probs, draft_probs)
     scaled = weight[..., None].to(dtype) * target_probs.to(dtype)
     return (scaled - draft_probs.to(dtype)).clamp_min(0.0)
 
@@ -111,7 +97,7 @@ def stop_thresholds(
     k = draft_tokens.shape[1]
     weights = prefix_weights(target_probs, draft_tokens, draft_probs)  # (B, K+1)
     # m_j for j = 0..K-1: the mass of the residual after stopping at j (p_{j+1}, q_{j+1}).
-    mass = block_residual(target_probs[:, :k], draft_probs, weights[:, :k]).sum(-1).to(COIN_DTYPE)  # (B, K)
+    mass = block_residual(target_probs[:, :k], draft_probs, weights[:, :k]).sum(-1).to(WEIGHT_DTYPE)  # (B, K)
     denominator = mass + 1.0 - weights[:, :k]
     inner = torch.where(denominator > 0, mass / torch.where(denominator > 0, denominator, 1.0), 0.0)
     thresholds = torch.cat([inner, weights[:, k:]], dim=1)  # (B, K+1): index j = h_j for j = 0..K
@@ -124,14 +110,14 @@ def block_distributions(
     draft_tokens: torch.Tensor,  # (B, K) int64
     draft_probs: torch.Tensor,  # (B, K, V)
 ) -> tuple[torch.Tensor, torch.Tensor]:  # (B, K+1), (B, K+1, V)
-    """The whole block verify step in closed form, for tests and analysis.
+    """The whole block verify step in closed form, for tests and analysis (inputs are not checked).
 
     Returns:
         stop: (B, K+1) P(τ = j | drafts) = h_j Π_{i>j} (1 - h_i), summing to 1 over j.
         resample: (B, K+1, V) the normalised distribution of the token emitted after stopping at j.
-    The sampler uses the same `stop_thresholds` and `block_residual`.
+    `accept_block` uses the same `stop_thresholds` and `block_residual`.
     """
-    _check_block_inputs(target_probs, draft_tokens, draft_probs)
+    _require_draft_probs(draft_probs)
     k = draft_tokens.shape[1]
     thresholds, weights = stop_thresholds(target_probs, draft_tokens, draft_probs)
     later_fail = torch.flip(torch.cumprod(torch.flip(1.0 - thresholds, [1]), 1), [1])  # (B, K+1): Π_{i>=j}
@@ -150,7 +136,7 @@ def _emission_weights(
     is_bonus: torch.Tensor | None = None,  # (B,) bool: rows whose τ = K (then draft_row is ignored)
 ) -> torch.Tensor:  # (B, V) non-negative, never all zero for a valid p
     """Weights of the emitted token: the block residual, p_{K+1} at the bonus, p if the residual is empty."""
-    p = target_row.to(_compute_dtype(target_row, draft_row))
+    p = target_row.to(compute_dtype(target_row, draft_row))
     if draft_row is None:
         return p
     weights = block_residual(p, draft_row, weight)
@@ -159,89 +145,29 @@ def _emission_weights(
     return torch.where(weights.sum(-1, keepdim=True) <= 0, p, weights)
 
 
-def block_verify_from_noise(
+def accept_block(
     target_probs: torch.Tensor,  # (B, K+1, V)
     draft_tokens: torch.Tensor,  # (B, K) int64
     draft_probs: torch.Tensor,  # (B, K, V)
     uniform: torch.Tensor,  # (B, K) in (0, 1): coin j-1 decides h_j
-    exponential: torch.Tensor,  # (B, V) Exp(1) > 0: the recovered/bonus draw
-    *,
-    validate: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor]:  # (B, K+1) int64, (B,) int64
-    """Block verification, deterministically given the noise (the token-wise sampler's noise format).
+) -> tuple[torch.Tensor, torch.Tensor]:  # (B,) int64, (B, V)
+    """τ, the drafts each row accepts, and the weights of the token it emits next.
 
-    Args:
-        target_probs: p at each draft position and the bonus position, after the user's
-            temperature/top-k/top-p: the output follows exactly this.
-        draft_tokens: ŷ; each ŷ_j must have been drawn from draft_probs[:, j].
-        draft_probs: q, exactly the distribution ŷ was drawn from.
-        uniform, exponential: the noise; the row stops at the largest j with uniform[:, j-1] < h_j.
-        validate: check values too (NaN, negatives, sums, token range, noise range) at the cost of
-            one host sync; shapes and dtypes are always checked.
+    The row stops at the largest j with uniform[:, j-1] < h_j (τ = 0 if none) and emits from the
+    block residual at τ, or from p_{K+1} at τ = K (`_emission_weights`). `verification.verify_from_noise`
+    checks the inputs and draws the token.
 
-    Returns:
-        output_tokens: (B, K+1) accepted drafts, then the recovered or bonus token, then PAD_TOKEN_ID.
-        num_accepted: (B,) τ in 0..K; the row emitted τ + 1 tokens.
+    Example: h_1, h_2 = [0.5, 0.2]: coins [0.9, 0.1] stop at τ = 2 (the bonus); coins [0.4, 0.3] at τ = 1.
     """
-    batch, k, vocab = _check_block_inputs(target_probs, draft_tokens, draft_probs)
-    _check_probs_shape(uniform, "uniform", (batch, k))
-    _check_probs_shape(exponential, "exponential", (batch, vocab))
-    if validate:
-        _raise_failed(_prob_checks(target_probs, "target_probs") + _prob_checks(draft_probs, "draft_probs")
-                      + _token_checks(draft_tokens, vocab) + [
-            (((uniform > 0) & (uniform < 1)).all(), "uniform noise must lie in (0, 1)"),
-            ((exponential > 0).all(), "exponential noise must be > 0 (and not NaN)"),
-        ])
+    _require_draft_probs(draft_probs)
+    batch, k = draft_tokens.shape
     thresholds, weights = stop_thresholds(target_probs, draft_tokens, draft_probs)  # (B, K+1) each
-    device = target_probs.device
-    depth = torch.arange(1, k + 1, device=device)  # (K,)
-    passed = uniform.to(COIN_DTYPE) < thresholds[:, 1:]  # (B, K)
+    depth = torch.arange(1, k + 1, device=target_probs.device)  # (K,)
+    passed = uniform.to(WEIGHT_DTYPE) < thresholds[:, 1:]  # (B, K)
     num_accepted = torch.where(passed, depth, 0).amax(dim=1) if k else depth.new_zeros(batch)  # (B,) τ
-    rows = torch.arange(batch, device=device)
-    q_stop = draft_probs[rows, num_accepted.clamp(max=k - 1)] if k else draft_probs.new_zeros(batch, vocab)
-    emit = _emission_weights(target_probs[rows, num_accepted], q_stop, weights[rows, num_accepted],
-                             is_bonus=num_accepted == k)  # (B, V)
-    emitted = sample_from_probs(emit, exponential.to(emit.dtype))  # (B,)
-
-    pad = torch.full((batch, 1), PAD_TOKEN_ID, dtype=torch.int64, device=device)
-    tokens_with_bonus = torch.cat([draft_tokens, pad], dim=1)  # (B, K+1)
-    positions = torch.arange(k + 1, device=device)  # (K+1,)
-    stop = num_accepted[:, None]  # (B, 1)
-    output = torch.where(positions < stop, tokens_with_bonus, PAD_TOKEN_ID)
-    output = torch.where(positions == stop, emitted[:, None], output)
-    return output, num_accepted
-
-
-def block_verify(
-    target_probs: torch.Tensor,  # (B, K+1, V)
-    draft_tokens: torch.Tensor,  # (B, K) int64
-    draft_probs: torch.Tensor,  # (B, K, V)
-    generator: torch.Generator | None = None,
-    *,
-    validate: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor]:  # (B, K+1) int64, (B,) int64
-    """Block verification, noise from `generator` in call order (see `sampling.rejection_sample`)."""
-    batch, k, vocab = _check_block_inputs(target_probs, draft_tokens, draft_probs)
-    device = target_probs.device
-    coin_bits = torch.randint(0, 1 << 52, (batch, k), generator=generator, device=device)
-    race_bits = torch.randint(0, 1 << 52, (batch, vocab), generator=generator, device=device)
-    coins, race = rng.uniform_from_bits(coin_bits, COIN_DTYPE), rng.exponential_from_bits(race_bits)
-    return block_verify_from_noise(target_probs, draft_tokens, draft_probs, coins, race, validate=validate)
-
-
-def block_verify_seeded(
-    target_probs: torch.Tensor,  # (B, K+1, V)
-    draft_tokens: torch.Tensor,  # (B, K) int64
-    draft_probs: torch.Tensor,  # (B, K, V)
-    seeds: torch.Tensor,  # (B,) int64, from rng.derive_seeds
-    counters: torch.Tensor,  # (B,) int64, the rows' decode positions
-    *,
-    validate: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor]:  # (B, K+1) int64, (B,) int64
-    """As `block_verify`, noise from (seeds, counters) as the engine draws it: batch-independent, repeatable."""
-    _, k, vocab = _check_block_inputs(target_probs, draft_tokens, draft_probs)
-    coins, race = draw_verify_noise(seeds, counters, k, vocab)
-    return block_verify_from_noise(target_probs, draft_tokens, draft_probs, coins, race, validate=validate)
+    p_stop, q_stop = stop_rows(target_probs, draft_probs, num_accepted)
+    rows = torch.arange(batch, device=target_probs.device)
+    return num_accepted, _emission_weights(p_stop, q_stop, weights[rows, num_accepted], is_bonus=num_accepted == k)
 
 
 # ----------------------------------------------------------------------------- expected accepts

@@ -9,10 +9,12 @@ histogram or per-position acceptance on emitted tokens, and ``spec_metrics`` log
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 from bebop.speculative.stats import EmissionLog, SpecStats
+from bebop.utils.errors import BebopError
 
 ABSENT_WITHOUT_TOKEN_STATS = ("spec/alpha_rs", "spec/alpha_to", "spec/accept_length_hist", "spec/target_entropy",
                               "spec/accepted_per_pos")
@@ -45,6 +47,30 @@ class Completions:
         stats = self.log.to_stats([UNCUT] * len(self.lengths))
         stats.num_generated_tokens = sum(self.lengths)  # the completions' tokens, not the uncut bound
         return stats
+
+    def cut_after(self, token_ids: set[int], tokenizer) -> Completions:
+        """These completions, each cut right after its first token in ``token_ids`` (EOS ids the engine did not
+        stop at), with the statistics of the tokens kept (``EmissionLog.to_stats``); ``self`` when nothing is cut.
+
+        Cutting a sample after a token is exact: the kept tokens are distributed as before. ``tokenizer``
+        decodes the cut completions' texts. Raises BebopError when a cut is needed but the backend kept no
+        ``log`` (vLLM: it stops at the EOS ids of the model's generation config).
+
+        Example: tokens [5, 7, 2, 9] with token_ids {2} -> [5, 7, 2], finish reason "eos".
+        """
+        ends = [next((i + 1 for i, t in enumerate(tokens) if t in token_ids), len(tokens)) for tokens in self.token_ids]
+        if ends == [len(t) for t in self.token_ids]:
+            return self
+        if self.log is None:
+            raise BebopError(f"the rollout ran past one of the EOS ids {sorted(token_ids)}; add it to the model's "
+                             "generation_config.eos_token_id")
+        cut = [list(tokens[:end]) for tokens, end in zip(self.token_ids, ends)]
+        changed = [end < len(tokens) for tokens, end in zip(self.token_ids, ends)]
+        return dataclasses.replace(
+            self, token_ids=cut, lengths=ends, stats=self.log.to_stats(ends),
+            texts=[tokenizer.decode(c, skip_special_tokens=True) if ch else text
+                   for c, ch, text in zip(cut, changed, self.texts)],
+            finish_reasons=["eos" if ch else r for ch, r in zip(changed, self.finish_reasons)])
 
     def spec_metrics(self) -> dict:
         """``SpecStats.to_metrics()``, with what this backend cannot measure set to None."""

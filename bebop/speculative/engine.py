@@ -5,8 +5,8 @@ One verify step of a row (``to``/``rs``)::
 
     draft:   d_1..d_K from the MTP head, chained (step j feeds step j-1's hidden state and d_{j-1})
     verify:  one target forward over [last token, d_1..d_K] -> p_1..p_{K+1}
-    accept:  rejection_sample (RS, q = the draft's distribution) or target-only (q one-hot); RS with
-             ``SpecConfig.verify="block"`` accepts the chain jointly (``bebop.speculative.block``)
+    accept:  the run's verifier (``VERIFIERS[SpecConfig.verify]``, chosen once): token-wise rejection sampling
+             (RS, q = the draft's distribution) or target-only (q one-hot); or, RS only, block verification
     commit:  the row keeps 1 + num_accepted KV entries; the recovered/bonus token is the next "last token"
 
 Rows accept different numbers of tokens in the same step; a ``RaggedKVCache`` (one per model)
@@ -34,29 +34,27 @@ Deviations from a textbook implementation:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from bebop.config import is_auto
 from bebop.mtp.head import decoder_states
 from bebop.speculative import attention, rng
-from bebop.speculative.block import block_verify_from_noise
 from bebop.speculative.completions import Completions
 from bebop.speculative.kv_cache import RaggedKVCache, fill_order
-from bebop.speculative.sampling import (
-    COIN_DTYPE,
-    STREAM_ACCEPT,
-    STREAM_DRAFT,
-    STREAM_RESAMPLE,
-    finite_at_drafts,
-    greedy_verify,
-    logits_to_probs,
-    rejection_sample_from_noise,
-    sample_from_probs,
-)
+from bebop.speculative.sampling import logits_to_probs, sample_from_probs
 from bebop.speculative.settings import MODES, SamplingParams, SpecConfig, check_settings
 from bebop.speculative.stats import EmissionLog, entropy
+from bebop.speculative.verification import (
+    VERIFIERS,
+    draw_draft_noise,
+    draw_verify_noise,
+    finite_at_drafts,
+    greedy_verify,
+    noise_keys,
+    verify_from_noise,
+)
 from bebop.utils.io import BebopError
 from bebop.utils.torch_utils import cache_kwargs
 
@@ -189,8 +187,7 @@ class Decoder:
         self.runner.time_drafts = time_drafts
         self.rows = _Rows(
             index=list(range(batch)),
-            keys=rng.stream_keys(rng.derive_seeds(seed, step, ids), [STREAM_ACCEPT, STREAM_RESAMPLE]
-                                 + [STREAM_DRAFT + j for j in range(self.max_speculate_k)]),
+            keys=noise_keys(rng.derive_seeds(seed, step, ids), self.max_speculate_k),
             counters=torch.zeros(batch, dtype=torch.long, device=device), last_token=ids.new_zeros(batch),
         )
         self.step_times: list[tuple[int, float, float]] = []
@@ -217,7 +214,7 @@ class Decoder:
         k = spec.speculate_k if spec.mode != "none" else 0
         old = self.runner.spec
         if spec.mode not in MODES or k > self.max_speculate_k or (k and old.mode == "none" and self.runner.mtp_cache is None) \
-                or (spec.draft_temperature, spec.filter_drafts) != (old.draft_temperature, old.filter_drafts):
+                or replace(spec, mode=old.mode, speculate_k=old.speculate_k) != old:  # the rest is fixed per run
             raise ValueError(f"cannot switch from {old} to {spec} (max_speculate_k={self.max_speculate_k})")
         self.runner.spec, self.runner.k = spec, k
 
@@ -258,6 +255,7 @@ class _Runner:
     def __init__(self, model, tokenizer, mtp, sampling, spec, batch, capacity, device, max_speculate_k):
         self.mtp, self.sampling, self.spec = mtp, sampling, spec
         self.k = spec.speculate_k if spec.mode != "none" else 0
+        self.verifier = VERIFIERS[spec.verify]  # token-wise or block, chosen once per run
         self.greedy = sampling.temperature == 0
         self.draft_temperature = spec.draft_temperature or sampling.temperature or 1.0
         self.eos = tokenizer.eos_token_id
@@ -364,9 +362,8 @@ class _Runner:
             logits = head.logits(g, step=j)
             q = self._draft_probs(logits)
             if sampled:
-                if noise is None:  # every draft step's noise in one pass: streams STREAM_DRAFT + j, same counter
-                    keys = rows.keys[:, 2: 2 + self.k]
-                    noise = rng.exponential_from_bits(rng.keyed_bits(keys, rows.counters, (q.shape[-1],)))
+                if noise is None:  # every draft step's noise in one pass, at the block's counter
+                    noise = draw_draft_noise(rows.keys, rows.counters, self.k, q.shape[-1])
                 token = sample_from_probs(q, noise[:, j])
             else:
                 token = logits.argmax(-1)
@@ -395,12 +392,8 @@ class _Runner:
             out, accepted = greedy_verify(logits, drafts, validate=False)
         else:
             q_verify = q if self.spec.mode == "rs" else None
-            # Accept coins are the first K elements of the accept stream, as in rejection_sample_seeded.
-            bits = rng.keyed_bits(rows.keys[:, :2], rows.counters, (p.shape[-1],))  # (R, 2, V)
-            coins = rng.uniform_from_bits(bits[:, 0, : self.k], COIN_DTYPE)
-            race = rng.exponential_from_bits(bits[:, 1])
-            verify = block_verify_from_noise if self.spec.verify == "block" else rejection_sample_from_noise
-            out, accepted = verify(p, drafts, q_verify, coins, race, validate=False)
+            coins, race = draw_verify_noise(rows.keys, rows.counters, self.k, p.shape[-1])
+            out, accepted = verify_from_noise(self.verifier, p, drafts, q_verify, coins, race, validate=False)
         p_draft = p[:, : self.k]
         alpha_to = p_draft.gather(-1, q.argmax(-1, keepdim=True))[..., 0]
         # NOTE: host sync 1 of 2 per step: the counts (they drive the host-side bookkeeping) carry q's finiteness

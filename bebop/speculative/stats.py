@@ -37,6 +37,7 @@ metric keys (docs/vllm.md), so runs of either backend compare on either:
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 
@@ -163,6 +164,21 @@ class SpecStats:
         for name in ("draft_position", "draft_row", "draft_entropy", "alpha_rs", "alpha_to", "token_entropy"):
             getattr(self, name).extend(getattr(other, name))
         return self
+
+
+def concat_stats(parts: list[SpecStats], num_rows: list[int]) -> SpecStats:
+    """The statistics of several calls whose rows are laid end to end (processes in rank order): counts
+    summed, each part's ``draft_row`` shifted past the ``num_rows`` of the parts before it. The parts are
+    not changed.
+
+    Example: parts of 4 and 2 rows, a position of row 1 in the second -> row 5 of the result.
+    """
+    out, offset = SpecStats(speculate_k=parts[0].speculate_k), 0
+    for part, rows in zip(parts, num_rows, strict=True):
+        shifted = dataclasses.replace(part, draft_row=[r + offset for r in part.draft_row])
+        out.merge(shifted)
+        offset += rows
+    return out
 
 
 @dataclass

@@ -20,6 +20,7 @@ from bebop.analysis.findings import (
     Finding,
     chain_weights,
     compute_findings,
+    findings_section,
     findings_table,
 )
 from bebop.analysis.fit import expected_accept_length
@@ -114,6 +115,19 @@ def test_table_has_one_row_per_finding_and_the_notes():
     for f, row in zip(findings, rows):
         assert row.startswith(f"| {f.number} |") and row.rstrip().endswith(f"| {f.verdict} |")
     assert "Notes:" in text and "no to+ce run" in text  # computed reasons travel with the table
+
+
+def test_findings_section_tables_the_answered_findings_and_says_what_the_others_need():
+    findings = compute_findings(fake_head_evals(), {}, [])  # head evaluations only: no runs, no sweep
+    text = findings_section(findings)
+    table = [line for line in text.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert [int(row.split(" | ")[0][2:]) for row in table] == [3, 4, 5, 8]
+    for number in (1, 2, 6, 7):  # not comparable: one line each with the reason, no table row
+        (f,) = [f for f in findings if f.number == number]
+        assert f.verdict == NOT_COMPARABLE and f"- **{number}** {f.claim}: {f.note}" in text
+    assert text.index("| 8 |") < text.index("Not answered by these runs")
+    none = findings_section([f for f in findings if f.verdict == NOT_COMPARABLE])
+    assert "These runs answer none of the paper's findings." in none and "| # |" not in none
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Tests for bebop.analysis.plots: real PNGs, the data on the axes, atomic saves, empty input, headless use.
 
-Inputs have the shapes report.py and headline.py pass, built from the synthetic runs of
+Inputs have the shapes report.py and answer.py pass, built from the synthetic runs of
 test_report (metrics rows) and test_findings (MTP head evaluations and temperature sweeps).
 """
 
@@ -31,7 +31,7 @@ PIXEL_SLACK = 2  # text extents round differently between a measuring renderer a
 
 
 # --------------------------------------------------------------------------------------------
-# Synthetic inputs, shaped as report.py / headline.py pass them
+# Synthetic inputs, shaped as report.py / answer.py pass them
 # --------------------------------------------------------------------------------------------
 
 
@@ -53,18 +53,15 @@ def _fitted(rows, legend, band_half_width=0.1):
     return FittedSeries(h, a, grid, line, (line - band_half_width, line + band_half_width), legend)
 
 
-def _headline_input():
-    """headline.headline_series: role -> FittedSeries; the RS role has no band (NaN edges)."""
-    rows = _rows()
-    return {
-        "TO + CE head": _fitted(rows["to+ce"], "TO + CE head: slope -1.50 /nat"),
-        "RS + e2e-TV head": _fitted(rows["rs+e2e_tv"], "RS + e2e-TV head: slope -0.06 /nat", np.nan),
-    }
-
-
 def _entropy_input():
-    """report._run_plots: label -> ((S,) target entropy, (S,) accept length)."""
-    return {label: (_column(r, "target_entropy"), _column(r, "spec/accept_length")) for label, r in _rows().items()}
+    """answer.entropy_series: role -> FittedSeries; the RS role has no band (NaN edges), the third no line."""
+    rows = _rows()
+    flat = _fitted(rows["rs+e2e_tv"][:2], "rs+e2e_tv-short: no slope: 2 point(s), need 3", np.nan)
+    return {
+        "to+ce": _fitted(rows["to+ce"], "to+ce: slope -1.50 /nat"),
+        "rs+e2e_tv": _fitted(rows["rs+e2e_tv"], "rs+e2e_tv: slope -0.06 /nat", np.nan),
+        "rs+e2e_tv-short": flat._replace(line=np.full(len(flat.grid), np.nan)),
+    }
 
 
 def _position_input():
@@ -76,12 +73,16 @@ def _position_input():
 
 
 def _latency_input(num_runs=5):
-    """report._run_plots: label -> (rollout_s, train_s, mtp_s), means over steps; the first run has no MTP time."""
+    """report._run_plots: label -> (rollout_s, train_s, mtp_s, step_s), means over steps; the first run has no
+    MTP time, the last is a TRL run (rollout and step time only)."""
     latency = {}
     for i in range(num_runs):
         rows = fake_metrics("rs", -0.06, 3.6, 1.0 + 0.2 * i, seed=i)
-        latency[f"run {i}"] = tuple(float(_column(rows, key).mean()) for key in ("rollout_s", "train_s", "mtp_s"))
-    latency["run 0"] = (*latency["run 0"][:2], float("nan"))  # a run that logged no `mtp_s`
+        keys = ("rollout_s", "train_s", "mtp_s", "step_s")
+        latency[f"run {i}"] = tuple(float(_column(rows, key).mean()) for key in keys)
+    latency["run 0"] = (*latency["run 0"][:2], float("nan"), latency["run 0"][3])  # a run that logged no `mtp_s`
+    rollout, _, _, step = latency[f"run {num_runs - 1}"]
+    latency[f"run {num_runs - 1}"] = (rollout, float("nan"), float("nan"), step)  # TRL: no update times
     return latency
 
 
@@ -105,9 +106,8 @@ def _rs_input():
 
 # (function, input, the name _check_nonempty reports, figure size in inches)
 PLOTS = {
-    "headline": (plots.plot_headline, _headline_input, "series",
-                 (plots.PANEL_INCHES[0] * 1.25, plots.PANEL_INCHES[1] * 1.25)),
-    "accept_vs_entropy": (plots.plot_accept_vs_entropy, _entropy_input, "series", plots.PANEL_INCHES),
+    "accept_vs_entropy": (plots.plot_accept_vs_entropy, _entropy_input, "series",
+                          (plots.PANEL_INCHES[0] * 1.25, plots.PANEL_INCHES[1] * 1.25)),
     "accept_per_position": (plots.plot_accept_per_position, _position_input, "series",
                             (plots.PANEL_INCHES[0], 2.4 * K + 0.8)),  # one panel per position
     "step_latency": (plots.plot_step_latency, _latency_input, "latency",
@@ -174,48 +174,26 @@ def test_each_plot_writes_a_decodable_png_of_the_figure_size(tmp_path, monkeypat
 # --------------------------------------------------------------------------------------------
 
 
-def test_headline_draws_each_roles_points_line_band_and_legend(drawn):
-    series = _headline_input()
-    plots.plot_headline(series, "unused.png")
+def test_accept_vs_entropy_draws_each_roles_points_line_band_and_legend(drawn):
+    series = _entropy_input()
+    plots.plot_accept_vs_entropy(series, "unused.png")
     (ax,) = drawn[0].axes
     scatters, lines = _scatters(ax), ax.lines
-    assert len(scatters) == len(lines) == len(series)
-    for scatter, line, s in zip(scatters, lines, series.values()):
+    assert len(scatters) == len(series) and len(lines) == 2  # the role without a fitted line: points only
+    for scatter, s in zip(scatters, series.values()):
         np.testing.assert_allclose(scatter.get_offsets(), np.column_stack([s.entropy, s.accept]))
+    for scatter, line, s in zip(scatters, lines, list(series.values())[:2]):
         np.testing.assert_allclose(line.get_xydata(), np.column_stack([s.grid, s.line]))
         assert to_hex(line.get_color()) == to_hex(scatter.get_facecolor()[0])  # a role keeps one color
     assert to_hex(lines[0].get_color()) != to_hex(lines[1].get_color())
-    assert _legend(ax) == [s.legend for s in series.values()]
+    assert _legend(ax) == [s.legend for s in series.values()]  # the line's legend, or the points' without one
     # Only the first role has a finite band: one filled region, spanning its lower and upper edges.
     (band,) = [c for c in ax.collections if isinstance(c, PolyCollection) and not isinstance(c, PathCollection)]
     vertices = band.get_paths()[0].vertices  # (P, 2)
-    first = series["TO + CE head"]
+    first = series["to+ce"]
     for edge in first.band:
         for point in np.column_stack([first.grid, edge]):
             assert np.isclose(vertices, point).all(axis=1).any(), point
-
-
-def test_accept_vs_entropy_draws_the_points_and_their_least_squares_line(drawn):
-    series = _entropy_input()
-    series["to+ce"][1][3] = np.nan  # a step without speculative metrics: skipped by the fit
-    series["flat entropy"] = (np.full(4, 0.3), np.array([3.0, 3.1, 3.2, 3.3]))  # no slope: no line
-    plots.plot_accept_vs_entropy(series, "unused.png")
-    (ax,) = drawn[0].axes
-    scatters = _scatters(ax)
-    assert len(scatters) == 3 and len(ax.lines) == 2
-    for i, (scatter, (h, a)) in enumerate(zip(scatters, series.values())):
-        np.testing.assert_allclose(scatter.get_offsets(), np.column_stack([h, a]))
-        if i < 2:
-            keep = np.isfinite(a)
-            slope, intercept = np.polyfit(h[keep], a[keep], 1)
-            x = np.array([h[keep].min(), h[keep].max()])
-            np.testing.assert_allclose(ax.lines[i].get_xydata(), np.column_stack([x, intercept + slope * x]))
-            assert to_hex(ax.lines[i].get_color()) == to_hex(scatter.get_facecolor()[0])
-    legend = _legend(ax)
-    to_slope = np.polyfit(*(v[np.isfinite(series["to+ce"][1])] for v in series["to+ce"]), 1)[0]
-    assert legend[0].startswith(f"to+ce: slope {to_slope:+.2f}/nat") and legend[0].endswith(f"(n = {NUM_STEPS - 1})")
-    assert to_slope == pytest.approx(-1.5, abs=0.15)  # the slope the synthetic run was made with
-    assert legend[1].startswith("rs+e2e_tv: slope") and legend[2].startswith("flat entropy: slope +nan/nat")
 
 
 def test_accept_per_position_draws_one_panel_per_position_in_percent(drawn):
@@ -232,20 +210,32 @@ def test_accept_per_position_draws_one_panel_per_position_in_percent(drawn):
     assert axes[-1].get_xlabel() == "RL step"
 
 
-def test_step_latency_stacks_rollout_policy_and_mtp_seconds(drawn):
+def test_step_latency_stacks_the_logged_parts_and_the_rest_of_the_step(drawn):
     latency = _latency_input()
     plots.plot_step_latency(latency, "unused.png")
     (ax,) = drawn[0].axes
-    parts = np.nan_to_num(np.array(list(latency.values())))  # (R, 3); a missing MTP time draws as 0
-    assert len(ax.containers) == 3
+    values = np.array(list(latency.values()))  # (R, 4): rollout, train, mtp, step seconds
+    parts = np.nan_to_num(values[:, :3])  # a part not logged draws as 0
+    parts = np.column_stack([parts, values[:, 3] - parts.sum(axis=1)])  # the rest of the logged step time
+    assert (parts >= -1e-12).all() and len(ax.containers) == 4
+    assert parts[-1, 3] == pytest.approx(values[-1, 3] - values[-1, 0])  # TRL: step time beyond the rollout
     bottom = np.zeros(len(latency))
     for c, bars in enumerate(ax.containers):
-        np.testing.assert_allclose([r.get_height() for r in bars], parts[:, c])
-        np.testing.assert_allclose([r.get_y() for r in bars], bottom)
+        np.testing.assert_allclose([r.get_height() for r in bars], parts[:, c], atol=1e-12)
+        np.testing.assert_allclose([r.get_y() for r in bars], bottom, atol=1e-12)
         bottom += parts[:, c]
-    assert [t.get_text() for t in ax.texts] == [f"{total:.2f} s" for total in parts.sum(axis=1)]
+    np.testing.assert_allclose(bottom, values[:, 3])  # each bar is the run's mean step time
+    assert [t.get_text() for t in ax.texts] == [f"{total:.2f} s" for total in values[:, 3]]
     assert [t.get_text() for t in ax.get_xticklabels()] == list(latency)
-    assert _legend(ax) == ["rollout", "policy update (train)", "MTP update"]
+    assert _legend(ax) == list(plots.LATENCY_PARTS)
+    assert "per RL step" in ax.get_title() and ax.get_ylabel() == "mean seconds per RL step"
+
+
+def test_latency_parts_without_a_step_time_are_the_logged_parts():
+    np.testing.assert_allclose(plots.latency_parts(1.5, np.nan, np.nan, 2.0), [1.5, 0, 0, 0.5])
+    np.testing.assert_allclose(plots.latency_parts(1.5, 0.4, np.nan, np.nan), [1.5, 0.4, 0, 0])
+    # parts that add up to more than the step time: no negative rest
+    np.testing.assert_allclose(plots.latency_parts(1.5, 0.6, 0.1, 2.0), [1.5, 0.6, 0.1, 0])
 
 
 def test_accept_vs_temperature_sorts_by_temperature_and_pairs_rs_with_to(drawn):

@@ -10,7 +10,8 @@ import pytest
 from bebop.analysis import plots
 from bebop.analysis.report import write_report
 from bebop.analysis.runs import load_run, run_label
-from bebop.analysis.summary import summarize_run
+from bebop.analysis.answer import entropy_series
+from bebop.analysis.summary import step_speedup, summarize_run
 from bebop.utils.io import BebopError
 from tests.analysis.helpers import K, NUM_STEPS, PNG_MAGIC, fake_metrics
 
@@ -118,7 +119,7 @@ def test_write_report_mentions_every_run_and_writes_plots(tmp_path, runs):
     assert "hand-written" in text and "Skipped" not in text
     assert "1.00×" in text and f"{2.0 / 1.2:.2f}×" in text  # speed-up over the none run
     links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
-    assert len(links) == 6 and links[0] == "headline.png"
+    assert len(links) == 5 and links[0] == "accept_vs_entropy.png"  # one figure per question
     for link in links:
         png = out / link
         assert png.read_bytes().startswith(PNG_MAGIC) and png.stat().st_size > 1000
@@ -128,7 +129,8 @@ def test_write_report_mentions_every_run_and_writes_plots(tmp_path, runs):
 def test_write_report_skips_plots_without_data(tmp_path, runs):
     text = write_report([runs[0]], tmp_path / "out").read_text()
     assert "| none |" in text
-    assert text.count("_Skipped:") == 5  # entropy, per-position, mismatch, token, head evals
+    assert text.count("_Skipped:") == 4  # per-position, mismatch, token, head evals
+    assert "No run used MTP" in text  # the answer says why it has no figure
     assert (tmp_path / "out" / "step_latency.png").exists()
     assert not (tmp_path / "out" / "accept_vs_entropy.png").exists()
     assert "No `none` run" not in text
@@ -204,43 +206,78 @@ def test_write_report_needs_runs(tmp_path):
         write_report([tmp_path / "missing"], tmp_path / "out")
 
 
-def test_each_plot_writes_a_png(tmp_path):
-    rng = np.random.default_rng(0)
-    h = rng.uniform(0.1, 0.6, 30)
-    drawn = [
-        plots.plot_accept_vs_entropy({"to+ce": (h, 3.6 - 1.5 * h), "rs+tv": (h, 3.6 - 0.06 * h)}, tmp_path / "a.png"),
-        plots.plot_accept_per_position({"rs": (np.arange(30), rng.uniform(0.6, 1, (30, K)))}, tmp_path / "b.png"),
-        plots.plot_step_latency({"none": (1.5, 0.5, 0.0), "rs+tv": (0.8, 0.5, 0.1)}, tmp_path / "c.png"),
-        plots.plot_accept_vs_temperature({"tv / RS": ([0.1, 0.7, 1.3], [3.5, 3.4, 3.3])}, tmp_path / "d.png"),
-        plots.plot_rs_acceptance_by_loss({"ce": [0.75, 0.6, 0.5], "e2e_tv": [0.8, 0.66, 0.57]}, tmp_path / "e.png"),
-    ]
-    for path in drawn:
-        assert path.read_bytes().startswith(PNG_MAGIC) and path.stat().st_size > 1000
-    with pytest.raises(ValueError, match="nothing to plot"):
-        plots.plot_rs_acceptance_by_loss({}, tmp_path / "f.png")
-
-
 def test_report_leads_with_the_answer(tmp_path, runs):
-    """First screen: the accept-length-vs-entropy figure of the TO / RS runs and the findings table; then details."""
+    """First screen: step time with and without MTP, their ratio with its interval, the rollout's share and
+    accept length against entropy with its one figure; then the findings the runs answer; then details."""
     text = write_report(runs, tmp_path / "out").read_text()
-    answer, runs_table = text.index("## The answer"), text.index("## Runs")
-    assert answer < text.index("![Accept length vs entropy](headline.png)") < text.index("| # | finding |") < runs_table
-    assert text.index("## Details") > answer
-    assert (tmp_path / "out" / "headline.png").read_bytes().startswith(PNG_MAGIC)
-    for verdict in ("reproduced", "not comparable"):
-        assert verdict in text[answer:runs_table]
+    answer, findings = text.index("## The answer"), text.index("## The paper's findings")
+    details = text.index("## Details")
+    assert answer < text.index("![Accept length vs entropy](accept_vs_entropy.png)") < findings < details
+    first = text[answer:].split("\n\n")[1]  # the answer's paragraph
+    ratio, _, _ = step_speedup([load_run(runs[0])], [load_run(runs[2])])
+    assert ratio.estimate == pytest.approx(2.0 / 1.2) and ratio.ci[0] <= ratio.estimate <= ratio.ci[1]
+    assert (f"**An RL step took 1.2 s with MTP (rs+e2e_tv) and 2 s without (none): a speed-up of "
+            f"{ratio.estimate:.2f}× [{ratio.ci[0]:.2f}, {ratio.ci[1]:.2f}]**") in first  # the paper's recipe
+    assert "the rollout was 70% of the step without MTP (so a faster rollout gives at most 3.33× a step)" in first
+    assert f"over {2 * (NUM_STEPS - 1)} RL steps, each run's first step left out" in first
+    assert "Accept length was 3.58 tokens per verify pass" in first and "slope -0.0" in first
+    assert "every run's speed-up" in first  # a second speculative role (to+ce) is in the runs table
+    assert (tmp_path / "out" / "accept_vs_entropy.png").read_bytes().startswith(PNG_MAGIC)
+    assert not (tmp_path / "out" / "headline.png").exists()
+    # Findings: only those the runs answer are in the table; the others say what they need.
+    section = text[findings:details]
+    rows = [line for line in section.splitlines() if re.match(r"\| \d \|", line)]
+    assert [row.split(" | ")[0] for row in rows] == ["| 1", "| 7"] and "| not comparable |" not in section
+    assert "- **3** RS acceptance by loss" in section and "no alpha_RS for" in section
     assert "entropy start → end" in text and "accuracy start → end" in text
 
 
-def test_headline_series_pools_roles_with_bands(runs):
-    from bebop.analysis.headline import headline_series
+def test_answer_without_a_baseline_says_how_to_get_one(tmp_path, runs):
+    text = write_report([runs[2]], tmp_path / "out").read_text()
+    answer = text[text.index("## The answer"):text.index("## The paper's findings")]
+    assert "An RL step took 1.2 s with MTP (rs+e2e_tv); no run without MTP was given" in answer
+    assert "run the baseline with `--mode none`" in answer and "speed-up of" not in answer
 
-    series = headline_series([load_run(r) for r in runs])
-    assert list(series) == ["TO + CE head", "RS + e2e-TV head"]  # no rs+ce run here
-    to = series["TO + CE head"]
+
+def test_answer_pools_the_seeds_of_the_papers_recipe(tmp_path, runs):
+    seed = _write_run(tmp_path / "rs_tv_seed1", _config("rs", "e2e_tv", label="rs+e2e_tv-seed1"),
+                      fake_metrics("rs", -0.06, 3.6, 1.2, 7))
+    text = write_report([runs[0], runs[1], runs[2], seed], tmp_path / "out").read_text()
+    assert "with MTP (rs+e2e_tv, 2 runs pooled) and 2 s without (none)" in text
+    ratio, _, _ = step_speedup([load_run(runs[0])], [load_run(runs[2]), load_run(seed)])
+    assert ratio.n == 3 * (NUM_STEPS - 1)
+    assert f"over {ratio.n} RL steps" in text
+
+
+def test_runs_table_gives_the_speed_up_interval_and_no_slope_from_too_few_steps(tmp_path, runs):
+    short = _write_run(tmp_path / "short", _config("rs", "ce"), fake_metrics("rs", -1.0, 3.6, 1.0, 5)[:2])
+    text = write_report([runs[0], runs[2], short], tmp_path / "out").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| rs+ce |"))
+    assert "| 2.00× (no interval) |" in row and row.endswith("| – |")  # 1 timed step; 2 steps fit no slope
+    assert "| 1.00× (the baseline) |" in text
+
+
+def test_accept_vs_entropy_series_has_every_speculative_role_with_its_band(runs):
+    series = entropy_series([load_run(r) for r in runs])
+    assert list(series) == ["to+ce", "rs+e2e_tv"]  # every speculative role, in the order given
+    to = series["to+ce"]
     assert len(to.entropy) == NUM_STEPS and "slope -1.49 [" in to.legend and "(40 steps, 1 run)" in to.legend
     low, high = to.band
     assert (np.asarray(low) < np.asarray(to.line)).all() and (np.asarray(to.line) < np.asarray(high)).all()
+
+
+def test_step_latency_of_a_trl_run_splits_its_step_into_rollout_and_rest(tmp_path):
+    """A TRL run logs its rollout seconds and TRL's step time only: the bar is the step, not the rollout."""
+    state = {"log_history": [{"step": s, "loss": 0.1, "step_time": 2.0, "spec/rollout_seconds": 1.5,
+                              "spec/accept_length": 2.5, "entropy": 0.3 + 0.01 * s} for s in range(1, 6)]}
+    (tmp_path / "trl").mkdir()
+    (tmp_path / "trl" / "trainer_state.json").write_text(json.dumps(state))
+    (tmp_path / "trl" / "bebop_rollout.json").write_text(json.dumps({"mode": "rs", "mtp_loss": "e2e_tv"}))
+    s = summarize_run(load_run(tmp_path / "trl"))
+    np.testing.assert_allclose(plots.latency_parts(s["rollout_s"], s["train_s"], s["mtp_s"], s["step_s"]),
+                               [1.5, 0, 0, 0.5])
+    text = write_report([tmp_path / "trl"], tmp_path / "out").read_text()
+    assert "### Mean time per RL step, by part (Fig. 7)" in text and "TRL's `step_time`" in text
 
 
 def test_step_times_leave_out_the_warm_up_step(tmp_path):

@@ -47,3 +47,78 @@ def test_bad_trl_history_is_one_line(tmp_path):
     (tmp_path / "log_history.json").write_text("{torn")
     with pytest.raises(BebopError):
         load_run(tmp_path)
+
+
+def _trl_dir(path, steps=(1, 2), rollout=None):
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "trainer_state.json").write_text(json.dumps({"log_history": _history(list(steps))}))
+    (path / "bebop_rollout.json").write_text(json.dumps(rollout or {"mode": "rs", "speculate_k": 3,
+                                                                    "mtp_loss": "e2e_tv"}))
+    return path
+
+
+def _stats_row(step, **extra):
+    return json.dumps({"step": step, "position": [1, 2], "row": [0, 1], "entropy": [0.5, 0.7], "alpha_rs": [0.9, 0.8],
+                       "alpha_to": [0.8, 0.6], **extra}) + "\n"
+
+
+def test_saved_model_config_leaves_a_trl_directory_trl(tmp_path):
+    """``trainer.save_model()`` writes the model's config.json into the output directory: still TRL's output."""
+    run_dir = _trl_dir(tmp_path / "out")
+    (run_dir / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"}))
+    run = load_run(run_dir)
+    assert run.label == "trl:rs+e2e_tv" and [m["step"] for m in run.metrics] == [1, 2]
+
+
+def test_trl_token_stats_torn_tail_and_repeated_steps_are_left_out_with_a_note(tmp_path, capsys):
+    """A torn last line (a run killed while appending) is dropped, as for a `bebop rl` run; rows of steps a
+    resumed run logged again are dropped for the later ones; each with a note on stderr."""
+    run_dir = _trl_dir(tmp_path / "out", steps=(1, 2, 3))
+    rows = [_stats_row(1), _stats_row(2), _stats_row(1, alpha_rs=[0.1, 0.2]), _stats_row(2), _stats_row(2, rollout=2),
+            _stats_row(3)]
+    (run_dir / "token_stats.jsonl").write_text("".join(rows) + '{"step": 4, "posi')
+    run = load_run(run_dir)
+    assert [(r["step"], r.get("rollout", 1)) for r in run.token_stats] == [(1, 1), (2, 1), (2, 2), (3, 1)]
+    assert run.token_stats[0]["alpha_rs"] == [0.1, 0.2]  # the resumed run's row of step 1
+    err = capsys.readouterr().err
+    assert "torn last line" in err and "left out 2 row(s) of steps logged again later" in err
+    (run_dir / "token_stats.jsonl").write_text(_stats_row(1) + "{torn\n" + _stats_row(2))
+    with pytest.raises(BebopError, match="line 2 is not valid JSON"):  # a corrupt line before the last: refused
+        load_run(run_dir)
+
+
+def test_received_rollout_settings_are_checked_and_escaped(tmp_path):
+    """Strings of a received bebop_rollout.json reach report.md escaped; a mode or K no run writes is refused."""
+    run_dir = _trl_dir(tmp_path / "out", rollout={"mode": "rs", "speculate_k": 3, "mtp_loss": "<img src=x onerror=1>"})
+    run = load_run(run_dir)
+    assert "<img" not in run.label and "&lt;img" in run.label
+    for bad, message in (({"mode": "<b>rs</b>"}, "mode must be one of"), ({"speculate_k": "3; rm"}, "speculate_k")):
+        (run_dir / "bebop_rollout.json").write_text(json.dumps({"mode": "rs", "speculate_k": 3, **bad}))
+        with pytest.raises(BebopError, match=message):
+            load_run(run_dir)
+
+
+def test_report_of_a_trl_directory_goes_inside_it_by_default_and_escapes_html(tmp_path, capsys):
+    """`bebop report RUN` writes RUN/report (a report folder is not an input of its run), `--out RUN/report2` too;
+    several runs need --out; a report over, or moving aside, anything else the run holds is refused."""
+    from bebop.cli import main
+
+    run_dir = _trl_dir(tmp_path / "out", steps=(1, 2, 3), rollout={"mode": "rs", "speculate_k": 3,
+                                                                   "mtp_loss": "<script>x</script>"})
+    (run_dir / "token_stats.jsonl").write_text(_stats_row(1) + _stats_row(2) + _stats_row(3))
+    assert main(["report", str(run_dir)]) == 0
+    text = (run_dir / "report" / "report.md").read_text()
+    assert "<script>" not in text and "&lt;script&gt;" in text
+    assert main(["report", str(run_dir), "--out", str(run_dir / "report2")]) == 0
+    assert load_run(run_dir).metrics == load_run(tmp_path / "out").metrics  # the run still reads as before
+    assert main(["report", str(run_dir), str(run_dir)]) == 2
+    assert "give --out" in capsys.readouterr().err
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert main(["report", str(run_dir), "--out", str(tmp_path), "--overwrite"]) == 2
+    assert "contains the input" in capsys.readouterr().err and sorted(p.name for p in tmp_path.iterdir()) == before
+    (run_dir / "checkpoint-2").mkdir()
+    (run_dir / "checkpoint-2" / "model.safetensors").write_text("weights")
+    assert main(["report", str(run_dir), "--out", str(run_dir / "checkpoint-2"), "--overwrite"]) == 2
+    assert "is the input" in capsys.readouterr().err  # --overwrite never moves a part of the run aside
+    assert (run_dir / "checkpoint-2" / "model.safetensors").read_text() == "weights"
+    assert main(["report", str(run_dir), "--overwrite"]) == 0  # an earlier report is not part of the run

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -18,8 +19,9 @@ pytest.importorskip("trl")
 from datasets import Dataset  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
-from bebop.integrations.trl import BebopRollout, bebop_rollout_func, cut_at_eos, policy_logprobs  # noqa: E402
+from bebop.integrations.trl import BebopRollout, bebop_rollout_func  # noqa: E402
 from bebop.mtp.head import MtpHead  # noqa: E402
+from bebop.rollout.logprobs import policy_logprobs  # noqa: E402
 from bebop.speculative import SamplingParams, generate  # noqa: E402
 from bebop.speculative.check.chi2 import two_sample_chi2  # noqa: E402
 from bebop.utils.io import BebopError  # noqa: E402
@@ -62,13 +64,17 @@ def trl_completions(trainer, prompts) -> list[list[int]]:
     return [list(map(int, c)) for c in trainer._generate(list(prompts))[1]]
 
 
-@pytest.mark.parametrize("chat", [False, True])
-def test_greedy_matches_trl_generation(tmp_path, chat):
-    """T = 0 (do_sample=False): Bebop's rs rollouts are TRL's own greedy completions, token for token,
-    for plain and chat (templated by the trainer) prompts."""
+GREEDY = dict(generation_kwargs={"do_sample": False})
+TOP_TOKEN = dict(top_p=0.0)  # sampling that keeps only the most likely token (transformers keeps one)
+
+
+@pytest.mark.parametrize("chat, greedy", [(False, GREEDY), (True, GREEDY), (False, TOP_TOKEN)],
+                         ids=["greedy", "greedy-chat", "top_p=0"])
+def test_greedy_matches_trl_generation(tmp_path, chat, greedy):
+    """T = 0 (do_sample=False), and top_p = 0 (which TRL's generate reads as "the most likely token"): Bebop's
+    rs rollouts are TRL's own completions, token for token, for plain and chat (templated) prompts."""
     model = peaked_model()
     head = MtpHead(model)
-    greedy = dict(generation_kwargs={"do_sample": False})
     prompts = [[{"role": "user", "content": p}] if chat else p for p in PROMPTS for _ in range(2)]
     ours = trl_completions(make_trainer(tmp_path, model, bebop_rollout_func(head, mode="rs", speculate_k=3),
                                         **greedy), prompts)
@@ -146,7 +152,7 @@ def test_metrics_in_log_history_and_token_stats(tmp_path):
     model = peaked_model()
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     trainer = make_trainer(tmp_path, model, bebop_rollout_func(MtpHead(model), mode="rs", speculate_k=2),
-                           max_steps=2)
+                           max_steps=2, temperature=0.7, top_k=5, top_p=0.95)
     trainer.train()
     rows = [r for r in trainer.state.log_history if "loss" in r]
     assert len(rows) == 2
@@ -159,9 +165,13 @@ def test_metrics_in_log_history_and_token_stats(tmp_path):
     assert [json.loads(line)["step"] for line in lines] == [1, 2]
     first = json.loads(lines[0])
     assert len(first["position"]) == len(first["entropy"]) == len(first["alpha_rs"]) == len(first["row"]) > 0
+    record = json.loads((tmp_path / "out" / "bebop_rollout.json").read_text())
+    assert record["mode"] == "rs" and record["speculate_k"] == 2 and record["backend"] == "engine"
+    assert record["sampling"] == {"temperature": 0.7, "top_k": 5, "top_p": 0.95, "max_new_tokens": 6,
+                                  "eos_token_ids": [EOS_ID]}  # what GRPOConfig set, as the rollout read it
 
 
-def test_cut_at_eos_keeps_stats_of_kept_tokens():
+def test_cut_after_keeps_stats_of_kept_tokens():
     """A second EOS id ends completions early, and the statistics count only what is kept."""
     model = tiny_model("qwen3", vocab_size=VOCAB, eos_token_id=EOS_ID)
     head = MtpHead(model)
@@ -169,11 +179,45 @@ def test_cut_at_eos_keeps_stats_of_kept_tokens():
                       sampling=SamplingParams(temperature=1.0, max_new_tokens=12),
                       spec=dataclasses.replace(bebop_rollout_func(head).spec, speculate_k=2), seed=3)
     other_eos = Counter(t for c in result.token_ids for t in c[1:]).most_common(1)[0][0]
-    cut, stats = cut_at_eos(result, {EOS_ID, other_eos})
-    assert all(other_eos not in c[:-1] and EOS_ID not in c[:-1] for c in cut)
-    assert sum(map(len, cut)) < sum(result.lengths)
-    assert stats.num_generated_tokens == sum(map(len, cut))
-    assert sum(t.numel() for t in stats.token_entropy) == sum(map(len, cut))
+    cut = result.cut_after({EOS_ID, other_eos}, tiny_tokenizer())
+    assert all(other_eos not in c[:-1] and EOS_ID not in c[:-1] for c in cut.token_ids)
+    assert sum(cut.lengths) < sum(result.lengths) and cut.lengths == [len(c) for c in cut.token_ids]
+    assert cut.stats.num_generated_tokens == sum(cut.lengths)
+    assert sum(t.numel() for t in cut.stats.token_entropy) == sum(cut.lengths)
+    assert cut.texts == [tiny_tokenizer().decode(c, skip_special_tokens=True) for c in cut.token_ids]
+    assert result.cut_after({EOS_ID}, tiny_tokenizer()) is result  # the engine already stopped there
+
+
+def test_rollout_goes_through_the_rollout_seam(tmp_path, monkeypatch):
+    """The TRL rollout enters the engines as `bebop rl`'s does: one backend from ``make_backend``, synced with
+    the trainer's policy before every call, then ``rollout``; the module imports no engine of its own."""
+    import ast
+
+    from bebop.integrations import trl as integration
+    from bebop.rollout.engine import EngineBackend
+
+    calls = []
+
+    class Recording(EngineBackend):
+        def sync(self, model, head=None):
+            calls.append(("sync", model))
+            super().sync(model, head)
+
+        def rollout(self, *args, **kwargs):
+            calls.append(("rollout",))
+            return super().rollout(*args, **kwargs)
+
+    made = []
+    monkeypatch.setattr(integration, "make_backend", lambda name, *a, **o: made.append(name) or Recording(*a, **o))
+    model = peaked_model()
+    rollout = bebop_rollout_func(MtpHead(model), mode="rs", speculate_k=2)
+    trainer = make_trainer(tmp_path, model, rollout)
+    for _ in range(2):
+        rollout(["a b", "c"], trainer)
+    assert made == ["engine"] and calls == [("sync", model), ("rollout",)] * 2
+    tree = ast.parse(Path(integration.__file__).read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert not imported & {"bebop.speculative.engine", "bebop.speculative.auto.generate", "bebop.rollout.vllm"}
 
 
 def test_policy_logprobs_pads_rows_right():
@@ -186,12 +230,84 @@ def test_policy_logprobs_pads_rows_right():
         torch.testing.assert_close(torch.tensor(lp), ref, atol=1e-5, rtol=1e-5)
 
 
-def test_refuses_what_it_cannot_reproduce(tmp_path):
+def test_generation_fields_cover_every_field_of_transformers():
+    """Every GenerationConfig field has a meaning in the rollout (read, a test, or no effect): a field a newer
+    transformers adds fails here, not silently in a rollout."""
+    from transformers import GenerationConfig
+
+    from bebop.integrations.trl import GENERATION_FIELDS
+
+    assert set(GenerationConfig().to_dict()) <= set(GENERATION_FIELDS)
+
+
+@pytest.mark.parametrize("config", [{}, {"temperature": 0.7, "top_k": 6, "top_p": 0.9}, TOP_TOKEN, GREEDY,
+                                    {"generation_kwargs": {"top_k": None}},  # unset: transformers' default, 50
+                                    {"generation_kwargs": {"epsilon_cutoff": 1.5, "top_p": 1.5}}],  # both left out
+                         ids=["defaults", "T0.7-k6-p0.9", "top_p=0", "greedy", "top_k-unset", "out-of-range-off"])
+def test_sampling_params_are_what_transformers_applies(tmp_path, config):
+    """The settings read from the trainer are the warpers transformers' own generate builds from its config."""
+    from bebop.integrations.trl import generation_config, sampling_params
+
     model = peaked_model()
-    trainer = make_trainer(tmp_path, model, bebop_rollout_func(MtpHead(model)), repetition_penalty=1.2)
-    with pytest.raises(BebopError, match="repetition_penalty"):
-        trainer.rollout_func(["a b"], trainer)
+    trainer = make_trainer(tmp_path, model, **config)
+    sampling, eos_ids = sampling_params(trainer, model)
+    gen = generation_config(trainer, model)
+    warpers = {type(p).__name__: p for p in model._get_logits_processor(gen, device="cpu", model_kwargs={})}
+    assert set(warpers) <= {"TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper"}
+    temperature = warpers["TemperatureLogitsWarper"].temperature if "TemperatureLogitsWarper" in warpers else 1.0
+    top_k = warpers["TopKLogitsWarper"].top_k if "TopKLogitsWarper" in warpers else 0
+    top_p = warpers["TopPLogitsWarper"].top_p if "TopPLogitsWarper" in warpers else 1.0
+    if top_p == 0:  # transformers keeps one token, the most likely: top-k 1
+        top_k, top_p = 1, 1.0
+    expected = (temperature if gen.do_sample else 0.0, top_k, top_p)
+    assert (sampling.temperature, sampling.top_k, sampling.top_p) == expected
+    assert sampling.max_new_tokens == 6 and eos_ids == {EOS_ID}
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"repetition_penalty": 1.2}, "repetition_penalty=1.2"),
+    ({"min_p": 0.1}, "min_p=0.1"),
+    ({"generation_kwargs": {"dola_layers": "low"}}, "dola_layers='low'"),
+    ({"generation_kwargs": {"max_time": 5.0}}, "max_time=5.0"),
+    ({"generation_kwargs": {"num_beams": 2}}, "num_beams=2"),
+    ({"generation_kwargs": {"no_repeat_ngram_size": 2, "stop_strings": ["b"]}},
+     "stop_strings=['b'], no_repeat_ngram_size=2"),
+    ({"generation_kwargs": {"temperature": 0.0}}, "temperature=0.0 with do_sample=True: TRL's generate refuses it"),
+    ({"temperature": 0.0}, "TRL's loss divides the policy's logits by it"),
+    ({"generation_kwargs": {"top_k": -1}}, "top_k=-1: TRL's generate refuses it"),
+])
+def test_refuses_settings_it_cannot_reproduce_before_sampling(tmp_path, config, message):
+    """Each setting TRL's generate applies and Bebop cannot reproduce is refused at the first rollout, named,
+    before anything is sampled or written."""
+    model = peaked_model()
+    rollout = bebop_rollout_func(MtpHead(model))
+    trainer = make_trainer(tmp_path, model, rollout, **config)
+    with pytest.raises(BebopError, match=re.escape(message)):
+        rollout(["a b"], trainer)
+    assert rollout.sampler is None and rollout.num_calls == 0 and not (tmp_path / "out" / "bebop_rollout.json").exists()
+
+
+def test_a_field_bebop_does_not_know_is_refused_and_a_custom_entry_ignored(tmp_path, monkeypatch):
+    """A GenerationConfig field missing from GENERATION_FIELDS (as one a newer transformers adds) is refused when
+    set; an entry GenerationConfig does not define (generate ignores it) is not."""
+    from bebop.integrations import trl as integration
+
+    model = peaked_model()
+    model.generation_config.chat_format = "chatml"  # a custom entry some checkpoints ship
+    trainer = make_trainer(tmp_path, model, generation_kwargs={"low_memory": True})
+    assert integration.sampling_params(trainer, model)[0].temperature == 1.0
+    monkeypatch.delitem(integration.GENERATION_FIELDS, "low_memory")
+    with pytest.raises(BebopError, match="low_memory=True"):
+        integration.sampling_params(trainer, model)
+
+
+def test_refuses_what_the_integration_cannot_run(tmp_path):
+    model = peaked_model()
     trainer = make_trainer(tmp_path, model, bebop_rollout_func(MtpHead(model)))
+    trainer.use_vllm = True  # TRL's own vLLM generation (which needs vLLM to build the trainer)
+    with pytest.raises(BebopError, match="set use_vllm=False"):
+        trainer.rollout_func(["a b"], trainer)
+    trainer.use_vllm = False
     trainer.is_fsdp_enabled = True  # as accelerate sets it for an FSDP-sharded policy
     with pytest.raises(BebopError, match="whole policy"):
         trainer.rollout_func(["a b"], trainer)
@@ -222,12 +338,14 @@ trainer.train()
 if trainer.accelerator.is_main_process:
     rows = [r for r in trainer.state.log_history if "loss" in r]
     Path({tmp!r}, "history.json").write_text(json.dumps(rows))
+trainer.end()  # destroys the process group: without it a gloo process may abort at exit (docs/trainers.md)
 """
 
 
 @pytest.mark.slow
 def test_two_process_accelerate_launch(tmp_path):
-    """``accelerate launch`` with 2 CPU processes (gloo): each rank rolls out its prompts, metrics summed."""
+    """``accelerate launch`` with 2 CPU processes (gloo): each rank rolls out its prompts, metrics summed; both
+    processes exit 0 (the script ends with ``trainer.end()``, as docs/trainers.md says a script should)."""
     script = tmp_path / "train.py"
     script.write_text(LAUNCH_SCRIPT.format(repo=str(REPO), tmp=str(tmp_path)))
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
@@ -261,15 +379,37 @@ def test_train_head_on_policy_then_roll_out(tmp_path):
     assert len(out["completion_ids"]) == 4 and trainer._metrics["train"]["spec/accept_length"]
 
 
-def test_auto_depth_keeps_its_chooser_and_logs_every_depth(tmp_path):
-    """speculate_k="auto": the chooser lives across calls; per-position metrics cover the deepest K it may pick."""
+@pytest.mark.parametrize("mode", ["rs", "auto"])
+def test_auto_keeps_its_chooser_and_logs_each_choice(tmp_path, mode):
+    """speculate_k="auto": the chooser lives across calls; TRL's metrics record the mode and K each rollout ran
+    (one key per mode: their average over a logging window is the share of rollouts in that mode), and the
+    per-position metrics of every depth drafted."""
     from bebop.config import AUTO_MAX_K
+    from bebop.speculative.settings import MODES
 
     model = peaked_model()
-    rollout = bebop_rollout_func(MtpHead(model), mode="rs", speculate_k="auto")
+    rollout = bebop_rollout_func(MtpHead(model), mode=mode, speculate_k="auto")
     trainer = make_trainer(tmp_path, model, rollout)
     for _ in range(2):
         rollout(["a b c", "d e"] * 4, trainer)
     metrics = trainer._metrics["train"]
-    assert rollout.chooser is not None and len(metrics["spec/accept_length"]) == 2
-    assert f"spec/alpha_rs/{AUTO_MAX_K}" in metrics and f"spec/alpha_rs/{AUTO_MAX_K + 1}" not in metrics
+    assert rollout.sampler.chooser is not None and len(metrics["spec/accept_length"]) == 2
+    shares = [[metrics[f"auto/mode/{m}"][i] for m in MODES] for i in range(2)]
+    assert all(sorted(s) == [0.0] * (len(MODES) - 1) + [1.0] for s in shares)
+    if mode == "rs":
+        assert metrics["auto/mode/rs"] == [1.0, 1.0]
+    assert all(0 <= k <= AUTO_MAX_K and (k > 0) == (metrics["auto/mode/none"][i] == 0.0)
+               for i, k in enumerate(metrics["auto/speculate_k"]))
+    assert all(f"spec/alpha_rs/{j}" in metrics for j in range(1, AUTO_MAX_K + 1))  # the first call probes every K
+    assert f"spec/alpha_rs/{AUTO_MAX_K + 1}" not in metrics
+
+
+def test_rollout_under_several_processes_refuses_auto(tmp_path, monkeypatch):
+    """Mode/K auto under several processes is refused before sampling (each would time, hence choose, alone)."""
+    model = peaked_model()
+    rollout = bebop_rollout_func(MtpHead(model), mode="rs", speculate_k="auto")
+    trainer = make_trainer(tmp_path, model, rollout)
+    monkeypatch.setattr(type(trainer.accelerator), "num_processes", property(lambda self: 2))
+    with pytest.raises(BebopError, match="auto does not run under torchrun or accelerate launch"):
+        rollout(["a b"], trainer)
+    assert rollout.sampler is None

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from bebop.mtp.head import MtpHead
-from bebop.rollout.base import BACKENDS, backend_class, make_backend
+from bebop.rollout.base import BACKENDS, backend_class, backend_problem, make_backend
 from bebop.rollout.engine import EngineBackend
 from bebop.speculative import SamplingParams, SpecConfig, generate
 from bebop.utils.io import BebopError
@@ -39,9 +39,25 @@ def test_table_names_both_backends_and_refuses_unknown():
         backend_class("sglang")
 
 
+@pytest.mark.parametrize("name, mode, k, processes, problem", [
+    ("engine", "auto", "auto", 1, None),
+    ("engine", "rs", 3, 2, None),
+    ("vllm", "rs", 3, 1, None),
+    ("sglang", "rs", 3, 1, "unknown backend 'sglang'"),
+    ("vllm", "rs", "auto", 1, "auto needs backend engine"),
+    ("vllm", "none", 3, 2, "backend vllm does not run under torchrun or accelerate launch"),
+    ("engine", "auto", 3, 2, "auto does not run under torchrun or accelerate launch"),
+    ("engine", "none", "auto", 2, None),  # mode none drafts nothing: K is not read
+])
+def test_backend_problem_is_the_one_check_of_a_backend_choice(name, mode, k, processes, problem):
+    """`bebop generate`, `bebop rl` and the TRL integration all ask ``backend_problem``."""
+    found = backend_problem(name, mode, k, processes)
+    assert found is None if problem is None else problem in found
+
+
 def test_vllm_backend_without_vllm_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm -> ImportError, installed or not
-    with pytest.raises(BebopError, match=r"pip install 'bebop\[vllm\]'"):
+    with pytest.raises(BebopError, match=r"pip install vllm \(bebop-rl's vllm extra"):
         backend_class("vllm")
 
 

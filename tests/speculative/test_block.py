@@ -7,12 +7,12 @@ Layers, as for the token-wise sampler (tests/speculative/test_sampling.py, whose
     block correction of the residual must fail the same enumeration.
   * expectation: block accepts at least as many drafts as token-wise on random chains (exact
     expectations by enumeration), and Sun et al.'s two-token example gives 11/9 against 10/9.
-  * statistical: chi-square over 1e5 rows of the real sampler (generator and seeded paths), and the
-    engine end to end on a V = 8 model at T = 1 and T = 0.7 with top-k/top-p against the enumerated
-    plain distribution. α = 1e-4 per check: the sampler checks are 3 + 3 p-values and the engine's
-    2 configs x 4 checks, so an exact implementation fails this file with odds at most 1.4e-3 (union
-    bound) for a seed picked at random; seeds are fixed, so a checkout passes or fails
-    deterministically. The wrong verifier must fail its chi-square test (p < α).
+  * statistical: chi-square over 1e5 rows of `block_verify`, and the engine end to end on a V = 8
+    model at T = 1 and T = 0.7 with top-k/top-p against the enumerated plain distribution (the engine's
+    noise path for both verifiers: test_verification.py). α = 1e-4 per check: the sampler's 3
+    p-values and the engine's 2 configs x 4 checks, so an exact implementation fails this file with
+    odds at most 1.1e-3 (union bound) for a seed picked at random; seeds are fixed, so a checkout
+    passes or fails deterministically. The wrong verifier must fail its chi-square test (p < α).
   * literal: T = 0 equals greedy; K = 1 equals token-wise bit for bit; seeded determinism; input errors.
 """
 
@@ -23,27 +23,19 @@ import numpy as np
 import pytest
 import torch
 
-from bebop.speculative import block, rng
+from bebop.speculative import block
 from bebop.speculative.block import (
+    accept_block,
     block_distributions,
-    block_verify,
-    block_verify_from_noise,
-    block_verify_seeded,
     expected_block_accepts,
     prefix_weights,
     sampled_block_accepts,
     stop_thresholds,
 )
 from bebop.speculative.engine import SamplingParams, SpecConfig, generate
+from bebop.speculative.sampling import accept_token_wise, verify_distributions
 from bebop.speculative.settings import verify_problem
-from bebop.speculative.sampling import (
-    PAD_TOKEN_ID,
-    draw_draft_noise,
-    greedy_verify,
-    rejection_sample_from_noise,
-    sample_from_probs,
-    verify_distributions,
-)
+from bebop.speculative.verification import block_verify, verify_from_noise
 from bebop.utils.io import BebopError
 from tests.helpers import (
     NUM_ROWS as ENGINE_ROWS,
@@ -61,14 +53,13 @@ from tests.speculative.verification import (
     ALPHA,
     CASES,
     EXACT_ATOL,
-    NUM_ROWS,
     JOINT_VOCAB,
     Chain,
+    assert_stops_at,
     block_inputs,
     chain_for,
     chi_square_pvalues,
     continue_plain,
-    one_hot_case,
     random_pairs,
     rs_rows,
     sample_tables,
@@ -209,7 +200,7 @@ def test_helper_examples():
     assert w.tolist() == [[1.0, 1.0]] and h.tolist() == [[1.0, 1.0]]
 
 
-def test_sampler_follows_the_closed_form():
+def test_verifier_follows_the_closed_form():
     """Coins just below / at each threshold: the row stops at the largest j with u_j < h_j, and emits
     the exponential race over that stop's residual."""
     k, vocab = 2, 4
@@ -229,13 +220,8 @@ def test_sampler_follows_the_closed_form():
             coins[:, stop - 1] = torch.nextafter(h[:, stop - 1], torch.zeros_like(h[:, stop - 1]))  # passes
             valid &= h[:, stop - 1] > 0
         coins = torch.where(valid[:, None], coins, 0.5)
-        output, num_accepted = block_verify_from_noise(target, draft_tokens, draft_probs, coins, race)
-        assert valid.any()
-        assert (num_accepted[valid] == stop).all()
-        expected_token = (resample[:, stop] / race).argmax(-1)
-        assert torch.equal(output[valid, stop], expected_token[valid])
-        assert torch.equal(output[valid, :stop], draft_tokens[valid, :stop])
-        assert (output[valid, stop + 1:] == PAD_TOKEN_ID).all()
+        output, num_accepted = verify_from_noise(accept_block, target, draft_tokens, draft_probs, coins, race)
+        assert_stops_at(stop, output, num_accepted, valid, draft_tokens, resample, race)
 
 
 def test_k1_is_token_wise_bit_for_bit():
@@ -245,8 +231,8 @@ def test_k1_is_token_wise_bit_for_bit():
     target, draft_tokens, draft_probs = target[:2000, :2], draft_tokens[:2000, :1], draft_probs[:2000, :1]
     coins = torch.rand(2000, 1, generator=gen, dtype=torch.float64).clamp(1e-9, 1 - 1e-9)
     race = torch.empty(2000, JOINT_VOCAB).exponential_(generator=gen) + 1e-6
-    got = block_verify_from_noise(target, draft_tokens, draft_probs, coins, race)
-    want = rejection_sample_from_noise(target, draft_tokens, draft_probs, coins, race)
+    got = verify_from_noise(accept_block, target, draft_tokens, draft_probs, coins, race)
+    want = verify_from_noise(accept_token_wise, target, draft_tokens, draft_probs, coins, race)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
@@ -297,26 +283,6 @@ def test_chi_square_catches_the_wrong_block_verifier(monkeypatch):
     assert min(chi_square_pvalues(seq, *tables[:3])) < ALPHA
 
 
-def test_seeded_path_statistics_and_batch_independence():
-    p1, p2, p3, q1, q2 = tables = sample_tables(seed=3)
-    seeds = rng.derive_seeds(0, 0, torch.arange(NUM_ROWS))
-    counters = torch.full((NUM_ROWS,), 17, dtype=torch.int64)
-    y1 = sample_from_probs(q1.expand(NUM_ROWS, JOINT_VOCAB), draw_draft_noise(seeds, counters, 0, JOINT_VOCAB))
-    y2 = sample_from_probs(q2[y1], draw_draft_noise(seeds, counters, 1, JOINT_VOCAB))
-    target = torch.stack([p1.expand(NUM_ROWS, JOINT_VOCAB), p2[y1], p3[y1, y2]], dim=1)
-    draft_tokens = torch.stack([y1, y2], dim=1)
-    draft_probs = torch.stack([q1.expand(NUM_ROWS, JOINT_VOCAB), q2[y1]], dim=1)
-    output, num_accepted = block_verify_seeded(target, draft_tokens, draft_probs, seeds, counters)
-    seq = continue_plain(output, num_accepted, p2, p3, torch.Generator().manual_seed(3))
-    assert min(chi_square_pvalues(seq, p1, p2, p3)) > ALPHA
-    again = block_verify_seeded(target, draft_tokens, draft_probs, seeds, counters)
-    assert torch.equal(again[0], output) and torch.equal(again[1], num_accepted)
-    for rows in (slice(5, 6), slice(1000, 1064)):
-        sub_out, sub_num = block_verify_seeded(target[rows], draft_tokens[rows], draft_probs[rows],
-                                               seeds[rows], counters[rows])
-        assert torch.equal(sub_out, output[rows]) and torch.equal(sub_num, num_accepted[rows])
-
-
 ENGINE_CONFIGS = {  # K, sampling: T = 1, and T = 0.7 with top-k and top-p
     "block-k2-t1": (2, SamplingParams(temperature=1.0, max_new_tokens=3)),
     "block-k3-t0.7-topk-topp": (3, SamplingParams(temperature=0.7, top_k=5, top_p=0.9, max_new_tokens=3)),
@@ -364,14 +330,6 @@ def test_engine_seeded_determinism_and_stats():
     assert first.stats.num_drafts > 0
 
 
-def test_one_hot_target_reduces_to_greedy():
-    """With p one-hot at the argmax, block verification gives exactly greedy_verify's output."""
-    logits, p, q, drafts, gen = one_hot_case()
-    expected = greedy_verify(logits, drafts)
-    got = block_verify(p, drafts, q, generator=gen)
-    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
-
-
 def test_verify_setting_errors():
     assert verify_problem("rs", "block") is None and verify_problem("to", "token") is None
     assert "mode rs" in verify_problem("to", "block") and "mode rs" in verify_problem("auto", "block")
@@ -384,8 +342,6 @@ def test_verify_setting_errors():
         block_verify(p, t, None)
     with pytest.raises(ValueError, match="sum to 1"):
         block_verify(p * 2, t, q)
-    with pytest.raises(ValueError, match="uniform noise"):
-        block_verify_from_noise(p, t, q, torch.ones(2, 2), torch.ones(2, 4))
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ import torch
 from bebop.speculative import engine
 from bebop.speculative.engine import SamplingParams, SpecConfig, generate
 from bebop.speculative.sampling import logits_to_probs
+from bebop.speculative.verification import VERIFIERS
 from tests.helpers import (
     NUM_ROWS,
     STAT_PROMPT,
@@ -29,13 +30,13 @@ TOP_K = 3  # of VOCAB 32 (and of STAT_VOCAB 8): most of q's mass would fall outs
 def _spy_verify(monkeypatch) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Records (drafts (R, K), q given to verification (R, K, V)) of every verify step."""
     calls = []
-    verify = engine.rejection_sample_from_noise
+    verify = VERIFIERS["token"]
 
-    def spy(p, drafts, q, *args, **kwargs):
+    def spy(p, drafts, q, uniform):
         calls.append((drafts.clone(), q.clone()))
-        return verify(p, drafts, q, *args, **kwargs)
+        return verify(p, drafts, q, uniform)
 
-    monkeypatch.setattr(engine, "rejection_sample_from_noise", spy)
+    monkeypatch.setitem(VERIFIERS, "token", spy)  # looked up when the engine's runner is built
     return calls
 
 

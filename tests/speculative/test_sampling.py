@@ -1,13 +1,13 @@
-"""Tests for bebop.speculative.sampling: the verify ops must emit exactly the target's distribution.
+"""Tests for bebop.speculative.sampling: token-wise verification must emit exactly the target's distribution.
 
-Three layers:
-  * exact: the closed-form output distribution (from `verify_distributions`, which the samplers use)
-    is enumerated over every draft sequence and compared with the target's to 1e-6, for awkward p, q;
-    crafted noise then pins the samplers to those closed forms (threshold, recovered, bonus token).
-  * statistical: chi-square over 1e5 rows drawn by the real samplers. α = 1e-4 per check and 9
-    checks, so a correct sampler fails the file with odds at most 9e-4 (union bound) for a seed
+Three layers (the shape both verifiers share, its engine path and greedy: test_verification.py):
+  * exact: the closed-form output distribution (from `verify_distributions`, which `accept_token_wise`
+    uses) is enumerated over every draft sequence and compared with the target's to 1e-6, for awkward
+    p, q; crafted noise then pins the verifier to those closed forms (threshold, recovered, bonus token).
+  * statistical: chi-square over 1e5 rows drawn by `rejection_sample`, RS and TO. α = 1e-4 per check
+    and 6 checks, so a correct verifier fails the file with odds at most 6e-4 (union bound) for a seed
     picked at random; seeds are fixed, so a given checkout passes or fails deterministically.
-  * literal: greedy cases, logits_to_probs cases and input validation written by hand.
+  * literal: logits_to_probs cases and the helpers' examples written by hand.
 """
 
 import math
@@ -16,19 +16,17 @@ import numpy as np
 import pytest
 import torch
 
-from bebop.speculative import rng, sampling
+from bebop.speculative import sampling
 from bebop.speculative.sampling import (
     PAD_TOKEN_ID,
+    accept_token_wise,
     acceptance_probs,
-    greedy_verify,
     logits_to_probs,
     recovery_weights,
-    rejection_sample,
-    rejection_sample_from_noise,
-    rejection_sample_seeded,
     sample_from_probs,
     verify_distributions,
 )
+from bebop.speculative.verification import rejection_sample, verify_from_noise
 from tests.speculative.verification import (
     ALPHA,
     AWKWARD,
@@ -36,11 +34,11 @@ from tests.speculative.verification import (
     EXACT_ATOL,
     JOINT_VOCAB,
     NUM_ROWS,
+    assert_stops_at,
     block_inputs,
     chain_for,
     chi_square_pvalues,
     continue_plain,
-    one_hot_case,
     emitted_joint,
     random_pairs,
     rs_rows,
@@ -91,7 +89,7 @@ def test_exact_in_float32():
 
 
 @pytest.mark.parametrize("use_draft_probs", [True, False], ids=["rs", "to"])
-def test_samplers_follow_the_closed_form(use_draft_probs):
+def test_verifier_follows_the_closed_form(use_draft_probs):
     """Crafted coins just below / at each acceptance threshold stop the block exactly where the
     closed form says; the emitted token is the exponential race over that row's distribution."""
     k, vocab = 2, 4
@@ -112,14 +110,8 @@ def test_samplers_follow_the_closed_form(use_draft_probs):
             coins[:, stop] = torch.where(at_threshold > 0, at_threshold, 0.5)
             valid &= accept[:, stop] < 1
         coins = torch.where(valid[:, None], coins, 0.5)
-        output, num_accepted = rejection_sample_from_noise(target, draft_tokens, draft_probs, coins, race)
-        assert valid.any()
-        assert (num_accepted[valid] == stop).all()
-        expected_token = (resample[:, stop] / race).argmax(-1)
-        assert torch.equal(output[valid, stop], expected_token[valid])
-        assert resample[valid, stop].gather(1, expected_token[valid, None]).gt(0).all()
-        assert torch.equal(output[valid, :stop], draft_tokens[valid, :stop])
-        assert (output[valid, stop + 1:] == PAD_TOKEN_ID).all()
+        output, num_accepted = verify_from_noise(accept_token_wise, target, draft_tokens, draft_probs, coins, race)
+        assert_stops_at(stop, output, num_accepted, valid, draft_tokens, resample, race)
 
 
 def test_helper_examples_and_zero_handling():
@@ -145,15 +137,6 @@ def test_helper_examples_and_zero_handling():
     assert sample_from_probs(torch.tensor([0.0, 1.0, 3.0]), torch.tensor([0.5, 1.0, 2.0])).item() == 2
 
 
-def test_zero_draft_tokens_is_plain_sampling():
-    p = torch.tensor([[[0.1, 0.0, 0.9]], [[0.0, 1.0, 0.0]]])  # (B=2, K+1=1, V=3)
-    race = torch.tensor([[1.0, 1.0, 1.0], [0.1, 5.0, 0.1]])
-    for q in (None, torch.zeros(2, 0, 3)):
-        output, num_accepted = rejection_sample_from_noise(p, torch.zeros(2, 0, dtype=torch.int64), q,
-                                                           torch.zeros(2, 0), race)
-        assert output.tolist() == [[2], [1]] and num_accepted.tolist() == [0, 0]
-
-
 # ----------------------------------------------------------------------------- statistical
 
 def test_rejection_sample_statistics():
@@ -177,26 +160,6 @@ def test_target_only_statistics():
     assert min(chi_square_pvalues(seq, p1, p2, p3)) > ALPHA
 
 
-def test_seeded_path_statistics_and_batch_independence():
-    """The engine's path: drafts and verification noise from (seed, stream, counter)."""
-    p1, p2, p3, q1, q2 = tables = sample_tables(seed=3)
-    seeds = rng.derive_seeds(0, 0, torch.arange(NUM_ROWS))
-    counters = torch.full((NUM_ROWS,), 17, dtype=torch.int64)
-    y1 = sample_from_probs(q1.expand(NUM_ROWS, JOINT_VOCAB), sampling.draw_draft_noise(seeds, counters, 0, JOINT_VOCAB))
-    y2 = sample_from_probs(q2[y1], sampling.draw_draft_noise(seeds, counters, 1, JOINT_VOCAB))
-    target = torch.stack([p1.expand(NUM_ROWS, JOINT_VOCAB), p2[y1], p3[y1, y2]], dim=1)
-    draft_tokens = torch.stack([y1, y2], dim=1)
-    draft_probs = torch.stack([q1.expand(NUM_ROWS, JOINT_VOCAB), q2[y1]], dim=1)
-    output, num_accepted = rejection_sample_seeded(target, draft_tokens, draft_probs, seeds, counters)
-    seq = continue_plain(output, num_accepted, p2, p3, torch.Generator().manual_seed(3))
-    assert min(chi_square_pvalues(seq, p1, p2, p3)) > ALPHA
-    # A row's result does not depend on the rows around it.
-    for rows in (slice(5, 6), slice(1000, 1064)):
-        sub_out, sub_num = rejection_sample_seeded(target[rows], draft_tokens[rows], draft_probs[rows],
-                                                   seeds[rows], counters[rows])
-        assert torch.equal(sub_out, output[rows]) and torch.equal(sub_num, num_accepted[rows])
-
-
 def test_chi_square_catches_a_wrong_recovery(monkeypatch):
     """Power check: recovering from p instead of max(0, p - q) must fail the same test."""
     gen = torch.Generator().manual_seed(1)
@@ -215,41 +178,6 @@ def test_generator_determinism():
     second = rejection_sample(target, draft_tokens, draft_probs, torch.Generator().manual_seed(9))
     assert all(torch.equal(a, b) for a, b in zip(first, second))
     assert first[0].dtype == torch.int64 and first[1].dtype == torch.int64
-
-
-# ----------------------------------------------------------------------------- greedy
-
-
-def _logits_with_argmax(argmax_rows, vocab=6):
-    """(B, K+1, V) logits, negative everywhere, highest at the given token ids."""
-    ids = torch.tensor(argmax_rows)
-    logits = -5.0 - torch.arange(vocab, dtype=torch.float32).expand(*ids.shape, vocab).clone()
-    logits.scatter_(-1, ids[..., None], 3.0)
-    return logits
-
-
-def test_greedy_literal_cases():
-    logits = _logits_with_argmax([[1, 2, 3], [1, 2, 3], [1, 2, 3]])
-    drafts = torch.tensor([[1, 2], [4, 2], [1, 5]])  # accept all; mismatch at step 1; at step 2
-    output, num_accepted = greedy_verify(logits, drafts)
-    assert output.tolist() == [[1, 2, 3], [1, -1, -1], [1, 2, -1]]
-    assert num_accepted.tolist() == [2, 0, 1]
-    # Probabilities give the same answer as logits; K = 0 is plain greedy decoding.
-    assert torch.equal(greedy_verify(torch.softmax(logits, -1), drafts)[0], output)
-    out0, num0 = greedy_verify(_logits_with_argmax([[4]]), torch.zeros(1, 0, dtype=torch.int64))
-    assert out0.tolist() == [[4]] and num0.tolist() == [0]
-    # Ties go to the lowest token id.
-    tied = torch.tensor([[[0.0, 1.0, 1.0]]])
-    assert greedy_verify(tied, torch.zeros(1, 0, dtype=torch.int64))[0].item() == 1
-
-
-def test_one_hot_target_reduces_to_greedy():
-    """With p = one-hot(argmax), RS and TO must both give exactly greedy_verify's output."""
-    logits, p, q, drafts, gen = one_hot_case()
-    expected = greedy_verify(logits, drafts)
-    for draft_probs in (q, None):
-        got = rejection_sample(p, drafts, draft_probs, generator=gen)
-        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
 
 
 # ----------------------------------------------------------------------------- logits_to_probs
@@ -297,43 +225,7 @@ def test_logits_to_probs_batched():
     assert ((probs > 0).sum(-1) <= 10).all() and ((probs > 0).sum(-1) >= 1).all()
 
 
-# ----------------------------------------------------------------------------- validation
-
-
-def _valid_inputs():
-    p = torch.full((2, 3, 4), 0.25)
-    return p, torch.zeros(2, 2, dtype=torch.int64), torch.full((2, 2, 4), 0.25)
-
-
-@pytest.mark.parametrize("change, match", [
-    (lambda p, t, q: (p.index_put_((torch.tensor(0),), torch.tensor(float("nan"))), t, q), "NaN"),
-    (lambda p, t, q: (p * torch.tensor([1.0, -1.0, 1.0, 1.0]), t, q), "negative"),
-    (lambda p, t, q: (p * 2, t, q), "sum to 1"),
-    (lambda p, t, q: (p, t, q.clone().fill_(float("nan"))), "draft_probs contains NaN"),
-    (lambda p, t, q: (p, t.int(), q), "int64"),
-    (lambda p, t, q: (p, t[:, :1], q), r"\(B, K\)"),
-    (lambda p, t, q: (p, t, q[:, :1]), "draft_probs must have shape"),
-    (lambda p, t, q: (p[0], t, q), "K\\+1"),
-    (lambda p, t, q: (p, t + 4, q), r"\[0, 4\)"),
-    (lambda p, t, q: (p.long(), t, q), "floating-point"),
-])
-def test_rejection_sample_rejects_bad_inputs(change, match):
-    with pytest.raises(ValueError, match=match):
-        rejection_sample(*change(*_valid_inputs()), generator=torch.Generator().manual_seed(0))
-
-
-def test_noise_and_greedy_validation():
-    p, t, q = _valid_inputs()
-    coins, race = torch.full((2, 2), 0.5), torch.ones(2, 4)
-    rejection_sample_from_noise(p, t, q, coins, race)  # valid
-    with pytest.raises(ValueError, match="uniform noise"):
-        rejection_sample_from_noise(p, t, q, torch.ones(2, 2), race)
-    with pytest.raises(ValueError, match="exponential noise"):
-        rejection_sample_from_noise(p, t, q, coins, torch.zeros(2, 4))
-    with pytest.raises(ValueError, match="uniform must have shape"):
-        rejection_sample_from_noise(p, t, q, coins[:, :1], race)
-    with pytest.raises(ValueError, match="NaN"):
-        greedy_verify(torch.full((2, 3, 4), float("nan")), t)
+def test_logits_to_probs_rejects_bad_settings():
     with pytest.raises(ValueError, match="temperature"):
         logits_to_probs(torch.zeros(4), 0.0)
     with pytest.raises(ValueError, match="top_k"):

