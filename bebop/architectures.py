@@ -1,8 +1,9 @@
 """Which Hugging Face architectures Bebop runs, exactly.
 
 A supported architecture is one whose every part Bebop touches is tested here: the engine's
-target logits equal the model's own forward pass (sliding windows and soft-capping included), and
-an MTP head built from its decoder layer, norm and rotary embedding trains and drafts. Each entry
+target logits equal the model's own forward pass (sliding windows, soft-capping and the recurrent
+state of hybrid models' Gated DeltaNet and Mamba2 layers included), and an MTP head built from its
+attention layer, norm and rotary embedding trains and drafts. Each entry
 is tested in tests/speculative/test_attention.py and tests/mtp/test_train.py on a tiny model of its class.
 
 GPT-2, GPT-NeoX, OPT and Phi-1/2 are refused: an MTP layer is built from the backbone's
@@ -23,14 +24,16 @@ SUPPORTED_MODEL_TYPES = {  # HF config.model_type -> the family's name in messag
     "qwen2_moe": "Qwen2-MoE",
     "qwen3": "Qwen3",
     "qwen3_moe": "Qwen3-MoE",
-    "qwen3_5_text": "Qwen3.5 text (full-attention layers)",
+    "qwen3_5_text": "Qwen3.5 text",
+    "qwen3_5_moe_text": "Qwen3.5-MoE text",
     "phi3": "Phi-3",
     "gemma": "Gemma",
     "gemma2": "Gemma 2",
     "gemma3_text": "Gemma 3 text",
     "olmo2": "OLMo 2",
     "smollm3": "SmolLM3",
-    "qwen3_next": "Qwen3-Next (full-attention layers)",
+    "qwen3_next": "Qwen3-Next",
+    "nemotron_h": "Nemotron-H",
     "deepseek_v3": "DeepSeek-V3",
     "glm4_moe": "GLM-4.5",
 }

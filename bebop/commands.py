@@ -21,7 +21,6 @@ from bebop.rl.config import config_fields
 from bebop.utils.io import BebopError
 
 
-
 def _load(args, need_mtp: bool, mtp_loss: str = DEFAULT_DRAFT_LOSS, split: str | None = None):
     """(model, tokenizer, head or None, sequences or None) from --model/--mtp/--data (``split`` of the
     embedded data when it is given), or the embedded defaults; on --device in --dtype."""
@@ -75,7 +74,7 @@ def cmd_pretrain(args) -> None:
     cfg = embedded.PretrainConfig(**{k: v for k, v in overrides.items() if v is not None})
     embedded.check_pretrain_config(cfg)
     out = Path(args.out) if args.out else embedded.embedded_model_dir()
-    check_output_dir(out, overwrite=args.overwrite, what="model directory")
+    check_output_dir(out, overwrite=args.overwrite, what="model directory", inputs=args.inputs)
     # NOTE: the cache's lock, so a command building the cached model meanwhile waits instead of racing
     with entry_lock(out) if out == embedded.embedded_model_dir() else contextlib.nullcontext(), \
             output_dir(out, overwrite=args.overwrite, what="model directory"):
@@ -91,14 +90,14 @@ def cmd_train_mtp(args) -> None:
     from bebop.mtp.train import saved_config, train_mtp
     from bebop.utils.io import check_output_dir
 
-    flags = {name: getattr(args, name) for name in flags_of(TrainMtpConfig)}
-    cfg = resolve(TrainMtpConfig, args.config, flags)
+    given = {name: getattr(args, name) for name in flags_of(TrainMtpConfig)}  # NOTE: None where not given
+    cfg = resolve(TrainMtpConfig, None, given)
     out = Path(args.out) if args.out else embedded.embedded_head_dir(cfg.loss) if args.model is None else None
     if out is None:
         raise BebopError("--out is required with --model")
-    if args.resume and not args.config:  # NOTE: a resume keeps the checkpoint's settings unless a flag changes them
-        cfg = resolve(TrainMtpConfig, None, {**saved_config(out), **{k: v for k, v in flags.items() if v is not None}})
-    check_output_dir(out, resume=args.resume, overwrite=args.overwrite, what="head directory")
+    if args.resume:  # NOTE: a resume keeps the checkpoint's settings but those the flags or --config file give
+        cfg = resolve(TrainMtpConfig, None, {**saved_config(out), **{k: v for k, v in given.items() if v is not None}})
+    check_output_dir(out, resume=args.resume, overwrite=args.overwrite, what="head directory", inputs=args.inputs)
     if args.data:
         _check_input_file(args.data, "data file")
     print("resolved config: " + json.dumps(dataclasses.asdict(cfg)), file=sys.stderr)
@@ -118,11 +117,11 @@ def cmd_import_mtp(args) -> None:
     from bebop.utils.torch_utils import resolve_device, resolve_dtype
 
     resolve_dtype(args.dtype, resolve_device(args.device))
-    check_output_dir(args.out, overwrite=args.overwrite, what="head directory", inputs=(args.model,))
+    check_output_dir(args.out, overwrite=args.overwrite, what="head directory", inputs=args.inputs)
     native_layout(args.model)  # NOTE: checked before the (possibly large) model loads
     model, _ = models.load_model(args.model, device=args.device, dtype=args.dtype)
     head = import_mtp(args.model, model)
-    with output_dir(args.out, overwrite=args.overwrite, what="head directory", inputs=(args.model,)):
+    with output_dir(args.out, overwrite=args.overwrite, what="head directory", inputs=args.inputs):
         head.save_pretrained(args.out, extra={"imported_from": str(Path(args.model).resolve())})
     print(f"imported the {head.config.family} MTP layer of {args.model} to {args.out}")
 
@@ -133,7 +132,7 @@ def cmd_export_mtp(args) -> None:
     from bebop.utils.io import check_output_dir
 
     out = Path(args.out)
-    check_output_dir(out, overwrite=args.overwrite, what="export directory", inputs=(args.model, args.mtp))
+    check_output_dir(out, overwrite=args.overwrite, what="export directory", inputs=args.inputs)
     if args.model is None:
         model_dir = embedded.ensure_embedded_model()
         head_dir = args.mtp or embedded.ensure_embedded_head(DEFAULT_DRAFT_LOSS)
@@ -148,10 +147,8 @@ def cmd_export_mtp(args) -> None:
 # ---------------------------------------------------------------------------------------------- eval-mtp
 def cmd_eval_mtp(args) -> None:
     from bebop.mtp.evaluate import acceptance_table, evaluate_mtp
-    from bebop.utils.io import check_output_file, write_json
+    from bebop.utils.io import write_json
 
-    if args.json:
-        check_output_file(args.json, "--json file")
     if args.data:
         _check_input_file(args.data, "data file")
     model, tok, head, data = _load(args, need_mtp=True, mtp_loss=args.loss, split="eval")
@@ -181,34 +178,39 @@ def _auto_profile(args, model, sampling, spec) -> tuple[Path, dict] | None:
     return path, key
 
 
+def _check_rollout_memory(model, num_rows: int, num_positions: int, what: str, fix: str) -> None:
+    """The KV cache of ``num_rows`` rows of ``num_positions`` tokens fits the model's device (engine backend)."""
+    from bebop.utils.memory import check_memory, kv_cache_bytes
+
+    check_memory(kv_cache_bytes(model, num_rows, num_positions), next(model.parameters()).device, what, fix)
+
+
 def cmd_generate(args) -> None:
     from bebop.rollout.base import backend_class, backend_problem, make_backend
     from bebop.speculative import SamplingParams, SpecConfig
     from bebop.speculative.auto import profile as profiles
-    from bebop.speculative.settings import verify_problem
-    from bebop.speculative.settings import check_settings
-    from bebop.utils.io import atomic_write_text, check_output_file, write_json
-    from bebop.utils.tokens import encode_prompt
+    from bebop.speculative.settings import needs_head, verify_problem
+    from bebop.utils.io import atomic_write_text, write_json
 
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                              max_new_tokens=args.max_new_tokens, stop=tuple(args.stop or ()))
-    check_settings(SpecConfig(mode=args.mode, speculate_k=args.speculate_k), sampling)
+                              max_new_tokens=args.max_new_tokens, stop=tuple(args.stop))
     auto = is_auto(args.mode, args.speculate_k)
-    if problem := backend_problem(args.backend, args.mode, args.speculate_k):
+    if problem := backend_problem(args.backend, args.mode, args.speculate_k) or \
+            verify_problem(args.mode, args.verify, args.backend):
         raise BebopError(problem)
     if args.auto_profile and not auto:
         raise BebopError("--auto-profile needs --mode auto or --speculate-k auto")
-    if problem := verify_problem(args.mode, args.verify, args.backend):
-        raise BebopError(problem)
-    check_output_file(args.out, "--out file")
-    if args.stats_json:
-        check_output_file(args.stats_json, "--stats-json file")
-    prompts = _read_prompts(args.prompts, args.num_prompts)
+    prompts = _read_prompts(args.prompts) if args.prompts else None
     backend_class(args.backend)  # NOTE: a missing optional package fails here, before the model loads
-    model, tok, head, _ = _load(args, need_mtp=args.mode != "none")
+    model, tok, head, _ = _load(args, need_mtp=needs_head(args.mode))
+    if args.backend == "engine":  # NOTE: before the embedded task's prompts are made
+        _check_rollout_memory(model, len(prompts) if prompts else args.num_prompts, 1 + args.max_new_tokens,
+                              f"{len(prompts) if prompts else args.num_prompts} prompts",
+                              "give fewer prompts (--num-prompts, --prompts) or lower --max-new-tokens")
+    prompts = prompts or _embedded_prompts(args.num_prompts)
     spec = SpecConfig(mode=args.mode, speculate_k=args.speculate_k, filter_drafts=args.filter_drafts,
                       verify=args.verify)
-    prompt_ids = [encode_prompt(tok, p) for p in prompts]
+    prompt_ids = [_encode(tok, prompt, where) for where, prompt in prompts]
     backend = make_backend(args.backend, model, tok, head, seed=args.seed)
     profile = _auto_profile(args, model, sampling, spec) if auto else None
     if profile is not None:
@@ -224,7 +226,7 @@ def cmd_generate(args) -> None:
     # NOTE: token_ids is the whole sequence and start its first completion index, so this file is
     # train-mtp/eval-mtp --data as is (the policy's own samples, the recommended training data).
     lines = [json.dumps({"prompt": p, "completion": c, "token_ids": i + t, "start": len(i), "finish_reason": f})
-             for p, c, i, t, f in zip(prompts, result.texts, prompt_ids, result.token_ids, result.finish_reasons)]
+             for (_, p), c, i, t, f in zip(prompts, result.texts, prompt_ids, result.token_ids, result.finish_reasons)]
     atomic_write_text(args.out, "\n".join(lines) + "\n")
     stats = result.spec_metrics()
     if result.decision is not None:
@@ -246,24 +248,38 @@ def _check_input_file(path: str, what: str) -> None:
         raise BebopError(f"{what} not found: {path}")
 
 
-def _read_prompts(path: str | None, num: int) -> list:
-    """Prompts from a JSONL/parquet file (``{"prompt"}``: a string or chat messages, as ``rl --data``
-    reads them) or a text file (one per line), or ``num`` embedded-task prompts."""
-    if path is None:
-        from bebop.task import arith
+def _encode(tokenizer, prompt, where: str) -> list[int]:
+    """``encode_prompt``, with the prompt's file and line in its error."""
+    from bebop.utils.tokens import encode_prompt
 
-        return [p.prompt for p in arith.make_problems(num, seed=12345)]
-    from bebop.rl.data import JSONL_SUFFIXES, PARQUET_SUFFIXES, load_prompts
+    try:
+        return encode_prompt(tokenizer, prompt)
+    except BebopError as e:
+        raise BebopError(f"{where}: {e}") from None
+
+
+def _embedded_prompts(num: int) -> list[tuple[str, str]]:
+    """(where, prompt) of ``num`` embedded-task prompts."""
+    from bebop.task import arith
+
+    return [(f"embedded task prompt {i + 1}", p.prompt) for i, p in enumerate(arith.make_problems(num, seed=12345))]
+
+
+def _read_prompts(path: str) -> list[tuple[str, object]]:
+    """(where, prompt) of a JSONL/parquet file (``{"prompt"}``: a string or chat messages, as ``rl --data``
+    reads them) or a text file (one per line); ``where`` names the file and line for errors."""
+    from bebop.rl.data import JSONL_SUFFIXES, PARQUET_SUFFIXES, load_prompt_rows
 
     file = Path(path)
     if not file.is_file():
         raise BebopError(f"prompts file not found: {file}")
     if file.suffix.lower() in JSONL_SUFFIXES + PARQUET_SUFFIXES:
-        prompts = [r["prompt"] for r in load_prompts(file)]
+        prompts = [(where, r["prompt"]) for where, r in load_prompt_rows(file)]
     else:
         from bebop.utils.io import read_text
 
-        prompts = [line for line in read_text(file, "prompts file").splitlines() if line.strip()]
+        prompts = [(f"{file}:{n}", line) for n, line in enumerate(read_text(file, "prompts file").splitlines(), 1)
+                   if line.strip()]
     if not prompts:
         raise BebopError(f"prompts file {file} holds no prompt")
     return prompts
@@ -271,47 +287,50 @@ def _read_prompts(path: str | None, num: int) -> list:
 
 # ---------------------------------------------------------------------------------------------- check-lossless
 def cmd_check_lossless(args) -> int:
+    from bebop.check.lossless import (
+        LOSSLESS_CONFIGS, VERDICT_EXIT_CODES, check_prompt_known, default_prompts, format_lossless_table,
+        lossless_configs, run_lossless_checks, summarize_checks,
+    )
+    from bebop.check.reference import run_reference_checks
     from bebop.rollout.base import backend_class
     from bebop.speculative.settings import verify_problem
-    from bebop.speculative.check.lossless import (
-        LOSSLESS_CONFIGS, check_prompt_known, default_prompts, format_lossless_table, lossless_configs,
-        run_lossless_checks,
-        summarize_checks,
-    )
-    from bebop.speculative.check.reference import run_reference_checks
-    from bebop.utils.tokens import encode_prompt
+    from bebop.utils.progress import say
 
     if problem := verify_problem("rs", args.verify, args.backend):
         raise BebopError(problem)
     backend_class(args.backend)  # NOTE: a missing optional package fails here, before the model loads
     model, tok, head, _ = _load(args, need_mtp=True)
-    texts = _read_prompts(args.prompts, 4) if args.prompts else default_prompts()
-    check_prompt_known(tok, texts[0], defaults=not args.prompts)
-    print(f"testing {texts[0]!r}, with {len(texts) - 1} other prompt(s) mixed into batches"
-          + ("" if args.prompts else " (the embedded task's; --prompts gives your own)"))
-    prompts = [encode_prompt(tok, p) for p in texts] if args.prompts else texts
+    texts = _read_prompts(args.prompts) if args.prompts else [(f"task prompt {i + 1}", p)
+                                                              for i, p in enumerate(default_prompts())]
+    num_tested = min(args.tested_prompts, len(texts))
+    prompts = [_encode(tok, p, where) for where, p in texts] if args.prompts else [p for _, p in texts]
+    for _, text in texts[:num_tested]:
+        check_prompt_known(tok, text, defaults=not args.prompts)
+    say(f"check-lossless: testing {num_tested} prompt(s), with {len(texts) - num_tested} other(s) only mixed into "
+        "batches" + ("" if args.prompts else " (the embedded task's; --prompts gives your own)"))
     if args.backend == "engine":
         checks = run_lossless_checks(model, tok, head, num_samples=args.samples, seed=args.seed, prompts=prompts,
-                                     alpha=args.alpha, show_progress=True, configs=lossless_configs(args.verify))
+                                     alpha=args.alpha, show_progress=True, configs=lossless_configs(args.verify),
+                                     num_tested_prompts=num_tested)
         # Plain sampling against the model's own forward pass: catches defects plain and speculative share.
         checks += run_reference_checks(model, tok, prompts, args.samples, args.seed, args.alpha, LOSSLESS_CONFIGS)
     else:
-        checks = _check_other_backend(args, model, tok, head, prompts)
-    print(format_lossless_table(checks, prompts))
-    return 0 if summarize_checks(checks).passed else 1
+        checks = _check_other_backend(args, model, tok, head, prompts, num_tested)
+    print(format_lossless_table(checks, prompts, num_tested))
+    return VERDICT_EXIT_CODES[summarize_checks(checks).verdict]
 
 
-def _check_other_backend(args, model, tok, head, prompts) -> list:
+def _check_other_backend(args, model, tok, head, prompts, num_tested: int) -> list:
     """Another engine's speculative sampling against its own plain sampling and against Bebop's engine's."""
+    from bebop.check.lossless import BACKEND_LOSSLESS_CONFIGS, run_lossless_checks
     from bebop.rollout.base import make_backend
-    from bebop.speculative.check.lossless import BACKEND_LOSSLESS_CONFIGS, run_lossless_checks
 
     backend = make_backend(args.backend, model, tok, head, seed=args.seed)
     references = {f"{args.backend} plain": backend, "Bebop plain": make_backend("engine", model, tok, head)}
     try:
         return run_lossless_checks(model, tok, head, num_samples=args.samples, seed=args.seed, prompts=prompts,
                                    alpha=args.alpha, configs=BACKEND_LOSSLESS_CONFIGS, show_progress=True,
-                                   backend=backend, references=references)
+                                   backend=backend, references=references, num_tested_prompts=num_tested)
     finally:
         backend.close()
 
@@ -319,8 +338,10 @@ def _check_other_backend(args, model, tok, head, prompts) -> list:
 # ---------------------------------------------------------------------------------------------- rl
 def cmd_rl(args) -> None:
     from bebop.rl import resolve_rl_config, train_rl
-    from bebop.rollout.base import backend_class
+    from bebop.rl.config import max_speculate_k
     from bebop.rl.prompts import task_reward
+    from bebop.rollout.base import backend_class
+    from bebop.speculative.settings import needs_head
     from bebop.utils.io import check_output_dir
     from bebop.utils.torch_utils import dtype_name
 
@@ -329,26 +350,30 @@ def cmd_rl(args) -> None:
         raise BebopError("give --out RUN_DIR (or --resume RUN_DIR)")
     if args.resume and args.out and Path(args.out) != run_dir:
         raise BebopError("--resume RUN_DIR names the run directory; give no other --out")
-    overrides = {name: getattr(args, name, None) for name in config_fields()}
-    file = args.config
-    if args.resume:
+    given = {name: getattr(args, name) for name in config_fields()}  # NOTE: None where not given (flag or file)
+    overrides = dict(given)
+    if args.resume:  # NOTE: a resume keeps the run's settings but those the flags or --config file give
         saved = _saved_run(run_dir, args)
-        if not file:
-            overrides = {**{k: v for k, v in saved.items() if k in config_fields()},
-                         **{k: v for k, v in overrides.items() if v is not None}}
-        overrides["reward"] = _resume_reward(args, saved, run_dir)  # NOTE: before any reward is imported
+        overrides = {**{k: v for k, v in saved.items() if k in config_fields()},
+                     **{k: v for k, v in given.items() if v is not None}}
+        overrides["reward"] = _resume_reward(given["reward"], saved, run_dir)  # NOTE: before any reward is imported
     elif args.mtp and overrides.get("mtp_loss") is None:
         overrides["mtp_loss"] = _head_loss(Path(args.mtp))  # label runs by the head's own training loss
-    cfg = resolve_rl_config(file, overrides)
+    cfg = resolve_rl_config(None, overrides)
     task_reward(cfg)  # a bad reward spec fails here, before any model loads
     backend_class(cfg.backend)  # and so does a missing optional package
-    check_output_dir(run_dir, resume=bool(args.resume), overwrite=args.overwrite, what="run directory")
+    check_output_dir(run_dir, resume=bool(args.resume), overwrite=args.overwrite, what="run directory",
+                     inputs=args.inputs)
     if cfg.task == "math":
         _check_input_file(cfg.data, "prompt file")
-    need_head = cfg.mode != "none" or cfg.mtp.mtp_update == "online"
     if args.resume and args.dtype == "auto":  # NOTE: a resumed run keeps its dtype (float32 before --dtype existed)
         args.dtype = saved.get("dtype", "float32")
-    model, tok, head, _ = _load(args, need_mtp=need_head, mtp_loss=cfg.mtp_loss)
+    model, tok, head, _ = _load(args, need_mtp=needs_head(cfg.mode, cfg.mtp.mtp_update), mtp_loss=cfg.mtp_loss)
+    if cfg.backend == "engine":  # NOTE: a typed or received size is refused before the first rollout allocates it
+        rows = cfg.prompts_per_step * cfg.group_size
+        _check_rollout_memory(model, rows, 1 + cfg.max_new_tokens + max_speculate_k(cfg),
+                              f"prompts_per_step x group_size = {rows} rollout rows",
+                              "lower --prompts-per-step, --group-size or --max-new-tokens")
     run_info = {key: _abs(getattr(args, key, None)) for key in RUN_PATHS}
     if dtype_name(model.dtype) != "float32":  # recorded, so a resume in another dtype is refused (float32 runs: none)
         run_info["dtype"] = dtype_name(model.dtype)
@@ -371,6 +396,9 @@ def _saved_run(run_dir: Path, args) -> dict:
     if not (run_dir / CONFIG_FILE).is_file():
         raise BebopError(f"nothing to resume: {run_dir} holds no run (no {CONFIG_FILE}); start one with --out")
     saved = read_json(run_dir / CONFIG_FILE, what="run config")
+    if not isinstance(saved, dict) or any(not isinstance(saved.get(key), (str, type(None))) for key in RUN_PATHS):
+        raise BebopError(f"run config {run_dir / CONFIG_FILE} is not a run's config (a table with the paths "
+                         f"{', '.join(RUN_PATHS)})")
     for key in RUN_PATHS:
         given, recorded = _abs(getattr(args, key, None)), saved.get(key)
         if given is None:
@@ -382,13 +410,11 @@ def _saved_run(run_dir: Path, args) -> dict:
     return saved
 
 
-def _resume_reward(args, saved: dict, run_dir: Path) -> str:
+def _resume_reward(given: str | None, saved: dict, run_dir: Path) -> str:
     """The reward a resumed run loads: its own when built in, else only one this command names again
-    (--reward, or the reward of its --config file; ``bebop.rl.rewards.resume_reward``)."""
-    from bebop.config import load_config_file
+    (``given``: --reward, or the reward of its --config file; ``bebop.rl.rewards.resume_reward``)."""
     from bebop.rl.rewards import resume_reward
 
-    given = args.reward if args.reward is not None or not args.config else load_config_file(args.config).get("reward")
     try:
         return resume_reward(saved.get("reward", ""), given, str(run_dir))
     except ValueError as e:

@@ -27,6 +27,7 @@ from transformers import PreTrainedTokenizerFast, Qwen3_5ForCausalLM, Qwen3_5Tex
 from bebop.config import BASELINE_DRAFT_LOSS, DEFAULT_DRAFT_LOSS
 from bebop.pretrained import load_pretrained
 from bebop.task import arith
+from bebop.utils.cache import cache_dir
 from bebop.utils.io import BebopError, atomic_dir, entry_lock, read_json, write_json
 from bebop.utils.optim import make_adamw, master_state_dict
 from bebop.utils.progress import progress, say, step_line
@@ -58,11 +59,6 @@ class PretrainConfig:
     device: str = "auto"  # cpu, cuda or auto
     dtype: str = "float32"  # weights: float32 (the cached model's, bit-reproducible on CPU) or bfloat16 / auto
     #   (bf16 on CUDA), trained through float32 master weights and saved in float32 either way
-
-
-def cache_dir() -> Path:
-    """Where the embedded model and its heads live (``$BEBOP_CACHE_DIR`` or ``~/.cache/bebop``)."""
-    return Path(os.environ.get("BEBOP_CACHE_DIR", Path.home() / ".cache" / "bebop"))
 
 
 def embedded_model_dir() -> Path:

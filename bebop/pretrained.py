@@ -50,12 +50,13 @@ def load_pretrained(path: str | os.PathLike, device: str = "auto", dtype: str | 
     try:
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=weights_dtype)
         tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError, json.JSONDecodeError, SafetensorError, pickle.UnpicklingError, RuntimeError) as e:
+    except (OSError, ValueError, json.JSONDecodeError, SafetensorError, pickle.UnpicklingError, RuntimeError,
+            RecursionError) as e:
         # NOTE: a corrupt pickled *.bin raises UnpicklingError (torch's weights_only loader) or RuntimeError (zip)
         weights = ", ".join(sorted(p.name for p in [*path.glob("*.safetensors"), *path.glob("*.bin")])) or \
             "no *.safetensors or *.bin"
-        reason = UNPICKLABLE if isinstance(e, pickle.UnpicklingError) else str(e).splitlines()[0]
-        raise BebopError(f"cannot load model from {path} ({weights}): {reason}{fix}") from None
+        reason = UNPICKLABLE if isinstance(e, pickle.UnpicklingError) else (str(e) or type(e).__name__).splitlines()[0]
+        raise BebopError((_file_at_fault(path) or f"cannot load model from {path} ({weights}): {reason}") + fix) from None
     check_architecture(model)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
@@ -63,3 +64,24 @@ def load_pretrained(path: str | os.PathLike, device: str = "auto", dtype: str | 
     for p in model.parameters():
         p.requires_grad_(False)
     return model, tok
+
+
+def _file_at_fault(path: Path) -> str | None:
+    """The first file of a model directory that cannot be read, named with why: its JSON files (a
+    sharded checkpoint's index, the config) and each safetensors file's header; None when each reads."""
+    from safetensors import safe_open
+
+    from bebop.utils.io import read_json
+
+    for file in sorted(path.glob("*.json")):
+        try:
+            read_json(file, what="model file")
+        except BebopError as e:
+            return f"cannot load model from {path}: {e}"
+    for file in sorted(path.glob("*.safetensors")):
+        try:
+            with safe_open(str(file), framework="pt"):
+                pass
+        except Exception as e:  # noqa: BLE001 - any failure to read the header is a corrupt file
+            return f"cannot load model from {path}: weights file {file.name} is corrupt: {str(e).splitlines()[0]}"
+    return None

@@ -64,7 +64,7 @@ from bebop.embedded import ensure_embedded_head
 from bebop.models import load_model
 from bebop.mtp.head import MtpHead
 from bebop.speculative import SamplingParams, SpecConfig, engine, generate
-from bebop.speculative.engine import _Target  # the engine's own verify forward, timed as the engine runs it
+from bebop.speculative.target import Target  # the engine's own verify forward, timed as the engine runs it
 from bebop.speculative.kv_cache import RaggedKVCache
 from bebop.task import arith
 
@@ -341,9 +341,10 @@ def _prefilled_caches(model, head, batch: int, kv_len: int, capacity: int):
     gen = torch.Generator(device="cpu").manual_seed(0)
     vocab = model.config.get_text_config().vocab_size
     ids = torch.randint(0, vocab, (batch, kv_len), generator=gen).to(device)
-    target = _Target(model, batch, capacity)
-    _, hidden = target.forward(ids)
-    target.cache.commit([kv_len] * batch)
+    target = Target(model, batch, capacity)
+    hidden = []
+    target.prefill(ids, [kv_len] * batch, lambda start, state: hidden.append(state))
+    hidden = torch.cat(hidden, dim=1)  # (B, kv_len, D)
     mtp_cache = RaggedKVCache(len(head.layers), batch, capacity, device, hidden.dtype)
     positions = mtp_cache.begin(kv_len)
     g = head.forward_step(hidden, ids, positions, step=0, attention_bias=mtp_cache.attention_bias(), cache=mtp_cache)
@@ -356,7 +357,8 @@ def measure_costs(model, head, batch: int, ks: list[int], kv_len: int, stat: str
     """Seconds of one chained draft step, one verify forward over K+1 tokens and one plain forward,
     interleaved call by call at batch ``batch`` over ``kv_len`` cached positions; medians (or minima).
 
-    Nothing is committed, so every call sees the same cache state.
+    Nothing is committed, so every call sees the same cache length (a hybrid's plain forward does move its
+    recurrent state, which changes no cost).
     """
     device = next(model.parameters()).device
     target, mtp_cache, g, last = _prefilled_caches(model, head, batch, kv_len, kv_len + max(ks) + 2)

@@ -24,9 +24,16 @@ ARCHITECTURES = {  # name -> (config class, model class), all built offline from
     "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM"),
     "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM"),
     "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM"),
+    "qwen3_5_hybrid": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM"),
+    "qwen3_5_moe_hybrid": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM"),
+    "qwen3_next_hybrid": ("Qwen3NextConfig", "Qwen3NextForCausalLM"),
+    "nemotron_h": ("NemotronHConfig", "NemotronHForCausalLM"),
 }
+HYBRIDS = ["qwen3_5_hybrid", "qwen3_5_moe_hybrid", "qwen3_next_hybrid", "nemotron_h"]  # with recurrent layers
 _ROUTED = {"n_routed_experts": 4, "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1, "moe_intermediate_size": 16,
            "first_k_dense_replace": 1}  # DeepSeek-V3 / GLM-4.5 MoE: layer 0 dense, layer 1 routed
+_GATED_DELTA = {"linear_num_value_heads": 4, "linear_num_key_heads": 2, "linear_key_head_dim": 8,
+                "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4}  # Gated DeltaNet layers of a tiny width
 EXTRA_KWARGS = {  # arch -> config fields a tiny model of it needs
     "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
     "qwen2_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
@@ -38,6 +45,16 @@ EXTRA_KWARGS = {  # arch -> config fields a tiny model of it needs
     "deepseek_v3": {**_ROUTED, "num_key_value_heads": 4, "kv_lora_rank": 16, "q_lora_rank": 16, "qk_rope_head_dim": 4,
                     "qk_nope_head_dim": 4, "v_head_dim": 8},
     "glm4_moe": _ROUTED,
+    # Hybrids: Gated DeltaNet layers (4 layers, default layer_types: three linear, then one full attention) ...
+    "qwen3_5_hybrid": {**_GATED_DELTA, "num_hidden_layers": 4},
+    "qwen3_5_moe_hybrid": {**_GATED_DELTA, "num_hidden_layers": 4, "num_experts": 4, "num_experts_per_tok": 2,
+                           "moe_intermediate_size": 16, "shared_expert_intermediate_size": 16},
+    "qwen3_next_hybrid": {**_GATED_DELTA, "num_hidden_layers": 4, "num_experts": 4, "num_experts_per_tok": 2,
+                          "moe_intermediate_size": 16, "shared_expert_intermediate_size": 16},
+    # ... and Mamba2 blocks beside attention and MLP blocks, a Mamba2 block last (NemotronH).
+    "nemotron_h": {"layer_types": ["linear_attention", "mlp", "full_attention", "linear_attention"],
+                   "mamba_num_heads": 4, "mamba_head_dim": 8, "ssm_state_size": 8, "n_groups": 2, "conv_kernel": 4,
+                   "chunk_size": 8},
 }
 SLIDING_WINDOW_KWARGS = {  # arch -> config fields that give a 2-layer model a sliding window w
     "mistral": lambda w: {"sliding_window": w},  # every layer sliding
@@ -56,10 +73,13 @@ NO_WINDOW_KWARGS = {  # arch -> config fields that turn a default sliding window
 
 
 def tiny_model(arch: str = "qwen3", vocab_size: int = 64, seed: int = 0, hidden_size: int = 32, num_layers: int = 2,
-               eos_token_id: int | None = None, max_position_embeddings: int = 256, sliding_window: int | None = None):
+               eos_token_id: int | None = None, max_position_embeddings: int = 256, sliding_window: int | None = None,
+               layer_types: list[str] | None = None):
     """A randomly initialised tiny causal LM built from a config (no download), frozen, eval mode.
 
-    ``sliding_window`` w gives the model's sliding layers (see SLIDING_WINDOW_KWARGS) a window of w.
+    ``sliding_window`` w gives the model's sliding layers (see SLIDING_WINDOW_KWARGS) a window of w;
+    ``layer_types`` replaces the layer kinds (and count) of a model that has them. The hybrids' layer
+    count is their EXTRA_KWARGS' (``num_layers`` does not apply).
     """
     config_name, model_name = ARCHITECTURES[arch]
     torch.manual_seed(seed)
@@ -75,6 +95,8 @@ def tiny_model(arch: str = "qwen3", vocab_size: int = 64, seed: int = 0, hidden_
         kwargs.update(SLIDING_WINDOW_KWARGS[arch](sliding_window))
     else:
         kwargs.update(NO_WINDOW_KWARGS.get(arch, {}))
+    if layer_types is not None:
+        kwargs.update(layer_types=layer_types, num_hidden_layers=len(layer_types))
     config = getattr(transformers, config_name)(**kwargs)
     model = getattr(transformers, model_name)(config).eval()
     for p in model.parameters():
@@ -123,6 +145,22 @@ def save_model_dir(path, model, add_bos: bool = True):
     model.save_pretrained(path)
     tiny_tokenizer(add_bos).save_pretrained(path)
     return path
+
+
+REWARD_MODULE = "def score(prompts, completions, **_):\n    return [1.0] * len(completions)\n"  # rewards:score
+
+
+def model_workdir(root):
+    """``root`` holding what a command on a user's model reads: ``model`` (a tiny Llama), its ``head``,
+    ``prompts.jsonl`` (two prompts) and ``rewards.py`` (``rewards:score``)."""
+    from bebop.mtp import MtpHead
+
+    model = tiny_model("llama", vocab_size=16)
+    save_model_dir(root / "model", model)
+    MtpHead(model).save_pretrained(root / "head")
+    (root / "prompts.jsonl").write_text('{"prompt": "a b"}\n{"prompt": "c d"}\n')
+    (root / "rewards.py").write_text(REWARD_MODULE)
+    return root
 
 
 def fill_tiny_cache(path, mp: pytest.MonkeyPatch):

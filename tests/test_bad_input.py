@@ -86,6 +86,21 @@ def workdir(tmp_path_factory):
     (root / "bool-k.toml").write_text("# bebop train-mtp --config bool-k.toml\nspeculate_k = true\n")
     (root / "bool-k-rl.toml").write_text("# bebop rl --config bool-k-rl.toml\nspeculate_k = true\n")
     (root / "bad_rewards.py").write_text(REWARDS)
+    shutil.copytree(root / "model", root / "strict-template")  # a template that refuses roles other than its own
+    (root / "strict-template" / "chat_template.jinja").unlink(missing_ok=True)
+    strict = tiny_tokenizer()
+    strict.chat_template = ("{% for m in messages %}{% if m['role'] not in ['user', 'assistant', 'system'] %}"
+                            "{{ raise_exception('Conversation roles must be user, assistant or system') }}{% endif %}"
+                            "{{ m['content'] }} {% endfor %}")
+    strict.save_pretrained(root / "strict-template")
+    rows = {"robot-role.jsonl": [{"prompt": [{"role": "robot", "content": "a b"}]}, {"prompt": "c d"}],
+            "two-token-completions.jsonl": [{"token_ids": [1, 4, 5, 6], "start": 2}] * 4,
+            "text-number.jsonl": [{"text": "a b c"}, {"text": 12345}],
+            "float-ids.jsonl": [{"token_ids": [1, 4, 5.5, 6], "start": 1}]}
+    for name, content in rows.items():
+        (root / name).write_text("".join(json.dumps(r) + "\n" for r in content))
+    (root / "surrogate.jsonl").write_text('{"prompt": "a b"}\n{"prompt": "c \\ud800 d"}\n')
+    (root / "surrogate-data.jsonl").write_text('{"prompt": "a b", "completion": "c \\udc00"}\n')
     return root
 
 
@@ -95,14 +110,19 @@ TRAIN = ["train-mtp", "--model", "model", "--data", "ok.jsonl", "--out", "new-he
 LOSSLESS = ["check-lossless", "--mtp", "head", "--samples", "100", "--prompts", "prompts.jsonl"]
 
 TABLE = {  # case (command): argv, the error line it must give (regex)
-    "truncated model.safetensors (generate)": ([*GEN, "--model", "truncated"], r"truncated \(model.safetensors\)"),
-    "zero-length model.safetensors (generate)": ([*GEN, "--model", "empty"], r"empty \(model.safetensors\)"),
+    "truncated model.safetensors (generate)": ([*GEN, "--model", "truncated"],
+                                               r"cannot load model from truncated: weights file model.safetensors is "
+                                               "corrupt"),
+    "zero-length model.safetensors (generate)": ([*GEN, "--model", "empty"],
+                                                 r"from empty: weights file model.safetensors is corrupt: .*too small"),
     "truncated model.safetensors (eval-mtp)": ([*EVAL[:1], "--model", "truncated", *EVAL[3:]],
-                                               r"\(model.safetensors\)"),
+                                               r"weights file model.safetensors is corrupt"),
     "truncated model.safetensors (train-mtp)": ([*TRAIN[:1], "--model", "truncated", *TRAIN[3:]],
-                                                r"\(model.safetensors\)"),
-    "truncated model.safetensors (rl)": ([*RL[:1], "--model", "truncated", *RL[3:]], r"\(model.safetensors\)"),
-    "truncated model.safetensors (check-lossless)": ([*LOSSLESS, "--model", "truncated"], r"\(model.safetensors\)"),
+                                                r"weights file model.safetensors is corrupt"),
+    "truncated model.safetensors (rl)": ([*RL[:1], "--model", "truncated", *RL[3:]],
+                                         r"weights file model.safetensors is corrupt"),
+    "truncated model.safetensors (check-lossless)": ([*LOSSLESS, "--model", "truncated"],
+                                                     r"weights file model.safetensors is corrupt"),
     "corrupt pickled pytorch_model.bin (generate)": ([*GEN, "--model", "bin-model"],
                                                      r"cannot load model from bin-model \(pytorch_model.bin\): not a "
                                                      r"file of tensors"),
@@ -139,7 +159,7 @@ TABLE = {  # case (command): argv, the error line it must give (regex)
     "a bool for K in a config file (train-mtp)": ([*TRAIN, "--config", "bool-k.toml"],
                                                   r"'speculate_k' should be int, got True"),
     "a bool for K in a config file (rl)": ([*RL, "--config", "bool-k-rl.toml"],
-                                           r"'speculate_k' should be int, got True"),
+                                           r"speculate_k must be an integer >= 1 or 'auto', got True"),
     # issue 14: pretrain --steps 0 or negative.
     "model whose weights give NaN logits (generate)": ([*GEN, "--model", "nan-model"], r"NaN or infinite logits"),
     "non-UTF-8 JSONL prompts (generate)": ([*GEN[:6], "latin1.jsonl", "--model", "model"],
@@ -173,7 +193,7 @@ TABLE = {  # case (command): argv, the error line it must give (regex)
         [*RL, "--reward", "bad_rewards:near_float32_max"],
         r"step 1: reward function near_float32_max gave rewards up to 3e\+38 .* advantages are not finite"),
     "a seed beyond 64 bits in a config file (rl)": ([*RL, "--config", "huge-seed.toml"],
-                                                   r"config key 'seed' must be an integer in \[0, 2\*\*63 - 1\], got "
+                                                   r"seed must be an integer in \[0, 2\*\*63 - 1\], got "
                                                    f"{2**64}"),
     "rl --resume DIR where DIR holds no run": (["rl", "--resume", "empty-dir"], r"nothing to resume"),
     "check-lossless on a model whose tokenizer does not know the task prompts": (  # issue 46 item 16
@@ -186,6 +206,37 @@ TABLE = {  # case (command): argv, the error line it must give (regex)
     "--dtype float16 (issue 12: auto, float32 or bfloat16)": ([*GEN, "--model", "model", "--dtype", "float16"],
                                                               r"unsupported dtype 'float16'; use auto, float32"),
     # issue 14: two processes on one empty cache.
+    "chat roles the model's template refuses (generate)": (
+        [*GEN[:6], "robot-role.jsonl", "--model", "strict-template"],
+        r"robot-role.jsonl:1: the model's chat template refuses these messages: Conversation roles must be"),
+    "chat roles the model's template refuses (rl)": (
+        [*RL[:1], "--model", "strict-template", "--data", "robot-role.jsonl", *RL[5:], "--reward",
+         "bad_rewards:no_fields"],
+        r"robot-role.jsonl:1: the model's chat template refuses these messages"),
+    "chat roles the model's template refuses (check-lossless)": (
+        [*LOSSLESS[:5], "--prompts", "robot-role.jsonl", "--model", "strict-template"],
+        r"robot-role.jsonl:1: the model's chat template refuses these messages"),
+    "a lone surrogate in a prompt (generate)": ([*GEN[:6], "surrogate.jsonl", "--model", "model"],
+                                                r"surrogate.jsonl:2: prompt holds a lone surrogate U\+D800 at character 3"),
+    "a lone surrogate in a prompt (rl)": ([*RL[:3], "--data", "surrogate.jsonl", *RL[5:], "--reward",
+                                           "bad_rewards:no_fields"],
+                                          r"surrogate.jsonl:2: prompt holds a lone surrogate U\+D800"),
+    "a lone surrogate in a completion (train-mtp)": ([*TRAIN[:3], "--data", "surrogate-data.jsonl", *TRAIN[5:]],
+                                                     r"surrogate-data.jsonl line 1: a completion holds a lone "
+                                                     r"surrogate U\+DC00"),
+    "a text that is a number (eval-mtp)": ([*EVAL[:6], "text-number.jsonl"],
+                                           r"data file text-number.jsonl line 2: 'text' must be a string, got int 12345"),
+    "token ids that are not integers (train-mtp)": ([*TRAIN[:3], "--data", "float-ids.jsonl", *TRAIN[5:]],
+                                                    r"float-ids.jsonl line 1: 'token_ids' must be a list of integers"),
+    "train-mtp --log-every 0": ([*TRAIN, "--log-every", "0"], r"log_every must be an integer in \[1, "),
+    "generate --temperature 1e-45 (blamed the head)": ([*GEN[:2], "rs", *GEN[3:], "--model", "model", "--mtp", "head",
+                                                        "--temperature", "1e-45"],
+                                                       r"temperature must be 0 \(greedy\) or at least 0.01 \(below it "
+                                                       r"logits / T overflow float32\), got 1e-45"),
+    "train-mtp's default K on 2-token completions names the flag": (
+        [*TRAIN[:3], "--data", "two-token-completions.jsonl", *TRAIN[5:]],
+        r"speculate_k=5 is deeper than the data allows: its longest completion has 2 tokens, room for chains of 1 "
+        r"drafts; give --speculate-k 1 or less \(train-mtp drafts 5 deep by default, generate and rl 3\)"),
 }
 
 

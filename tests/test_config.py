@@ -1,4 +1,4 @@
-"""``bebop.config``: defaults < file < flags, unknown keys refused, and each config field as a CLI flag."""
+"""``bebop.config``: defaults < file < flags, unknown keys refused, each field checked once, each as a CLI flag."""
 
 from __future__ import annotations
 
@@ -6,7 +6,18 @@ import dataclasses
 
 import pytest
 
-from bebop.config import flags_of, is_auto, option, resolve, speculate_k_value
+from bebop.config import (
+    SEED,
+    field_problems,
+    flags_of,
+    integer_in,
+    is_auto,
+    number_in,
+    option,
+    parse_speculate_k,
+    resolve,
+    short_repr,
+)
 from bebop.mtp.config import CHAIN_CONTEXTS, INITS, TrainMtpConfig
 from bebop.utils.io import BebopError
 
@@ -14,7 +25,7 @@ from bebop.utils.io import BebopError
 @dataclasses.dataclass(frozen=True)
 class Toy:
     name: str = option("a", "which one", choices=("a", "b"))
-    steps: int = option(3, "how many")
+    steps: int = option(3, "how many", check=integer_in(1))
     rate: float = option(0.5, "how fast")
     on: bool = option(False, "whether", aliases=("--yes",))
 
@@ -22,8 +33,8 @@ class Toy:
 def test_flags_of_reads_type_default_help_and_choices():
     flags = flags_of(Toy)
     assert list(flags) == ["name", "steps", "rate", "on"]
-    assert flags["name"] == (str, "a", "which one", ("a", "b"), ())
-    assert flags["steps"] == (int, 3, "how many", (), ())
+    assert flags["name"][:5] == (str, "a", "which one", ("a", "b"), ())
+    assert flags["steps"][:5] == (int, 3, "how many", (), ())
     assert flags["on"].aliases == ("--yes",)
     assert (flags["rate"].type, flags["on"].type) == (float, bool)
     assert list(flags_of(Toy, skip=("steps", "on"))) == ["name", "rate"]
@@ -59,10 +70,54 @@ def test_resolve_refuses_bad_values_in_one_line(tmp_path, file, overrides, messa
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
-def test_speculate_k_value():
-    assert (speculate_k_value("3"), speculate_k_value("auto")) == (3, "auto")
-    with pytest.raises(Exception, match="expected an integer or 'auto'"):
-        speculate_k_value("deep")
+@pytest.mark.parametrize("file, overrides, message", [
+    ("steps = 0\n", {}, "steps must be an integer in [1, 2**63 - 1], got 0"),
+    ("", {"steps": 10**23}, "steps must be an integer in [1, 2**63 - 1], got 100000000000000000000000"),
+    ("name = 'c'\n", {}, "unknown name 'c'; choose one of a, b"),
+])
+def test_resolve_runs_each_field_s_check_wherever_the_value_comes_from(tmp_path, file, overrides, message):
+    path = tmp_path / "toy.toml"
+    path.write_text(file)
+    with pytest.raises(BebopError) as info:
+        resolve(Toy, path, overrides)
+    assert str(info.value) == message
+
+
+def test_field_problems_checks_an_instance_built_directly():
+    assert field_problems(Toy()) == [] and field_problems(Toy(steps=-1, name="z")) == [
+        "unknown name 'z'; choose one of a, b", "steps must be an integer in [1, 2**63 - 1], got -1"]
+
+
+def test_integer_and_number_checks_refuse_bools_and_say_the_interval():
+    assert integer_in(1)("n", True) == "n must be an integer in [1, 2**63 - 1], got True"
+    assert integer_in(0, 4, note=" (CPUs)")("threads", 5) == "threads must be an integer in [0, 4] (CPUs), got 5"
+    assert number_in(0, 1, low_open=True)("top_p", 0.0) == "top_p must be a number in (0, 1], got 0.0"
+    assert number_in(0, 1)("p", float("nan")).endswith("got nan") and number_in(0, 1)("p", 1) is None
+
+
+def test_a_shared_setting_is_declared_once():
+    """``Setting.field`` gives every command the same help, choices and check; only the default may differ."""
+    @dataclasses.dataclass(frozen=True)
+    class Two:
+        seed: int = SEED.field()
+        other_seed: int = SEED.field(default=7)
+
+    flags = flags_of(Two)
+    assert flags["seed"].help == flags["other_seed"].help == SEED.help and flags["other_seed"].default == 7
+    assert field_problems(Two(seed=-1)) == ["seed must be an integer in [0, 2**63 - 1], got -1"]
+
+
+def test_a_huge_received_value_is_cut_in_messages():
+    bomb = [["lol"] * 9] * 9
+    for _ in range(6):
+        bomb = [bomb] * 9  # shared references: 9**8 items once expanded, as a YAML alias bomb builds them
+    assert len(short_repr(bomb)) < 200 and short_repr(list(range(100))) == "[0, 1, 2, 3, ...]"
+
+
+def test_parse_speculate_k():
+    assert (parse_speculate_k("3"), parse_speculate_k("auto")) == (3, "auto")
+    with pytest.raises(ValueError, match="expected an integer or 'auto'"):
+        parse_speculate_k("deep")
 
 
 def test_is_auto_is_mode_auto_or_k_auto_in_a_drafting_mode():

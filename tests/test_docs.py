@@ -78,6 +78,8 @@ FLAGS_ONLY = {  # (file, first line's start) -> why the benchmark is not run
     ("bench/README.md", "PYTHONPATH=. .venv/bin/python -m bench.auto grid --threads 1"):
         "27 minutes for the bar; `--quick` about 1 minute",
     ("bench/README.md", "PYTHONPATH=. .venv/bin/python bench/trl_step.py"): "about 3 minutes of TRL steps",
+    ("bench/README.md", "PYTHONPATH=. .venv/bin/python bench/hybrid.py --quick"):
+        "3-6 minutes: two heads trained, then timed calls; one line needs CUDA",
 }
 NOT_RUN = {  # (file, first line's start) -> why the block cannot run here
     ("README.md", "make demo"): "`make demo` is `bebop demo` (13 minutes; tests/test_demo.py runs `bebop demo "

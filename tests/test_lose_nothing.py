@@ -192,9 +192,10 @@ def test_generate_and_eval_paths_are_checked_first(use_cache, tmp_path, monkeypa
 def test_pretrain_rejects_no_steps_or_no_eval_and_keeps_the_cache(use_cache, tmp_path, capsys):
     model_dir = embedded.embedded_model_dir()
     before = snapshot(model_dir)
-    for flags in (["--steps", "0"], ["--steps", "-3"], ["--eval-problems", "0", "--steps", "1"]):
+    for flags, name in ((["--steps", "0"], "steps"), (["--steps", "-3"], "steps"),
+                        (["--eval-problems", "0", "--steps", "1"], "eval_problems")):
         assert main(["pretrain", *flags, "--overwrite"]) == 2
-        assert "steps >= 1 and eval_problems >= 1" in error_line(capsys)
+        assert f"{name} must be an integer in [1, 2**63 - 1], got {flags[1]}" in error_line(capsys)
     assert main(["pretrain", "--steps", "1", "--eval-problems", "0", "--out", str(tmp_path / "m")]) == 2
     assert not (tmp_path / "m").exists()
     assert main(["pretrain", "--steps", "1", "--eval-problems", "1"]) == 2

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
-from bebop.config import speculate_k_problem, temperature_problem
+from bebop.config import short_repr, speculate_k_problem, temperature_problem
 from bebop.mtp.chains import CHAIN_UNROLLS
-from bebop.mtp.head import decoder_states
+from bebop.speculative.target import decoder_states
 from bebop.speculative.attention import final_logits
 from bebop.utils.io import BebopError, read_jsonl
 from bebop.utils.tokens import encode_completion, encode_prompt
@@ -60,18 +60,10 @@ def load_sequences(path: str | os.PathLike, tokenizer, max_len: int | None = Non
         raise BebopError(f"data file {path} is empty")
     token_ids, starts = [], []
     for i, row in enumerate(rows, start=1):
-        if "token_ids" in row:
-            ids, start = [int(t) for t in row["token_ids"]], int(row.get("start", 1))
-        elif "prompt" in row and "completion" in row:
-            try:
-                prompt = encode_prompt(tokenizer, row["prompt"])
-                ids, start = prompt + encode_completion(tokenizer, row["completion"]), max(1, len(prompt))
-            except BebopError as e:
-                raise BebopError(f"data file {path} line {i}: {e}") from None
-        elif "text" in row:
-            ids, start = tokenizer.encode(row["text"]), 1
-        else:
-            raise BebopError(f"data file {path} line {i}: needs 'text', 'prompt'+'completion' or 'token_ids'")
+        try:
+            ids, start = _row_tokens(row, tokenizer)
+        except BebopError as e:
+            raise BebopError(f"data file {path} line {i}: {e}") from None
         if vocab_size is not None and any(not 0 <= t < vocab_size for t in ids):
             bad = next(t for t in ids if not 0 <= t < vocab_size)
             raise BebopError(f"data file {path} line {i}: token id {bad} is outside the model's vocabulary "
@@ -89,6 +81,29 @@ def load_sequences(path: str | os.PathLike, tokenizer, max_len: int | None = Non
     return Sequences(token_ids, starts)
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _row_tokens(row: dict, tokenizer) -> tuple[list[int], int]:
+    """(token ids, start) of one data row; BebopError (without the file and line) when it is malformed."""
+    if "token_ids" in row:
+        ids, start = row["token_ids"], row.get("start", 1)
+        if not isinstance(ids, list) or not all(_is_int(t) for t in ids):
+            raise BebopError(f"'token_ids' must be a list of integers, got {short_repr(ids)}")
+        if not _is_int(start) or start < 0:
+            raise BebopError(f"'start' must be an integer >= 0, got {short_repr(start)}")
+        return ids, start
+    if "prompt" in row and "completion" in row:
+        prompt = encode_prompt(tokenizer, row["prompt"])
+        return prompt + encode_completion(tokenizer, row["completion"]), max(1, len(prompt))
+    if "text" in row:
+        if not isinstance(row["text"], str):
+            raise BebopError(f"'text' must be a string, got {type(row['text']).__name__} {short_repr(row['text'])}")
+        return encode_prompt(tokenizer, row["text"]), 1
+    raise BebopError("needs 'text', 'prompt'+'completion' or 'token_ids'")
+
+
 def check_chain_args(data: Sequences, speculate_k: int, temperature: float) -> None:
     """Raises BebopError (one line) unless 1 <= K <= the deepest chain the data holds and 0 < temperature < inf.
 
@@ -104,8 +119,10 @@ def check_chain_args(data: Sequences, speculate_k: int, temperature: float) -> N
         raise BebopError("no sequences to train or evaluate a draft on")
     deepest = max(len(t) - 1 - max(s, 1) for t, s in zip(data.token_ids, data.starts))
     if speculate_k > deepest:
-        raise BebopError(f"speculate_k={speculate_k} is deeper than the data allows: its longest chain has "
-                         f"{deepest} steps")
+        fix = f"give --speculate-k {deepest} or less" if deepest >= 1 else "give data with longer completions"
+        raise BebopError(f"speculate_k={speculate_k} is deeper than the data allows: its longest completion has "
+                         f"{deepest + 1} tokens, room for chains of {deepest} drafts; {fix} (train-mtp drafts 5 "
+                         "deep by default, generate and rl 3)")
 
 
 def chain_tensors(backbone, head, ids: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor, k: int,

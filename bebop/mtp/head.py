@@ -14,7 +14,8 @@ and from each family's checkpoint names.
 
 Conventions (vLLM's, so a head trained here behaves the same when exported):
 1) h_t is the backbone's *final normed* hidden state (the tensor its lm_head reads), except for
-   MiMo, whose head reads the state before the final norm (``decoder_states`` gives either);
+   MiMo, whose head reads the state before the final norm (``bebop.speculative.target.decoder_states``
+   gives either);
 2) the step that consumes (h_t, x_{t+1}) runs at rotary position t, and chained step j at t + j - 1;
 3) per family (``MtpConventions``, chosen from the backbone's family when the head is built):
    the order of the projection input (MiMo puts the hidden state first), whether the embedding at
@@ -39,6 +40,8 @@ from transformers.modeling_layers import MtpLayer
 
 from bebop.architectures import check_architecture
 from bebop.mtp.families import FAMILIES, MtpConventions, detect_family
+from bebop.speculative import attention
+from bebop.speculative.target import decoder_of, final_norm
 from bebop.utils.io import BebopError, atomic_dir
 from bebop.utils.torch_utils import cache_kwargs
 
@@ -66,13 +69,6 @@ class MtpConfig:
         return MtpConventions(self.hidden_first, self.zero_first_embedding, self.chain_prenorm, self.target_prenorm)
 
 
-def _decoder(backbone: nn.Module) -> nn.Module:
-    decoder = backbone.get_decoder() if hasattr(backbone, "get_decoder") else backbone.model
-    if not hasattr(decoder, "layers") or not hasattr(decoder, "norm"):
-        raise BebopError(f"{type(backbone).__name__} has no decoder with .layers and .norm; cannot attach an MTP head")
-    return decoder
-
-
 class MtpHead(nn.Module):
     """A recurrent MTP draft head attached to a frozen backbone.
 
@@ -84,7 +80,7 @@ class MtpHead(nn.Module):
         num_layers: physical MTP layers (1 in DeepSeek-V3/Qwen3.5).
         family: native MTP family whose conventions the head follows; None = the backbone's own
             (``bebop.mtp.families.detect_family``), "" = none (the default conventions).
-        warm_start: start each block from the backbone's last decoder layer (False when weights are
+        warm_start: start each block from the backbone's last attention layer (False when weights are
             loaded right after).
 
     The head is put on the backbone's device, in its dtype: the engine drafts in the dtype it
@@ -95,14 +91,17 @@ class MtpHead(nn.Module):
     def __init__(self, backbone: nn.Module, num_layers: int = 1, family: str | None = None, warm_start: bool = True):
         super().__init__()
         check_architecture(backbone)
-        decoder = _decoder(backbone)
-        layer_cls = type(decoder.layers[-1])
-        norm_cls = type(decoder.norm)
+        decoder = decoder_of(backbone)
+        source = _warm_start_layer(backbone)
+        layer_cls = type(decoder.layers[source])
+        norm_cls = type(final_norm(decoder))
         config = copy.deepcopy(backbone.config.get_text_config())
-        # NOTE: the head's layers are full-attention layers (no sliding window), in training and in the
-        # engine alike; flash-attention kernels read the window from the config, so it is cleared too.
+        # NOTE: the head's layers are full-attention layers (no sliding window, no recurrence), in training and
+        # in the engine alike; flash-attention kernels read the window from the config, so it is cleared too.
         if getattr(config, "layer_types", None):
-            config.layer_types = ["full_attention"] * max(len(config.layer_types), num_layers)
+            config.layer_types = [attention.FULL] * max(len(config.layer_types), num_layers)
+        if not hasattr(config, "rms_norm_eps"):
+            config.rms_norm_eps = config.layer_norm_epsilon  # NOTE: MtpLayer's norms read it (NemotronH names it so)
         if hasattr(config, "first_k_dense_replace"):
             config.first_k_dense_replace = 0  # NOTE: native MTP layers of DeepSeek-V3/GLM-4.5 are MoE layers
         family = detect_family(backbone.config) if family is None else family
@@ -123,30 +122,35 @@ class MtpHead(nn.Module):
             **asdict(conventions),
         )
         if warm_start:
-            self._init_from_backbone(decoder)
+            self._init_from_backbone(decoder.layers[source])
+        param = next(backbone.parameters())
+        rotary = getattr(decoder, "rotary_emb", None)
+        # NOTE: decided once here, not per draft step (inspect is slow on the hot path).
+        self._rotary_takes_layer_type = rotary is not None and "layer_type" in inspect.signature(rotary.forward).parameters
+        if self._rotary_takes_layer_type and attention.FULL not in getattr(rotary, "layer_types", [attention.FULL]):
+            # A backbone without full-attention layers (Gemma 3, every layer sliding) has no full-attention rotary:
+            # the head's full-attention blocks take one built from the config's full-attention parameters.
+            rotary = type(rotary)(config=config).to(param.device)
         # Shared, frozen modules held outside the module tree so they are neither saved nor trained here.
         self._shared = {
             "embed": backbone.get_input_embeddings(),
             "lm_head": backbone.get_output_embeddings(),
-            "rotary": getattr(decoder, "rotary_emb", None),
+            "rotary": rotary,
         }
-        param = next(backbone.parameters())
         self.to(device=param.device, dtype=param.dtype)
-        rotary = self._shared["rotary"]
-        # NOTE: decided once here, not per draft step (inspect is slow on the hot path).
-        self._rotary_takes_layer_type = rotary is not None and "layer_type" in inspect.signature(rotary.forward).parameters
 
     @torch.no_grad()
-    def _init_from_backbone(self, decoder: nn.Module) -> None:
-        """Starts each block from the backbone's last decoder layer (a common MTP warm start)."""
-        source = decoder.layers[-1].state_dict()
+    def _init_from_backbone(self, source_layer: nn.Module) -> None:
+        """Starts each block from the backbone's last attention layer (a common MTP warm start)."""
+        source = source_layer.state_dict()
         for layer in self.layers:
             try:
                 layer.mtp_block.load_state_dict(source)
             except RuntimeError:
                 raise BebopError(
-                    f"cannot warm-start the MTP block from the backbone's last layer ({type(decoder.layers[-1]).__name__}):"
-                    " its weights do not fit an MTP layer of this family; use a native MTP head (--init native)"
+                    f"cannot warm-start the MTP block from the backbone's last attention layer "
+                    f"({type(source_layer).__name__}): its weights do not fit an MTP layer of this family; use a "
+                    "native MTP head (--init native)"
                 ) from None
             eye = torch.eye(self.config.hidden_size)
             layer.eh_proj.weight.copy_(torch.cat([eye, eye], dim=1) * 0.5)
@@ -254,10 +258,11 @@ class MtpHead(nn.Module):
             )
         if cfg.family and cfg.family not in FAMILIES:
             raise BebopError(f"MTP head in {directory} names an unknown family {cfg.family!r}")
-        if cfg.decoder_layer and cfg.decoder_layer != type(_decoder(backbone).layers[-1]).__name__:
+        layer_name = type(decoder_of(backbone).layers[_warm_start_layer(backbone)]).__name__
+        if cfg.decoder_layer and cfg.decoder_layer != layer_name:
             raise BebopError(
                 f"MTP head in {directory} was built for {cfg.decoder_layer} blocks but the backbone's layers are "
-                f"{type(_decoder(backbone).layers[-1]).__name__}"
+                f"{layer_name}"
             )
         head = cls(backbone, num_layers=cfg.num_layers, family=cfg.family, warm_start=False)
         head.config = cfg
@@ -277,21 +282,19 @@ class MtpHead(nn.Module):
         return head.to(device=param.device, dtype=param.dtype)
 
 
-def decoder_states(backbone: nn.Module, target_prenorm: bool = False, **decoder_kwargs):
-    """Runs the backbone's decoder; returns (its output, the state an MTP head reads (B, T, D)).
+def _warm_start_layer(backbone: nn.Module) -> int:
+    """Index of the backbone's last attention layer, the one the head's block is built from and starts as.
 
-    The state is the final normed hidden state, or with ``target_prenorm`` (MiMo) the input of
-    the decoder's final norm, captured by a hook.
+    Raises BebopError (one line) when the backbone has no attention layer: the head's block is one.
+    Example: a 4-layer hybrid Qwen3.5 (three Gated DeltaNet layers, then full attention) -> 3.
     """
-    decoder = _decoder(backbone)
-    captured: list[torch.Tensor] = []
-    hook = decoder.norm.register_forward_pre_hook(lambda _m, args: captured.append(args[0])) if target_prenorm else None
-    try:
-        out = decoder(**decoder_kwargs)
-    finally:
-        if hook is not None:
-            hook.remove()
-    return out, captured[-1] if target_prenorm else out.last_hidden_state
+    config = backbone.config.get_text_config()
+    kinds = attention.layer_kinds(config)
+    found = [i for i, kind in enumerate(kinds) if kind in attention.ATTENTION]
+    if not found:
+        raise BebopError(f"{getattr(config, 'model_type', type(backbone).__name__)} has no attention layer; an MTP "
+                         "head's block is an attention layer built from the backbone's")
+    return found[-1]
 
 
 def read_head_files(directory: Path) -> tuple[MtpConfig, dict[str, torch.Tensor]]:
@@ -307,7 +310,25 @@ def read_head_files(directory: Path) -> tuple[MtpConfig, dict[str, torch.Tensor]
     except Exception as e:  # noqa: BLE001 - any parse failure is a corrupt file
         raise BebopError(f"corrupt MTP head in {directory}: {str(e).splitlines()[0]}") from None
     check_finite_weights(state, f"MTP head in {directory}")
-    return MtpConfig(**{k: raw[k] for k in MtpConfig.__dataclass_fields__ if k in raw}), state
+    return _checked_config(raw, state, cfg_path), state
+
+
+def _checked_config(raw, state: dict[str, torch.Tensor], path: Path) -> MtpConfig:
+    """The ``MtpConfig`` a received ``mtp_config.json`` holds, each field of its declared type and
+    ``num_layers`` the layers the weights hold (a head is built before its weights load)."""
+    if not isinstance(raw, dict):
+        raise BebopError(f"corrupt MTP head config {path}: not a JSON object")
+    defaults = MtpConfig()
+    for name in MtpConfig.__dataclass_fields__:
+        value, default = raw.get(name, getattr(defaults, name)), getattr(defaults, name)
+        if isinstance(value, bool) != isinstance(default, bool) or not isinstance(value, type(default)):
+            raise BebopError(f"corrupt MTP head config {path}: {name} should be {type(default).__name__}, "
+                             f"got {str(value)[:40]!r}")
+    num_layers = len({name.split(".")[1] for name in state if name.startswith("layers.")})
+    if raw.get("num_layers", defaults.num_layers) != num_layers:
+        raise BebopError(f"corrupt MTP head config {path}: num_layers is {raw.get('num_layers')} but the weights "
+                         f"hold {num_layers} layer(s)")
+    return MtpConfig(**{k: raw[k] for k in MtpConfig.__dataclass_fields__ if k in raw})
 
 
 def check_finite_weights(state: dict[str, torch.Tensor], where: str) -> None:

@@ -33,13 +33,13 @@ from pathlib import Path
 
 import torch
 
-from bebop.config import BASELINE_DRAFT_LOSS, speculate_k_problem
-from bebop.losses import DRAFT_LOSSES
-from bebop.mtp.chains import check_chain_context, check_head_context
-from bebop.mtp.config import INITS, TrainMtpConfig
+from bebop.config import BASELINE_DRAFT_LOSS, field_problems
+from bebop.mtp.chains import check_head_context
+from bebop.mtp.config import TrainMtpConfig
 from bebop.mtp.data import Sequences, check_chain_args
-from bebop.mtp.head import MtpHead, _decoder
+from bebop.mtp.head import MtpHead
 from bebop.mtp.loss import chain_loss, chain_loss_count, fused_loss_blocker
+from bebop.speculative.target import decoder_of
 from bebop.utils import distributed
 from bebop.utils.io import (
     BebopError,
@@ -65,17 +65,11 @@ NEEDS_CE_START = ("tv", "e2e_tv")  # losses whose q-weighted gradient is slow fa
 
 
 def _check(cfg: TrainMtpConfig) -> None:
-    if cfg.loss not in DRAFT_LOSSES:
-        raise BebopError(f"unknown loss {cfg.loss!r}; choose one of {', '.join(DRAFT_LOSSES)}")
-    if cfg.init not in INITS:
-        raise BebopError(f"unknown init {cfg.init!r}; choose one of {', '.join(INITS)}")
-    if problem := speculate_k_problem(cfg.speculate_k, auto_ok=False):
-        raise BebopError(problem)
-    if cfg.steps < 1 or cfg.batch_size < 1:
-        raise BebopError("steps and batch_size must be >= 1")
-    if cfg.ce_warmup < -1 or cfg.ce_warmup > cfg.steps:
+    """Each field's own check (``bebop.config.field_problems``), then the one rule that relates two of them."""
+    if problems := field_problems(cfg):
+        raise BebopError("; ".join(problems))
+    if cfg.ce_warmup > cfg.steps:
         raise BebopError(f"ce_warmup must be -1 (auto) or 0..steps={cfg.steps}, got {cfg.ce_warmup}")
-    check_chain_context(cfg.chain_context)
 
 
 def ce_warmup_steps(cfg: TrainMtpConfig, origin: str) -> int:
@@ -301,7 +295,7 @@ def _fsdp_shard(backbone, head: MtpHead, opt, cfg: TrainMtpConfig):
     state = opt.state_dict()
     device = distributed.comm_device()
     mesh = distributed.fsdp_mesh(device)
-    decoder = _decoder(backbone)
+    decoder = decoder_of(backbone)
     layers, decoder.layers = decoder.layers, torch.nn.ModuleList()
     backbone.to(device)  # NOTE: all but the decoder layers, which fully_shard moves one shard at a time
     decoder.layers = layers

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from bebop.config import INT64_MAX, short_repr
 from bebop.pretrained import UNPICKLABLE
 from bebop.utils.io import BebopError, atomic_dir, read_json, save_torch, write_json
 
@@ -132,7 +133,11 @@ def load_checkpoint(
     """
     where = checkpoint_dir(run_dir)
     trainer = read_json(where / STATE_FILE, what="checkpoint state")
-    _check_config(read_json(where / "config.json", what="checkpoint config"), config, may_change, where)
+    saved = read_json(where / "config.json", what="checkpoint config")
+    if not isinstance(saved, dict):
+        raise BebopError(f"checkpoint config {where / 'config.json'} is not a table of settings")
+    _check_config(saved, config, may_change, where)
+    step = _saved_step(trainer, saved, where / STATE_FILE)
     missing = sorted(set(components) - set(trainer.get("components", [])))
     if missing:
         raise BebopError(f"checkpoint {where} lacks {missing}; it holds {trainer.get('components')}")
@@ -149,7 +154,21 @@ def load_checkpoint(
     except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as e:  # a loadable file of other contents
         raise BebopError(f"corrupt checkpoint file {where / RNG_FILE}: not RNG states ({type(e).__name__}: "
                          f"{str(e).splitlines()[0] if str(e) else ''})") from None
-    return int(trainer["step"])
+    return step
+
+
+def _saved_step(trainer: Any, saved: dict[str, Any], path: Path) -> int:
+    """The steps a checkpoint completed, trusted only when they fit its own run: an integer from 0 to the
+    ``steps`` of its config (when it records them)."""
+    if not isinstance(trainer, dict) or not isinstance(trainer.get("components", []), list):
+        raise BebopError(f"checkpoint state {path} is not a table of step and components")
+    step, steps = trainer.get("step"), saved.get("steps")
+    bound = steps if isinstance(steps, int) and not isinstance(steps, bool) else INT64_MAX
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= bound:
+        run = f"a run of {short_repr(steps)} steps" if bound == steps else "a run"
+        raise BebopError(f"checkpoint state {path} says step {short_repr(step)}, which {run} never reaches (a step is "
+                         f"an integer from 0 to the run's steps)")
+    return step
 
 
 def _load_file(path: Path) -> Any:

@@ -7,10 +7,9 @@ they are and reach reward functions as keyword lists (see ``bebop.rl.rewards``).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from bebop.utils.io import read_text
+from bebop.utils.io import parse_json, read_text
 
 PROMPT_FIELD = "prompt"  # the one field every row must have
 JSONL_SUFFIXES = (".jsonl", ".ndjson")  # one JSON object per line
@@ -39,10 +38,7 @@ def _read_jsonl(path: Path) -> list[tuple[str, dict]]:
     for line_no, line in enumerate(read_text(path, "prompt file").splitlines(), start=1):
         if not line.strip():
             continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{line_no}: invalid JSON ({err.msg})") from err
+        row = parse_json(line, f"{path}:{line_no}")
         rows.append((f"{path}:{line_no}", _check_row(row, f"{path}:{line_no}")))
     return rows
 
@@ -73,7 +69,8 @@ def load_prompts(path: str | Path) -> list[dict]:
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: unknown suffix, bad JSON (with its line), a row without ``prompt``, or no rows.
+        ValueError: unknown suffix, a row without ``prompt``, or no rows.
+        BebopError: bad JSON, or JSON nested deeper than the parser recurses (with its line).
         ImportError: a parquet file but pyarrow is not installed.
     """
     return [row for _, row in load_prompt_rows(path)]

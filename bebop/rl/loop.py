@@ -84,6 +84,7 @@ from bebop.rl.rewards import RewardFn, call_reward
 from bebop.rl.update import fixed_logprobs, update_policy
 from bebop.rollout.base import backend_problem, make_backend
 from bebop.rollout.runner import Rollout, RolloutRunner, frozen_copy
+from bebop.speculative.settings import head_problem
 from bebop.utils import distributed
 from bebop.utils.io import (
     BebopError,
@@ -259,8 +260,8 @@ def make_state(model: nn.Module, tokenizer, head: nn.Module | None, cfg: RLConfi
 
     ``backend_options`` go to the backend's constructor (the vLLM backend's ``workdir``, say).
     """
-    if head is None and (cfg.mode != "none" or cfg.mtp.mtp_update == "online"):
-        raise BebopError(f"mode {cfg.mode!r} with mtp_update {cfg.mtp.mtp_update!r} needs an MTP head")
+    if problem := head_problem(cfg.mode, head is not None, cfg.mtp.mtp_update):
+        raise BebopError(problem)
     model.eval()
     for p in model.parameters():
         p.requires_grad_(True)

@@ -7,12 +7,16 @@ One verify step of a row (``to``/``rs``)::
     verify:  one target forward over [last token, d_1..d_K] -> p_1..p_{K+1}
     accept:  the run's verifier (``VERIFIERS[SpecConfig.verify]``, chosen once): token-wise rejection sampling
              (RS, q = the draft's distribution) or target-only (q one-hot); or, RS only, block verification
-    commit:  the row keeps 1 + num_accepted KV entries; the recovered/bonus token is the next "last token"
+    commit:  the row keeps 1 + num_accepted KV entries (and recurrent states at that length); the
+             recovered/bonus token is the next "last token"
 
-Rows accept different numbers of tokens in the same step; a ``RaggedKVCache`` (one per model)
-keeps a length per row, so a rollback costs nothing and nothing is recomputed. Finished rows are
-dropped from the batch. A row's randomness comes from ``bebop.speculative.rng`` keyed by (its seed, its
-number of emitted tokens), so its output does not depend on which other rows share the batch.
+Rows accept different numbers of tokens in the same step; a ragged cache (one per model) keeps a
+length per row, so a rollback costs nothing and nothing is recomputed: KV entries past a row's
+length are ignored, and a recurrent layer's state is the snapshot the verify pass took at the row's
+kept length (``bebop.speculative.target``, ``bebop.speculative.state_cache``). Finished rows are
+dropped from the batch, their KV entries and states with them. A row's randomness comes from
+``bebop.speculative.rng`` keyed by (its seed, its number of emitted tokens), so its output does not
+depend on which other rows share the batch.
 Statistics (``Completions.stats``) count only the tokens the completions keep (see
 ``bebop.speculative.stats``): each step is logged first and trimmed once every row's end is known.
 
@@ -29,6 +33,12 @@ Deviations from a textbook implementation:
        target uses: full causal, or the sliding window of each ``sliding_attention`` layer (see
        ``bebop.speculative.attention``, which refuses, in one line, any pattern it cannot reproduce exactly).
        The MTP head's layers are full-attention layers, in training and here.
+    4) Recurrent layers (Gated DeltaNet, Mamba2) run a verify pass position by position with their
+       sequential recurrence, keeping the state after each position, as a plain step runs them;
+       prefill chunks end at every row's prompt end, so no recurrent layer ever sees padding.
+    5) The prefill runs in chunks under a fixed mask budget, rows ordered longest prompt first, and
+       computes logits only at each row's last prompt position; the MTP head reads its first input
+       pairs chunk by chunk alongside (``bebop.speculative.target``).
 """
 
 from __future__ import annotations
@@ -39,13 +49,13 @@ from dataclasses import dataclass, replace
 import torch
 
 from bebop.config import is_auto
-from bebop.mtp.head import decoder_states
-from bebop.speculative import attention, rng
+from bebop.speculative import rng
 from bebop.speculative.completions import Completions
 from bebop.speculative.kv_cache import RaggedKVCache, fill_order
 from bebop.speculative.sampling import logits_to_probs, sample_from_probs
-from bebop.speculative.settings import MODES, SamplingParams, SpecConfig, check_settings
+from bebop.speculative.settings import MODES, SamplingParams, SpecConfig, check_settings, head_problem
 from bebop.speculative.stats import EmissionLog, entropy
+from bebop.speculative.target import Target
 from bebop.speculative.verification import (
     VERIFIERS,
     draw_draft_noise,
@@ -56,7 +66,6 @@ from bebop.speculative.verification import (
     verify_from_noise,
 )
 from bebop.utils.io import BebopError
-from bebop.utils.torch_utils import cache_kwargs
 
 
 @dataclass
@@ -78,38 +87,6 @@ class _Rows:
         if self.pend_hidden is not None:
             self.pend_hidden, self.pend_tokens = self.pend_hidden[idx], self.pend_tokens[idx]
             self.pend_count = [self.pend_count[i] for i in keep]
-
-
-class _Target:
-    """The target model's decoder, lm_head and a ragged cache; one forward per call."""
-
-    def __init__(self, model, batch_size: int, max_len: int, head_reads_prenorm: bool = False):
-        self.model = model
-        self.head_reads_prenorm = head_reads_prenorm  # the MTP head reads the state before the final norm (MiMo)
-        self.lm_head = model.get_output_embeddings()
-        self.config = model.config.get_text_config()
-        self.windows = attention.layer_windows(self.config)  # raises on patterns it cannot reproduce
-        self.type_windows = attention.layer_type_windows(self.config)
-        attention.check_logits(self.config)
-        param = next(model.parameters())
-        self.cache = RaggedKVCache(self.config.num_hidden_layers, batch_size, max_len, param.device, param.dtype)
-
-    def forward(self, input_ids: torch.Tensor, valid: torch.Tensor | None = None):
-        """input_ids (R, S) -> logits (R, S, V), the MTP head's input state (R, S, D); the caller commits the cache."""
-        positions = self.cache.begin(input_ids.shape[1])
-        # NOTE: every HF decoder's mask builder returns a 4-D mask unchanged, to every layer (sliding
-        # ones included); so one pattern -> one 4-D mask (Llama, Mistral, Phi-3 accept nothing else),
-        # mixed patterns -> the {layer_type: mask} dict that exactly those decoders (layer_types) accept.
-        if len(set(self.windows)) == 1:
-            mask = self.cache.attention_bias(valid, window=self.windows[0])
-        else:
-            mask = {kind: self.cache.attention_bias(valid, window=w) for kind, w in self.type_windows.items()}
-        out, state = decoder_states(
-            self.model, self.head_reads_prenorm,
-            input_ids=input_ids, position_ids=positions, attention_mask=mask, use_cache=True,
-            **cache_kwargs(self.model.get_decoder(), self.cache),
-        )
-        return attention.final_logits(self.config, self.lm_head(out.last_hidden_state)), state
 
 
 def generate(
@@ -243,8 +220,8 @@ def _check_args(model, mtp, prompts, sampling: SamplingParams, spec: SpecConfig)
     if is_auto(spec.mode, spec.speculate_k):
         raise BebopError("mode/speculate_k 'auto' is chosen by bebop.speculative.auto.generate.generate_auto, not by generate")
     check_settings(spec, sampling, auto_ok=False)
-    if spec.mode != "none" and mtp is None:
-        raise BebopError(f"mode {spec.mode!r} needs an MTP head (--mtp)")
+    if problem := head_problem(spec.mode, mtp is not None):
+        raise BebopError(problem)
     if not prompts:
         raise BebopError("no prompts given")
 
@@ -260,7 +237,7 @@ class _Runner:
         self.draft_temperature = spec.draft_temperature or sampling.temperature or 1.0
         self.eos = tokenizer.eos_token_id
         self.tokenizer = tokenizer
-        self.target = _Target(model, batch, capacity, head_reads_prenorm=bool(mtp and mtp.config.target_prenorm))
+        self.target = Target(model, batch, capacity, head_reads_prenorm=bool(mtp and mtp.config.target_prenorm))
         self.mtp_cache = None  # NOTE: present whenever a step may draft; then every step feeds the head's inputs
         if max_speculate_k:
             param = next(model.parameters())
@@ -295,24 +272,39 @@ class _Runner:
 
     # ------------------------------------------------------------------ steps
     def prefill(self, rows: _Rows, prompt_ids: list[list[int]]) -> None:
-        lengths = [len(p) for p in prompt_ids]
-        width = max(lengths)
-        device = rows.keys.device
-        ids = torch.tensor([p + [0] * (width - len(p)) for p in prompt_ids], dtype=torch.long, device=device)
-        valid = torch.arange(width, device=device)[None, :] < torch.tensor(lengths, device=device)[:, None]
-        logits, hidden = self.target.forward(ids, valid)
-        self.target.cache.commit(lengths)
-        last = torch.tensor(lengths, device=device) - 1
-        arange = torch.arange(len(lengths), device=device)
-        if not bool(torch.isfinite(logits[arange, last]).all()):  # NOTE: one host sync per generate call
+        # NOTE: the rows' order is free (each row's randomness is its own); longest prompt first makes the rows
+        # of every prefill chunk a prefix of the batch (``bebop.speculative.target``).
+        order = sorted(range(len(prompt_ids)), key=lambda b: -len(prompt_ids[b]))
+        rows.select(order)
+        prompts = [prompt_ids[b] for b in order]
+        lengths = [len(p) for p in prompts]
+        ids = torch.tensor([p + [0] * (lengths[0] - len(p)) for p in prompts], dtype=torch.long,
+                           device=rows.keys.device)
+        feed = self._head_feeder(ids, lengths) if self.mtp_cache is not None else None
+        logits, hidden = self.target.prefill(ids, lengths, feed)  # (B, V), (B, D) at each row's last prompt token
+        if not bool(torch.isfinite(logits).all()):  # NOTE: one host sync per generate call
             raise BebopError("the model produces NaN or infinite logits; check its weights and dtype")
-        first = self._sample(logits[arange, last], rows)
-        if self.mtp_cache is not None:
-            # The head's first input pairs: (h_t, x_{t+1}) for every prompt position t.
-            tokens = torch.nn.functional.pad(ids[:, 1:], (0, 1))
-            tokens[arange, last] = first
-            rows.pend_hidden, rows.pend_tokens, rows.pend_count = hidden, tokens, lengths
+        first = self._sample(logits, rows)
+        if self.mtp_cache is not None:  # the head's input pair at the last prompt position waits for the first token
+            rows.pend_hidden, rows.pend_tokens, rows.pend_count = hidden[:, None], first[:, None], [1] * len(lengths)
         self._emit(rows, first[:, None], [0] * len(lengths))
+
+    def _head_feeder(self, ids: torch.Tensor, lengths: list[int]):
+        """The prefill's chunk callback that feeds the MTP head its first input pairs (h_t, x_{t+1}) for every
+        prompt position t but the last (whose x_{t+1} is the first sampled token), chunk by chunk."""
+        cache, head, device = self.mtp_cache, self.mtp, ids.device
+        padded = torch.nn.functional.pad(ids, (0, 1))  # (B, W + 1): x_{t+1} for t = W - 1 is padding
+
+        def feed(start: int, hidden: torch.Tensor) -> None:  # hidden (R, S, D) at positions start ..
+            num_rows, width = hidden.shape[:2]
+            counts = [max(0, min(width, n - 1 - start)) for n in lengths[:num_rows]]
+            positions = cache.begin(width, num_rows)
+            valid = torch.arange(width, device=device)[None, :] < torch.tensor(counts, device=device)[:, None]
+            head.forward_step(hidden, padded[:num_rows, start + 1: start + 1 + width], positions, step=0,
+                              attention_bias=cache.attention_bias(valid), cache=cache)
+            cache.commit(counts + [0] * (len(lengths) - num_rows))
+
+        return feed
 
     def decode_step(self, rows: _Rows) -> None:
         if self.k:

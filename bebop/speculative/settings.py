@@ -11,10 +11,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bebop.config import AUTO, VERIFY_CHOICES, speculate_k_problem, temperature_problem
+from bebop.config import (
+    AUTO,
+    MAX_NEW_TOKENS,
+    MODES,
+    TOP_K,
+    TOP_P,
+    VERIFY_CHOICES,
+    speculate_k_problem,
+    temperature_problem,
+)
 from bebop.utils.io import BebopError
-
-MODES = ("none", "to", "rs")
 
 
 @dataclass(frozen=True)
@@ -42,18 +49,14 @@ class SpecConfig:
 def distribution_problems(temperature: float, top_k: int, top_p: float, greedy_ok: bool) -> list[str]:
     """Why (temperature, top-k, top-p) cannot shape a distribution (empty when they can); see
     ``settings_problems``. ``bebop.speculative.sampling.logits_to_probs`` checks its arguments here."""
-    problems = [temperature_problem(temperature, greedy_ok)]
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
-        problems.append(f"top_k must be an int >= 0 (0 = off), got {top_k}")
-    if not 0 < top_p <= 1:
-        problems.append(f"top_p must lie in (0, 1] (1 = off), got {top_p}")
+    problems = [temperature_problem(temperature, greedy_ok), TOP_K.check("top_k", top_k), TOP_P.check("top_p", top_p)]
     return [p for p in problems if p]
 
 
 def _sampling_problems(sampling: SamplingParams, greedy_ok: bool) -> list[str]:
     problems = distribution_problems(sampling.temperature, sampling.top_k, sampling.top_p, greedy_ok)
-    if sampling.max_new_tokens < 1:
-        problems.append(f"max_new_tokens must be >= 1, got {sampling.max_new_tokens}")
+    if problem := MAX_NEW_TOKENS.check("max_new_tokens", sampling.max_new_tokens):
+        problems.append(problem)
     # NOTE: "" occurs in every text, so it would end every completion after its first token.
     if any(not isinstance(s, str) or not s for s in sampling.stop):
         problems.append(f"stop strings must be non-empty, got {list(sampling.stop)}")
@@ -72,6 +75,23 @@ def verify_problem(mode: str, verify: str, backend: str = "engine") -> str | Non
     if verify == "block" and backend != "engine":
         return f"verify block needs backend engine: {backend} has no block verification"
     return None
+
+
+def needs_head(mode: str, mtp_update: str = "frozen") -> bool:
+    """Whether a run drafts with an MTP head (modes to and rs, and mode auto, which may choose them) or
+    trains one (``mtp_update`` online): the one rule of every "needs an MTP head" check.
+
+    Example: needs_head("none") -> False; needs_head("none", "online") -> True.
+    """
+    return mode != "none" or mtp_update == "online"
+
+
+def head_problem(mode: str, has_head: bool, mtp_update: str = "frozen") -> str | None:
+    """The one-line reason a run without a head cannot run (``needs_head``), or None."""
+    if has_head or not needs_head(mode, mtp_update):
+        return None
+    online = " with mtp_update online" if mtp_update == "online" else ""
+    return f"mode {mode!r}{online} needs an MTP head (--mtp)"
 
 
 def _spec_problems(spec: SpecConfig, auto_ok: bool) -> list[str]:

@@ -14,6 +14,8 @@ import errno
 import json
 import os
 import shutil
+import stat
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -76,8 +78,8 @@ def lock_holder(path: str | os.PathLike) -> str | None:
     if fcntl is None or not lock.is_file():
         return None
     try:
-        fd = os.open(lock, os.O_RDONLY)
-    except OSError:
+        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:  # NOTE: a link planted there is refused by output_lock
         return None
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # NOTE: released at once by the close below
@@ -97,6 +99,8 @@ def output_lock(path: str | os.PathLike, what: str = "output directory") -> Iter
     Never waits: when another process holds it, raises BebopError naming that process's pid. The
     lock is on the path, not the directory, so it also covers moving the old directory aside. The
     file is removed on release; a killed holder leaves it, unlocked, and the next command takes it.
+    The pid is written only into a regular file of one link: a symlink, a hard link or a directory
+    planted at the lock's path is refused (``_open_lock``), so no other file is ever written.
     """
     lock = _lock_file(Path(path))
     if fcntl is None:
@@ -104,7 +108,7 @@ def output_lock(path: str | os.PathLike, what: str = "output directory") -> Iter
         return
     lock.parent.mkdir(parents=True, exist_ok=True)
     while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open_lock(lock)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -126,6 +130,29 @@ def output_lock(path: str | os.PathLike, what: str = "output directory") -> Iter
         with contextlib.suppress(OSError):
             os.unlink(lock)  # NOTE: while still locked, so a waiter that locked the old file sees it gone
         os.close(fd)
+
+
+def _planted_lock(lock: Path, fd: int | None = None) -> str | None:
+    """Why the file at a lock's path is not one bebop wrote (a symbolic link, a directory, a hard link to
+    another file), or None; ``fd``: the file, opened without following links."""
+    info = os.fstat(fd) if fd is not None else os.lstat(lock) if os.path.lexists(lock) else None
+    kind = None if info is None else "a symbolic link" if stat.S_ISLNK(info.st_mode) else \
+        "a directory" if stat.S_ISDIR(info.st_mode) else "a hard link to another file" if info.st_nlink > 1 else None
+    return f"lock file {lock} is {kind}, not a lock file bebop wrote; remove it" if kind else None
+
+
+def _open_lock(lock: Path) -> int:
+    """A descriptor of the lock file ``lock``, created if missing, never through a link (``_planted_lock``)."""
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError:
+        if problem := _planted_lock(lock):
+            raise BebopError(problem) from None
+        raise
+    if problem := _planted_lock(lock, fd):
+        os.close(fd)
+        raise BebopError(problem)
+    return fd
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -156,11 +183,28 @@ def _writable(directory: Path) -> bool:
     return True
 
 
-def check_output_file(path: str | os.PathLike, what: str = "output file") -> None:
-    """Raises BebopError unless ``path`` can be written as a file; creates and changes nothing."""
+def check_output_file(path: str | os.PathLike, what: str = "output file", others: dict | None = None) -> None:
+    """Raises BebopError unless ``path`` can be written as a file; creates and changes nothing.
+
+    ``others`` (description -> path, None entries skipped): the files and directories the command
+    reads or writes besides; ``path`` must be none of them (a hard link or symlink to one included)
+    and lie in none of them, or writing it would destroy what the command reads or writes.
+
+    Example: check_output_file("ok.jsonl", "--json file", {"--data file": "ok.jsonl"}) raises
+    "--json file ok.jsonl is the --data file ok.jsonl: the command would write over it".
+    """
     path = Path(path)
     if path.is_dir():
         raise BebopError(f"{what} {path} is a directory")
+    out = path.resolve()
+    for name, given in (others or {}).items():
+        if given is None or given == "":
+            continue
+        other = Path(given).resolve()
+        same = out == other or (out.exists() and other.exists() and os.path.samefile(out, other))
+        relation = "is" if same else "lies inside" if out.is_relative_to(other) else ""
+        if relation:
+            raise BebopError(f"{what} {path} {relation} the {name} {given}: the command would write over it")
     _check_writable_parent(path, what)
 
 
@@ -181,6 +225,8 @@ def check_output_dir(
     if resume and overwrite:
         raise BebopError("--resume and --overwrite exclude each other")
     _check_apart(path, inputs, what)
+    if problem := _planted_lock(_lock_file(path)):
+        raise BebopError(problem)
     holder = None if locked else lock_holder(path)
     if holder is not None:
         raise BebopError(_busy(path, holder, what))
@@ -403,15 +449,24 @@ def read_text(path: str | os.PathLike, what: str = "file") -> str:
                          "save it as UTF-8") from None
 
 
+def parse_json(text: str, where: str) -> Any:
+    """``json.loads(text)``; BebopError naming ``where`` when the text is not JSON, or is nested deeper
+    than Python's parser recurses (a received file can hold thousands of nested brackets)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise BebopError(f"{where} is not valid JSON: {e}") from None
+    except RecursionError:
+        raise BebopError(f"{where} is not valid JSON here: it nests arrays or objects deeper than "
+                         f"{sys.getrecursionlimit()} levels") from None
+
+
 def read_json(path: str | os.PathLike, what: str = "file") -> Any:
     """Reads a JSON file, raising BebopError with one clear line when missing or corrupt."""
     path = Path(path)
     if not path.is_file():
         raise BebopError(f"{what} not found: {path}")
-    try:
-        return json.loads(read_text(path, what))
-    except json.JSONDecodeError as e:
-        raise BebopError(f"{what} {path} is not valid JSON: {e}") from None
+    return parse_json(read_text(path, what), f"{what} {path}")
 
 
 def read_jsonl(path: str | os.PathLike, what: str = "file", torn_tail_ok: bool = False) -> list[dict]:
@@ -433,11 +488,11 @@ def read_jsonl(path: str | os.PathLike, what: str = "file", torn_tail_ok: bool =
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
+            row = parse_json(line, f"{what} {path} line {i}")
+        except BebopError:
             if torn_tail_ok and i == last:
                 break
-            raise BebopError(f"{what} {path} line {i} is not valid JSON: {e}") from None
+            raise
         if not isinstance(row, dict):
             raise BebopError(f"{what} {path} line {i} is not a JSON object")
         rows.append(row)

@@ -23,7 +23,7 @@ from bebop.integrations.trl import BebopRollout, bebop_rollout_func  # noqa: E40
 from bebop.mtp.head import MtpHead  # noqa: E402
 from bebop.rollout.logprobs import policy_logprobs  # noqa: E402
 from bebop.speculative import SamplingParams, generate  # noqa: E402
-from bebop.speculative.check.chi2 import two_sample_chi2  # noqa: E402
+from bebop.check.chi2 import two_sample_chi2  # noqa: E402
 from bebop.utils.io import BebopError  # noqa: E402
 from tests.conftest import tiny_model, tiny_tokenizer  # noqa: E402
 

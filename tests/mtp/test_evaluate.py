@@ -297,7 +297,8 @@ BAD_INPUTS = [  # (evaluate_mtp keyword overrides, message)
     pytest.param({"speculate_k": 0}, "speculate_k must be an integer >= 1, got 0", id="k-zero"),
     pytest.param({"speculate_k": 2.0}, "speculate_k must be an integer >= 1, got 2.0", id="k-float"),
     pytest.param({"speculate_k": True}, "speculate_k must be an integer >= 1, got True", id="k-bool"),
-    pytest.param({"speculate_k": 8}, "speculate_k=8 is deeper than the data allows: its longest chain has 7 steps",
+    pytest.param({"speculate_k": 8}, "speculate_k=8 is deeper than the data allows: its longest completion has 8 "
+                 "tokens, room for chains of 7 drafts; give --speculate-k 7 or less",
                  id="k-deeper-than-data"),
     pytest.param({"temperature": 0.0}, "temperature must be a finite number > 0, got 0.0", id="temperature-zero"),
     pytest.param({"temperature": -1.0}, "temperature must be a finite number > 0", id="temperature-negative"),

@@ -103,3 +103,29 @@ def test_save_is_atomic(tmp_path, monkeypatch):
         head.save_pretrained(tmp_path / "head")
     assert (tmp_path / "head" / "model.safetensors").read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["head"]
+
+
+def test_heads_build_on_every_layer_mix_the_engine_runs(tmp_path):
+    """A head is an attention block built from (and started as) the backbone's last attention layer, with a
+    rotary of full attention: on Gemma 3 with every layer sliding (no full-attention rotary in the backbone),
+    on a 3:1 Gated DeltaNet hybrid and on NemotronH (Mamba2, MLP and attention blocks) it trains, drafts in the
+    engine (greedy rs equals plain greedy) and reloads; a backbone without attention layers is refused."""
+    from bebop.mtp.train import TrainMtpConfig, train_mtp
+    from bebop.speculative.engine import SamplingParams, SpecConfig, generate
+    from tests.helpers import ToyTokenizer, random_sequences
+
+    models = {arch: tiny_model(arch, vocab_size=32) for arch in ("gemma3", "qwen3_5_hybrid", "nemotron_h")}
+    assert models["gemma3"].config.layer_types == ["sliding_attention"] * 2  # Gemma3TextConfig's default
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
+    for name, model in models.items():
+        cfg = TrainMtpConfig(loss="ce", steps=2, batch_size=4, speculate_k=2, save_every=0)
+        head = train_mtp(model, random_sequences(num=8, vocab=32), tmp_path / name, cfg, show_progress=False)
+        last_attention = 2 if name == "nemotron_h" else -1  # NemotronH's blocks: Mamba2, MLP, attention, Mamba2
+        source = model.get_decoder().layers[last_attention]
+        assert head.layers[0].mtp_block.state_dict().keys() == source.state_dict().keys()
+        out = generate(model, ToyTokenizer(), [[1, 2, 3]], mtp=head, sampling=greedy, spec=SpecConfig("rs", 2))
+        assert out.token_ids == generate(model, ToyTokenizer(), [[1, 2, 3]], sampling=greedy).token_ids
+        MtpHead.from_pretrained(tmp_path / name, model)
+    recurrent_only = tiny_model("qwen3_5_hybrid", layer_types=["linear_attention"] * 2)
+    with pytest.raises(BebopError, match="has no attention layer"):
+        MtpHead(recurrent_only)

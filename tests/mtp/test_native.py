@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from bebop.mtp import MtpHead
-from bebop.mtp.head import decoder_states
+from bebop.speculative.target import decoder_states
 from bebop.mtp.native import INDEX_NAME, MTP_SHARD, export_mtp, import_mtp, weight_map
 from bebop.utils.io import BebopError
 from tests.conftest import tiny_model

@@ -5,6 +5,8 @@ import sys
 
 import pytest
 
+from bebop.utils.io import BebopError
+
 from bebop.rl.data import load_prompts
 
 
@@ -37,7 +39,7 @@ def test_missing_file(tmp_path):
 def test_bad_json_names_the_line(tmp_path):
     path = tmp_path / "p.jsonl"
     path.write_text('{"prompt": "a"}\n{"prompt": "b",}\n')
-    with pytest.raises(ValueError, match=r"p\.jsonl:2: invalid JSON"):
+    with pytest.raises(BebopError, match=r"p\.jsonl:2 is not valid JSON: "):
         load_prompts(path)
 
 

@@ -191,7 +191,7 @@ class _CrashingBackend(EngineBackend):
 
 
 def test_check_lossless_counts_a_crashing_setting_as_failed_and_names_it(policy):
-    from bebop.speculative.check.lossless import LosslessConfig, format_lossless_table, run_lossless_checks, summarize_checks
+    from bebop.check.lossless import LosslessConfig, format_lossless_table, run_lossless_checks, summarize_checks
 
     model, tok, head = policy
     backend = _CrashingBackend(model, tok, head)
@@ -206,7 +206,7 @@ def test_check_lossless_counts_a_crashing_setting_as_failed_and_names_it(policy)
 
 
 def test_check_lossless_lets_the_engine_crash_loudly(policy, monkeypatch):
-    from bebop.speculative.check.lossless import LosslessConfig, run_lossless_checks
+    from bebop.check.lossless import LosslessConfig, run_lossless_checks
 
     model, tok, head = policy
     backend = _CrashingBackend(model, tok, head)

@@ -6,8 +6,9 @@ What pins it, on tiny models with a sliding window of WINDOW = 8 tokens and sequ
     Qwen2/Qwen3: one full, one sliding layer; Gemma 2/3: mixed, Gemma 2 with final logit soft-capping);
   * at temperature 0, modes ``none``, ``to`` and ``rs`` give HF ``generate(do_sample=False)``'s tokens;
   * the same checks fail when the window is ignored (the engine before the fix);
-  * patterns the engine cannot reproduce (linear, chunked or bidirectional attention, scaled logits)
-    are refused with one line.
+  * patterns the engine cannot reproduce (recurrent layers of families it does not run, chunked or
+    bidirectional attention, scaled logits)
+    are refused with one line. Hybrid (recurrent) models are pinned in test_hybrid.py.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import transformers
 from bebop.mtp import MtpHead
 from bebop.speculative import attention, engine
 from bebop.speculative.engine import SamplingParams, SpecConfig, generate
+from bebop.speculative.target import Target
 from bebop.utils.io import BebopError
 from bebop.architectures import SUPPORTED_MODEL_TYPES
 from tests.conftest import ARCHITECTURES, SLIDING_WINDOW_KWARGS, tiny_model
@@ -41,27 +43,31 @@ def _hf_logits(model, ids: list[int]) -> torch.Tensor:  # (T, V)
         return model(input_ids=torch.tensor([ids])).logits[0]
 
 
-def _target_logits_match(model) -> bool:
-    """Ragged prefill (lengths 3 and 11), then blocks of 4 tokens of which rows keep 1..4, as in
-    speculative decoding; True iff every logit the engine's target computes equals HF's full forward."""
+def target_logits_match(model, atol: float = LOGITS_ATOL) -> bool:
+    """Ragged prefill (lengths 11 and 3), then blocks of 4 tokens of which rows keep 1..4, as in
+    speculative decoding, then plain steps; True iff every logit the engine's target computes equals
+    HF's full forward (the prefill's at every prompt position, through the head's input state)."""
     seqs = _ids((40, 40), seed=1)
-    lengths = [3, 11]
-    target = engine._Target(model, 2, 64)
-    width = max(lengths)
-    ids = torch.tensor([s[:width] for s in seqs])
-    valid = torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]
+    lengths = [11, 3]
+    target = Target(model, 2, 64)
+    chunks = []
     with torch.no_grad():
-        logits, _ = target.forward(ids, valid)
-    target.cache.commit(lengths)
-    ok = all(torch.allclose(logits[b, : n], _hf_logits(model, seqs[b][:n]), atol=LOGITS_ATOL, rtol=0)
+        last, _ = target.prefill(torch.tensor([s[:11] for s in seqs]), lengths,
+                                 lambda start, state: chunks.append((start, target.logits(state))))
+    ok = all(torch.allclose(last[b], _hf_logits(model, seqs[b][:n])[-1], atol=atol, rtol=0)
              for b, n in enumerate(lengths))
-    for step in range(6):
-        block = torch.tensor([s[n: n + 4] for s, n in zip(seqs, lengths)])
+    for start, logits in chunks:
+        for b, n in enumerate(lengths[: logits.shape[0]]):
+            end = min(n, start + logits.shape[1])
+            ok &= torch.allclose(logits[b, : end - start], _hf_logits(model, seqs[b][:end])[start:], atol=atol, rtol=0)
+    for step in range(7):
+        width = 4 if step < 6 else 1  # six verify passes, then a plain step
+        block = torch.tensor([s[n: n + width] for s, n in zip(seqs, lengths)])
         with torch.no_grad():
             logits, _ = target.forward(block)
         for b, n in enumerate(lengths):
-            ok &= torch.allclose(logits[b], _hf_logits(model, seqs[b][: n + 4])[n:], atol=LOGITS_ATOL, rtol=0)
-        kept = [1 + (step + b) % 4 for b in range(2)]  # rows keep different numbers of the block
+            ok &= torch.allclose(logits[b], _hf_logits(model, seqs[b][: n + width])[n:], atol=atol, rtol=0)
+        kept = [1 + (step + b) % width for b in range(2)]  # rows keep different numbers of the block
         target.cache.commit(kept)
         lengths = [n + k for n, k in zip(lengths, kept)]
     assert max(lengths) > 2 * WINDOW  # the case reaches well past the window
@@ -71,7 +77,7 @@ def _target_logits_match(model) -> bool:
 @pytest.mark.parametrize("arch", list(ARCHITECTURES))  # every supported family, with a window where it has one
 def test_target_logits_equal_model_forward(arch):
     model = tiny_model(arch, vocab_size=VOCAB, sliding_window=WINDOW if arch in SLIDING else None)
-    assert _target_logits_match(model)
+    assert target_logits_match(model)
 
 
 @pytest.mark.parametrize("arch", SLIDING)
@@ -92,7 +98,7 @@ def test_ignoring_the_window_fails_these_checks(arch, monkeypatch):
     """The engine before the fix (a full causal mask on every layer) fails both checks above."""
     model = tiny_model(arch, vocab_size=VOCAB, sliding_window=WINDOW)
     monkeypatch.setattr(attention, "layer_windows", lambda config: [None] * config.num_hidden_layers)
-    assert not _target_logits_match(model)
+    assert not target_logits_match(model)
     prompt = _ids((5,))[0]
     hf = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, 5, dtype=torch.long),
                         do_sample=False, max_new_tokens=NEW_TOKENS, pad_token_id=0)[0, 5:].tolist()
@@ -103,9 +109,9 @@ def test_ignoring_the_window_fails_these_checks(arch, monkeypatch):
 def test_gemma2_logits_are_soft_capped(monkeypatch):
     model = tiny_model("gemma2", vocab_size=VOCAB, sliding_window=WINDOW)
     model.config.final_logit_softcapping = 0.05  # well below the logits' scale: capping changes p
-    assert _target_logits_match(model)
+    assert target_logits_match(model)
     monkeypatch.setattr(attention, "final_logits", lambda config, logits: logits)  # the engine before the fix
-    assert not _target_logits_match(model)
+    assert not target_logits_match(model)
 
 
 def test_layer_windows():
@@ -118,16 +124,10 @@ def test_layer_windows():
         "sliding_attention": 4, "full_attention": None}
 
 
-def _qwen3_5_hybrid():
-    config = transformers.Qwen3_5TextConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, layer_types=["linear_attention", "full_attention"])
-    return transformers.Qwen3_5ForCausalLM(config).eval()
-
-
 def test_unsupported_patterns_are_refused_in_one_line():
-    with pytest.raises(BebopError, match="layer 0 is 'linear_attention'"):
-        generate(_qwen3_5_hybrid(), ToyTokenizer(), [[1, 2]])
+    minimax = transformers.MiniMaxConfig(num_hidden_layers=2)  # lightning attention: recurrent, not run by the engine
+    with pytest.raises(BebopError, match="layer 1 is 'linear_attention'"):
+        attention.layer_windows(minimax)
     gemma = transformers.Gemma3TextConfig(num_hidden_layers=2, use_bidirectional_attention=True)
     with pytest.raises(BebopError, match="bidirectional"):
         attention.layer_windows(gemma)

@@ -72,9 +72,9 @@ def test_compacting_in_place_equals_copying_every_kept_row(data):
     cache, reference = _filled(batch, lengths, seed=1), _filled(batch, lengths, seed=1)
     before = cache.keys[0]
     cache.select_rows(order)
-    expected = {name: [buf[order].clone() for buf in getattr(reference, name)] for name in ("keys", "values")}
+    expected = {name: [buf[order].clone() for buf in getattr(reference, name).values()] for name in ("keys", "values")}
     for name in ("keys", "values"):
-        for got, want in zip(getattr(cache, name), expected[name]):
+        for got, want in zip(getattr(cache, name).values(), expected[name]):
             torch.testing.assert_close(got, want, rtol=0, atol=0)
     assert cache.host_lengths == [lengths[r] for r in order] == cache.lengths.tolist()
     if filled:
@@ -88,8 +88,8 @@ def test_a_compacted_cache_goes_on_writing_and_masking_each_row():
     cache, alone = _filled(4, lengths, seed=2), _filled(4, lengths, seed=2)
     order = fill_order([0, 2, 3])  # row 1 ended: row 3 moves into its place
     cache.select_rows(order)
-    alone.keys = [buf[order] for buf in alone.keys]
-    alone.values = [buf[order] for buf in alone.values]
+    alone.keys = {layer: buf[order] for layer, buf in alone.keys.items()}
+    alone.values = {layer: buf[order] for layer, buf in alone.values.items()}
     alone.lengths, alone.host_lengths = alone.lengths[order], [lengths[r] for r in order]
     new_key, new_value = torch.randn(3, HEADS, 2, WIDTH), torch.randn(3, HEADS, 2, WIDTH + 1)
     for c in (cache, alone):

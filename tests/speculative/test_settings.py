@@ -18,12 +18,15 @@ PACKAGE = Path(__file__).resolve().parents[2] / "bebop"
 @pytest.mark.parametrize("value, greedy_ok, ok", [
     (1.0, False, True), (0.7, True, True), (2, False, True), (0.0, True, True),
     (0.0, False, False), (-0.5, True, False), (math.inf, True, False), (math.nan, True, False),
-    (True, True, False), ("1", True, False),
+    (True, True, False), ("1", True, False), (1e-45, True, False), (0.009, False, False), (0.01, False, True),
 ])
 def test_temperature_rule(value, greedy_ok, ok):
+    """A temperature is 0 (greedy, where allowed) or at least 0.01: below it logits / T overflow float32."""
     problem = temperature_problem(value, greedy_ok)
     assert (problem is None) == ok
-    if not ok:
+    if not ok and isinstance(value, float) and 0 < value < 0.01:
+        assert problem.startswith(f"temperature must be {'0 (greedy) or ' if greedy_ok else ''}at least 0.01")
+    elif not ok:
         assert problem.startswith("temperature must be a finite number") and (">= 0" in problem) == greedy_ok
 
 
@@ -62,3 +65,14 @@ def test_no_module_writes_its_own_temperature_or_k_rule():
                  for n, line in enumerate(path.read_text().splitlines(), 1)
                  if own_rule.search(line) and re.match(r"\s*(el)?if ", line) and path.name != "config.py"]
     assert offenders == []
+
+
+def test_needs_an_mtp_head_is_one_rule():
+    """``needs_head`` / ``head_problem``: the CLI, the engine, the auto wing, check-lossless and the RL loop ask here."""
+    from bebop.speculative.settings import head_problem, needs_head
+
+    assert [needs_head(m) for m in ("none", "to", "rs", "auto")] == [False, True, True, True]
+    assert needs_head("none", "online") and head_problem("none", has_head=False) is None
+    assert head_problem("rs", has_head=False) == "mode 'rs' needs an MTP head (--mtp)"
+    assert head_problem("none", False, "online") == "mode 'none' with mtp_update online needs an MTP head (--mtp)"
+    assert head_problem("rs", has_head=True) is None

@@ -148,8 +148,8 @@ def test_check_lossless_catches_the_cpu_defect_and_passes_by_default(backends, f
     name configurations. With no variable, Bebop repairs it: the check passes. False alarm odds then: at most
     1 - (1 - 3e-4)^m over m <= 118 informative checks, 3.5%."""
     backends[0].close()  # one engine per process: the subprocess's own
-    out = _bebop("check-lossless", "--backend", "vllm", "--samples", "2000", "--threads", "1",
-                 env_extra={vllm_cpu_fix.ENV_FLAG: fix} if fix else None)
+    flags = ["--samples", "2000", "--tested-prompts", "1", "--threads", "1"]  # NOTE: one prompt, as measured
+    out = _bebop("check-lossless", "--backend", "vllm", *flags, env_extra={vllm_cpu_fix.ENV_FLAG: fix} if fix else None)
     table = out.stdout
     assert "vllm plain" in table and "Bebop plain" in table, out.stderr[-2000:]
     if fix == "0":

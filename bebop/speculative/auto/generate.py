@@ -17,7 +17,7 @@ from bebop.speculative.auto.acceptance import DECAY
 from bebop.speculative.auto.chooser import AutoChooser, Decision, candidates, probe_rule
 from bebop.speculative.completions import Completions
 from bebop.speculative.engine import Decoder
-from bebop.speculative.settings import SamplingParams, SpecConfig, check_settings
+from bebop.speculative.settings import SamplingParams, SpecConfig, check_settings, head_problem
 from bebop.utils.io import BebopError
 
 PROBE_STEPS = 2  # decode steps of each probed setting: enough to time a step, few enough to cost little
@@ -81,8 +81,8 @@ def generate_auto(
     check_settings(spec, None)
     options = candidates(spec)
     max_k = max(k for _, k in options)
-    if mtp is None and max_k:
-        raise BebopError(f"mode {spec.mode!r} needs an MTP head (--mtp)")
+    if max_k and (problem := head_problem(spec.mode, mtp is not None)):
+        raise BebopError(problem)
     private = chooser is None
     chooser = chooser if chooser is not None else AutoChooser()
     probe = chooser.should_probe(spec)

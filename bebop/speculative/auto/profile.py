@@ -16,6 +16,7 @@ import torch
 
 from bebop.speculative.auto.chooser import AutoChooser, candidates, config_name
 from bebop.speculative.settings import SamplingParams, SpecConfig
+from bebop.utils.cache import cache_dir
 from bebop.utils.io import BebopError, read_json, write_json
 
 VERSION = 4  # of the file's layout; an older one is a fresh start (replaced by the next save), a newer one refused
@@ -46,8 +47,6 @@ def profile_key(model_dir, mtp_dir, device: torch.device, dtype: torch.dtype, sa
 
 def default_path(key: dict) -> Path:
     """$BEBOP_CACHE_DIR/auto-profiles/<16 hex digits of the key's hash>.json."""
-    from bebop.embedded import cache_dir
-
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return cache_dir() / "auto-profiles" / f"{digest}.json"
 

@@ -1,6 +1,6 @@
 """Pearson's two-sample chi-square test of homogeneity, with its own chi-square survival function.
 
-Used by ``bebop.speculative.check.lossless``: two samples of categories (tokens, token pairs) are laid out as a
+Used by ``bebop.check.lossless``: two samples of categories (tokens, token pairs) are laid out as a
 2 x C table, rare categories pooled so every cell expects >= ``MIN_EXPECTED`` counts in both
 samples, and the statistic compared with chi-square(C - 1). The survival function is computed
 here (regularized upper incomplete gamma), so scipy stays a development-only dependency.

@@ -13,7 +13,7 @@ E = sum_r p_r, the vector O - E has covariance C = sum_r diag(p_r) - p_r p_r^T, 
 (O - E)^T C^+ (O - E) is chi-square with rank(C) degrees of freedom (the CLT over rows; Pearson's
 statistic is the special case of equal p_r). Statistics and degrees of freedom add over positions,
 which are conditionally independent. Tokens expected fewer than MIN_EXPECTED times are pooled
-into one cell first, as in ``bebop.speculative.check.lossless``.
+into one cell first, as in ``bebop.check.lossless``.
 
 Prompts: the tested prompt (the first one), and, when the model has sliding-window layers, a long
 prompt that puts every generated token two windows past its start (``reference_prompts``), so a
@@ -31,7 +31,7 @@ import torch
 
 from bebop.speculative import attention
 from bebop.speculative.engine import SamplingParams, SpecConfig, generate
-from bebop.speculative.check.lossless import CHUNK_ROWS, MIN_EXPECTED, LosslessCheck, LosslessConfig, chi2_sf
+from bebop.check.lossless import CHUNK_ROWS, MIN_EXPECTED, LosslessCheck, LosslessConfig, chi2_sf
 
 REF_TOKENS = 6  # generated tokens per row compared with the model's forward pass
 LONG_PROMPT_WINDOWS = 2  # the long prompt spans this many windows: later tokens see only the last window

@@ -1,4 +1,4 @@
-"""Tests for bebop.speculative.check.reference: plain sampling against the model's own forward pass.
+"""Tests for bebop.check.reference: plain sampling against the model's own forward pass.
 
 The statistic: with equal rows it is Pearson's goodness-of-fit statistic (scipy), and over 400
 simulated runs with heterogeneous rows its p-values are uniform (Kolmogorov-Smirnov at
@@ -19,10 +19,10 @@ import torch
 
 from bebop.cli import main
 from bebop.mtp import MtpHead
-from bebop.speculative.check import lossless
+from bebop.check import lossless
 from bebop.speculative.kv_cache import RaggedKVCache
-from bebop.speculative.check.lossless import LOSSLESS_CONFIGS, LosslessConfig, run_lossless_checks
-from bebop.speculative.check.reference import conditional_chi2, reference_prompts, run_reference_checks
+from bebop.check.lossless import LOSSLESS_CONFIGS, LosslessConfig, run_lossless_checks
+from bebop.check.reference import conditional_chi2, reference_prompts, run_reference_checks
 from tests.conftest import save_model_dir, tiny_model
 from tests.helpers import ToyTokenizer, perturbed_head
 
@@ -132,7 +132,7 @@ def test_check_lossless_command_fails_an_ignored_window(broken, tmp_path, monkey
 def test_reduced_cells_give_the_full_vocabulary_statistic(rows_per_call, monkeypatch):
     """The memory-bounded path (expected-count cells + one rest cell, the logits of the generated positions
     only, in calls of 7 rows when LOGITS_ELEMENTS says so) gives conditional_chi2's value on full rows."""
-    from bebop.speculative.check import reference
+    from bebop.check import reference
     from bebop.speculative.engine import SamplingParams, SpecConfig, generate
 
     if rows_per_call is not None:

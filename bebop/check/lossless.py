@@ -1,7 +1,8 @@
 """Lossless checks: does speculative sampling, with *your* model and head, sample exactly as plain sampling?
 
-Behind ``bebop check-lossless``. For one prompt (the first of ``prompts``), ``num_samples`` rows are
-generated with plain sampling and ``num_samples`` with speculative sampling, and their token
+Behind ``bebop check-lossless``. For each tested prompt (the first ``num_tested_prompts`` of
+``prompts``), ``num_samples`` rows are generated with plain sampling and ``num_samples`` with
+speculative sampling, and their token
 distributions are compared with two-sample chi-square tests (Pearson's test of homogeneity on a
 2 x C table of counts). The speculative settings span both modes (``to``, ``rs``), K = 1 and 3,
 temperatures 1.0 and 0.7, one top-k/top-p setting, and batch mixes (the tested prompt's rows
@@ -20,23 +21,24 @@ comparison is one more entry):
   bonus token) and lies inside or across later steps otherwise.
 
 A check whose tokens all fall in one cell after pooling (dof 0) compared nothing: it is reported
-as "uninformative", not as a pass. The run fails when an informative check fails or when fewer
-than half the checks are informative (the prompts' continuations are too nearly deterministic
-to test anything). The default prompts are five-term problems of the embedded task, whose
+as "uninformative", not as a pass. The verdict (``LosslessSummary.verdict``, the command's exit
+code ``VERDICT_EXIT_CODES``) is "not lossless" when an informative check fails, "inconclusive"
+when none fails but fewer than half the checks are informative (the prompts' continuations are
+too nearly deterministic to test anything), and "lossless" otherwise. The default prompts are five-term problems of the embedded task, whose
 completions choose an opener, which term to add next, a connective and a verb, so most of the
 first 3K+3 tokens have several likely values.
 
 False-alarm odds: each informative check fails by chance with probability ``alpha`` when the
 sampler is exact, so with m informative checks the chance of at least one false alarm is
 1 - (1 - alpha)^m (at most m * alpha by the union bound, which holds although checks share
-samples). With the defaults, alpha = 3e-4 and at most m = 73 checks (12 marginals + 1 joint for
-each K = 3 setting, 6 + 1 for each K = 1 setting): at most 2.2%. With ``verify="block"``
+samples). With the defaults, alpha = 3e-4 and at most m = 73 checks per tested prompt (12 marginals +
+1 joint for each K = 3 setting, 6 + 1 for each K = 1 setting): at most 2.2% for one prompt, 6.4% for three. With ``verify="block"``
 (``BLOCK_LOSSLESS_CONFIGS``, block verification in mode rs) at most m = 49 checks: at most 1.5%. A failing check is evidence only
 if it fails again with another seed or if its p-value is far below alpha (a broken sampler
 typically gives p < 1e-10).
 
-Runtime: 11 * num_samples rows (3 plain references, 7 speculative settings, two of which add a
-half-size share of other prompts' rows) of up to 3K+3 = 12 tokens; cost grows with rows x tokens.
+Runtime: 11 * num_samples rows per tested prompt (3 plain references, 7 speculative settings, two of
+which add a half-size share of other prompts' rows) of up to 3K+3 = 12 tokens; cost grows with rows x tokens.
 Power: at the default a check has even odds of catching a total-variation shift of about 3%
 spread evenly over 10 cells (sqrt(9 / num_samples)); shifts concentrated on rare tokens are
 caught sooner.
@@ -50,8 +52,10 @@ Deviations from a textbook goodness-of-fit test:
        ended (EOS) before token i counts as its own cell.
     3) Token 1 is drawn by the same prefill code in every mode, so its checks test the batch
        plumbing (padding, mixes) rather than verification.
-    4) The chi-square survival function is computed in ``bebop.speculative.check.chi2`` (regularized upper
+    4) The chi-square survival function is computed in ``bebop.check.chi2`` (regularized upper
        incomplete gamma), so scipy stays a development-only dependency.
+    5) Tested prompts are checked one after the other, each against its own plain sample, with the
+       other prompts (tested or not) as its batch-mix partners.
 """
 
 from __future__ import annotations
@@ -60,21 +64,29 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bebop.speculative.check.chi2 import MIN_EXPECTED, chi2_sf, pool_rare_cells, two_sample_chi2  # noqa: F401 (re-exported)
-from bebop.speculative.settings import SamplingParams, SpecConfig, settings_problems
+from bebop.check.chi2 import MIN_EXPECTED, chi2_sf, pool_rare_cells, two_sample_chi2  # noqa: F401 (re-exported)
+from bebop.check.config import ALPHA_CHECK, DEFAULT_ALPHA, DEFAULT_NUM_SAMPLES, NUM_SAMPLES_CHECK, TESTED_PROMPTS_CHECK
+from bebop.check.verdict import (  # noqa: F401 (re-exported: the harness's results)
+    VERDICT_EXIT_CODES,
+    LosslessCheck,
+    LosslessSummary,
+    describe_prompt,
+    false_alarm_odds,
+    format_lossless_table,
+    summarize_checks,
+)
+from bebop.speculative.settings import SamplingParams, SpecConfig, head_problem, settings_problems
 from bebop.task import arith
 from bebop.utils.io import BebopError
+from bebop.utils.memory import check_memory, samples_bytes
 from bebop.utils.progress import progress
 
 VERIFY_STEPS_REACHED = 3  # the last checked token is always drawn at this verify step or later
-DEFAULT_NUM_SAMPLES = 10_000  # rows per sample (plain and speculative each)
-DEFAULT_ALPHA = 3e-4  # false-alarm odds per check: about 2% over the default <= 73 checks
 CHUNK_ROWS = 4096  # rows per generate call: bounds cache memory, keeps the working set small
 OTHER_ROW_EVERY = 3  # in a batch mix, every third row belongs to another prompt
 ENDED = -1  # the "token" of a row that emitted EOS before position i
 DEFAULT_NUM_PROMPTS = 4  # the tested prompt and three mix partners
 DEFAULT_PROMPT_TERMS = 5  # five terms to add: many choices (opener, next term, connective, verb) early on
-MIN_INFORMATIVE_SHARE = 0.5  # fewer informative checks than this share fails the run: nothing was tested
 
 
 @dataclass(frozen=True)
@@ -131,36 +143,6 @@ BACKEND_LOSSLESS_CONFIGS = (
 )
 
 
-@dataclass(frozen=True)
-class LosslessCheck:
-    """One two-sample chi-square test: speculative vs plain distribution of one token (or token pair)."""
-
-    name: str  # e.g. "rs K=3 T=1 top-k=20 top-p=0.9 mixed, token 2"
-    mode: str  # to | rs
-    speculate_k: int  # K (0 for plain sampling)
-    temperature: float  # of the target (q is drawn at the same temperature)
-    top_k: int  # 0 = off
-    top_p: float  # 1 = off
-    statistic: float  # Pearson's chi-square
-    dof: int  # cells - 1 (0: both samples are one token, nothing to compare; p = 1)
-    p_value: float  # P(chi2_dof >= statistic) under exactness
-    passed: bool  # p_value > alpha (true for an uninformative check, which cannot fail)
-    token: int = 1  # which generated token, 1-based (the first of ``tokens``)
-    batch_mix: bool = False  # the speculative rows were mixed with other prompts' rows
-    alpha: float = DEFAULT_ALPHA  # the false-alarm odds this check was run at
-    kind: str = "marginal"  # which entry of CHECK_KINDS made it
-    tokens: tuple[int, ...] = ()  # the generated tokens compared (1-based): (i,) or a joint (i, j)
-
-    @property
-    def informative(self) -> bool:
-        """Compared something: at least two cells after pooling (dof >= 1)."""
-        return self.dof >= 1
-
-    @property
-    def result(self) -> str:
-        return "uninformative" if not self.informative else "pass" if self.passed else "FAIL"
-
-
 # ----------------------------------------------------------------------------- sampling
 
 
@@ -215,6 +197,8 @@ class CheckInputs:
     plain: list[tuple[int, ...]]  # (num_samples,) leading tokens of plain rows, at least config.num_tokens each
     alpha: float  # false-alarm odds per check
     reference: str = ""  # which plain sampler ``plain`` came from, when there are several (e.g. "vLLM plain")
+    prompt: int = 0  # the tested prompt's index; named in the check when several are tested
+    num_tested: int = 1  # tested prompts in the run
 
 
 def _chi2_check(inputs: CheckInputs, kind: str, tokens: tuple[int, ...], spec: Counter, plain: Counter,
@@ -222,10 +206,12 @@ def _chi2_check(inputs: CheckInputs, kind: str, tokens: tuple[int, ...], spec: C
     c = inputs.config
     statistic, dof, p_value = two_sample_chi2(spec, plain)
     against = f" vs {inputs.reference}" if inputs.reference else ""
+    which = f", prompt {inputs.prompt + 1}" if inputs.num_tested > 1 else ""
     return LosslessCheck(
-        name=f"{_config_name(c)}{against}, {label}", mode=c.mode, speculate_k=c.speculate_k, temperature=c.temperature, top_k=c.top_k,
-        top_p=c.top_p, statistic=statistic, dof=dof, p_value=p_value, passed=p_value > inputs.alpha,
-        token=tokens[0], batch_mix=c.batch_mix, alpha=inputs.alpha, kind=kind, tokens=tokens,
+        name=f"{_config_name(c)}{against}{which}, {label}", mode=c.mode, speculate_k=c.speculate_k,
+        temperature=c.temperature, top_k=c.top_k, top_p=c.top_p, statistic=statistic, dof=dof, p_value=p_value,
+        passed=p_value > inputs.alpha, token=tokens[0], batch_mix=c.batch_mix, alpha=inputs.alpha, kind=kind,
+        tokens=tokens, prompt=inputs.prompt,
     )
 
 
@@ -298,17 +284,15 @@ def check_prompt_known(tokenizer, prompt, defaults: bool) -> None:
     if text_ids and num_unknown > MAX_UNKNOWN_SHARE * len(text_ids):
         fix = ("these are the embedded task's prompts, not your model's text: give --prompts" if defaults
                else "give --prompts with text of your model's own domain")
-        raise BebopError(f"the tested prompt {_describe_prompt(prompt)} is {num_unknown} of {len(text_ids)} "
+        raise BebopError(f"the tested prompt {describe_prompt(prompt)} is {num_unknown} of {len(text_ids)} "
                          f"unknown tokens to this tokenizer, so the check would test little; {fix}")
 
 
-def _check_inputs(head, prompts, num_samples: int, alpha: float, configs) -> None:
-    if head is None:
-        raise BebopError("check-lossless needs an MTP head: modes to and rs draft with it")
-    if num_samples < 100:
-        raise BebopError(f"num_samples must be >= 100 for a chi-square test, got {num_samples}")
-    if not 0 < alpha < 1:
-        raise BebopError(f"alpha must lie in (0, 1), got {alpha}")
+def _check_inputs(head, prompts, num_samples: int, alpha: float, configs, num_tested: int, num_plain: int) -> None:
+    problems = [head_problem("rs", head is not None), NUM_SAMPLES_CHECK("num_samples", num_samples),
+                ALPHA_CHECK("alpha", alpha), TESTED_PROMPTS_CHECK("num_tested_prompts", num_tested)]
+    if problem := next((p for p in problems if p), None):
+        raise BebopError(f"check-lossless: {problem}")
     if not prompts:
         raise BebopError("no prompts given")
     if any(c.batch_mix for c in configs) and len(prompts) < 2:
@@ -320,6 +304,9 @@ def _check_inputs(head, prompts, num_samples: int, alpha: float, configs) -> Non
             problems.insert(0, "mode must be to or rs (the check compares them with plain sampling)")
         if problems:
             raise BebopError(f"bad lossless config {c}: " + "; ".join(problems))
+    # NOTE: the plain samples of one tested prompt are kept until its settings are checked
+    kept = samples_bytes(num_samples * num_plain, max(c.num_tokens for c in configs))
+    check_memory(kept, "cpu", f"{num_samples} samples per configuration", "lower --samples")
 
 
 def run_lossless_checks(
@@ -336,17 +323,19 @@ def run_lossless_checks(
     show_progress: bool = False,
     backend=None,
     references: dict | None = None,
+    num_tested_prompts: int = 1,
 ) -> list[LosslessCheck]:
-    """Compares speculative with plain sampling for every config and every check kind.
+    """Compares speculative with plain sampling for every tested prompt, config and check kind.
 
     Args:
         model: an HF causal LM (eval mode), the target.
         tokenizer: its tokenizer (``encode`` for text prompts, ``decode``, ``eos_token_id``).
         head: an ``MtpHead`` on ``model``.
         num_samples: rows per sample (plain and speculative each); see the module docstring for time.
-        seed: run seed; run i (plain references first, then configs) uses step i, so runs are independent.
-        prompts: texts or token-id lists; the first is tested, the others are mixed into its batches.
-            None = ``default_prompts()``.
+        seed: run seed; run i (per tested prompt: plain references first, then configs) uses step i, so
+            runs are independent.
+        prompts: texts or token-id lists; the first ``num_tested_prompts`` are tested, each with the
+            others mixed into its batches. None = ``default_prompts()``.
         alpha: false-alarm odds per check.
         configs: the speculative settings (default ``LOSSLESS_CONFIGS``).
         kinds: names in ``CHECK_KINDS`` to run, in this order for each config.
@@ -355,35 +344,35 @@ def run_lossless_checks(
             engine on model and head).
         references: plain samplers to compare with, by label (e.g. {"vLLM plain": ..., "Bebop plain": ...});
             default: ``backend``'s own plain sampling, unlabelled. Each config is checked against each.
+        num_tested_prompts: how many prompts are tested (at most ``len(prompts)``).
 
     Returns:
-        The checks of each config in config order: per kind, as that kind lists them (marginals
-        by token, then the joint).
+        The checks of each tested prompt in order, and within it of each config in config order: per
+        kind, as that kind lists them (marginals by token, then the joint).
     """
     prompts = list(prompts) if prompts is not None else default_prompts()
-    _check_inputs(head, prompts, num_samples, alpha, configs)
+    references = references if references is not None else {"": None}
+    plain_keys = list(dict.fromkeys(c.sampling_key for c in configs))
+    _check_inputs(head, prompts, num_samples, alpha, configs, num_tested_prompts, len(references) * len(plain_keys))
+    num_tested = min(num_tested_prompts, len(prompts))
     if unknown := [k for k in kinds if k not in CHECK_KINDS]:
         raise BebopError(f"unknown check kind(s) {', '.join(unknown)}; choose from {', '.join(CHECK_KINDS)}")
     if backend is None:
         from bebop.rollout.engine import EngineBackend
 
         backend = EngineBackend(model, tokenizer, head)
-    references = references if references is not None else {"": backend}
-    tested, others = prompts[0], prompts[1:]
-    plain_keys = list(dict.fromkeys(c.sampling_key for c in configs))
-    # A plain reference generates as many tokens as the deepest setting at its temperature/top-k/top-p needs.
-    runs = [(key, None, max(c.num_tokens for c in configs if c.sampling_key == key), label)
-            for label in references for key in plain_keys]
-    runs += [(c.sampling_key, c, c.num_tokens, None) for c in configs]
+    references = {label: sampler or backend for label, sampler in references.items()}
+    runs = _runs(configs, list(references), plain_keys, num_tested)
     plain: dict[tuple, list[tuple[int, ...]]] = {}
     checks: list[LosslessCheck] = []
-    for step, (key, config, num_tokens, label) in enumerate(progress(runs, total=len(runs), desc="check-lossless",
-                                                                      enabled=show_progress)):
+    for step, (index, key, config, num_tokens, label) in enumerate(
+            progress(runs, total=len(runs), desc="check-lossless", enabled=show_progress)):
         temperature, top_k, top_p = key
         sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=num_tokens)
         spec = SpecConfig(mode="none") if config is None else SpecConfig(mode=config.mode, speculate_k=config.speculate_k,
                                                                           verify=config.verify)
-        rows, is_tested = _batch_rows(tested, others, num_samples, config is not None and config.batch_mix)
+        others = prompts[:index] + prompts[index + 1:]
+        rows, is_tested = _batch_rows(prompts[index], others, num_samples, config is not None and config.batch_mix)
         sampler = references[label] if config is None else backend
         try:
             samples = _sample_leading_tokens(sampler, rows, is_tested, sampling, spec, seed, step)
@@ -394,13 +383,24 @@ def run_lossless_checks(
             sampler.close()  # the next setting starts a fresh engine
             continue
         if config is None:
-            plain[label, key] = samples
+            plain = {k: v for k, v in plain.items() if k[0] == index}  # NOTE: the last prompt's samples are freed
+            plain[index, label, key] = samples
             continue
         for ref in references:
-            inputs = CheckInputs(config, samples, plain[ref, key], alpha, ref)
+            inputs = CheckInputs(config, samples, plain[index, ref, key], alpha, ref, index, num_tested)
             for kind in kinds:
                 checks.extend(CHECK_KINDS[kind](inputs))
     return checks
+
+
+def _runs(configs, labels: list[str], plain_keys: list[tuple], num_tested: int) -> list[tuple]:
+    """(tested prompt, sampling key, config or None for a plain reference, tokens, reference label) of every
+    generation, in order: per tested prompt, its plain references, then its speculative settings. A plain
+    reference generates as many tokens as the deepest setting at its temperature/top-k/top-p needs."""
+    runs = [(key, None, max(c.num_tokens for c in configs if c.sampling_key == key), label)
+            for label in labels for key in plain_keys]
+    runs += [(c.sampling_key, c, c.num_tokens, None) for c in configs]
+    return [(index, *run) for index in range(num_tested) for run in runs]
 
 
 def _crash_check(config: LosslessConfig, error: Exception, alpha: float) -> LosslessCheck:
@@ -412,82 +412,3 @@ def _crash_check(config: LosslessConfig, error: Exception, alpha: float) -> Loss
         statistic=float("nan"), dof=1, p_value=0.0, passed=False, batch_mix=config.batch_mix, alpha=alpha,
         kind="crash",
     )
-
-
-# ----------------------------------------------------------------------------- report
-
-
-def false_alarm_odds(alpha: float, num_checks: int) -> float:
-    """Chance that at least one of ``num_checks`` checks fails by chance: 1 - (1 - alpha)^m.
-
-    Example: false_alarm_odds(1e-3, 21) ~= 0.0208.
-    """
-    return 1.0 - (1.0 - alpha) ** num_checks
-
-
-@dataclass(frozen=True)
-class LosslessSummary:
-    """The verdict of a set of checks."""
-
-    num_checks: int
-    num_informative: int  # dof >= 1
-    num_failed: int  # informative checks with p <= alpha
-    alpha: float  # the largest per-check alpha
-
-    @property
-    def enough_informative(self) -> bool:
-        return self.num_informative >= MIN_INFORMATIVE_SHARE * self.num_checks
-
-    @property
-    def passed(self) -> bool:
-        """No informative check failed and at least half the checks were informative."""
-        return self.num_failed == 0 and self.enough_informative and self.num_checks > 0
-
-
-def summarize_checks(checks: list[LosslessCheck]) -> LosslessSummary:
-    informative = [c for c in checks if c.informative]
-    return LosslessSummary(len(checks), len(informative), sum(not c.passed for c in informative),
-                           max((c.alpha for c in checks), default=DEFAULT_ALPHA))
-
-
-def _describe_prompt(prompt) -> str:
-    return repr(prompt) if isinstance(prompt, str) else "token ids " + repr(list(prompt))
-
-
-def format_lossless_table(checks: list[LosslessCheck], prompts: list | None = None) -> str:
-    """The prompts used (if given), a markdown table of the checks, the summary, and the false-alarm odds."""
-    if not checks:
-        return "No lossless checks were run."
-    lines = []
-    if prompts:
-        others = ", ".join(_describe_prompt(p) for p in prompts[1:]) or "none"
-        lines += [f"Tested prompt: {_describe_prompt(prompts[0])}; mixed into batches: {others}.", ""]
-    lines += [
-        "| check | mode | K | T | top-k | top-p | chi2 | dof | p-value | result |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for c in checks:
-        top_k = str(c.top_k) if c.top_k else "off"
-        top_p = f"{c.top_p:g}" if c.top_p < 1 else "off"
-        lines.append(
-            f"| {c.name} | {c.mode} | {c.speculate_k} | {c.temperature:g} | {top_k} | {top_p} | {c.statistic:.2f} | "
-            f"{c.dof} | {c.p_value:.3g} | {c.result} |"
-        )
-    s = summarize_checks(checks)
-    m, alpha = s.num_informative, s.alpha
-    lines.append("")
-    failed = [c for c in checks if c.informative and not c.passed]
-    if failed:
-        configs = list(dict.fromkeys(c.name.split(", ")[0] for c in failed))
-        lines.append(f"FAILING configurations ({len(configs)}): " + "; ".join(configs) + ".")
-    lines.append(f"{s.num_checks} checks: {m} informative, {s.num_checks - m} uninformative (dof 0: every sample in "
-                 f"one cell, nothing compared); {m - s.num_failed} of {m} informative checks passed.")
-    if not s.enough_informative:
-        lines.append(f"FAIL: fewer than {MIN_INFORMATIVE_SHARE:.0%} of the checks are informative, so this run "
-                     "tested little; use prompts whose continuations are less deterministic (--prompts).")
-    lines.append(
-        f"False-alarm odds: each informative check fails by chance with probability alpha = {alpha:g} when the "
-        f"sampler is exact, so with m = {m} informative checks the chance of at least one false alarm is "
-        f"1 - (1 - {alpha:g})^{m} = {false_alarm_odds(alpha, m):.2%}."
-    )
-    return "\n".join(lines)

@@ -1,4 +1,4 @@
-"""Tests for bebop.speculative.check.lossless: the harness passes an exact engine and catches broken ones.
+"""Tests for bebop.check.lossless: the harness passes an exact engine and catches broken ones.
 
 The harness's own statistics: ``chi2_sf`` and ``two_sample_chi2`` against scipy, the pooling of
 rare cells by hand. End to end on a tiny model (V = 8): with alpha = 3e-4 and the 73 default checks,
@@ -11,7 +11,6 @@ BROKEN_P_VALUE, which an exact sampler reaches with odds 1e-12 per check.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections import Counter
 
@@ -20,13 +19,12 @@ import pytest
 import scipy.stats
 import torch
 
-from bebop.speculative import engine, sampling
-from bebop.speculative.check import lossless
-from bebop.speculative.check.lossless import (
+from bebop.speculative import sampling, target
+from bebop.check import lossless
+from bebop.check.lossless import (
     BLOCK_LOSSLESS_CONFIGS,
     ENDED,
     LOSSLESS_CONFIGS,
-    LosslessCheck,
     LosslessConfig,
     chi2_sf,
     false_alarm_odds,
@@ -167,7 +165,7 @@ def _context_model():
 def _break_rollback(monkeypatch):
     """From the second verify step on, a row that rejected a draft keeps that draft's KV entry in the
     target's cache (one more committed position than it emitted), as a faulty rollback would."""
-    init = engine._Target.__init__
+    init = target.Target.__init__
 
     def patched(self, model, batch_size, max_len, **kwargs):
         init(self, model, batch_size, max_len + LEAK_ROOM, **kwargs)
@@ -181,7 +179,7 @@ def _break_rollback(monkeypatch):
 
         cache.commit = leaky_commit
 
-    monkeypatch.setattr(engine._Target, "__init__", patched)
+    monkeypatch.setattr(target.Target, "__init__", patched)
 
 
 @pytest.mark.parametrize("broken", [False, True])
@@ -224,36 +222,6 @@ def test_block_verification_passes_and_a_broken_block_verifier_fails(monkeypatch
 # ----------------------------------------------------------------------------- report and errors
 
 
-def _check(name: str, p_value: float) -> LosslessCheck:
-    return LosslessCheck(name=name, mode="rs", speculate_k=3, temperature=1.0, top_k=0, top_p=1.0, statistic=1.5,
-                         dof=4, p_value=p_value, passed=p_value > 1e-3, token=2, alpha=1e-3)
-
-
-def test_format_table_ends_with_false_alarm_odds():
-    table = format_lossless_table([_check("a", 0.5), _check("b", 1e-9)])
-    lines = table.splitlines()
-    assert lines[0].startswith("| check |") and len([x for x in lines if x.startswith("| ")]) == 3
-    assert "| a | rs | 3 | 1 | off | off | 1.50 | 4 | 0.5 | pass |" in lines
-    assert "FAIL" in lines[3]
-    assert "2 checks: 2 informative, 0 uninformative" in table and "1 of 2 informative checks passed." in table
-    assert lines[-1].startswith("False-alarm odds:") and "1 - (1 - 0.001)^2 = 0.20%" in lines[-1]
-    assert format_lossless_table([]) == "No lossless checks were run."
-
-
-def test_uninformative_checks_are_not_passes():
-    flat = dataclasses.replace(_check("flat", 1.0), statistic=0.0, dof=0)
-    assert flat.passed and not flat.informative and flat.result == "uninformative"
-    few = [flat, flat, _check("a", 0.5)]  # 1 of 3 informative: fewer than half
-    summary = summarize_checks(few)
-    assert (summary.num_checks, summary.num_informative, summary.num_failed) == (3, 1, 0) and not summary.passed
-    table = format_lossless_table(few, prompts=["Q 1 + 2 = ?", [5, 6]])
-    assert "| flat | rs | 3 | 1 | off | off | 0.00 | 0 | 1 | uninformative |" in table
-    assert "FAIL: fewer than 50% of the checks are informative" in table
-    assert table.startswith("Tested prompt: 'Q 1 + 2 = ?'; mixed into batches: token ids [5, 6].")
-    assert "with m = 1 informative checks" in table  # odds count informative checks only
-    assert summarize_checks([flat, _check("a", 0.5)]).passed  # half informative is enough
-
-
 def test_default_prompts_are_short_task_prompts():
     prompts = lossless.default_prompts()
     assert len(prompts) == lossless.DEFAULT_NUM_PROMPTS and len(set(prompts)) == len(prompts)
@@ -282,3 +250,30 @@ def test_input_errors():
     assert len(run_lossless_checks(model, tok, head, num_samples=200, prompts=[[3]], configs=unmixed)) == 13
     with pytest.raises(BebopError, match="unknown check kind"):
         run_lossless_checks(model, tok, head, num_samples=200, prompts=[[3]], configs=unmixed, kinds=("hf",))
+
+
+def test_each_tested_prompt_gets_its_own_checks():
+    """With two tested prompts, each is compared with its own plain sample: the checks of prompt 1 are
+    those a run testing prompt 1 alone gives (its runs come first, at the same steps), then prompt 2's."""
+    model, head = _tiny()
+    tok, config = ToyTokenizer(), LOSSLESS_CONFIGS[:1]
+    alone = run_lossless_checks(model, tok, head, num_samples=300, prompts=PROMPTS, configs=config)
+    both = run_lossless_checks(model, tok, head, num_samples=300, prompts=PROMPTS, configs=config,
+                               num_tested_prompts=2)
+    assert len(both) == 2 * len(alone) == 26 and [c.prompt for c in both] == [0] * 13 + [1] * 13
+    assert [c.p_value for c in both[:13]] == [c.p_value for c in alone]
+    assert both[13].name == "rs K=3 T=1, prompt 2, token 1" and "prompt" not in alone[0].name
+    assert len(run_lossless_checks(model, tok, head, num_samples=300, prompts=PROMPTS[:2], configs=config,
+                                   num_tested_prompts=5)) == 26  # at most every prompt
+    with pytest.raises(BebopError, match="num_tested_prompts must be an integer in \\[1,"):
+        run_lossless_checks(model, tok, head, prompts=PROMPTS, configs=config, num_tested_prompts=0)
+
+
+def test_a_sample_size_beyond_memory_is_refused_before_sampling(monkeypatch):
+    from bebop.utils import memory
+
+    model, head = _tiny()
+    monkeypatch.setattr(memory, "available_memory", lambda device: 2**30)
+    with pytest.raises(BebopError, match=r"10000000 samples per configuration need at least .* GiB of memory; cpu "
+                                         r"has 1 GiB free: lower --samples"):
+        run_lossless_checks(model, ToyTokenizer(), head, num_samples=10**7, prompts=PROMPTS)

@@ -1,0 +1,167 @@
+"""Files a user receives (a run directory, a head, a model, data, a config file): every number and every
+nesting in them is checked before it is trusted. Each bad file gives one line naming it, exit 2, no
+traceback, no hang, and nothing written or lost."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bebop.cli import main
+from bebop.utils.io import BebopError, read_json, read_jsonl
+from tests.conftest import model_workdir, tiny_model, tiny_tokenizer
+
+DEPTH = 5000  # nesting levels: beyond Python's recursion limit, so json.loads raised RecursionError
+DEEP = "[" * DEPTH + "]" * DEPTH
+BILLION_LAUGHS = "".join(["# bebop rl --config laughs.yaml\nlabel: [&a [lol, lol, lol, lol, lol, lol, lol, lol, lol]"] +
+                         [f", &{b} [{', '.join([f'*{a}'] * 9)}]" for a, b in zip("abcdefg", "bcdefgh")] + ["]\n"])
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """A model (whole and sharded), its head, data, and a one-step run to copy and damage."""
+    root = model_workdir(tmp_path_factory.mktemp("received"))
+    tiny_model("llama", vocab_size=16).save_pretrained(root / "sharded", max_shard_size="20KB")
+    tiny_tokenizer().save_pretrained(root / "sharded")
+    mp = pytest.MonkeyPatch()
+    mp.chdir(root)  # NOTE: the run records its reward as given, a module found from here
+    assert main(["rl", "--model", "model", "--mtp", "head", "--data", "prompts.jsonl", "--out", "run", "--mode", "none",
+                 "--steps", "1", "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "3", *RL]) == 0
+    mp.undo()
+    return root
+
+
+RL = ["--reward", "rewards:score", "--threads", "1"]
+GEN = ["generate", "--model", "model", "--mtp", "head", "--prompts", "prompts.jsonl", "--max-new-tokens", "2",
+       "--out", "out.jsonl", "--threads", "1"]
+
+
+def _edit_json(path: Path, **changes) -> None:
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+def _damaged_head(root: Path, name: str, **changes) -> str:
+    shutil.copytree(root / "head", root / name, dirs_exist_ok=True)
+    _edit_json(root / name / "mtp_config.json", **changes)
+    return name
+
+
+def _written(path: Path, text: str, argv: list[str]) -> list[str]:
+    path.write_text(text)
+    return argv
+
+
+def _sharded(root: Path, name: str, damage) -> str:
+    shutil.copytree(root / "sharded", root / name, dirs_exist_ok=True)
+    damage(root / name)
+    return name
+
+
+def _truncate_second_shard(directory: Path) -> None:
+    shard = sorted(directory.glob("model-*.safetensors"))[1]
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+
+
+CASES = {  # case -> (argv built in the workdir, the line it must give (a substring))
+    "a head config with num_layers 1000000 (it built a million layers)": (
+        lambda root: [*GEN[:4], _damaged_head(root, "head-big", num_layers=1_000_000), *GEN[5:]],
+        "corrupt MTP head config head-big/mtp_config.json: num_layers is 1000000 but the weights hold 1 layer(s)"),
+    "a head config with num_layers '1'": (
+        lambda root: [*GEN[:4], _damaged_head(root, "head-text", num_layers="1"), *GEN[5:]],
+        "corrupt MTP head config head-text/mtp_config.json: num_layers should be int, got '1'"),
+    "a head config with num_layers 1.5": (
+        lambda root: [*GEN[:4], _damaged_head(root, "head-float", num_layers=1.5), *GEN[5:]],
+        "num_layers should be int, got '1.5'"),
+    "a checkpoint index that is not JSON": (
+        lambda root: [*GEN[:2], _sharded(root, "bad-index", lambda d: (d / "model.safetensors.index.json").write_text(
+            "{not json")), *GEN[3:]],
+        "cannot load model from bad-index: model file bad-index/model.safetensors.index.json is not valid JSON"),
+    "a truncated shard": (
+        lambda root: [*GEN[:2], _sharded(root, "cut-shard", _truncate_second_shard), *GEN[3:]],
+        "cannot load model from cut-shard: weights file model-00002-of-"),
+    "prompts nested thousands of levels (generate)": (
+        lambda root: _written(root / "deep.jsonl", '{"prompt": %s}\n' % DEEP, [*GEN[:6], "deep.jsonl", *GEN[7:]]),
+        "deep.jsonl:1 is not valid JSON here: it nests arrays or objects deeper than"),
+    "data nested thousands of levels (train-mtp)": (
+        lambda root: _written(root / "deep-data.jsonl", '{"token_ids": %s}\n' % DEEP, [
+            "train-mtp", "--model", "model", "--data", "deep-data.jsonl", "--out", "new-head", "--threads", "1"]),
+        "data file deep-data.jsonl line 1 is not valid JSON here"),
+    "a YAML billion laughs in a valid key (rl --config)": (
+        lambda root: _written(root / "laughs.yaml", BILLION_LAUGHS, [
+            "rl", "--model", "model", "--data", "prompts.jsonl", "--out", "new-run", "--config", "laughs.yaml", *RL]),
+        "config key 'label' should be str, got [['lol', 'lol', 'lol', 'lol', ...], [[...], "),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_bad_received_file_is_one_line(case, workdir, monkeypatch, capsys):
+    monkeypatch.chdir(workdir)
+    argv = CASES[case][0](workdir)
+    before = {p: p.read_bytes() for p in workdir.rglob("*") if p.is_file()}
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "Traceback" not in "\n".join(err) and CASES[case][1] in err[-1], err[-1]
+    assert len(err[-1]) < 300  # one short line, whatever the file holds
+    assert {p: p.read_bytes() for p in workdir.rglob("*") if p.is_file()} == before  # nothing written or changed
+
+
+def _copied_run(root: Path, name: str) -> Path:
+    shutil.rmtree(root / name, ignore_errors=True)
+    shutil.copytree(root / "run", root / name)
+    return root / name
+
+
+RUN_DAMAGE = {  # case -> what is done to the copied run, the line it must give (a substring)
+    "a checkpoint's step of -5 (it trained and logged steps -4..0)": (
+        lambda run: _edit_json(run / "checkpoint" / "trainer_state.json", step=-5),
+        "trainer_state.json says step -5, which a run of 1 steps never reaches"),
+    "a checkpoint's step of 1e12 (it reported 'run written' with nothing trained)": (
+        lambda run: _edit_json(run / "checkpoint" / "trainer_state.json", step=10**12),
+        "says step 1000000000000, which a run of 1 steps never reaches"),
+    "a run config nested thousands of levels": (
+        lambda run: (run / "config.json").write_text(DEEP), "run config run-"),
+    "a run config that is a list": (
+        lambda run: (run / "config.json").write_text("[1, 2]"), "is not a run's config"),
+    "a run whose sizes need more memory than the machine has (it hung before the check)": (
+        lambda run: [_edit_json(run / name, prompts_per_step=10**9) for name in ("config.json",
+                                                                               "checkpoint/config.json")],
+        "rollout rows need at least"),
+}
+
+
+@pytest.mark.parametrize("case", list(RUN_DAMAGE))
+def test_a_damaged_received_run_is_refused_on_resume_and_kept(case, workdir, monkeypatch, capsys):
+    monkeypatch.chdir(workdir)
+    run = _copied_run(workdir, f"run-{list(RUN_DAMAGE).index(case)}")
+    damage, message = RUN_DAMAGE[case]
+    damage(run)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    assert main(["rl", "--resume", run.name, "--steps", "3", *RL]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("bebop: error: ") and message in line, line
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
+def test_json_readers_name_a_file_nested_beyond_the_parser(tmp_path):
+    """Every JSON a command reads goes through these readers (TRL's trainer_state.json in reports included)."""
+    (tmp_path / "trainer_state.json").write_text('{"log_history": %s}' % DEEP)
+    (tmp_path / "rows.jsonl").write_text('{"a": 1}\n{"b": %s}\n' % DEEP)
+    with pytest.raises(BebopError, match=r"^TRL log history .*trainer_state.json is not valid JSON here: it nests"):
+        read_json(tmp_path / "trainer_state.json", "TRL log history")
+    with pytest.raises(BebopError, match=r"rows.jsonl line 2 is not valid JSON here"):
+        read_jsonl(tmp_path / "rows.jsonl", "metrics")
+    assert read_jsonl(tmp_path / "rows.jsonl", "metrics", torn_tail_ok=True) == [{"a": 1}]  # a last line is droppable
+
+
+def test_an_auto_profile_nested_beyond_the_parser_is_set_aside_as_every_corrupt_profile(workdir, monkeypatch, capsys):
+    """A corrupt profile (RecursionError before) is moved to NAME.bad, kept byte for byte, and auto starts afresh."""
+    monkeypatch.chdir(workdir)
+    (workdir / "deep-profile.json").write_text(DEEP)
+    assert main([*GEN[:-4], "--out", "auto.jsonl", "--threads", "1", "--mode", "auto", "--auto-profile",
+                 "deep-profile.json"]) == 0
+    assert "deep-profile.json is not valid JSON here: it nests" in capsys.readouterr().err
+    assert (workdir / "deep-profile.json.bad").read_text() == DEEP
+

@@ -1,0 +1,60 @@
+"""Sizes typed on the command line against what the machine can hold (``bebop.utils.memory``): each
+refused in one line before anything is allocated, where they hung or exhausted memory before; nothing
+written. A size that fits the machine may still be slow: only what cannot fit is refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from bebop.cli import main
+from bebop.utils import memory
+from tests.conftest import model_workdir, tiny_model
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    return model_workdir(tmp_path_factory.mktemp("sizes"))
+
+
+MODEL = ["--model", "model", "--mtp", "head", "--threads", "1"]
+RL = ["rl", *MODEL, "--data", "prompts.jsonl", "--out", "run", "--mode", "none", "--steps", "1",
+      "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "3", "--reward", "rewards:score"]
+SIZES = {  # case -> argv, the line it must give (a substring)
+    "rl --prompts-per-step 1e9": ([*RL, "--prompts-per-step", "1000000000"],
+                                  "prompts_per_step x group_size = 2000000000 rollout rows need at least"),
+    "rl --group-size 1e9": ([*RL, "--group-size", "1000000000"], "= 2000000000 rollout rows need at least"),
+    "rl --steps 1e23": ([*RL, "--steps", "100000000000000000000000"],
+                        "steps must be an integer in [1, 2**63 - 1], got 100000000000000000000000"),
+    "generate --num-prompts 1e9": (["generate", *MODEL, "--num-prompts", "1000000000", "--out", "out.jsonl"],
+                                   "1000000000 prompts need at least"),
+    "check-lossless --samples 1e12": (["check-lossless", *MODEL, "--samples", "1000000000000", "--prompts",
+                                       "prompts.jsonl"], "1000000000000 samples per configuration need at least"),
+}
+
+
+@pytest.mark.parametrize("case", list(SIZES))
+def test_a_size_beyond_the_machine_is_one_line(case, workdir, monkeypatch, capsys):
+    monkeypatch.chdir(workdir)
+    argv, message = SIZES[case]
+    assert main(argv) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("bebop: error: ") and message in line, line
+    assert not (workdir / "run").exists() and not (workdir / "out.jsonl").exists()
+
+
+def test_a_group_size_the_free_memory_cannot_hold_is_refused(workdir, monkeypatch, capsys):
+    """--group-size 1e6 hung; on this tiny model its KV cache needs about 1.9 GiB: refused when less is free."""
+    monkeypatch.chdir(workdir)
+    monkeypatch.setattr(memory, "available_memory", lambda device: memory.GIB)
+    assert main([*RL, "--group-size", "1000000"]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line == ("bebop: error: prompts_per_step x group_size = 2000000 rollout rows need at least 1.91 GiB of "
+                    "memory; cpu has 1 GiB free: lower --prompts-per-step, --group-size or --max-new-tokens")
+    assert not (workdir / "run").exists()
+
+
+def test_kv_cache_bytes_counts_every_attention_layer_s_keys_and_values():
+    model = tiny_model("llama", vocab_size=16)  # 2 layers, 2 KV heads of 8, float32
+    assert memory.kv_cache_bytes(model, rows=10, positions=7) == 10 * 7 * 2 * 2 * 2 * 8 * 4
+    assert memory.samples_bytes(num_rows=3, num_tokens=12) == 3 * (8 + 40 + 8 * 12)
+    assert memory.available_memory("cpu") > 0
