@@ -177,8 +177,8 @@ def _generate_point(model, head, p: dict) -> dict:
 
 def _check_lossless_point(model, p: dict) -> dict:
     """check-lossless's reference check at T = 1: samples rows of REF_TOKENS tokens, the model's forward, chi2."""
-    from bebop.speculative.check.lossless import LosslessConfig
-    from bebop.speculative.check.reference import run_reference_checks
+    from bebop.check.lossless import LosslessConfig
+    from bebop.check.reference import run_reference_checks
 
     prompt = _random_ids(1, PROMPT_TOKENS, p["vocab"])[0]
     start = time.perf_counter()
@@ -378,7 +378,7 @@ def run_versus_hf(points: list[dict], threads: int) -> list[str]:
 
 
 def run_headline(point: dict, threads: int) -> list[str]:
-    """The RL step of the issue's size: peak memory over weights + AdamW moments."""
+    """One large RL step (8 rows x 512 new tokens by default): its peak over the weights + AdamW moments."""
     row = spawn(point, threads)
     if "error" in row:
         return [f"rl step {point['rows']} x {point['new_tokens']}: failed: {row['error']}", ""]

@@ -36,7 +36,7 @@ from torch import nn
 from bebop.architectures import SUPPORTED_MODEL_TYPES
 from bebop.config import temperature_problem
 from bebop.losses import token_logprobs_from_hidden
-from bebop.mtp.head import decoder_states
+from bebop.speculative.target import decoder_states
 from bebop.mtp.loss import fused_loss_blocker
 
 IGNORE_LOGPROB = 0.0  # value of token_logprobs outside the completion, so sums ignore it
