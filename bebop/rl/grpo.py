@@ -30,9 +30,14 @@ Deviations from textbook GRPO:
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from bebop.architectures import SUPPORTED_MODEL_TYPES
 from bebop.config import temperature_problem
+from bebop.losses import token_logprobs_from_hidden
+from bebop.speculative.target import decoder_states
+from bebop.mtp.loss import fused_loss_blocker
 
 IGNORE_LOGPROB = 0.0  # value of token_logprobs outside the completion, so sums ignore it
 
@@ -117,13 +122,56 @@ def pad_sequences(
     return input_ids, attention_mask, completion_mask
 
 
+def micro_batches(lengths: list[int], max_tokens: int) -> list[slice]:
+    """Consecutive rows in groups whose padded size (rows x the group's longest row) fits ``max_tokens``.
+
+    A row longer than ``max_tokens`` forms a group of its own. The groups' losses add up to the
+    batch's when each is normalised by the whole batch's token count (``policy_loss``'s ``num_tokens``).
+
+    Example:
+        >>> micro_batches([3, 3, 5, 2], max_tokens=10)
+        [slice(0, 2, None), slice(2, 4, None)]
+
+    Args:
+        lengths: each row's real length (prompt + completion, without padding).
+        max_tokens: the budget of padded tokens per group, >= 1.
+
+    Returns:
+        Row slices covering every row once, in order.
+    """
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    groups, start, longest = [], 0, 0
+    for row, length in enumerate(lengths):
+        if row > start and (row - start + 1) * max(longest, length) > max_tokens:
+            groups.append(slice(start, row))
+            start, longest = row, 0
+        longest = max(longest, length)
+    if lengths:
+        groups.append(slice(start, len(lengths)))
+    return groups
+
+
+def lm_head_of(model: nn.Module) -> tuple[torch.Tensor, float | None] | None:
+    """(lm_head weight (V, D), final logit soft-cap or None) when ``model``'s logits are exactly
+    final_logits(hidden @ weight.T) of its decoder's output, so the tiled lm_head can stand in; else None.
+
+    That holds for every architecture Bebop supports (``bebop.architectures``) whose lm_head has no bias.
+    """
+    config = model.config.get_text_config()
+    if getattr(config, "model_type", "") not in SUPPORTED_MODEL_TYPES or fused_loss_blocker(model):
+        return None
+    return model.get_output_embeddings().weight, getattr(config, "final_logit_softcapping", None)
+
+
 def token_logprobs(
     model: nn.Module,
     input_ids: torch.Tensor,  # (B, T)
     attention_mask: torch.Tensor,  # (B, T)
     completion_mask: torch.Tensor,  # (B, T)
     temperature: float = 1.0,
-) -> torch.Tensor:  # (B, T)
+    with_entropy: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:  # (B, T), and (B, T) entropies
     """Log-probability of each completion token under a causal LM at the sampling temperature.
 
     The logits at position t−1 predict token t; they are divided by ``temperature`` so the
@@ -133,17 +181,24 @@ def token_logprobs(
     same logprobs, alone or in a padded batch. Runs with gradients; wrap it in
     ``torch.no_grad()`` for old or reference logprobs.
 
+    The model's decoder runs once over the batch; the lm_head and log-softmax run only at the
+    completion tokens, tiled (``bebop.losses.token_logprobs_from_hidden``), so no (B, T, V) logits
+    exist, forward or backward. A model ``lm_head_of`` cannot tile (an lm_head with a bias, an
+    unsupported architecture) is scored from its full ``.logits`` instead.
+
     Args:
-        model: a Hugging Face causal LM (called with input_ids, attention_mask, position_ids;
-            returns ``.logits`` (B, T, V)).
+        model: a Hugging Face causal LM (called with input_ids, attention_mask, position_ids).
         input_ids: prompt + completion token ids.
         attention_mask: 1 on real tokens, 0 on padding.
         completion_mask: True on the tokens to score (the completion); position 0 is never
             scored because nothing predicts it.
         temperature: the rollout's sampling temperature, > 0.
+        with_entropy: also return the entropy of softmax(logits / T) at each scored token's
+            position (no gradient).
 
     Returns:
-        float32 logprobs, ``IGNORE_LOGPROB`` (0) wherever ``completion_mask`` is False.
+        float32 logprobs, ``IGNORE_LOGPROB`` (0) wherever ``completion_mask`` is False; with
+        ``with_entropy`` also the float32 entropies in nats (0 where the mask is False).
     """
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be (B, T), got shape {tuple(input_ids.shape)}")
@@ -155,16 +210,29 @@ def token_logprobs(
     if problem := temperature_problem(temperature, greedy_ok=False):  # NOTE: greedy has no logprobs
         raise ValueError(problem)
     position_ids = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
-    logits = model(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
-    ).logits  # (B, T, V)
-    # Upcast before the softmax: bf16 logsumexp over a large vocabulary loses ~1e-2 nats.
-    shifted = logits[:, :-1].float() / temperature  # (B, T-1, V)
-    targets = input_ids[:, 1:].unsqueeze(-1)  # (B, T-1, 1)
-    picked = shifted.gather(-1, targets).squeeze(-1) - shifted.logsumexp(dim=-1)  # (B, T-1)
-    out = torch.full(input_ids.shape, IGNORE_LOGPROB, dtype=torch.float32, device=logits.device)
-    out[:, 1:] = picked
-    return out.masked_fill(~completion_mask.bool(), IGNORE_LOGPROB)
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+    scored = completion_mask[:, 1:].bool()  # (B, T-1): the position before each scored token
+    targets = input_ids[:, 1:][scored]  # (N,)
+    lm_head = lm_head_of(model)
+    entropy = None
+    if lm_head is None:
+        logits = model(**inputs, use_cache=False).logits[:, :-1][scored]  # (N, V)
+        # Upcast before the softmax: bf16 logsumexp over a large vocabulary loses ~1e-2 nats.
+        log_probs = torch.log_softmax(logits.float() / temperature, dim=-1)  # (N, V)
+        picked = log_probs.gather(-1, targets[:, None]).squeeze(-1)
+        if with_entropy:
+            entropy = -(log_probs.exp() * log_probs).sum(-1).detach()
+    else:
+        weight, softcap = lm_head
+        out, _ = decoder_states(model, **inputs, use_cache=False)
+        picked = token_logprobs_from_hidden(out.last_hidden_state[:, :-1][scored], weight, targets, temperature,
+                                            softcap=softcap, with_entropy=with_entropy)  # (N,)
+        if with_entropy:
+            picked, entropy = picked
+    where = scored.nonzero(as_tuple=True)
+    full = [F.pad(torch.full(scored.shape, IGNORE_LOGPROB, device=input_ids.device).index_put(where, x.float()),
+                  (1, 0), value=IGNORE_LOGPROB) for x in (picked, entropy) if x is not None]  # (B, T) each
+    return (full[0], full[1]) if with_entropy else full[0]
 
 
 def sequence_logprobs(
@@ -266,14 +334,15 @@ def policy_loss(
         clip_eps: ε of the ratio clip.
         ref_logprobs: frozen reference logprobs; needed when ``kl_coef`` != 0.
         kl_coef: β, weight of the k3 KL penalty.
-        num_tokens: the normaliser Σ m; None counts this batch's valid tokens. Data parallel runs
-            pass the global batch's count, so each rank's loss is its share of the global loss.
+        num_tokens: the normaliser Σ m; None counts this batch's valid tokens. Micro-batches and
+            data-parallel ranks pass the whole step's count, so their losses (and metrics) add up to
+            the whole batch's.
 
     Returns:
         ``(loss, metrics)``: the scalar loss, and floats ``rl/policy_loss``,
         ``rl/clip_fraction`` (share of tokens whose clip binds, i.e. gets no gradient),
-        ``rl/ratio_mean`` and ``rl/kl`` (0.0 without a reference). The metrics call
-        ``.item()``: one host sync each, once per step, outside any loop here.
+        ``rl/ratio_mean`` and ``rl/kl`` (0.0 without a reference), each a sum over tokens divided by
+        ``num_tokens``. The metrics call ``.item()``: one host sync each per call (per micro-batch).
     """
     _check_loss_inputs(logprobs, old_logprobs, advantages, mask, ref_logprobs, kl_coef)
     weights = mask.to(logprobs.dtype)  # (B, T)

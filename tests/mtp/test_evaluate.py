@@ -186,6 +186,16 @@ def test_batch_size_padding_and_row_order_do_not_change_results(setup):
                                     "num_full_chains": 2 * base["num_full_chains"]}, atol=1e-6)
 
 
+def test_chunks_of_chains_give_the_whole_batch_result(setup, monkeypatch):
+    """Logits made 4 chains at a time (EVAL_CHUNK_ELEMENTS) give the numbers of one chunk per batch."""
+    from bebop.mtp import evaluate
+
+    model, head, data = setup
+    base = evaluate_mtp(model, head, data, speculate_k=K, batch_size=len(data))
+    monkeypatch.setattr(evaluate, "EVAL_CHUNK_ELEMENTS", 4 * K * VOCAB)
+    _assert_results_close(evaluate_mtp(model, head, data, speculate_k=K, batch_size=len(data)), base, atol=1e-6)
+
+
 def test_one_step_accept_length_is_one_plus_alpha(setup):
     """With K = 1 every chain is full, so accept length = 1 + alpha_1 (E[L] = sum_j prod_{i<=j} alpha_i)."""
     model, head, data = setup

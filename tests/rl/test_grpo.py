@@ -4,9 +4,12 @@ import pytest
 import torch
 from torch.nn import functional as F
 
+from bebop.rl import grpo
 from bebop.rl.grpo import (
     group_advantages,
     kl_k3,
+    lm_head_of,
+    micro_batches,
     pad_sequences,
     policy_loss,
     sequence_logprobs,
@@ -151,6 +154,67 @@ def test_token_logprobs_rejects_bad_inputs(tiny_lm):
         token_logprobs(tiny_lm, ids, attn, comp, temperature=0.0)
     with pytest.raises(ValueError, match="masks must match"):
         token_logprobs(tiny_lm, ids, attn[:, :1], comp)
+
+
+def _logprobs_and_grads(model, inputs, weights):
+    """token_logprobs with entropies, and the gradient of sum(weights * logprobs) for every parameter."""
+    logprobs, entropy = token_logprobs(model, *inputs, temperature=0.7, with_entropy=True)
+    model.zero_grad(set_to_none=True)
+    (logprobs * weights).sum().backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    return logprobs.detach(), entropy, grads
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "gemma2"])
+def test_tiled_lm_head_equals_full_logits(arch, monkeypatch):
+    """The decoder + tiled lm_head path gives the logprobs, entropies and parameter gradients (the tied
+    embedding included) of log_softmax over the model's own full logits; Gemma 2's final soft-cap at 0.5
+    bends every logit, so a missing cap would show."""
+    from tests.conftest import tiny_model
+
+    model = tiny_model(arch, vocab_size=64)
+    if arch == "gemma2":
+        model.config.final_logit_softcapping = 0.5
+    for p in model.parameters():
+        p.requires_grad_(True)
+    assert lm_head_of(model) is not None
+    inputs = pad_sequences([[3, 17, 4], [8]], [[9, 22, 41], [5, 6, 7, 8, 9]], pad_id=0)
+    weights = torch.randn(inputs[0].shape, generator=torch.Generator().manual_seed(0))
+    tiled = _logprobs_and_grads(model, inputs, weights)
+    monkeypatch.setattr(grpo, "lm_head_of", lambda model: None)  # the full (B, T, V) logits
+    full = _logprobs_and_grads(model, inputs, weights)
+    torch.testing.assert_close(tiled[0], full[0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(tiled[1], full[1], rtol=0, atol=1e-5)
+    assert tiled[2].keys() == full[2].keys()
+    for name in full[2]:
+        torch.testing.assert_close(tiled[2][name], full[2][name], rtol=1e-4, atol=1e-5, msg=name)
+    assert (tiled[1][inputs[2]] > 0).all() and (tiled[1][~inputs[2]] == 0).all()
+
+
+def test_lm_head_with_bias_is_not_tiled(tiny_lm):
+    import copy
+
+    model = copy.deepcopy(tiny_lm)
+    model.lm_head.bias = torch.nn.Parameter(torch.zeros(50))
+    assert lm_head_of(model) is None and lm_head_of(tiny_lm) is not None
+
+
+def test_micro_batches_cover_every_row_within_the_budget():
+    assert micro_batches([3, 3, 5, 2], max_tokens=10) == [slice(0, 2), slice(2, 4)]
+    assert micro_batches([12, 2, 2], max_tokens=10) == [slice(0, 1), slice(1, 3)]  # too long: alone
+    assert micro_batches([], max_tokens=10) == []
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(1, 40, (200,), generator=g).tolist()
+    groups = micro_batches(lengths, max_tokens=64)
+    assert [r for s in groups for r in range(s.start, s.stop)] == list(range(200))
+    for s in groups:
+        rows = lengths[s]
+        assert len(rows) * max(rows) <= 64
+        if s.stop < 200:  # closed because the next row did not fit
+            assert (len(rows) + 1) * max(rows + [lengths[s.stop]]) > 64
+    with pytest.raises(ValueError, match="max_tokens must be >= 1"):
+        micro_batches([3], max_tokens=0)
 
 
 # ---------------------------------------------------------------- policy_loss and kl_k3
