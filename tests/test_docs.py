@@ -80,6 +80,8 @@ FLAGS_ONLY = {  # (file, first line's start) -> why the benchmark is not run
     ("bench/README.md", "PYTHONPATH=. .venv/bin/python bench/trl_step.py"): "about 3 minutes of TRL steps",
     ("bench/README.md", "PYTHONPATH=. .venv/bin/python bench/hybrid.py --quick"):
         "3-6 minutes: two heads trained, then timed calls; one line needs CUDA",
+    ("bench/README.md", "PYTHONPATH=. .venv/bin/python bench/scale.py --quick"):
+        "a 187 M-parameter model in a fresh process per point: 12 minutes for --quick, about an hour in full",
 }
 NOT_RUN = {  # (file, first line's start) -> why the block cannot run here
     ("README.md", "make demo"): "`make demo` is `bebop demo` (13 minutes; tests/test_demo.py runs `bebop demo "
@@ -110,7 +112,10 @@ NOT_RUN = {  # (file, first line's start) -> why the block cannot run here
                                                                       "bench/vllm_compare.py in it",
     ("bench/README.md", "PYTHON=.venv/bin/python bash bench/gpu_smoke.sh"):
         "needs an NVIDIA GPU; its CPU dry run takes minutes (it builds an empty cache first); "
-        "test_gpu_smoke_script_parses checks the script with `bash -n`",
+        "test_gpu_scripts_parse checks the script with `bash -n`",
+    ("bench/README.md", "PYTHON=.venv/bin/python bash bench/gpu_headline.sh"):
+        "needs an NVIDIA GPU; its CPU dry run takes minutes (it trains the embedded model's head when missing); "
+        "test_gpu_scripts_parse checks the script with `bash -n`",
 }
 SKIPPED_COMMANDS = {  # the start of a command inside a RUN_HERE block -> why it is not run
     "vllm serve": "serving on a GPU; vLLM's MTP decoding of an exported head runs on CPU under `make test-vllm`",
@@ -291,8 +296,9 @@ def test_benchmark_commands_parse(path, start, monkeypatch):
                 runpy.run_path(str(REPO / target), run_name="__main__")
 
 
-def test_gpu_smoke_script_parses():
-    done = subprocess.run(["bash", "-n", str(REPO / "bench" / "gpu_smoke.sh")], capture_output=True, text=True)
+@pytest.mark.parametrize("script", ["gpu_smoke.sh", "gpu_headline.sh"])
+def test_gpu_scripts_parse(script):
+    done = subprocess.run(["bash", "-n", str(REPO / "bench" / script)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
 
 
