@@ -22,7 +22,7 @@ from bebop.rl.grpo import token_logprobs
 from bebop.speculative.engine import SamplingParams, SpecConfig, generate
 from bebop.speculative.sampling import logits_to_probs
 from bebop.speculative.verification import VERIFIERS
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 from bebop.utils.optim import MasterWeightAdamW, make_adamw, master_state_dict
 from bebop.utils.torch_utils import resolve_dtype
 from tests.conftest import save_model_dir, tiny_model

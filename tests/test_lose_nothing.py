@@ -22,14 +22,9 @@ from bebop.mtp.data import Sequences
 from bebop.mtp.train import TrainMtpConfig, train_mtp
 from bebop.rl import train_rl
 from bebop.speculative import SamplingParams, generate
-from bebop.utils.io import (
-    BebopError,
-    atomic_dir,
-    check_output_dir,
-    check_output_file,
-    prepare_output_dir,
-    read_jsonl,
-)
+from bebop.utils.errors import BebopError
+from bebop.utils.files import atomic_dir, read_jsonl
+from bebop.utils.outputs import check_output_dir, check_output_file, prepare_output_dir
 from bebop.utils.torch_utils import state_sha256
 from tests.conftest import tiny_model
 from tests.helpers import error_line, tiny_config, tiny_policy

@@ -31,7 +31,10 @@ from bebop.mtp import MtpHead
 from bebop.mtp.native import import_mtp
 from bebop.speculative.engine import SamplingParams, SpecConfig, generate
 from bebop.speculative.verification import finite_at_drafts
-from bebop.utils.io import BebopError, is_disk_full, lock_holder, output_dir, output_lock
+from bebop.utils.errors import BebopError
+from bebop.utils.files import is_disk_full
+from bebop.utils.locks import lock_holder, output_lock
+from bebop.utils.outputs import output_dir
 from tests.conftest import save_model_dir, tiny_model, tiny_tokenizer
 from tests.mtp.native_checkpoints import keep_architectures, save_native_checkpoint, save_word_tokenizer, tiny_backbone
 
@@ -249,7 +252,7 @@ def test_export_mtp_refuses_a_misshapen_or_incomplete_head(tmp_path, capsys):
 # ---------------------------------------------------------------------------------------------- 7. locks
 HOLDER = """
 import sys, time
-from bebop.utils.io import output_lock
+from bebop.utils.locks import output_lock
 with output_lock(sys.argv[1]):
     print("held", flush=True)
     time.sleep(120)

@@ -68,7 +68,8 @@ from bebop.rollout.logprobs import policy_logprobs
 from bebop.rollout.runner import gather_completions
 from bebop.speculative.completions import ABSENT_WITHOUT_TOKEN_STATS, Completions
 from bebop.speculative.settings import MODES, SamplingParams, SpecConfig, check_settings
-from bebop.utils.io import BebopError, read_json, write_json
+from bebop.utils.errors import BebopError
+from bebop.utils.files import read_json, write_json
 from bebop.utils.run_files import ROLLOUT_FILE, TOKEN_STATS_FILE, scalar_metrics, token_stats_row
 
 

@@ -82,16 +82,11 @@ from bebop.rollout.base import backend_problem, make_backend
 from bebop.rollout.runner import Rollout, RolloutRunner, frozen_copy
 from bebop.speculative.settings import head_problem
 from bebop.utils import distributed
-from bebop.utils.io import (
-    BebopError,
-    JsonlLogger,
-    NullLogger,
-    check_output_dir,
-    log_rows_until,
-    output_dir,
-    write_json,
-)
+from bebop.utils.errors import BebopError
+from bebop.utils.files import write_json
+from bebop.utils.metric_log import JsonlLogger, NullLogger, log_rows_until
 from bebop.utils.optim import make_adamw
+from bebop.utils.outputs import check_output_dir, output_dir
 from bebop.utils.progress import progress, say, step_line
 from bebop.utils.run_files import CONFIG_FILE, METRICS_FILE, TOKEN_STATS_FILE, json_safe, token_stats_row
 from bebop.utils.torch_utils import seed_everything

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING
 
 from bebop.rollout import vllm_process
 from bebop.rollout.base import RolloutBackend, repeat_prompts
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 
 if TYPE_CHECKING:
     from bebop.speculative.completions import Completions

@@ -21,7 +21,7 @@ from bebop.config import (
     speculate_k_problem,
     temperature_problem,
 )
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 
 
 @dataclass(frozen=True)

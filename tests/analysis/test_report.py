@@ -12,7 +12,7 @@ from bebop.analysis.report import write_report
 from bebop.analysis.runs import load_run, run_label
 from bebop.analysis.answer import entropy_series
 from bebop.analysis.summary import step_speedup, summarize_run
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 from tests.analysis.helpers import K, NUM_STEPS, PNG_MAGIC, fake_metrics
 
 def _write_run(path, config, metrics, token_stats=None):

@@ -34,7 +34,7 @@ from bebop.check.lossless import (
     summarize_checks,
     two_sample_chi2,
 )
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 from tests.helpers import ToyTokenizer, peaked_model, perturbed_head
 
 NUM_SAMPLES = 3000  # rows per sample on the tiny model: ~33k rows of up to 12 tokens for the 7 default configs

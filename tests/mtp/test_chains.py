@@ -16,7 +16,7 @@ from bebop.mtp.head import MtpHead
 from bebop.mtp.train import TrainMtpConfig, saved_config, train_mtp
 from bebop.speculative import engine
 from bebop.speculative.engine import SamplingParams, SpecConfig, generate
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 from tests.conftest import SLIDING_WINDOW_KWARGS, tiny_model
 from tests.helpers import MTP_ATOL, ToyTokenizer, VOCAB, peaked_model, perturbed_head, toy_prompts
 

@@ -12,7 +12,7 @@ import transformers
 from bebop.mtp.data import Sequences
 from bebop.mtp.evaluate import acceptance_table, evaluate_mtp
 from bebop.mtp.head import MtpHead
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 from tests.helpers import VOCAB, peaked_model, perturbed_head, toy_prompts
 
 K = 3

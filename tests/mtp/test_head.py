@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from bebop.mtp import MtpHead
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 from tests.conftest import tiny_model
 
 

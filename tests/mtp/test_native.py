@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from bebop.mtp import MtpHead
 from bebop.speculative.target import decoder_states
 from bebop.mtp.native import INDEX_NAME, MTP_SHARD, export_mtp, import_mtp, weight_map
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 from tests.conftest import tiny_model
 from tests.mtp.native_checkpoints import (
     D,

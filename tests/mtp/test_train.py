@@ -11,7 +11,7 @@ from bebop.mtp import MtpHead
 from bebop.mtp.data import chain_tensors
 from bebop.mtp.evaluate import evaluate_mtp
 from bebop.mtp.train import TrainMtpConfig, train_mtp
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 from tests.conftest import ARCHITECTURES, SLIDING_WINDOW_KWARGS, save_model_dir, tiny_model
 from tests.helpers import random_sequences
 

@@ -8,7 +8,7 @@ import pytest
 
 from bebop.rl.config import resolve_rl_config
 from bebop.rl.prompts import load_task_rows, prompt_batch
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 from bebop.utils.tokens import encode_prompt
 from tests.conftest import tiny_tokenizer
 

@@ -18,7 +18,7 @@ from bebop.rollout import vllm_cpu_fix, vllm_process
 from bebop.rollout import vllm as vllm_backend
 from bebop.rollout.vllm import VllmBackend
 from bebop.speculative import SamplingParams, SpecConfig
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFECTIVE_SOURCE = '''

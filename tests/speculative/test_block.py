@@ -36,7 +36,7 @@ from bebop.speculative.engine import SamplingParams, SpecConfig, generate
 from bebop.speculative.sampling import accept_token_wise, verify_distributions
 from bebop.speculative.settings import verify_problem
 from bebop.speculative.verification import block_verify, verify_from_noise
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 from tests.helpers import (
     NUM_ROWS as ENGINE_ROWS,
     STAT_PROMPT,

@@ -24,7 +24,7 @@ import torch
 from bebop.mtp import MtpHead
 from bebop.speculative import engine
 from bebop.speculative.engine import SamplingParams, SpecConfig, generate
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 from tests.conftest import tiny_model
 from tests.helpers import (
     GREEDY_LENGTHS,

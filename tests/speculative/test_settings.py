@@ -10,7 +10,7 @@ import pytest
 
 from bebop.config import speculate_k_problem, temperature_problem
 from bebop.speculative.settings import SamplingParams, SpecConfig, check_settings, settings_problems
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 
 PACKAGE = Path(__file__).resolve().parents[2] / "bebop"
 

@@ -17,7 +17,7 @@ import torch
 from bebop import cli
 from bebop.mtp.head import MtpHead, read_head_files
 from bebop.utils import distributed
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 from tests.conftest import save_model_dir, tiny_model
 from tests.utils import dp_worker
 

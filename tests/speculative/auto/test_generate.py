@@ -24,7 +24,7 @@ from bebop.speculative.auto.chooser import AutoChooser, candidates, config_name
 from bebop.speculative.auto.generate import generate_auto
 from bebop.speculative.auto.tail import Lengths
 from bebop.speculative.engine import Decoder, SamplingParams, SpecConfig, generate
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 from tests.speculative.auto.helpers import acceptance_of, with_history
 from tests.helpers import (
     STAT_PROMPT,

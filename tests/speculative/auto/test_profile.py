@@ -21,7 +21,7 @@ from bebop.speculative.auto import profile as profile
 from bebop.speculative.auto.chooser import AutoChooser, candidates
 from bebop.speculative.auto.generate import generate_auto
 from bebop.speculative.engine import SamplingParams, SpecConfig
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 from tests.helpers import ToyTokenizer, toy_prompts, peaked_model, perturbed_head
 
 SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=24)
