@@ -24,7 +24,8 @@ import torch
 from bebop.cli import main
 from bebop.mtp import MtpHead
 from bebop.speculative.engine import SamplingParams, SpecConfig, generate
-from tests.conftest import save_model_dir, tiny_model, tiny_tokenizer
+from tests.helpers.cli import save_model_dir
+from tests.helpers.models import tiny_model, tiny_tokenizer
 
 REWARDS = """
 def raises(prompts, completions, **_):

@@ -26,8 +26,9 @@ from bebop.utils.errors import BebopError
 from bebop.utils.files import atomic_dir, read_jsonl
 from bebop.utils.outputs import check_output_dir, check_output_file, prepare_output_dir
 from bebop.utils.torch_utils import state_sha256
-from tests.conftest import tiny_model
-from tests.helpers import error_line, tiny_config, tiny_policy
+from tests.helpers.cli import error_line
+from tests.helpers.models import tiny_model
+from tests.helpers.rl import tiny_config, tiny_policy
 
 RL_FLAGS = ["--mode", "rs", "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "6",
             "--save-every", "1"]

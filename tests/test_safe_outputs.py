@@ -35,8 +35,14 @@ from bebop.utils.errors import BebopError
 from bebop.utils.files import is_disk_full
 from bebop.utils.locks import lock_holder, output_lock
 from bebop.utils.outputs import output_dir
-from tests.conftest import save_model_dir, tiny_model, tiny_tokenizer
-from tests.mtp.native_checkpoints import keep_architectures, save_native_checkpoint, save_word_tokenizer, tiny_backbone
+from tests.helpers.cli import save_model_dir
+from tests.helpers.models import tiny_model, tiny_tokenizer
+from tests.helpers.native_checkpoints import (
+    keep_architectures,
+    save_native_checkpoint,
+    save_word_tokenizer,
+    tiny_backbone,
+)
 
 
 def snapshot(directory: Path) -> dict[str, bytes]:

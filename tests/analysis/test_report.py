@@ -13,7 +13,7 @@ from bebop.analysis.runs import load_run, run_label
 from bebop.analysis.answer import entropy_series
 from bebop.analysis.summary import step_speedup, summarize_run
 from bebop.utils.errors import BebopError
-from tests.analysis.helpers import K, NUM_STEPS, PNG_MAGIC, fake_metrics
+from tests.helpers.analysis import NUM_STEPS, PNG_MAGIC, K, fake_metrics
 
 def _write_run(path, config, metrics, token_stats=None):
     path.mkdir(parents=True)

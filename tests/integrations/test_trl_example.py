@@ -17,7 +17,7 @@ import torch
 pytest.importorskip("trl")
 
 from bebop.cli import main as bebop_main  # noqa: E402
-from tests.conftest import fill_tiny_cache  # noqa: E402
+from tests.helpers.cli import fill_tiny_cache  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "trl_grpo.py"

@@ -15,11 +15,11 @@ from bebop.mtp import MtpHead
 from bebop.speculative.target import decoder_states
 from bebop.mtp.native import INDEX_NAME, MTP_SHARD, export_mtp, import_mtp, weight_map
 from bebop.utils.errors import BebopError
-from tests.conftest import tiny_model
-from tests.mtp.native_checkpoints import (
-    D,
+from tests.helpers.models import tiny_model
+from tests.helpers.native_checkpoints import (
     FAMILIES,
     OWN_PREFIXES,
+    D,
     V,
     keep_architectures,
     save_native_checkpoint,

@@ -16,8 +16,8 @@ from bebop.rollout.base import BACKENDS, backend_class, backend_problem, make_ba
 from bebop.rollout.engine import EngineBackend
 from bebop.speculative import SamplingParams, SpecConfig, generate
 from bebop.utils.errors import BebopError
-from tests.rollout import contract
-from tests.helpers import tiny_config, tiny_policy
+from tests.helpers import rollout_contract as contract
+from tests.helpers.rl import tiny_config, tiny_policy
 
 K = 2
 

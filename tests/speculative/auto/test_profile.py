@@ -22,7 +22,7 @@ from bebop.speculative.auto.chooser import AutoChooser, candidates
 from bebop.speculative.auto.generate import generate_auto
 from bebop.speculative.engine import SamplingParams, SpecConfig
 from bebop.utils.errors import BebopError
-from tests.helpers import ToyTokenizer, toy_prompts, peaked_model, perturbed_head
+from tests.helpers.engine import ToyTokenizer, peaked_model, perturbed_head, toy_prompts
 
 SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=24)
 
