@@ -145,7 +145,7 @@ def test_write_report_disambiguates_duplicate_labels(tmp_path, runs):
 
 
 def test_a_torn_last_line_is_left_out_with_a_note_as_resume_does(tmp_path, runs, capsys):
-    """Issue 46 item 14: a run killed while appending its last row reports like the run --resume continues."""
+    """A run killed while appending its last row reports like the run --resume continues."""
     metrics = runs[1] / "metrics.jsonl"
     metrics.write_text(metrics.read_text() + '{"step": 40, "mode": \n')
     run = load_run(runs[1])
@@ -164,7 +164,7 @@ def test_a_corrupt_line_before_the_last_gives_one_line_error(tmp_path, runs):
 
 
 def test_report_of_a_bad_run_leaves_no_out_directory_nor_suggests_resume(tmp_path, runs, capsys):
-    """Issue 46 item 14: the runs are read before --out is made; report has no --resume to suggest."""
+    """The runs are read before --out is made; report has no --resume to suggest."""
     from bebop.cli import main
 
     (runs[1] / "metrics.jsonl").write_text("")

@@ -118,7 +118,7 @@ def _set_held_prediction(d, value):
     (lambda d: d["chooser"]["acceptance"]["sums"]["rs"].append(1.0), "mismatched depths"),
     (lambda d: d.update(calls=-1), "calls -1 < 0"),
     (lambda d: d["chooser"]["held"].pop("mode"), "a held decision has fields"),
-    (lambda d: d["chooser"]["held"].update(predicted_tok_s=-1e30), r"chooser.held.predicted_tok_s is -1e\+30"),  # issue 46 item 12
+    (lambda d: d["chooser"]["held"].update(predicted_tok_s=-1e30), r"chooser.held.predicted_tok_s is -1e\+30"),
     (lambda d: d["chooser"]["acceptance"]["weights"].__setitem__(0, float("nan")), r"weights\[0\] is nan"),
     (lambda d: _set_held_prediction(d, float("inf")), r"predictions.rs3 is inf"),
     (lambda d: d["chooser"].update(tried=["rs3", "turbo9"]), "unknown setting name 'turbo9'"),
