@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING
 
 from bebop.rollout import vllm_process
 from bebop.rollout.base import RolloutBackend, repeat_prompts
+from bebop.speculative.settings import head_problem
 from bebop.utils.errors import BebopError
 
 if TYPE_CHECKING:
@@ -182,13 +183,13 @@ class VllmBackend(RolloutBackend):
             return policy
         served = self.workdir / "served"
         if not served.is_dir():
-            if self.head is None:
-                raise BebopError("the vllm backend needs an MTP head for modes to and rs")
             self.head.save_pretrained(self.workdir / "head")
             export_mtp(policy, self.workdir / "head", served)
         return served
 
     def _engine(self, spec):
+        if problem := head_problem(spec.mode, self.head is not None, given_by="head=MtpHead"):
+            raise BebopError(problem)
         if spec.draft_temperature is not None:  # NOTE: checked on every call, before a live engine is reused
             raise BebopError("the vllm backend drafts at the sampling temperature; draft_temperature must be None")
         if getattr(spec, "filter_drafts", False):
