@@ -103,14 +103,19 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+def fake_package(root: Path, sources: dict[str, str]) -> Path:
+    """Writes ``root/bebop``: each path below it (``a/__init__.py``...) with its source; returns ``root``."""
+    for name, source in sources.items():
+        path = root / PACKAGE / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(source)
+    return root
+
+
 def test_graph_sees_function_local_and_submodule_imports(tmp_path):
-    pkg = tmp_path / PACKAGE
-    (pkg / "a").mkdir(parents=True)
-    (pkg / "__init__.py").write_text("")
-    (pkg / "a" / "__init__.py").write_text("")
-    (pkg / "a" / "b.py").write_text("def f():\n    from bebop import c\n")
-    (pkg / "c.py").write_text("from .a import b\n")
-    graph = import_graph(tmp_path)
+    graph = import_graph(fake_package(tmp_path, {"__init__.py": "", "a/__init__.py": "",
+                                                 "a/b.py": "def f():\n    from bebop import c\n",
+                                                 "c.py": "from .a import b\n"}))
     assert graph["bebop.a.b"] == {"bebop.c"}
     assert graph["bebop.c"] == {"bebop.a.b"}
     assert find_cycle(graph) in (["bebop.a.b", "bebop.c", "bebop.a.b"], ["bebop.c", "bebop.a.b", "bebop.c"])
@@ -152,13 +157,10 @@ def test_every_unit_has_a_floor():
 
 
 def test_upward_imports_are_found(tmp_path):
-    pkg = tmp_path / PACKAGE
-    (pkg / "utils").mkdir(parents=True)
-    (pkg / "__init__.py").write_text("")
-    (pkg / "utils" / "__init__.py").write_text("")
-    (pkg / "utils" / "files.py").write_text("def f():\n    from bebop.rl import loop\n")
-    (pkg / "rl.py").write_text("from bebop.utils import files\n")
-    bad = upward_imports(import_graph(tmp_path), layers=(("utils",), ("rl",)))
+    root = fake_package(tmp_path, {"__init__.py": "", "utils/__init__.py": "",
+                                   "utils/files.py": "def f():\n    from bebop.rl import loop\n",
+                                   "rl.py": "from bebop.utils import files\n"})
+    bad = upward_imports(import_graph(root), layers=(("utils",), ("rl",)))
     assert bad == ["bebop.utils.files (utils, floor 0) imports bebop.rl (rl, floor 1)"]
 
 
