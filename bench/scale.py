@@ -84,19 +84,19 @@ def _rl_point(model, p: dict) -> dict:
     """The RL step after the rollout: old logprobs, the micro-batched loss and backward, the AdamW step."""
     import torch
 
-    from bebop.rl import grpo
+    from bebop.rollout import logprobs
     from bebop.rl.config import PolicyConfig
     from bebop.rl.update import accumulate_gradients, fixed_logprobs
     from bebop.utils.optim import make_adamw
 
     if p.get("full_logits"):  # the untiled path: the model's (rows, T, V) logits, one micro-batch
-        grpo.lm_head_of = lambda model: None
+        logprobs.lm_head_of = lambda model: None
     cfg = PolicyConfig(micro_batch_tokens=p.get("micro_batch_tokens", 10**9 if p.get("full_logits") else 16_384))
     for param in model.parameters():
         param.requires_grad_(True)
     optimizer = make_adamw(model.parameters(), lr=1e-6, weight_decay=0.0)
     prompts = _random_ids(p["rows"], PROMPT_TOKENS, p["vocab"])
-    inputs = grpo.pad_sequences(prompts, _random_ids(p["rows"], p["new_tokens"], p["vocab"], seed=1), pad_id=0)
+    inputs = logprobs.pad_sequences(prompts, _random_ids(p["rows"], p["new_tokens"], p["vocab"], seed=1), pad_id=0)
     advantages = torch.randn(p["rows"], generator=torch.Generator().manual_seed(2))
     phases, base = {}, _status_mb("VmRSS")
     start = time.perf_counter()

@@ -1,7 +1,7 @@
 """Every command the documentation shows runs as written in a test, or is listed here with its reason.
 
 The fenced ``bash``, ``python`` and ``yaml`` blocks of README.md, docs/*.md and bench/README.md
-(``tests.doc_blocks.DOC_FILES``) are each named, by file and first line, in exactly one of:
+(``tests.helpers.doc_blocks.DOC_FILES``) are each named, by file and first line, in exactly one of:
 
 - ``RUN_HERE``: run as written by a test of this module, in a fresh directory holding the files the
   docs say a reader brings (tiny random models); commands that cannot run here are skipped by
@@ -35,8 +35,9 @@ import pytest
 
 import bebop
 from bebop.cli import main
-from tests.conftest import WORDS, fill_tiny_cache, save_model_dir, tiny_model
-from tests.doc_blocks import DOC_FILES, REPO, SETTING, Block, command_lines, expand, fenced_blocks
+from tests.helpers.cli import fill_tiny_cache, save_model_dir
+from tests.helpers.doc_blocks import DOC_FILES, REPO, SETTING, Block, command_lines, expand, fenced_blocks
+from tests.helpers.models import WORDS, tiny_model
 from tests.test_readme import TINY as WALKTHROUGH_SIZES
 
 COMMAND_LANGUAGES = ("bash", "python", "yaml")  # blocks that are commands, code or configs
@@ -199,7 +200,7 @@ def run_shell_block(block: Block, settings: dict[str, str]) -> list[str]:
 
 def _native_checkpoint(directory: Path):
     """A tiny Qwen3.5 checkpoint that ships an MTP layer, with a tokenizer: what ./Qwen3.5-9B stands for."""
-    from tests.mtp.native_checkpoints import save_native_checkpoint, save_word_tokenizer, tiny_backbone
+    from tests.helpers.native_checkpoints import save_native_checkpoint, save_word_tokenizer, tiny_backbone
 
     model = tiny_backbone("qwen3_5")
     save_native_checkpoint("qwen3_5", model, directory)

@@ -5,7 +5,7 @@
 log pi(y_n) = u_{n, y_n} - logsumexp_v u_{n, v} with u = z / T and z = hidden @ weight.T (the lm_head),
 optionally soft-capped first (Gemma's ``final_logit_softcapping``: z <- c tanh(z / c), as
 ``bebop.speculative.attention.final_logits``). GRPO needs it with gradient for the policy, and without
-for the old and reference policies (``bebop.rl.grpo.token_logprobs``); its entropy
+for the old and reference policies (``bebop.rollout.logprobs.token_logprobs``); its entropy
 H_n = logsumexp_v u_{n, v} - sum_v pi_v u_{n, v} comes from the same tiles. The rows run in chunks of
 ``FUSED_TILE_ELEMENTS // V`` (the draft loss's row chunk, ``bebop.losses.fused``), whose logits
 live in one buffer every chunk reuses, so the working set is one chunk's logits whatever N is.

@@ -41,19 +41,11 @@ from bebop.mtp.head import MtpHead
 from bebop.mtp.loss import chain_loss, chain_loss_count, fused_loss_blocker
 from bebop.speculative.target import decoder_of
 from bebop.utils import distributed
-from bebop.utils.io import (
-    BebopError,
-    JsonlLogger,
-    NullLogger,
-    atomic_dir,
-    check_output_dir,
-    log_rows_until,
-    output_dir,
-    read_json,
-    save_torch,
-    write_json,
-)
+from bebop.utils.errors import BebopError
+from bebop.utils.files import atomic_dir, read_json, save_torch, write_json
+from bebop.utils.metric_log import JsonlLogger, NullLogger, log_rows_until
 from bebop.utils.optim import make_adamw, master_state_dict
+from bebop.utils.outputs import check_output_dir, output_dir
 from bebop.utils.progress import progress, say, step_line
 from bebop.utils.torch_utils import state_sha256
 

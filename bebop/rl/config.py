@@ -48,7 +48,7 @@ from bebop.config import (
     positive_temperature,
     resolve,
 )
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 
 # NOTE: nothing here imports torch (the CLI builds its --help from this module); check_rl_config imports
 # the rules that relate settings (bebop.speculative.settings) lazily.

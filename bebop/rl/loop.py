@@ -37,7 +37,7 @@ Deviations from textbook GRPO (beyond the numbered list in ``bebop.rl.grpo``):
   6) Full-batch updates: each of the update_epochs is one optimizer step on all B*G rows, its gradient
      accumulated over micro-batches of at most ``micro_batch_tokens`` padded tokens (old and reference
      logprobs and the online head step are computed in the same micro-batches). The logprobs come from
-     the policy's decoder and a tiled lm_head (``bebop.rl.grpo.token_logprobs``): no (rows, T, V) tensor.
+     the policy's decoder and a tiled lm_head (``bebop.rollout.logprobs.token_logprobs``): no (rows, T, V) tensor.
   7) ``backend vllm``: rollouts are not seeded per row (vLLM cannot seed requests that draft), so a
      run does not repeat bit for bit; ``spec/alpha_*``, ``spec/accept_length_hist``,
      ``spec/accepted_per_pos`` and ``target_entropy`` are null (vLLM does not expose the
@@ -77,25 +77,21 @@ from torch import nn
 
 from bebop.rl.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from bebop.rl.config import RESUME_MAY_CHANGE, RLConfig, check_rl_config, flat_config, rollout_settings
-from bebop.rl.grpo import group_advantages, pad_sequences
+from bebop.rl.grpo import group_advantages
 from bebop.rl.online import make_head_optimizer, online_head_step, rollout_sequences
 from bebop.rl.prompts import PromptBatch, check_embedded_prompts, load_task_rows, prompt_batch, task_reward
 from bebop.rl.rewards import RewardFn, call_reward
 from bebop.rl.update import fixed_logprobs, update_policy
 from bebop.rollout.base import backend_problem, make_backend
+from bebop.rollout.logprobs import pad_sequences
 from bebop.rollout.runner import Rollout, RolloutRunner, frozen_copy
 from bebop.speculative.settings import head_problem
 from bebop.utils import distributed
-from bebop.utils.io import (
-    BebopError,
-    JsonlLogger,
-    NullLogger,
-    check_output_dir,
-    log_rows_until,
-    output_dir,
-    write_json,
-)
+from bebop.utils.errors import BebopError
+from bebop.utils.files import write_json
+from bebop.utils.metric_log import JsonlLogger, NullLogger, log_rows_until
 from bebop.utils.optim import make_adamw
+from bebop.utils.outputs import check_output_dir, output_dir
 from bebop.utils.progress import progress, say, step_line
 from bebop.utils.run_files import CONFIG_FILE, METRICS_FILE, TOKEN_STATS_FILE, json_safe, token_stats_row
 from bebop.utils.torch_utils import seed_everything

@@ -3,9 +3,9 @@
     old, ref = fixed_logprobs(sampler, reference, inputs, temperature, max_tokens)
     metrics = update_policy(policy, optimizer, inputs, old, ref, advantages, cfg, temperature)
 
-The rows of a step (its B*G prompt + completion sequences, right-padded: ``bebop.rl.grpo.pad_sequences``)
+The rows of a step (its B*G prompt + completion sequences, right-padded: ``bebop.rollout.logprobs.pad_sequences``)
 go through the model in ``micro_batches`` of at most ``micro_batch_tokens`` padded tokens, each cut to
-its longest row; log-probabilities come from ``bebop.rl.grpo.token_logprobs`` (the decoder, then a tiled
+its longest row; log-probabilities come from ``bebop.rollout.logprobs.token_logprobs`` (the decoder, then a tiled
 lm_head: no (rows, T, V) tensor). Every micro-batch's loss is divided by the whole step's token count
 (summed over torchrun's ranks), so the gradients, losses and metrics of the micro-batches add up to the
 one-batch ones: only memory depends on the budget (float rounding aside).
@@ -19,9 +19,10 @@ import torch
 from torch import nn
 
 from bebop.rl.config import PolicyConfig
-from bebop.rl.grpo import IGNORE_LOGPROB, micro_batches, policy_loss, token_logprobs
+from bebop.rl.grpo import micro_batches, policy_loss
+from bebop.rollout.logprobs import IGNORE_LOGPROB, token_logprobs
 from bebop.utils import distributed
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 
 
 def row_lengths(inputs: tuple[torch.Tensor, ...]) -> list[int]:

@@ -23,8 +23,9 @@ from bebop.check import lossless
 from bebop.speculative.kv_cache import RaggedKVCache
 from bebop.check.lossless import LOSSLESS_CONFIGS, LosslessConfig, run_lossless_checks
 from bebop.check.reference import conditional_chi2, reference_prompts, run_reference_checks
-from tests.conftest import save_model_dir, tiny_model
-from tests.helpers import ToyTokenizer, perturbed_head
+from tests.helpers.cli import save_model_dir
+from tests.helpers.models import tiny_model
+from tests.helpers.engine import ToyTokenizer, perturbed_head
 
 WINDOW = 8
 PROMPTS = [[3], [5, 1], [2, 2, 7, 4]]

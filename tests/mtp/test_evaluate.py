@@ -12,8 +12,8 @@ import transformers
 from bebop.mtp.data import Sequences
 from bebop.mtp.evaluate import acceptance_table, evaluate_mtp
 from bebop.mtp.head import MtpHead
-from bebop.utils.io import BebopError
-from tests.helpers import VOCAB, peaked_model, perturbed_head, toy_prompts
+from bebop.utils.errors import BebopError
+from tests.helpers.engine import VOCAB, peaked_model, perturbed_head, toy_prompts
 
 K = 3
 LENGTHS = (11, 6, 9, 4, 13)  # ragged rows: padding, chains cut by the end, a row with one one-step chain

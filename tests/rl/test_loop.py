@@ -20,8 +20,8 @@ from bebop.rl.loop import Rollout, make_state, rl_step, score_rollout
 from bebop.rl.prompts import PromptBatch, prompt_batch, step_seed
 from bebop.speculative.completions import Completions
 from bebop.task import arith
-from bebop.utils.io import BebopError
-from tests.helpers import char_length_reward, read_rows, tiny_config, tiny_policy
+from bebop.utils.errors import BebopError
+from tests.helpers.rl import char_length_reward, read_rows, tiny_config, tiny_policy
 
 # ------------------------------------------------------------------------------ config
 

@@ -9,7 +9,7 @@ from bebop.mtp.head import MtpHead
 from bebop.rl.config import MtpUpdateConfig
 from bebop.rl.loop import train_rl
 from bebop.rl.online import make_head_optimizer, online_head_step, rollout_sequences
-from tests.helpers import tiny_config, tiny_policy
+from tests.helpers.rl import tiny_config, tiny_policy
 
 
 def _sequences(num: int = 4, seed: int = 0):

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from bebop.rl.config import PolicyConfig
-from bebop.rl.grpo import pad_sequences
+from bebop.rollout.logprobs import pad_sequences
 from bebop.rl.update import fixed_logprobs, update_policy
-from tests.helpers import tiny_policy
+from tests.helpers.rl import tiny_policy
 
 
 def _batch(seed: int = 0):

@@ -18,7 +18,7 @@ from bebop.rollout import vllm_cpu_fix, vllm_process
 from bebop.rollout import vllm as vllm_backend
 from bebop.rollout.vllm import VllmBackend
 from bebop.speculative import SamplingParams, SpecConfig
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFECTIVE_SOURCE = '''
@@ -192,7 +192,7 @@ def _fake_backend(monkeypatch, tmp_path, found=vllm_cpu_fix.NOT_USED):
     monkeypatch.setitem(vllm_backend._LIVE, "llm", None)  # the fake engine does not outlive the test
     monkeypatch.setattr(vllm_process, "provide_torchvision", lambda: False)
     monkeypatch.setattr(vllm_process, "prepare_sampling", lambda: found)
-    monkeypatch.setattr(VllmBackend, "_model_dir", lambda self, with_head: tmp_path)
+    monkeypatch.setattr(VllmBackend, "_model_dir", lambda self, mode: tmp_path)
     monkeypatch.delenv("VLLM_LOGGING_CONFIG_PATH", raising=False)
     monkeypatch.setenv("VLLM_CONFIGURE_LOGGING", "1")  # log_to_file sets it to 0; restored afterwards
     model = torch.nn.Linear(2, 2)

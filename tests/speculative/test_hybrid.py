@@ -26,8 +26,8 @@ from bebop.mtp import MtpHead
 from bebop.check.lossless import LosslessConfig, run_lossless_checks, summarize_checks
 from bebop.speculative.engine import Decoder, SamplingParams, SpecConfig, generate
 from bebop.speculative.state_cache import RowStates
-from tests.conftest import HYBRIDS, tiny_model
-from tests.helpers import VOCAB, ToyTokenizer, perturbed_head, toy_prompts
+from tests.helpers.models import HYBRIDS, tiny_model
+from tests.helpers.engine import VOCAB, ToyTokenizer, perturbed_head, toy_prompts
 from tests.speculative.test_attention import target_logits_match
 
 NEW_TOKENS = 16

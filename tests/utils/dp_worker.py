@@ -51,7 +51,7 @@ def launch(argv: list[str], world: int, env: dict | None = None, wait: bool = Tr
 
 
 def rl_config(**overrides):
-    from tests.helpers import tiny_config
+    from tests.helpers.rl import tiny_config
 
     return tiny_config(**{"mode": "rs", "speculate_k": 2, "prompts_per_step": 4, "group_size": 2, "steps": 1,
                           **overrides})
@@ -66,7 +66,7 @@ def rl_parts(out: Path) -> None:
     from bebop.rl.prompts import prompt_batch
     from bebop.utils import distributed
     from bebop.utils.torch_utils import seed_everything
-    from tests.helpers import tiny_policy
+    from tests.helpers.rl import tiny_policy
 
     # the plain step; the online-head step in one batch and in micro-batches of one row (a budget of 1 token)
     for name, cfg in (("step", rl_config()), ("step-online", rl_config(mtp_update="online")),

@@ -17,8 +17,9 @@ import torch
 from bebop import cli
 from bebop.mtp.head import MtpHead, read_head_files
 from bebop.utils import distributed
-from bebop.utils.io import BebopError
-from tests.conftest import save_model_dir, tiny_model
+from bebop.utils.errors import BebopError
+from tests.helpers.cli import save_model_dir
+from tests.helpers.models import tiny_model
 from tests.utils import dp_worker
 
 
