@@ -14,7 +14,7 @@ nothing heavy, so the CLI's --help can list the families.
 
 from __future__ import annotations
 
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 
 SUPPORTED_MODEL_TYPES = {  # HF config.model_type -> the family's name in messages and --help
     "llama": "Llama",

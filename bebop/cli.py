@@ -49,7 +49,8 @@ from bebop.options import (
     TrainMtpOptions,
 )
 from bebop.rl.config import config_fields
-from bebop.utils.io import BebopError, check_output_file
+from bebop.utils.errors import BebopError
+from bebop.utils.outputs import check_output_file
 
 
 class Command(NamedTuple):

@@ -18,7 +18,7 @@ from pathlib import Path
 from bebop.config import DEFAULT_DRAFT_LOSS, flags_of, is_auto
 from bebop.mtp.config import TrainMtpConfig
 from bebop.rl.config import config_fields
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 
 
 def _load(args, need_mtp: bool, mtp_loss: str = DEFAULT_DRAFT_LOSS, split: str | None = None):
@@ -67,7 +67,8 @@ def _sequences(args, model, tok, split: str):
 # ---------------------------------------------------------------------------------------------- pretrain
 def cmd_pretrain(args) -> None:
     from bebop import embedded
-    from bebop.utils.io import check_output_dir, entry_lock, output_dir
+    from bebop.utils.locks import entry_lock
+    from bebop.utils.outputs import check_output_dir, output_dir
 
     overrides = {"steps": args.steps, "seed": args.seed, "device": args.device, "eval_problems": args.eval_problems,
                  "dtype": args.dtype}
@@ -88,7 +89,7 @@ def cmd_train_mtp(args) -> None:
     from bebop import embedded
     from bebop.config import resolve
     from bebop.mtp.train import saved_config, train_mtp
-    from bebop.utils.io import check_output_dir
+    from bebop.utils.outputs import check_output_dir
 
     given = {name: getattr(args, name) for name in flags_of(TrainMtpConfig)}  # NOTE: None where not given
     cfg = resolve(TrainMtpConfig, None, given)
@@ -113,7 +114,7 @@ def cmd_train_mtp(args) -> None:
 def cmd_import_mtp(args) -> None:
     from bebop import models
     from bebop.mtp.native import import_mtp, native_layout
-    from bebop.utils.io import check_output_dir, output_dir
+    from bebop.utils.outputs import check_output_dir, output_dir
     from bebop.utils.torch_utils import resolve_device, resolve_dtype
 
     resolve_dtype(args.dtype, resolve_device(args.device))
@@ -129,7 +130,7 @@ def cmd_import_mtp(args) -> None:
 def cmd_export_mtp(args) -> None:
     from bebop import embedded
     from bebop.mtp.native import export_mtp
-    from bebop.utils.io import check_output_dir
+    from bebop.utils.outputs import check_output_dir
 
     out = Path(args.out)
     check_output_dir(out, overwrite=args.overwrite, what="export directory", inputs=args.inputs)
@@ -147,7 +148,7 @@ def cmd_export_mtp(args) -> None:
 # ---------------------------------------------------------------------------------------------- eval-mtp
 def cmd_eval_mtp(args) -> None:
     from bebop.mtp.evaluate import acceptance_table, evaluate_mtp
-    from bebop.utils.io import write_json
+    from bebop.utils.files import write_json
 
     if args.data:
         _check_input_file(args.data, "data file")
@@ -165,7 +166,7 @@ def _auto_profile(args, model, sampling, spec) -> tuple[Path, dict] | None:
     """(path, key) of generate's auto profile (``bebop.speculative.auto.profile``); None for --auto-profile none."""
     from bebop import embedded
     from bebop.speculative.auto import profile as profiles
-    from bebop.utils.io import check_output_file
+    from bebop.utils.outputs import check_output_file
 
     if args.auto_profile == "none":
         return None
@@ -190,7 +191,7 @@ def cmd_generate(args) -> None:
     from bebop.speculative import SamplingParams, SpecConfig
     from bebop.speculative.auto import profile as profiles
     from bebop.speculative.settings import needs_head, verify_problem
-    from bebop.utils.io import atomic_write_text, write_json
+    from bebop.utils.files import atomic_write_text, write_json
 
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                               max_new_tokens=args.max_new_tokens, stop=tuple(args.stop))
@@ -276,7 +277,7 @@ def _read_prompts(path: str) -> list[tuple[str, object]]:
     if file.suffix.lower() in JSONL_SUFFIXES + PARQUET_SUFFIXES:
         prompts = [(where, r["prompt"]) for where, r in load_prompt_rows(file)]
     else:
-        from bebop.utils.io import read_text
+        from bebop.utils.files import read_text
 
         prompts = [(f"{file}:{n}", line) for n, line in enumerate(read_text(file, "prompts file").splitlines(), 1)
                    if line.strip()]
@@ -342,7 +343,7 @@ def cmd_rl(args) -> None:
     from bebop.rl.prompts import task_reward
     from bebop.rollout.base import backend_class
     from bebop.speculative.settings import needs_head
-    from bebop.utils.io import check_output_dir
+    from bebop.utils.outputs import check_output_dir
     from bebop.utils.torch_utils import dtype_name
 
     run_dir = Path(args.resume or args.out or "")
@@ -390,7 +391,7 @@ def _abs(path: str | None) -> str | None:
 
 def _saved_run(run_dir: Path, args) -> dict:
     """The saved config of the run to resume; fills --model/--mtp from it, refuses different ones."""
-    from bebop.utils.io import read_json
+    from bebop.utils.files import read_json
     from bebop.utils.run_files import CONFIG_FILE
 
     if not (run_dir / CONFIG_FILE).is_file():
@@ -433,7 +434,8 @@ def _head_loss(path: Path) -> str | None:
 def cmd_report(args) -> None:
     from bebop.analysis.report import REPORT_FILE, write_report
     from bebop.analysis.runs import load_run, run_inputs
-    from bebop.utils.io import atomic_dir, check_output_dir, output_dir, read_json
+    from bebop.utils.files import atomic_dir, read_json
+    from bebop.utils.outputs import check_output_dir, output_dir
     from bebop.utils.run_files import REPORT_DIR
 
     if args.out is None and len(args.runs) > 1:
@@ -457,7 +459,7 @@ def cmd_report(args) -> None:
 
 def cmd_demo(args) -> None:
     from bebop.demo import quick_or_default, run_demo
-    from bebop.utils.io import output_dir
+    from bebop.utils.outputs import output_dir
     from bebop.utils.torch_utils import resolve_device, resolve_dtype
 
     cfg = quick_or_default(args.quick, args.out, args.device, args.dtype)

@@ -22,7 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
-from bebop.utils.io import BebopError, read_text
+from bebop.utils.errors import BebopError
+from bebop.utils.files import read_text
 
 T = TypeVar("T")
 AUTO = "auto"  # the value of mode / speculate_k that asks bebop.speculative.auto.chooser to choose

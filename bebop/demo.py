@@ -23,7 +23,7 @@ from bebop.config import BASELINE_DRAFT_LOSS, DEFAULT_DRAFT_LOSS, DRAFT_LOSS_NAM
 from bebop.mtp.data import Sequences
 from bebop.mtp.evaluate import acceptance_table, evaluate_mtp
 from bebop.mtp.head import MtpHead
-from bebop.utils.io import read_json, read_jsonl, write_json
+from bebop.utils.files import read_json, read_jsonl, write_json
 from bebop.utils.progress import say
 from bebop.utils.torch_utils import resolve_dtype
 

@@ -30,7 +30,9 @@ from bebop.config import BASELINE_DRAFT_LOSS, DEFAULT_DRAFT_LOSS
 from bebop.pretrained import load_pretrained
 from bebop.task import arith
 from bebop.utils.cache import cache_dir
-from bebop.utils.io import BebopError, atomic_dir, entry_lock, read_json, write_json
+from bebop.utils.errors import BebopError
+from bebop.utils.files import atomic_dir, read_json, write_json
+from bebop.utils.locks import entry_lock
 from bebop.utils.optim import make_adamw, master_state_dict
 from bebop.utils.progress import progress, say, step_line
 from bebop.utils.torch_utils import resolve_device, resolve_dtype, seed_everything, state_sha256
@@ -288,7 +290,7 @@ def embedded_data(split: str, model=None, tok=None, num: int | None = None, path
     own; its stem gets the same suffix).
     """
     from bebop.mtp.data import Sequences
-    from bebop.utils.io import atomic_write_text, read_jsonl
+    from bebop.utils.files import atomic_write_text, read_jsonl
 
     if model is None:
         model, tok = load_embedded_model(dtype=CACHE_DTYPE)

@@ -16,7 +16,7 @@ import torch
 from safetensors import SafetensorError
 
 from bebop.architectures import check_architecture
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 from bebop.utils.torch_utils import resolve_device, resolve_dtype
 
 UNPICKLABLE = ("not a file of tensors (corrupt, or a pickle of other objects, refused because loading it could run "
@@ -71,7 +71,7 @@ def _file_at_fault(path: Path) -> str | None:
     sharded checkpoint's index, the config) and each safetensors file's header; None when each reads."""
     from safetensors import safe_open
 
-    from bebop.utils.io import read_json
+    from bebop.utils.files import read_json
 
     for file in sorted(path.glob("*.json")):
         try:

@@ -1,9 +1,9 @@
-"""The adversarial table of issue 10, kept as tests: every bad input gives one ``bebop: error:`` line
-(exit 2) and no traceback; the rows marked "keep" pin behaviour that was already right.
+"""Bad input, one table of cases as a user would type them: every bad input gives one ``bebop: error:``
+line (exit 2) and no traceback; the rows marked "keep" pin behaviour that was already right.
 
-Rows owned by issue 14 are not repeated here (see the comments in TABLE): output paths that are
-directories, sit under a file or are not writable (generate, eval-mtp, train-mtp, rl, report);
-``pretrain --out`` an existing file; ``pretrain --steps 0``; two processes on one empty cache.
+Rows that tests/test_lose_nothing.py pins are not repeated here (see the comments in TABLE): output
+paths that are directories, sit under a file or are not writable (generate, eval-mtp, train-mtp, rl,
+report); ``pretrain --out`` an existing file; ``pretrain --steps 0``; two processes on one empty cache.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ import torch
 from bebop.cli import main
 from bebop.mtp import MtpHead
 from bebop.speculative.engine import SamplingParams, SpecConfig, generate
-from tests.conftest import save_model_dir, tiny_model, tiny_tokenizer
+from tests.helpers.cli import save_model_dir
+from tests.helpers.models import tiny_model, tiny_tokenizer
 
 REWARDS = """
 def raises(prompts, completions, **_):
@@ -59,7 +60,7 @@ def workdir(tmp_path_factory):
     for name, data in (("truncated", weights[:100]), ("empty", b"")):
         shutil.copytree(root / "model", root / name)
         (root / name / "model.safetensors").write_bytes(data)
-    shutil.copytree(root / "model", root / "bin-model")  # issue 46 item 13: a corrupt pickled pytorch_model.bin
+    shutil.copytree(root / "model", root / "bin-model")  # a corrupt pickled pytorch_model.bin
     (root / "bin-model" / "model.safetensors").unlink()
     (root / "bin-model" / "pytorch_model.bin").write_bytes(b"\x80\x04not a pickle")
     shutil.copytree(root / "head", root / "head-truncated")
@@ -128,8 +129,8 @@ TABLE = {  # case (command): argv, the error line it must give (regex)
                                                      r"file of tensors"),
     "truncated head model.safetensors (generate)": ([*GEN[:2], "rs", *GEN[3:], "--model", "model", "--mtp",
                                                      "head-truncated"], r"corrupt MTP head in head-truncated"),
-    # issue 14: --out/--json an existing directory, under a regular file, or not writable; pretrain --out a file.
-    # issue 46 item 14: an output place where nothing can be created (/proc; as root a chmod'ed directory is
+    # test_lose_nothing.py: --out/--json an existing directory, under a regular file, or not writable; pretrain
+    # --out a file. Here: an output place where nothing can be created (/proc; as root a chmod'ed directory is
     # writable, so /proc stands for every such place), refused before the work.
     "--out under /proc (generate)": ([*GEN[:4], "/proc/bebop/out.jsonl", *GEN[5:], "--model", "model"],
                                      r"--out file /proc/bebop/out.jsonl: cannot write in /proc$"),
@@ -143,7 +144,7 @@ TABLE = {  # case (command): argv, the error line it must give (regex)
     "token id beyond the vocabulary (eval-mtp)": ([*EVAL[:6], "big-id.jsonl"], r"big-id.jsonl line 2: token id 99"),
     "negative token id (train-mtp)": ([*TRAIN[:3], "--data", "negative-id.jsonl", *TRAIN[5:]],
                                       r"negative-id.jsonl line 1: token id -3"),
-    "rows beyond the model's positions, K=1 (train-mtp)": (  # issue 46 item 14; the tiny model has 256
+    "rows beyond the model's positions, K=1 (train-mtp)": (  # the tiny model has 256
         [*TRAIN[:3], "--data", "long.jsonl", *TRAIN[5:], "--speculate-k", "1"],
         r"long.jsonl line 2: 301 tokens exceed the model's max_position_embeddings=256"),
     "rows beyond the model's positions, K=1 (eval-mtp)": ([*EVAL[:6], "long.jsonl", "--speculate-k", "1"],
@@ -160,7 +161,7 @@ TABLE = {  # case (command): argv, the error line it must give (regex)
                                                   r"'speculate_k' should be int, got True"),
     "a bool for K in a config file (rl)": ([*RL, "--config", "bool-k-rl.toml"],
                                            r"speculate_k must be an integer >= 1 or 'auto', got True"),
-    # issue 14: pretrain --steps 0 or negative.
+    # test_lose_nothing.py: pretrain --steps 0 or negative.
     "model whose weights give NaN logits (generate)": ([*GEN, "--model", "nan-model"], r"NaN or infinite logits"),
     "non-UTF-8 JSONL prompts (generate)": ([*GEN[:6], "latin1.jsonl", "--model", "model"],
                                            r"prompt file latin1.jsonl is not UTF-8 text: line 2 has byte 0xe9"),
@@ -196,16 +197,16 @@ TABLE = {  # case (command): argv, the error line it must give (regex)
                                                    r"seed must be an integer in \[0, 2\*\*63 - 1\], got "
                                                    f"{2**64}"),
     "rl --resume DIR where DIR holds no run": (["rl", "--resume", "empty-dir"], r"nothing to resume"),
-    "check-lossless on a model whose tokenizer does not know the task prompts": (  # issue 46 item 16
+    "check-lossless on a model whose tokenizer does not know the task prompts": (
         [*LOSSLESS[:5], "--model", "model"],
         r"the tested prompt 'Q [^']*' is (\d+) of \1 unknown tokens .*the embedded task's prompts.*give --prompts"),
     "check-lossless --prompts mostly unknown tokens": ([*LOSSLESS[:6], "unknown-words.txt", "--model", "model"],
                                                        r"the tested prompt 'x y z a' is 3 of 4 unknown tokens"),
     "--device nonsense": ([*GEN, "--model", "model", "--device", "nonsense"], r"unknown device 'nonsense'"),
     "--device cuda without CUDA": ([*GEN, "--model", "model", "--device", "cuda"], r"CUDA is not available"),
-    "--dtype float16 (issue 12: auto, float32 or bfloat16)": ([*GEN, "--model", "model", "--dtype", "float16"],
+    "--dtype float16 (auto, float32 or bfloat16)": ([*GEN, "--model", "model", "--dtype", "float16"],
                                                               r"unsupported dtype 'float16'; use auto, float32"),
-    # issue 14: two processes on one empty cache.
+    # test_lose_nothing.py: two processes on one empty cache.
     "chat roles the model's template refuses (generate)": (
         [*GEN[:6], "robot-role.jsonl", "--model", "strict-template"],
         r"robot-role.jsonl:1: the model's chat template refuses these messages: Conversation roles must be"),
@@ -269,7 +270,7 @@ def score(prompts, completions, **_):
 
 
 def test_resume_runs_no_reward_code_its_command_does_not_name(workdir, monkeypatch, capsys):
-    """Issue 46 item 9: a received run directory's reward file is imported only when --reward names it again."""
+    """A received run directory's reward file is imported only when --reward names it again."""
     monkeypatch.chdir(workdir)
     (workdir / "sent_reward.py").write_text(EVIL_REWARD)
     marker = workdir / "reward-code-ran"
@@ -305,7 +306,7 @@ def score(prompts, completions, **_):
 
 
 def test_a_step_with_rewards_beyond_float32_writes_nothing_and_keeps_the_checkpoint(workdir, monkeypatch, capsys):
-    """Issue 46 item 11: rewards of 1e308 at step 2 stop the run in one line before the update; the log and the
+    """Rewards of 1e308 at step 2 stop the run in one line before the update; the log and the
     checkpoint of step 1 stay as they were (no NaN policy)."""
     monkeypatch.chdir(workdir)
     (workdir / "step_two_reward.py").write_text(STEP_TWO_REWARD)
@@ -326,7 +327,7 @@ def test_a_step_with_rewards_beyond_float32_writes_nothing_and_keeps_the_checkpo
 
 
 def test_failed_first_step_with_overwrite_puts_the_old_run_back(workdir, monkeypatch, capsys):
-    """Issue 46 item 14: a run whose first step fails leaves no run directory; --overwrite's moved run returns."""
+    """A run whose first step fails leaves no run directory; --overwrite's moved run returns."""
     monkeypatch.chdir(workdir)
     old = workdir / "kept-run"
     old.mkdir(exist_ok=True)
@@ -338,7 +339,7 @@ def test_failed_first_step_with_overwrite_puts_the_old_run_back(workdir, monkeyp
     assert not list(workdir.glob("kept-run.old-*"))
 
 
-SEED_COMMANDS = {  # issue 46 item 14: every --seed is checked by bebop.config.check_seed, naming the flag
+SEED_COMMANDS = {  # every --seed is checked by bebop.config.check_seed, naming the flag
     "generate": GEN, "check-lossless": LOSSLESS, "rl": RL, "train-mtp": TRAIN, "pretrain": ["pretrain", "--out", "p"],
 }
 
@@ -359,7 +360,7 @@ class _Payload:
         return (print, ("pickle payload ran",))
 
 
-CHECKPOINT_DAMAGE = {  # issue 46 item 13: file of a run's checkpoint -> what is done to it, the line it must give
+CHECKPOINT_DAMAGE = {  # file of a run's checkpoint -> what is done to it, the line it must give
     "rng.pt garbage": ("rng.pt", lambda f: f.write_bytes(b"garbage"), r"corrupt checkpoint file .*rng.pt: not a file"),
     "rng.pt missing": ("rng.pt", lambda f: f.unlink(), r"checkpoint file .*rng.pt is missing"),
     "rng.pt a pickled object": ("rng.pt", lambda f: torch.save(_Payload(), f), r"rng.pt: not a file of tensors"),

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bebop.cli import main
-from tests.helpers import error_line
+from tests.helpers.cli import error_line
 
 
 def test_embedded_model_and_head_are_cached(use_cache):
@@ -79,7 +79,7 @@ def test_unknown_config_key(use_cache, tmp_path, capsys):
 
 def test_mismatched_head(use_cache, tmp_path, capsys):
     from bebop.mtp import MtpHead
-    from tests.conftest import tiny_model
+    from tests.helpers.models import tiny_model
 
     MtpHead(tiny_model(hidden_size=32)).save_pretrained(tmp_path / "head")
     assert main(["eval-mtp", "--mtp", str(tmp_path / "head"), "--num-sequences", "4"]) == 2
@@ -146,7 +146,8 @@ def test_generate_output_is_train_and_eval_data(tmp_path, capsys):
     (a BOS-adding Llama-style tokenizer), text and chat prompts encoded as generation saw them."""
     from bebop.mtp.data import load_sequences
     from bebop.utils.tokens import encode_prompt
-    from tests.conftest import save_model_dir, tiny_model, tiny_tokenizer
+    from tests.helpers.cli import save_model_dir
+    from tests.helpers.models import tiny_model, tiny_tokenizer
 
     model = save_model_dir(tmp_path / "model", tiny_model("llama", vocab_size=16))
     prompts = [{"prompt": "a b c"}, {"prompt": [{"role": "user", "content": "d e"}]}, {"prompt": "f"}] * 2

@@ -9,7 +9,8 @@ import json
 import pytest
 
 from bebop.cli import main
-from tests.conftest import save_model_dir, tiny_model
+from tests.helpers.cli import save_model_dir
+from tests.helpers.models import tiny_model
 
 REWARD_MODULE = "def score(prompts, completions, **_):\n    return [float(len(c)) for c in completions]\n"
 PROMPTS = ("a b", "c d e", "f", "g h i j")

@@ -16,7 +16,8 @@ import torch
 from bebop.cli import main
 from bebop.mtp.data import Sequences
 from bebop.mtp.train import TrainMtpConfig, train_mtp
-from tests.conftest import save_model_dir, tiny_model
+from tests.helpers.cli import save_model_dir
+from tests.helpers.models import tiny_model
 
 REWARD_MODULE = "def score(prompts, completions, **_):\n    return [float(len(c)) for c in completions]\n"
 RL_ARGS = ["--mode", "none", "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "4",

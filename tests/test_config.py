@@ -19,7 +19,7 @@ from bebop.config import (
     short_repr,
 )
 from bebop.mtp.config import CHAIN_CONTEXTS, INITS, TrainMtpConfig
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 
 
 @dataclasses.dataclass(frozen=True)

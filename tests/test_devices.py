@@ -18,15 +18,16 @@ from safetensors import safe_open
 from bebop.cli import main
 from bebop.mtp import MtpHead
 from bebop.mtp.train import TrainMtpConfig, train_mtp
-from bebop.rl.grpo import token_logprobs
+from bebop.rollout.logprobs import token_logprobs
 from bebop.speculative.engine import SamplingParams, SpecConfig, generate
 from bebop.speculative.sampling import logits_to_probs
 from bebop.speculative.verification import VERIFIERS
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 from bebop.utils.optim import MasterWeightAdamW, make_adamw, master_state_dict
 from bebop.utils.torch_utils import resolve_dtype
-from tests.conftest import save_model_dir, tiny_model
-from tests.helpers import GREEDY_LENGTHS, ToyTokenizer, VOCAB, perturbed_head, random_sequences, toy_prompts
+from tests.helpers.cli import save_model_dir
+from tests.helpers.engine import GREEDY_LENGTHS, VOCAB, ToyTokenizer, perturbed_head, toy_prompts
+from tests.helpers.models import random_sequences, tiny_model
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run bench/gpu_smoke.sh on one)")
 BF16 = torch.bfloat16

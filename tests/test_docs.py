@@ -1,7 +1,7 @@
 """Every command the documentation shows runs as written in a test, or is listed here with its reason.
 
 The fenced ``bash``, ``python`` and ``yaml`` blocks of README.md, docs/*.md and bench/README.md
-(``tests.doc_blocks.DOC_FILES``) are each named, by file and first line, in exactly one of:
+(``tests.helpers.doc_blocks.DOC_FILES``) are each named, by file and first line, in exactly one of:
 
 - ``RUN_HERE``: run as written by a test of this module, in a fresh directory holding the files the
   docs say a reader brings (tiny random models); commands that cannot run here are skipped by
@@ -35,8 +35,9 @@ import pytest
 
 import bebop
 from bebop.cli import main
-from tests.conftest import WORDS, fill_tiny_cache, save_model_dir, tiny_model
-from tests.doc_blocks import DOC_FILES, REPO, SETTING, Block, command_lines, expand, fenced_blocks
+from tests.helpers.cli import fill_tiny_cache, save_model_dir
+from tests.helpers.doc_blocks import DOC_FILES, REPO, SETTING, Block, command_lines, expand, fenced_blocks
+from tests.helpers.models import WORDS, tiny_model
 from tests.test_readme import TINY as WALKTHROUGH_SIZES
 
 COMMAND_LANGUAGES = ("bash", "python", "yaml")  # blocks that are commands, code or configs
@@ -80,6 +81,8 @@ FLAGS_ONLY = {  # (file, first line's start) -> why the benchmark is not run
     ("bench/README.md", "PYTHONPATH=. .venv/bin/python bench/trl_step.py"): "about 3 minutes of TRL steps",
     ("bench/README.md", "PYTHONPATH=. .venv/bin/python bench/hybrid.py --quick"):
         "3-6 minutes: two heads trained, then timed calls; one line needs CUDA",
+    ("bench/README.md", "PYTHONPATH=. .venv/bin/python bench/scale.py --quick"):
+        "a 187 M-parameter model in a fresh process per point: 12 minutes for --quick, about an hour in full",
 }
 NOT_RUN = {  # (file, first line's start) -> why the block cannot run here
     ("README.md", "make demo"): "`make demo` is `bebop demo` (13 minutes; tests/test_demo.py runs `bebop demo "
@@ -110,7 +113,10 @@ NOT_RUN = {  # (file, first line's start) -> why the block cannot run here
                                                                       "bench/vllm_compare.py in it",
     ("bench/README.md", "PYTHON=.venv/bin/python bash bench/gpu_smoke.sh"):
         "needs an NVIDIA GPU; its CPU dry run takes minutes (it builds an empty cache first); "
-        "test_gpu_smoke_script_parses checks the script with `bash -n`",
+        "test_gpu_scripts_parse checks the script with `bash -n`",
+    ("bench/README.md", "PYTHON=.venv/bin/python bash bench/gpu_headline.sh"):
+        "needs an NVIDIA GPU; its CPU dry run takes minutes (it trains the embedded model's head when missing); "
+        "test_gpu_scripts_parse checks the script with `bash -n`",
 }
 SKIPPED_COMMANDS = {  # the start of a command inside a RUN_HERE block -> why it is not run
     "vllm serve": "serving on a GPU; vLLM's MTP decoding of an exported head runs on CPU under `make test-vllm`",
@@ -194,7 +200,7 @@ def run_shell_block(block: Block, settings: dict[str, str]) -> list[str]:
 
 def _native_checkpoint(directory: Path):
     """A tiny Qwen3.5 checkpoint that ships an MTP layer, with a tokenizer: what ./Qwen3.5-9B stands for."""
-    from tests.mtp.native_checkpoints import save_native_checkpoint, save_word_tokenizer, tiny_backbone
+    from tests.helpers.native_checkpoints import save_native_checkpoint, save_word_tokenizer, tiny_backbone
 
     model = tiny_backbone("qwen3_5")
     save_native_checkpoint("qwen3_5", model, directory)
@@ -291,8 +297,9 @@ def test_benchmark_commands_parse(path, start, monkeypatch):
                 runpy.run_path(str(REPO / target), run_name="__main__")
 
 
-def test_gpu_smoke_script_parses():
-    done = subprocess.run(["bash", "-n", str(REPO / "bench" / "gpu_smoke.sh")], capture_output=True, text=True)
+@pytest.mark.parametrize("script", ["gpu_smoke.sh", "gpu_headline.sh"])
+def test_gpu_scripts_parse(script):
+    done = subprocess.run(["bash", "-n", str(REPO / "bench" / script)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
 
 

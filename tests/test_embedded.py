@@ -9,7 +9,7 @@ import torch
 
 from bebop import embedded, models
 from bebop.task import arith
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 from bebop.utils.torch_utils import state_sha256
 
 

@@ -1,7 +1,8 @@
-"""Lose nothing (issue 14): validate before touching an output, never truncate a run's history,
-resume past a torn log line, tie cache entries to their model, and let two processes share a cache.
+"""Lose nothing: validate before touching an output, never truncate a run's history, resume past a
+torn log line, tie cache entries to their model, let two processes share a cache, resume with the
+run's own settings, and keep an empty --stop.
 
-Each test reproduces one defect of the issue; its number is in the section header.
+Each section pins one of these, named in its header.
 """
 
 from __future__ import annotations
@@ -22,17 +23,13 @@ from bebop.mtp.data import Sequences
 from bebop.mtp.train import TrainMtpConfig, train_mtp
 from bebop.rl import train_rl
 from bebop.speculative import SamplingParams, generate
-from bebop.utils.io import (
-    BebopError,
-    atomic_dir,
-    check_output_dir,
-    check_output_file,
-    prepare_output_dir,
-    read_jsonl,
-)
+from bebop.utils.errors import BebopError
+from bebop.utils.files import atomic_dir, read_jsonl
+from bebop.utils.outputs import check_output_dir, check_output_file, prepare_output_dir
 from bebop.utils.torch_utils import state_sha256
-from tests.conftest import tiny_model
-from tests.helpers import error_line, tiny_config, tiny_policy
+from tests.helpers.cli import error_line
+from tests.helpers.models import tiny_model
+from tests.helpers.rl import tiny_config, tiny_policy
 
 RL_FLAGS = ["--mode", "rs", "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "6",
             "--save-every", "1"]
@@ -48,7 +45,7 @@ def _sequences(num: int = 16, vocab: int = 64) -> Sequences:
     return Sequences([torch.randint(1, vocab, (12,), generator=g).tolist() for _ in range(num)], [3] * num)
 
 
-# ---------------------------------------------------------------------------------------------- 1. --out
+# ------------------------------------------------------------------------------------------------- --out
 
 
 def test_output_dir_rules(tmp_path):
@@ -163,7 +160,7 @@ def test_demo_overwrite_starts_afresh(tmp_path, monkeypatch, capsys):
     assert (old / "report.md").read_text() == "old"
 
 
-# ---------------------------------------------------------------------------------------------- 2. up front
+# ------------------------------------------------------------------------------------------------- up front
 
 
 def _must_not_run(*args, **kwargs):
@@ -224,7 +221,7 @@ def test_every_rl_row_is_checked_before_the_run(tmp_path, bad_row, message):
     assert not (tmp_path / "run").exists()
 
 
-# ---------------------------------------------------------------------------------------------- 3. torn lines
+# ------------------------------------------------------------------------------------------------- torn lines
 
 
 def test_read_jsonl_drops_only_a_torn_last_line(tmp_path):
@@ -249,7 +246,7 @@ def test_train_mtp_resumes_past_a_torn_last_line(tmp_path):
     assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3, 4]
 
 
-# ---------------------------------------------------------------------------------------------- 4. model hash
+# ------------------------------------------------------------------------------------------------- model hash
 
 
 def _perturb(model) -> None:
@@ -288,7 +285,7 @@ def test_cached_heads_are_rebuilt_when_the_model_changes(tmp_path, monkeypatch):
     assert saved["model_sha256"] == state_sha256(model)
 
 
-# ---------------------------------------------------------------------------------------------- 5. concurrency
+# ------------------------------------------------------------------------------------------------- concurrency
 
 
 def _swap_many(final: str, tag: str, barrier, errors) -> None:
@@ -346,7 +343,7 @@ def test_two_processes_build_the_cached_model_once(tmp_path, monkeypatch):
     assert sorted(os.listdir(root)) == [".model.lock", "builds.log", "model"]
 
 
-# ---------------------------------------------------------------------------------------------- 6. resume settings
+# ------------------------------------------------------------------------------------------------- resume settings
 
 
 def test_train_mtp_resume_applies_steps_and_refuses_the_rest(tmp_path):
@@ -379,7 +376,7 @@ def test_cli_resume_keeps_the_checkpoint_settings(use_cache, tmp_path, capsys):
     assert "lr 0.002 -> 0.5" in error_line(capsys)
 
 
-# ---------------------------------------------------------------------------------------------- 7. --stop ""
+# ------------------------------------------------------------------------------------------------- --stop ""
 
 
 def test_empty_stop_string_is_an_error(use_cache, tmp_path, monkeypatch, capsys):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bebop.cli import main
-from tests.conftest import model_workdir
+from tests.helpers.cli import model_workdir
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from bebop.cli import main
-from tests.conftest import WORDS, save_model_dir, tiny_model
-from tests.doc_blocks import REPO, SETTING, expand, section_blocks, shell_commands
+from tests.helpers.cli import save_model_dir
+from tests.helpers.doc_blocks import REPO, SETTING, expand, section_blocks, shell_commands
+from tests.helpers.models import WORDS, tiny_model
 
 README = REPO / "README.md"
 WALKTHROUGH = "## Your own model and data"

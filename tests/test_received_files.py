@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from bebop.cli import main
-from bebop.utils.io import BebopError, read_json, read_jsonl
-from tests.conftest import model_workdir, tiny_model, tiny_tokenizer
+from bebop.utils.errors import BebopError
+from bebop.utils.files import read_json, read_jsonl
+from tests.helpers.cli import model_workdir
+from tests.helpers.models import tiny_model, tiny_tokenizer
 
 DEPTH = 5000  # nesting levels: beyond Python's recursion limit, so json.loads raised RecursionError
 DEEP = "[" * DEPTH + "]" * DEPTH

@@ -1,14 +1,14 @@
-"""Exact and safe outputs (issue 46, items 4-8 and 10), each case as a user would type the command.
+"""Exact and safe outputs, each case as a user would type the command; one section each:
 
-4. heads with NaN/inf weights are refused when loaded, imported, exported and trained, and the
-   engine refuses non-finite draft probabilities instead of sampling from them;
-5. import-mtp/export-mtp follow the output rules (non-empty only with --overwrite, which moves it
-   aside; never an --out that is, contains or lies inside an input);
-6. export-mtp checks every head tensor's name and shape against the family's layout;
-7. an output directory is locked while a command writes it (the second command names the pid);
-8. a full device is one line naming the file, leaves nothing half-written and the previous
-   checkpoint intact (a tiny tmpfs when this process may mount one, else a patched writer);
-10. export-mtp copies regular files only (no symlinks followed, no hard links) and names the rest.
+- heads with NaN/inf weights are refused when loaded, imported, exported and trained, and the
+  engine refuses non-finite draft probabilities instead of sampling from them;
+- import-mtp/export-mtp follow the output rules (non-empty only with --overwrite, which moves it
+  aside; never an --out that is, contains or lies inside an input);
+- export-mtp checks every head tensor's name and shape against the family's layout;
+- an output directory is locked while a command writes it (the second command names the pid);
+- a full device is one line naming the file, leaves nothing half-written and the previous
+  checkpoint intact (a tiny tmpfs when this process may mount one, else a patched writer);
+- export-mtp copies regular files only (no symlinks followed, no hard links) and names the rest.
 """
 
 from __future__ import annotations
@@ -31,9 +31,18 @@ from bebop.mtp import MtpHead
 from bebop.mtp.native import import_mtp
 from bebop.speculative.engine import SamplingParams, SpecConfig, generate
 from bebop.speculative.verification import finite_at_drafts
-from bebop.utils.io import BebopError, is_disk_full, lock_holder, output_dir, output_lock
-from tests.conftest import save_model_dir, tiny_model, tiny_tokenizer
-from tests.mtp.native_checkpoints import keep_architectures, save_native_checkpoint, save_word_tokenizer, tiny_backbone
+from bebop.utils.errors import BebopError
+from bebop.utils.files import is_disk_full
+from bebop.utils.locks import lock_holder, output_lock
+from bebop.utils.outputs import output_dir
+from tests.helpers.cli import save_model_dir
+from tests.helpers.models import tiny_model, tiny_tokenizer
+from tests.helpers.native_checkpoints import (
+    keep_architectures,
+    save_native_checkpoint,
+    save_word_tokenizer,
+    tiny_backbone,
+)
 
 
 def snapshot(directory: Path) -> dict[str, bytes]:
@@ -88,7 +97,7 @@ def _write_head(directory: Path, state: dict[str, torch.Tensor], config_from: Pa
     return directory
 
 
-# ---------------------------------------------------------------------------------------------- 4. NaN heads
+# ------------------------------------------------------------------------------------------------- NaN heads
 def test_import_mtp_refuses_a_native_layer_holding_nan(native, tmp_path, capsys):
     root, model, tensors = native
     bad = tmp_path / "model"
@@ -171,7 +180,7 @@ def test_finite_at_drafts_reads_a_row_through_its_drafts():
     assert finite_at_drafts(inf_logit, torch.tensor([[0]])).tolist() == [False]
 
 
-# ---------------------------------------------------------------------------------------------- 5. import/export --out
+# ------------------------------------------------------------------------------------------------- import/export --out
 @pytest.mark.parametrize("where, relation", [("model", "is"), ("model/sub", "lies inside"), (".", "contains")])
 def test_import_mtp_never_writes_over_or_around_its_model(native, tmp_path, capsys, where, relation):
     root, model, _ = native
@@ -220,7 +229,7 @@ def test_export_mtp_follows_the_output_rules(native, tmp_path, capsys):
     assert len(list(tmp_path.glob("served.old-*"))) == 1
 
 
-# ---------------------------------------------------------------------------------------------- 6. export layout
+# ------------------------------------------------------------------------------------------------- export layout
 def test_export_mtp_refuses_a_misshapen_or_incomplete_head(tmp_path, capsys):
     """MiMo names: input_proj is the projection, final_layernorm the output norm."""
     model = tiny_backbone("mimo")
@@ -246,10 +255,10 @@ def test_export_mtp_refuses_a_misshapen_or_incomplete_head(tmp_path, capsys):
     assert run([*export, tmp_path / "head"], capsys)[0] == 0  # the intact head exports
 
 
-# ---------------------------------------------------------------------------------------------- 7. locks
+# ------------------------------------------------------------------------------------------------- locks
 HOLDER = """
 import sys, time
-from bebop.utils.io import output_lock
+from bebop.utils.locks import output_lock
 with output_lock(sys.argv[1]):
     print("held", flush=True)
     time.sleep(120)
@@ -331,7 +340,7 @@ def test_output_lock_never_waits(tmp_path):
         pass
 
 
-# ---------------------------------------------------------------------------------------------- 8. disk full
+# ------------------------------------------------------------------------------------------------- disk full
 @pytest.fixture
 def small_fs(tmp_path):
     """A tmpfs of 4 MiB at tmp_path/fs, or a skip where this process may not mount one (not root, no
@@ -436,7 +445,7 @@ def test_is_disk_full_reads_every_writer_s_wording():
     assert not is_disk_full(OSError(errno.EACCES, "Permission denied"))
 
 
-# ---------------------------------------------------------------------------------------------- 10. export copies
+# -------------------------------------------------------------------------------------------------- export copies
 def test_export_mtp_copies_regular_files_only(native, tmp_path, capsys):
     root, model, _ = native
     source = tmp_path / "model"

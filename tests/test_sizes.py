@@ -8,7 +8,8 @@ import pytest
 
 from bebop.cli import main
 from bebop.utils import memory
-from tests.conftest import model_workdir, tiny_model
+from tests.helpers.cli import model_workdir
+from tests.helpers.models import tiny_model
 
 
 @pytest.fixture(scope="module")

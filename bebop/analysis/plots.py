@@ -27,7 +27,7 @@ from typing import NamedTuple
 import numpy as np
 from matplotlib.figure import Figure
 
-from bebop.utils.io import no_space_left
+from bebop.utils.files import no_space_left
 
 FIG_DPI = 120  # sharp enough for a report, small enough to keep PNGs around 50 kB
 PANEL_INCHES = (6.4, 4.2)  # width, height of one panel

@@ -36,7 +36,8 @@ from bebop.analysis.markdown import MISSING, markdown_table
 from bebop.analysis.runs import TOKEN_STATS_FILE, Run, as_float, load_run, metric_column
 from bebop.analysis.slopes import MIN_ENTROPY_RANGE, MIN_POINTS
 from bebop.analysis.summary import WINDOW_FRAC, describe_speedup, per_position, step_speedup, summarize_run
-from bebop.utils.io import BebopError, atomic_write_text
+from bebop.utils.errors import BebopError
+from bebop.utils.files import atomic_write_text
 
 REPORT_FILE = "report.md"
 

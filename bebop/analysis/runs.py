@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from bebop.utils.io import BebopError, read_json, read_jsonl
+from bebop.utils.errors import BebopError
+from bebop.utils.files import read_json, read_jsonl
 from bebop.utils.progress import say
 from bebop.utils.run_files import (
     CONFIG_FILE,

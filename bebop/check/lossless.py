@@ -77,7 +77,7 @@ from bebop.check.verdict import (  # noqa: F401 (re-exported: the harness's resu
 )
 from bebop.speculative.settings import SamplingParams, SpecConfig, head_problem, settings_problems
 from bebop.task import arith
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 from bebop.utils.memory import check_memory, samples_bytes
 from bebop.utils.progress import progress
 

@@ -37,6 +37,7 @@ REF_TOKENS = 6  # generated tokens per row compared with the model's forward pas
 LONG_PROMPT_WINDOWS = 2  # the long prompt spans this many windows: later tokens see only the last window
 LONG_PROMPT_TOKENS = 2_000_000  # prompt tokens per long-prompt check (bounds its rows: 244 at a 4096 window)
 FORWARD_TOKENS = 32_768  # rows x sequence length per HF forward call (bounds activation memory)
+LOGITS_ELEMENTS = 2**24  # rows x REF_TOKENS x V logits per HF forward call (their float64 softmax: 128 MB)
 
 
 def conditional_chi2(tokens: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
@@ -73,15 +74,20 @@ def conditional_chi2(tokens: torch.Tensor, probs: torch.Tensor) -> tuple[float, 
 
 
 def _model_logits(model, sequences: list[list[int]], prompt_len: int):
-    """Yields (first row, logits (n, REF_TOKENS, V)) of the model's own forward at the generated positions."""
+    """Yields (first row, logits (n, REF_TOKENS, V)) of the model's own forward at the generated positions.
+
+    The forward makes logits only at the last REF_TOKENS + 1 positions (HF's ``logits_to_keep``), and a call
+    takes at most LOGITS_ELEMENTS // (REF_TOKENS * V) rows, so memory does not grow with V x the prompt.
+    """
     device = next(model.parameters()).device
     width = prompt_len + REF_TOKENS
-    rows_per_call = max(1, FORWARD_TOKENS // width)
+    vocab = model.config.get_text_config().vocab_size
+    rows_per_call = max(1, min(FORWARD_TOKENS // width, LOGITS_ELEMENTS // (REF_TOKENS * vocab)))
     for start in range(0, len(sequences), rows_per_call):
         chunk = [s + [0] * (width - len(s)) for s in sequences[start : start + rows_per_call]]  # right padding
         ids = torch.tensor(chunk, dtype=torch.long, device=device)
-        with torch.no_grad():
-            yield start, model(input_ids=ids).logits[:, prompt_len - 1 : width - 1]
+        with torch.no_grad():  # positions prompt_len - 1 .. width - 2 predict the generated tokens
+            yield start, model(input_ids=ids, logits_to_keep=REF_TOKENS + 1).logits[:, :REF_TOKENS]
 
 
 def _reduced_draws(model, completions: list[list[int]], prompt: list[int], temperature: float):

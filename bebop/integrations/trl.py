@@ -67,8 +67,9 @@ from bebop.rollout.base import backend_problem, make_backend
 from bebop.rollout.logprobs import policy_logprobs
 from bebop.rollout.runner import gather_completions
 from bebop.speculative.completions import ABSENT_WITHOUT_TOKEN_STATS, Completions
-from bebop.speculative.settings import MODES, SamplingParams, SpecConfig, check_settings
-from bebop.utils.io import BebopError, read_json, write_json
+from bebop.speculative.settings import MODES, SamplingParams, SpecConfig, check_settings, head_problem
+from bebop.utils.errors import BebopError
+from bebop.utils.files import read_json, write_json
 from bebop.utils.run_files import ROLLOUT_FILE, TOKEN_STATS_FILE, scalar_metrics, token_stats_row
 
 
@@ -156,8 +157,8 @@ class BebopRollout:
 
     def __post_init__(self) -> None:
         check_settings(self.spec, None)
-        if self.spec.mode != "none" and self.head is None:
-            raise BebopError(f"mode {self.spec.mode!r} needs an MTP head (head=path or MtpHead)")
+        if problem := head_problem(self.spec.mode, self.head is not None, given_by="head=path or MtpHead"):
+            raise BebopError(problem)
         if problem := backend_problem(self.backend, self.spec.mode, self.spec.speculate_k):
             raise BebopError(problem)
 

@@ -10,6 +10,8 @@ Modules:
                     with analytic backward; ``acceptance_stats`` for evaluation
     fused.py        the same objectives fused with the lm_head: ``draft_loss_from_hidden``
                     takes hidden states and the weight, never holds (N, K, V)
+    logprobs.py     a policy's token log-probabilities through the same tiled lm_head:
+                    ``token_logprobs_from_hidden`` (GRPO's logprobs, never (tokens, V))
 """
 
 from bebop.losses.draft import DRAFT_LOSSES, draft_loss
@@ -20,6 +22,7 @@ from bebop.losses.entry_stats import (
     acceptance_stats,
 )
 from bebop.losses.fused import draft_loss_from_hidden
+from bebop.losses.logprobs import token_logprobs_from_hidden
 
 __all__ = [
     "DRAFT_LOSSES",
@@ -29,4 +32,5 @@ __all__ = [
     "acceptance_stats",
     "draft_loss",
     "draft_loss_from_hidden",
+    "token_logprobs_from_hidden",
 ]

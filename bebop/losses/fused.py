@@ -55,7 +55,7 @@ from bebop.losses.entry_stats import (
     compute_dtype,
     resolve_row_chunk,
 )
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 
 # NOTE: a row chunk's matmul writes draft and target logits into one (2 * rows, V) buffer that every
 # chunk reuses (a fresh one per chunk would page-fault every time and briefly hold two), its

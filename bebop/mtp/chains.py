@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from bebop.mtp.config import CHAIN_CONTEXTS
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 
 
 

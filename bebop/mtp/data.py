@@ -16,7 +16,8 @@ from bebop.config import short_repr, speculate_k_problem, temperature_problem
 from bebop.mtp.chains import CHAIN_UNROLLS
 from bebop.speculative.target import decoder_states
 from bebop.speculative.attention import final_logits
-from bebop.utils.io import BebopError, read_jsonl
+from bebop.utils.errors import BebopError
+from bebop.utils.files import read_jsonl
 from bebop.utils.tokens import encode_completion, encode_prompt
 
 

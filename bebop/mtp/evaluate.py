@@ -19,7 +19,8 @@ import torch
 from bebop.losses import acceptance_stats
 from bebop.speculative import block
 from bebop.mtp.chains import check_chain_context, check_head_context
-from bebop.mtp.data import Sequences, chain_tensors, check_chain_args
+from bebop.mtp.data import Sequences, chain_states, check_chain_args
+from bebop.speculative.attention import final_logits
 from bebop.utils import distributed
 
 
@@ -85,7 +86,8 @@ def _block_method(vocab: int, speculate_k: int) -> str:
     return "exact" if exact else f"monte carlo, {block.MC_DRAWS} draft chains per chain"
 
 
-def _block_sums(draft: torch.Tensor, target: torch.Tensor, temperature: float, seed: int) -> tuple[float, float]:
+def _block_sums(draft: torch.Tensor, target: torch.Tensor, temperature: float,
+                generator: torch.Generator) -> tuple[float, float]:
     """(sum over chains of E[block accepts], sum of its Monte Carlo variances) for draft/target logits (N, K, V)."""
     if draft.shape[0] == 0:
         return 0.0, 0.0
@@ -93,30 +95,46 @@ def _block_sums(draft: torch.Tensor, target: torch.Tensor, temperature: float, s
     p = (target.double() / temperature).softmax(-1)
     if draft.shape[-1] ** max(draft.shape[1] - 1, 0) <= block.EXACT_MAX_ATOMS:
         return float(block.expected_block_accepts(p, q).sum()), 0.0
-    mean, var = block.sampled_block_accepts(p, q, torch.Generator().manual_seed(seed))
+    mean, var = block.sampled_block_accepts(p, q, generator)
     return float(mean.sum()), float(var.sum())
+
+
+# NOTE: chains x K x V logits entries evaluated at once: each is held as draft and target logits (float32)
+# and as q and p (float64, for the block estimate), about 0.5 GB at 2**24, whatever the batch's length.
+EVAL_CHUNK_ELEMENTS = 2**24
 
 
 def _batch_sums(backbone, head, data: Sequences, rows: range, speculate_k: int, temperature: float, pad_id: int,
                 chain_context: str, device: torch.device) -> dict:
-    """One batch's sums over its chains (CPU tensors (K,) and floats): what ``evaluate_mtp`` adds up."""
+    """One batch's sums over its chains (CPU tensors (K,) and floats): what ``evaluate_mtp`` adds up.
+
+    The chains' lm_head inputs (N, K, D) are made once; their logits only ``EVAL_CHUNK_ELEMENTS`` at a
+    time, so no (N, K, V) tensor exists. The block estimate's draws come from one generator seeded by the
+    batch's first row, consumed chunk by chunk in order.
+    """
     ids, lengths, starts = data.batch(list(rows), pad_id, device)
-    draft, target, mask = chain_tensors(backbone, head, ids, lengths, starts, speculate_k, chain_context)
-    alpha_rs, alpha_to, ent = acceptance_stats(draft, target, temperature=temperature)
-    m = mask.float().cpu()
-    full = mask.all(1).cpu()
-    return {
-        "rs": (alpha_rs.cpu() * m).sum(0),
-        "to": (alpha_to.cpu() * m).sum(0),
-        "count": m.sum(0),
-        "entropy": float((ent.cpu() * m).sum()),
-        "num_chains": mask.shape[0],
-        "num_full": int(full.sum()),
-        "el_rs": float(alpha_rs.cpu()[full].cumprod(1).sum()),
-        "el_to": float(alpha_to.cpu()[full].cumprod(1).sum()),
-        **dict(zip(("el_block", "el_block_var"),
-                   _block_sums(draft[full.to(draft.device)], target[full.to(draft.device)], temperature, rows[0]))),
-    }
+    draft_states, target_states, mask = chain_states(backbone, head, ids, lengths, starts, speculate_k, chain_context)
+    lm_head, config = backbone.get_output_embeddings(), backbone.config.get_text_config()
+    step = max(1, EVAL_CHUNK_ELEMENTS // (speculate_k * lm_head.weight.shape[0]))  # chains per chunk
+    generator = torch.Generator().manual_seed(rows[0])
+    sums = {"rs": torch.zeros(speculate_k), "to": torch.zeros(speculate_k), "count": torch.zeros(speculate_k),
+            "entropy": 0.0, "num_chains": mask.shape[0], "num_full": 0, "el_rs": 0.0, "el_to": 0.0, "el_block": 0.0,
+            "el_block_var": 0.0}
+    for start in range(0, mask.shape[0], step):
+        chunk = slice(start, start + step)
+        # NOTE: the logits of chain_tensors: the draft's lm_head, the target's after the final soft-cap (if any)
+        draft, target = lm_head(draft_states[chunk]), final_logits(config, lm_head(target_states[chunk]))  # (n, K, V)
+        alpha_rs, alpha_to, ent = (x.cpu() for x in acceptance_stats(draft, target, temperature=temperature))
+        m, full = mask[chunk].float().cpu(), mask[chunk].all(1).cpu()
+        block_sum, block_var = _block_sums(draft[full.to(draft.device)], target[full.to(draft.device)], temperature,
+                                           generator)
+        for key, value in (("rs", (alpha_rs * m).sum(0)), ("to", (alpha_to * m).sum(0)), ("count", m.sum(0)),
+                           ("entropy", float((ent * m).sum())), ("num_full", int(full.sum())),
+                           ("el_rs", float(alpha_rs[full].cumprod(1).sum())),
+                           ("el_to", float(alpha_to[full].cumprod(1).sum())), ("el_block", block_sum),
+                           ("el_block_var", block_var)):
+            sums[key] = sums[key] + value
+    return sums
 
 
 def _block_cell(result: dict) -> str:

@@ -42,7 +42,8 @@ from bebop.architectures import check_architecture
 from bebop.mtp.families import FAMILIES, MtpConventions, detect_family
 from bebop.speculative import attention
 from bebop.speculative.target import decoder_of, final_norm
-from bebop.utils.io import BebopError, atomic_dir
+from bebop.utils.errors import BebopError
+from bebop.utils.files import atomic_dir
 from bebop.utils.torch_utils import cache_kwargs
 
 CONFIG_NAME = "mtp_config.json"

@@ -21,6 +21,18 @@ from bebop.losses import acceptance_stats, draft_loss, draft_loss_from_hidden
 from bebop.mtp.data import chain_states, chain_tensors
 
 
+CHAIN_MEAN_LOSSES = ("e2e_tv",)  # losses that average over chains (mask[:, 0]); the others over (chain, step) entries
+
+
+def chain_loss_count(loss_name: str, mask: Tensor) -> Tensor:  # () float
+    """What ``chain_loss``'s value of ``loss_name`` averages over: the chains, or the valid (chain, step) entries
+    of the (N, K) mask. ``loss * count`` is a sum that adds up over batches split in parts.
+
+    Example: mask [[True, True], [True, False]] counts 2 chains for "e2e_tv", 3 entries for "ce".
+    """
+    return (mask[:, 0] if loss_name in CHAIN_MEAN_LOSSES else mask).sum().float()
+
+
 def fused_loss_blocker(backbone: nn.Module) -> str:
     """Why the fused loss cannot run on ``backbone``'s lm_head ("" when it can).
 

@@ -32,7 +32,9 @@ from safetensors.torch import save_file
 
 from bebop.mtp.families import FAMILIES, Family, detect_family
 from bebop.mtp.head import MtpConfig, MtpHead, check_finite_weights, read_head_files
-from bebop.utils.io import BebopError, atomic_dir, output_dir, read_json, write_json
+from bebop.utils.errors import BebopError
+from bebop.utils.files import atomic_dir, read_json, write_json
+from bebop.utils.outputs import output_dir
 from bebop.utils.progress import say
 
 INDEX_NAME = "model.safetensors.index.json"  # HF's shard index
@@ -236,7 +238,7 @@ def export_mtp(
     """Writes ``out_dir``: the model at ``model_dir`` with the head at ``head_dir`` as its native MTP layer.
 
     Everything is checked before ``out_dir`` changes: the family, every head tensor's name and shape
-    (``_check_head_layout``), finite weights, and ``out_dir`` itself (``bebop.utils.io.output_dir``:
+    (``_check_head_layout``), finite weights, and ``out_dir`` itself (``bebop.utils.outputs.output_dir``:
     a non-empty one only with ``overwrite``, which moves it aside; never an input or inside one).
     Atomic: the directory appears complete or not at all. Returns ``out_dir``.
     """

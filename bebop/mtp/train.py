@@ -38,22 +38,14 @@ from bebop.mtp.chains import check_head_context
 from bebop.mtp.config import TrainMtpConfig
 from bebop.mtp.data import Sequences, check_chain_args
 from bebop.mtp.head import MtpHead
-from bebop.mtp.loss import chain_loss, fused_loss_blocker
+from bebop.mtp.loss import chain_loss, chain_loss_count, fused_loss_blocker
 from bebop.speculative.target import decoder_of
 from bebop.utils import distributed
-from bebop.utils.io import (
-    BebopError,
-    JsonlLogger,
-    NullLogger,
-    atomic_dir,
-    check_output_dir,
-    log_rows_until,
-    output_dir,
-    read_json,
-    save_torch,
-    write_json,
-)
+from bebop.utils.errors import BebopError
+from bebop.utils.files import atomic_dir, read_json, save_torch, write_json
+from bebop.utils.metric_log import JsonlLogger, NullLogger, log_rows_until
 from bebop.utils.optim import make_adamw, master_state_dict
+from bebop.utils.outputs import check_output_dir, output_dir
 from bebop.utils.progress import progress, say, step_line
 from bebop.utils.torch_utils import state_sha256
 
@@ -62,7 +54,6 @@ METRICS_FILE = "metrics.jsonl"  # one row per step
 RESUME_MAY_CHANGE = ("steps", "save_every", "log_every")  # settings a resumed run may change (and records)
 OLD_CHECKPOINT_SETTINGS = {"chain_context": "unrolled"}  # what checkpoints written before a field existed ran with
 NEEDS_CE_START = ("tv", "e2e_tv")  # losses whose q-weighted gradient is slow far from p: they fine-tune a CE-trained head
-CHAIN_MEAN_LOSSES = ("e2e_tv",)  # losses that average over chains (mask[:, 0]); the others over (chain, step) entries
 
 
 def _check(cfg: TrainMtpConfig) -> None:
@@ -99,7 +90,7 @@ def _global_share(loss: torch.Tensor, loss_name: str, mask: torch.Tensor) -> tor
     """
     if distributed.world_size() == 1:
         return loss
-    count = (mask[:, 0] if loss_name in CHAIN_MEAN_LOSSES else mask).sum().to(loss.dtype)  # () sync-free
+    count = chain_loss_count(loss_name, mask).to(loss.dtype)  # () sync-free
     return loss * count / distributed.sum_tensor(count).clamp_min(1)
 
 

@@ -7,7 +7,8 @@ Modules:
     config.py      RLConfig (+ PolicyConfig, MtpUpdateConfig) and resolve_rl_config: one flat table
     loop.py        rl_step (rollout -> reward -> advantages -> loss -> update -> log) and train_rl
     prompts.py     the prompts of each step (embedded problems or data rows) and the task's reward
-    grpo.py        pure tensor pieces: group_advantages, token_logprobs, policy_loss, kl_k3
+    grpo.py        pure tensor pieces: group_advantages, policy_loss, kl_k3, micro_batches
+    update.py      the policy's update in micro-batches: fixed_logprobs, update_policy
     online.py      the optional online MTP head update (its own AdamW; no gradient to the policy)
     checkpoint.py  atomic checkpoints (weights, optimizers, RNG, step, config) and exact resume
     rewards.py     reward functions (math_reward, load_reward for module:function specs)

@@ -31,7 +31,8 @@ import torch
 
 from bebop.config import INT64_MAX, short_repr
 from bebop.pretrained import UNPICKLABLE
-from bebop.utils.io import BebopError, atomic_dir, read_json, save_torch, write_json
+from bebop.utils.errors import BebopError
+from bebop.utils.files import atomic_dir, read_json, save_torch, write_json
 
 CHECKPOINT_DIR = "checkpoint"  # inside the run directory
 STATE_FILE = "trainer_state.json"  # step and component names

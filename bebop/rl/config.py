@@ -48,13 +48,16 @@ from bebop.config import (
     positive_temperature,
     resolve,
 )
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 
 # NOTE: nothing here imports torch (the CLI builds its --help from this module); check_rl_config imports
 # the rules that relate settings (bebop.speculative.settings) lazily.
 TASKS = ("embedded", "math")  # prompt sources: the built-in arithmetic task, or a JSONL/parquet file
 MTP_UPDATES = ("frozen", "online")  # what happens to the head during RL (paper §5)
-RESUME_MAY_CHANGE = ("steps", "save_every", "label", "backend")  # keys a resumed run may set differently
+RESUME_MAY_CHANGE = ("steps", "save_every", "label", "backend", "micro_batch_tokens")  # keys a resumed run may set differently
+# NOTE: verl's default token budget per micro-batch. The activations a backward keeps grow linearly with it
+# (docs/scaling.md measures them per token); a row longer than the budget goes through alone.
+MICRO_BATCH_TOKENS = 16_384
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,10 @@ class PolicyConfig:
     update_epochs: int = option(1, "mu, optimizer steps on each rollout batch (full batch each)", check=integer_in(1))
     mean_only: bool = option(False, "advantages without dividing by the group std (Dr. GRPO)")
     grad_clip: float = option(1.0, "max global gradient norm of the policy; 0 = no clipping")
+    micro_batch_tokens: int = option(MICRO_BATCH_TOKENS,
+                                     "padded tokens (rows x longest row) per forward/backward of the update and the "
+                                     "online head step; gradients add up over micro-batches, so only memory changes",
+                                     check=integer_in(1))
 
 
 @dataclass(frozen=True)

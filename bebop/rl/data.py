@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bebop.utils.io import parse_json, read_text
+from bebop.utils.files import parse_json, read_text
 
 PROMPT_FIELD = "prompt"  # the one field every row must have
 JSONL_SUFFIXES = (".jsonl", ".ndjson")  # one JSON object per line

@@ -32,9 +32,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from bebop.config import temperature_problem
-
-IGNORE_LOGPROB = 0.0  # value of token_logprobs outside the completion, so sums ignore it
+from bebop.rollout.logprobs import token_logprobs
 
 
 def group_advantages(
@@ -74,97 +72,34 @@ def group_advantages(
     return centred.reshape(-1)
 
 
-def pad_sequences(
-    prompt_ids: list[list[int]],
-    completion_ids: list[list[int]],
-    pad_id: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Concatenates prompt + completion per row and right-pads to the longest row.
+def micro_batches(lengths: list[int], max_tokens: int) -> list[slice]:
+    """Consecutive rows in groups whose padded size (rows x the group's longest row) fits ``max_tokens``.
+
+    A row longer than ``max_tokens`` forms a group of its own. The groups' losses add up to the
+    batch's when each is normalised by the whole batch's token count (``policy_loss``'s ``num_tokens``).
 
     Example:
-        >>> ids, attn, comp = pad_sequences([[5, 6], [7]], [[8], [9, 3]], pad_id=0)
-        >>> ids.tolist(), attn.tolist()
-        ([[5, 6, 8], [7, 9, 3]], [[1, 1, 1], [1, 1, 1]])
-        >>> comp.tolist()
-        [[False, False, True], [False, True, True]]
+        >>> micro_batches([3, 3, 5, 2], max_tokens=10)
+        [slice(0, 2, None), slice(2, 4, None)]
 
     Args:
-        prompt_ids: token ids of each row's prompt; each must be non-empty, because the first
-            completion token is predicted from the last prompt position.
-        completion_ids: token ids each row sampled; may be empty.
-        pad_id: id written into padded positions (never scored).
+        lengths: each row's real length (prompt + completion, without padding).
+        max_tokens: the budget of padded tokens per group, >= 1.
 
     Returns:
-        ``input_ids`` (B, T) long, ``attention_mask`` (B, T) long (1 on real tokens, HF
-        convention), ``completion_mask`` (B, T) bool (True on completion tokens).
+        Row slices covering every row once, in order.
     """
-    if len(prompt_ids) != len(completion_ids):
-        raise ValueError(f"{len(prompt_ids)} prompts but {len(completion_ids)} completions")
-    if not prompt_ids:
-        raise ValueError("pad_sequences needs at least one row")
-    lengths = [len(p) + len(c) for p, c in zip(prompt_ids, completion_ids)]
-    num_rows, max_len = len(prompt_ids), max(lengths)
-    input_ids = torch.full((num_rows, max_len), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((num_rows, max_len), dtype=torch.long)
-    completion_mask = torch.zeros((num_rows, max_len), dtype=torch.bool)
-    for row, (prompt, completion) in enumerate(zip(prompt_ids, completion_ids)):
-        if not prompt:
-            raise ValueError(f"row {row} has an empty prompt; nothing predicts its first token")
-        n_prompt, n_total = len(prompt), lengths[row]
-        input_ids[row, :n_total] = torch.tensor(list(prompt) + list(completion), dtype=torch.long)
-        attention_mask[row, :n_total] = 1
-        completion_mask[row, n_prompt:n_total] = True
-    return input_ids, attention_mask, completion_mask
-
-
-def token_logprobs(
-    model: nn.Module,
-    input_ids: torch.Tensor,  # (B, T)
-    attention_mask: torch.Tensor,  # (B, T)
-    completion_mask: torch.Tensor,  # (B, T)
-    temperature: float = 1.0,
-) -> torch.Tensor:  # (B, T)
-    """Log-probability of each completion token under a causal LM at the sampling temperature.
-
-    The logits at position t−1 predict token t; they are divided by ``temperature`` so the
-    result is the logprob of the distribution the rollout sampled from. Rows may be padded
-    anywhere (``pad_sequences`` right-pads): position ids are the running count of real tokens
-    (``attention_mask.cumsum − 1``), so a row's real tokens get the same positions, hence the
-    same logprobs, alone or in a padded batch. Runs with gradients; wrap it in
-    ``torch.no_grad()`` for old or reference logprobs.
-
-    Args:
-        model: a Hugging Face causal LM (called with input_ids, attention_mask, position_ids;
-            returns ``.logits`` (B, T, V)).
-        input_ids: prompt + completion token ids.
-        attention_mask: 1 on real tokens, 0 on padding.
-        completion_mask: True on the tokens to score (the completion); position 0 is never
-            scored because nothing predicts it.
-        temperature: the rollout's sampling temperature, > 0.
-
-    Returns:
-        float32 logprobs, ``IGNORE_LOGPROB`` (0) wherever ``completion_mask`` is False.
-    """
-    if input_ids.dim() != 2:
-        raise ValueError(f"input_ids must be (B, T), got shape {tuple(input_ids.shape)}")
-    if attention_mask.shape != input_ids.shape or completion_mask.shape != input_ids.shape:
-        raise ValueError(
-            f"masks must match input_ids {tuple(input_ids.shape)}: attention_mask "
-            f"{tuple(attention_mask.shape)}, completion_mask {tuple(completion_mask.shape)}"
-        )
-    if problem := temperature_problem(temperature, greedy_ok=False):  # NOTE: greedy has no logprobs
-        raise ValueError(problem)
-    position_ids = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
-    logits = model(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
-    ).logits  # (B, T, V)
-    # Upcast before the softmax: bf16 logsumexp over a large vocabulary loses ~1e-2 nats.
-    shifted = logits[:, :-1].float() / temperature  # (B, T-1, V)
-    targets = input_ids[:, 1:].unsqueeze(-1)  # (B, T-1, 1)
-    picked = shifted.gather(-1, targets).squeeze(-1) - shifted.logsumexp(dim=-1)  # (B, T-1)
-    out = torch.full(input_ids.shape, IGNORE_LOGPROB, dtype=torch.float32, device=logits.device)
-    out[:, 1:] = picked
-    return out.masked_fill(~completion_mask.bool(), IGNORE_LOGPROB)
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    groups, start, longest = [], 0, 0
+    for row, length in enumerate(lengths):
+        if row > start and (row - start + 1) * max(longest, length) > max_tokens:
+            groups.append(slice(start, row))
+            start, longest = row, 0
+        longest = max(longest, length)
+    if lengths:
+        groups.append(slice(start, len(lengths)))
+    return groups
 
 
 def sequence_logprobs(
@@ -266,14 +201,15 @@ def policy_loss(
         clip_eps: ε of the ratio clip.
         ref_logprobs: frozen reference logprobs; needed when ``kl_coef`` != 0.
         kl_coef: β, weight of the k3 KL penalty.
-        num_tokens: the normaliser Σ m; None counts this batch's valid tokens. Data parallel runs
-            pass the global batch's count, so each rank's loss is its share of the global loss.
+        num_tokens: the normaliser Σ m; None counts this batch's valid tokens. Micro-batches and
+            data-parallel ranks pass the whole step's count, so their losses (and metrics) add up to
+            the whole batch's.
 
     Returns:
         ``(loss, metrics)``: the scalar loss, and floats ``rl/policy_loss``,
         ``rl/clip_fraction`` (share of tokens whose clip binds, i.e. gets no gradient),
-        ``rl/ratio_mean`` and ``rl/kl`` (0.0 without a reference). The metrics call
-        ``.item()``: one host sync each, once per step, outside any loop here.
+        ``rl/ratio_mean`` and ``rl/kl`` (0.0 without a reference), each a sum over tokens divided by
+        ``num_tokens``. The metrics call ``.item()``: one host sync each per call (per micro-batch).
     """
     _check_loss_inputs(logprobs, old_logprobs, advantages, mask, ref_logprobs, kl_coef)
     weights = mask.to(logprobs.dtype)  # (B, T)

@@ -34,7 +34,10 @@ Deviations from textbook GRPO (beyond the numbered list in ``bebop.rl.grpo``):
      one extra copy of the weights; it is saved in checkpoints, so a resumed async run on the engine
      regenerates the in-flight rollout bit for bit. On CUDA both threads use the default stream:
      correct, and the overlap comes from the host side (the engine's Python loop and kernel launches).
-  6) Full-batch updates: each of the update_epochs is one optimizer step on all B*G rows.
+  6) Full-batch updates: each of the update_epochs is one optimizer step on all B*G rows, its gradient
+     accumulated over micro-batches of at most ``micro_batch_tokens`` padded tokens (old and reference
+     logprobs and the online head step are computed in the same micro-batches). The logprobs come from
+     the policy's decoder and a tiled lm_head (``bebop.rollout.logprobs.token_logprobs``): no (rows, T, V) tensor.
   7) ``backend vllm``: rollouts are not seeded per row (vLLM cannot seed requests that draft), so a
      run does not repeat bit for bit; ``spec/alpha_*``, ``spec/accept_length_hist``,
      ``spec/accepted_per_pos`` and ``target_entropy`` are null (vLLM does not expose the
@@ -73,25 +76,22 @@ import torch
 from torch import nn
 
 from bebop.rl.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
-from bebop.rl.config import RESUME_MAY_CHANGE, PolicyConfig, RLConfig, check_rl_config, flat_config, rollout_settings
-from bebop.rl.grpo import group_advantages, pad_sequences, policy_loss, token_logprobs
+from bebop.rl.config import RESUME_MAY_CHANGE, RLConfig, check_rl_config, flat_config, rollout_settings
+from bebop.rl.grpo import group_advantages
 from bebop.rl.online import make_head_optimizer, online_head_step, rollout_sequences
 from bebop.rl.prompts import PromptBatch, check_embedded_prompts, load_task_rows, prompt_batch, task_reward
 from bebop.rl.rewards import RewardFn, call_reward
+from bebop.rl.update import fixed_logprobs, update_policy
 from bebop.rollout.base import backend_problem, make_backend
+from bebop.rollout.logprobs import pad_sequences
 from bebop.rollout.runner import Rollout, RolloutRunner, frozen_copy
 from bebop.speculative.settings import head_problem
 from bebop.utils import distributed
-from bebop.utils.io import (
-    BebopError,
-    JsonlLogger,
-    NullLogger,
-    check_output_dir,
-    log_rows_until,
-    output_dir,
-    write_json,
-)
+from bebop.utils.errors import BebopError
+from bebop.utils.files import write_json
+from bebop.utils.metric_log import JsonlLogger, NullLogger, log_rows_until
 from bebop.utils.optim import make_adamw
+from bebop.utils.outputs import check_output_dir, output_dir
 from bebop.utils.progress import progress, say, step_line
 from bebop.utils.run_files import CONFIG_FILE, METRICS_FILE, TOKEN_STATS_FILE, json_safe, token_stats_row
 from bebop.utils.torch_utils import seed_everything
@@ -159,55 +159,6 @@ def sequence_tensors(rollout: Rollout, pad_id: int, device: torch.device):
     return ids.to(device), attn.to(device), comp.to(device)
 
 
-@torch.no_grad()
-def fixed_logprobs(sampler: nn.Module, reference: nn.Module | None, inputs, temperature: float):
-    """Old logprobs (B*G, T) under the model that sampled, and reference logprobs (or None)."""
-    old = token_logprobs(sampler, *inputs, temperature=temperature)
-    ref = token_logprobs(reference, *inputs, temperature=temperature) if reference is not None else None
-    return old, ref
-
-
-def update_policy(
-    policy: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor],  # 3 x (B*G, T)
-    old_logprobs: torch.Tensor,  # (B*G, T)
-    ref_logprobs: torch.Tensor | None,  # (B*G, T)
-    advantages: torch.Tensor,  # (B*G,)
-    cfg: PolicyConfig,
-    temperature: float,
-) -> dict[str, float]:
-    """``update_epochs`` full-batch AdamW steps of the GRPO loss; returns the metrics' epoch means.
-
-    Under torchrun the rows are this rank's: the loss is normalised by the global token count and the
-    gradients (and metrics) are summed over ranks, so every rank takes the one-process step.
-    """
-    params = [p for p in policy.parameters() if p.requires_grad]
-    max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
-    advantages = advantages.to(old_logprobs.device)
-    num_tokens = None  # NOTE: one process counts its own batch's tokens (policy_loss's default)
-    if distributed.world_size() > 1:
-        num_tokens = distributed.sum_tensor(inputs[2].sum().to(old_logprobs.dtype)).clamp(min=1.0)
-    history: list[dict[str, float]] = []
-    for _ in range(cfg.update_epochs):
-        logprobs = token_logprobs(policy, *inputs, temperature=temperature)
-        loss, metrics = policy_loss(
-            logprobs, old_logprobs, advantages, inputs[2], cfg.clip_eps, ref_logprobs, cfg.kl_coef, num_tokens
-        )
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        distributed.sum_gradients(params)
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        if not math.isfinite(float(grad_norm)):  # NOTE: a NaN step would poison every weight; sync per epoch
-            raise BebopError(f"the policy loss ({loss.item():.3g}) has a non-finite gradient (norm "
-                             f"{float(grad_norm)}); scale the rewards down (nothing was written for this step)")
-        optimizer.step()
-        metrics = distributed.sum_floats({**metrics, "rl/loss": loss.item()})  # sync per epoch
-        history.append({**metrics, "rl/grad_norm": float(grad_norm)})
-    optimizer.zero_grad(set_to_none=True)  # frees the gradients until the next step
-    return {key: sum(h[key] for h in history) / len(history) for key in history[0]}
-
-
 NO_HEAD_METRICS = {"mtp/loss": None, "mtp/grad_norm": None, "mtp/num_chains": None, "mtp/alpha_rs": None}
 
 
@@ -217,7 +168,7 @@ def update_head(state: RLState, rollout: Rollout, cfg: RLConfig) -> dict:
         return dict(NO_HEAD_METRICS)
     sequences = rollout_sequences(rollout.result.prompt_ids, rollout.result.token_ids)
     return online_head_step(state.policy, state.head, state.head_optimizer, sequences, cfg.mtp, cfg.temperature,
-                            state.pad_id)
+                            state.pad_id, cfg.policy.micro_batch_tokens)
 
 
 # ------------------------------------------------------------------------------ metrics
@@ -282,7 +233,7 @@ def rl_step(
     if distributed.world_size() > 1:  # NOTE: this rank's rows, padded as in the whole batch
         inputs, advantages = tuple(t[first:last] for t in inputs), advantages[first:last]
     old_logprobs, ref_logprobs = fixed_logprobs(state.rollouts.sampling_model, state.reference, inputs,
-                                                cfg.temperature)
+                                                cfg.temperature, cfg.policy.micro_batch_tokens)
     state.rollouts.launch(next_batch)
     update = update_policy(state.policy, state.optimizer, inputs, old_logprobs, ref_logprobs, advantages, cfg.policy,
                            cfg.temperature)

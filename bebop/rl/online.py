@@ -11,7 +11,8 @@ How it differs from ``bebop.mtp.train`` (offline head training):
      states and target logits under ``no_grad``, and the head also shares the policy's embedding
      and lm_head. ``loss.backward(inputs=head params)`` accumulates gradients into the head's own
      parameters only, so no gradient, not even a ``.grad`` buffer, ever reaches the policy.
-  2) One optimizer step per RL step on the full rollout batch; no warmup.
+  2) One optimizer step per RL step on the full rollout batch (its gradient accumulated over the RL
+     step's micro-batches); no warmup.
   3) Chains start at every completion position (``start`` = the prompt length), as in serving:
      the head only ever drafts inside completions.
 """
@@ -22,8 +23,9 @@ import torch
 from torch import nn
 
 from bebop.mtp.data import Sequences
-from bebop.mtp.loss import chain_loss
-from bebop.rl.config import MtpUpdateConfig
+from bebop.mtp.loss import chain_loss, chain_loss_count
+from bebop.rl.config import MICRO_BATCH_TOKENS, MtpUpdateConfig
+from bebop.rl.grpo import micro_batches
 from bebop.utils.optim import make_adamw
 
 
@@ -52,8 +54,13 @@ def online_head_step(
     cfg: MtpUpdateConfig,
     temperature: float,
     pad_id: int,
+    max_tokens: int = MICRO_BATCH_TOKENS,
 ) -> dict[str, float | list[float]]:
     """One AdamW step of the head on a batch of rollout sequences; the policy is left untouched.
+
+    The gradient is accumulated over ``micro_batches`` of at most ``max_tokens`` padded tokens: each
+    micro-batch's loss is weighted by the chains (or entries) it averages over (``chain_loss_count``) and
+    the sum divided by the batch's count, so the step is the one-batch step.
 
     Args:
         backbone: the policy (an HF causal LM) the head is attached to; only read.
@@ -63,35 +70,44 @@ def online_head_step(
         cfg: ``online_loss``, ``mtp_grad_clip`` and ``mtp_speculate_k`` are read.
         temperature: the rollout temperature; p and q of the loss are softmax(logits / T).
         pad_id: id for right padding (never scored: ``chain_loss`` masks past each length).
+        max_tokens: padded tokens per micro-batch (the RL run's ``micro_batch_tokens``).
 
     Returns:
         ``mtp/loss``, ``mtp/grad_norm``, ``mtp/num_chains`` and ``mtp/alpha_rs`` (per draft step,
         measured on this batch *before* the update). The floats are host syncs, once per RL step.
     """
     device = next(backbone.parameters()).device
-    ids, lengths, starts = sequences.batch(list(range(len(sequences))), pad_id, device)
     params = [p for p in head.parameters() if p.requires_grad]
     if not params:
         raise ValueError("online_head_step: the head has no trainable parameters (requires_grad is off)")
     # NOTE: the engine's draft context (bebop.mtp.chains) for one-layer heads, as train-mtp trains them.
     context = "served" if len(head.layers) == 1 else "unrolled"
-    # NOTE: fused with the policy's lm_head (bebop.mtp.loss), whose weight it reads detached.
-    loss, alpha_rs, mask = chain_loss(backbone, head, ids, lengths, starts, cfg.mtp_speculate_k, context,
-                                      cfg.online_loss, temperature)  # alpha_rs (N, K): before the update
-    num_chains = int(mask[:, 0].sum())  # sync: once per step
+    optimizer.zero_grad(set_to_none=True)
+    loss_sum = count = torch.zeros((), device=device)
+    alpha_sums = torch.zeros(2, cfg.mtp_speculate_k, device=device)  # (2, K): sum of alpha_rs, valid entries
+    for rows in micro_batches([len(t) for t in sequences.token_ids], max_tokens):
+        ids, lengths, starts = sequences.batch(list(range(rows.start, rows.stop)), pad_id, device)
+        # NOTE: fused with the policy's lm_head (bebop.mtp.loss), whose weight it reads detached.
+        loss, alpha_rs, mask = chain_loss(backbone, head, ids, lengths, starts, cfg.mtp_speculate_k, context,
+                                          cfg.online_loss, temperature)  # alpha_rs (N, K): before the update
+        part = chain_loss_count(cfg.online_loss, mask)
+        # NOTE: inputs=params keeps every gradient inside the head; the policy's shared embedding and
+        # lm_head are on the graph but get no .grad.
+        (loss * part).backward(inputs=params)
+        loss_sum, count = loss_sum + loss.detach() * part, count + part
+        alpha_sums += torch.stack([(alpha_rs * mask).sum(0), mask.sum(0)])
+    num_chains = int(alpha_sums[1, 0])  # sync: once per step (every chain has its first step)
     if num_chains == 0:  # every completion too short to hold one verified draft step
         return {"mtp/loss": None, "mtp/grad_norm": None, "mtp/num_chains": 0, "mtp/alpha_rs": None}
-    optimizer.zero_grad(set_to_none=True)
-    # NOTE: inputs=params keeps every gradient inside the head; the policy's shared embedding and
-    # lm_head are on the graph but get no .grad.
-    loss.backward(inputs=params)
+    for p in params:  # the sum of the micro-batches' weighted losses -> the batch's mean
+        if p.grad is not None:
+            p.grad.div_(count)
     max_norm = cfg.mtp_grad_clip if cfg.mtp_grad_clip > 0 else float("inf")
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
     optimizer.step()
-    per_step = ((alpha_rs * mask).sum(0) / mask.sum(0).clamp_min(1)).tolist()
     return {
-        "mtp/loss": loss.item(),
+        "mtp/loss": (loss_sum / count).item(),
         "mtp/grad_norm": float(grad_norm),
         "mtp/num_chains": num_chains,
-        "mtp/alpha_rs": per_step,
+        "mtp/alpha_rs": (alpha_sums[0] / alpha_sums[1].clamp_min(1)).tolist(),
     }

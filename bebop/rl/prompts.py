@@ -12,7 +12,7 @@ from bebop.rl.config import RLConfig, max_speculate_k
 from bebop.rl.data import load_prompt_rows
 from bebop.rl.rewards import RewardFn, load_reward, math_reward
 from bebop.task import arith
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 from bebop.utils.tokens import encode_prompt
 
 TASK_REWARDS: dict[str, RewardFn] = {"embedded": arith.arith_reward, "math": math_reward}  # reward when reward=""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 
 if TYPE_CHECKING:
     from bebop.speculative.completions import Completions

@@ -49,7 +49,8 @@ from typing import TYPE_CHECKING
 
 from bebop.rollout import vllm_process
 from bebop.rollout.base import RolloutBackend, repeat_prompts
-from bebop.utils.io import BebopError
+from bebop.speculative.settings import head_problem, needs_head
+from bebop.utils.errors import BebopError
 from bebop.utils.progress import say
 
 if TYPE_CHECKING:
@@ -196,20 +197,20 @@ class VllmBackend(RolloutBackend):
         self._sampling = None  # vllm_cpu_fix.decide's answer, found before the first engine starts
 
     # ------------------------------------------------------------------ engine lifecycle
-    def _model_dir(self, with_head: bool) -> Path:
-        """The directory the engine loads (written once; later weights arrive by ``sync``)."""
+    def _model_dir(self, mode: str) -> Path:
+        """The directory the engine loads for ``mode`` (written once; later weights arrive by ``sync``)."""
         from bebop.mtp.native import export_mtp
 
         policy = self.workdir / "policy"
         if not policy.is_dir():
             self.model.save_pretrained(policy)
             self.tokenizer.save_pretrained(policy)
-        if not with_head:
+        if not needs_head(mode):
             return policy
         served = self.workdir / "served"
         if not served.is_dir():
-            if self.head is None:
-                raise BebopError("the vllm backend needs an MTP head for modes to and rs")
+            if problem := head_problem(mode, self.head is not None, given_by="head=MtpHead"):
+                raise BebopError(problem)
             self.head.save_pretrained(self.workdir / "head")
             export_mtp(policy, self.workdir / "head", served)
         return served
@@ -227,7 +228,7 @@ class VllmBackend(RolloutBackend):
         _shutdown_live()
         if not self._logging:  # NOTE: not in __init__: a run directory is checked empty after its backend is made
             self.log_path, self._logging = vllm_process.log_to_file(self.workdir), True
-        model_dir = self._model_dir(with_head=spec.mode != "none")
+        model_dir = self._model_dir(spec.mode)
         # NOTE: the engine must live in this process: weight sync hands it tensors, not files.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         vllm_process.provide_torchvision()

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from bebop.rollout import vllm_cpu_fix
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 
 LOG_NAME = "vllm.log"  # in the backend's workdir
 STANDIN_DIR = Path(__file__).resolve().parent / "vllm_standin"  # holds the torchvision stand-in

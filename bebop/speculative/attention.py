@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"

@@ -232,7 +232,10 @@ def sampled_block_accepts(
     num, k, vocab = target_probs.shape
     drafts = torch.multinomial(draft_probs.reshape(-1, vocab).double(), num_draws, replacement=True,
                                generator=generator).view(num, k, num_draws).transpose(1, 2)  # (N, S, K)
-    flat = drafts.reshape(num * num_draws, k)
-    weights = prefix_weights(target_probs.repeat_interleave(num_draws, 0), flat,
-                             draft_probs.repeat_interleave(num_draws, 0))[:, 1:].sum(1).view(num, num_draws)
+    # NOTE: p and q at the drawn tokens only (N, K, S): prefix_weights reads nothing else, and repeating the
+    # (N, K, V) distributions per draw would hold S copies of them.
+    index = drafts.transpose(1, 2)  # (N, K, S)
+    drawn = [x.gather(-1, index).transpose(1, 2).reshape(num * num_draws, k, 1) for x in (target_probs, draft_probs)]
+    flat = torch.zeros(num * num_draws, k, dtype=torch.long, device=drafts.device)  # each draw's token, now column 0
+    weights = prefix_weights(drawn[0], flat, drawn[1])[:, 1:].sum(1).view(num, num_draws)
     return weights.mean(1), weights.var(1) / num_draws

@@ -65,7 +65,7 @@ from bebop.speculative.verification import (
     noise_keys,
     verify_from_noise,
 )
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 
 
 @dataclass

@@ -21,7 +21,7 @@ from bebop.config import (
     speculate_k_problem,
     temperature_problem,
 )
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 
 
 @dataclass(frozen=True)
@@ -86,12 +86,13 @@ def needs_head(mode: str, mtp_update: str = "frozen") -> bool:
     return mode != "none" or mtp_update == "online"
 
 
-def head_problem(mode: str, has_head: bool, mtp_update: str = "frozen") -> str | None:
-    """The one-line reason a run without a head cannot run (``needs_head``), or None."""
+def head_problem(mode: str, has_head: bool, mtp_update: str = "frozen", given_by: str = "--mtp") -> str | None:
+    """The one-line reason a run without a head cannot run (``needs_head``), or None; ``given_by``: how the
+    caller's user gives a head (a flag, or a library argument)."""
     if has_head or not needs_head(mode, mtp_update):
         return None
     online = " with mtp_update online" if mtp_update == "online" else ""
-    return f"mode {mode!r}{online} needs an MTP head (--mtp)"
+    return f"mode {mode!r}{online} needs an MTP head ({given_by})"
 
 
 def _spec_problems(spec: SpecConfig, auto_ok: bool) -> list[str]:

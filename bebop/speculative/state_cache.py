@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from bebop.speculative.kv_cache import take_rows
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 
 Key = tuple[int, int]  # (layer index, state index within the layer)
 

@@ -33,7 +33,7 @@ from torch import nn
 from bebop.speculative import attention
 from bebop.speculative.kv_cache import RaggedKVCache
 from bebop.speculative.state_cache import RowStates, check_state_protocol
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 from bebop.utils.torch_utils import cache_kwargs
 
 MASK_BUDGET = 2**24  # elements of one prefill chunk's mask (R x S x L): 64 MB in float32, at any prompt length

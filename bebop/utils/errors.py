@@ -1,4 +1,4 @@
-"""The one exception type for bad user input (``bebop.utils.io`` re-exports it, the name callers use)."""
+"""The one exception type for bad user input."""
 
 
 class BebopError(Exception):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 
 GIB = 2**30
 PYTHON_INT_SLOT_BYTES = 8  # a reference in a list or tuple (small ints themselves are shared)

@@ -14,7 +14,7 @@ any, is the only one).
 
 from __future__ import annotations
 
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 
 
 def check_text(text: str, what: str = "prompt") -> str:

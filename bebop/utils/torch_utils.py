@@ -10,7 +10,7 @@ import random
 import numpy as np
 import torch
 
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 
 
 def resolve_device(device: str | None = None) -> torch.device:

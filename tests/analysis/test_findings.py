@@ -26,7 +26,7 @@ from bebop.analysis.findings import (
 from bebop.analysis.fit import expected_accept_length
 from bebop.analysis.runs import Run, load_run
 from bebop.analysis.slopes import token_estimate
-from tests.analysis.helpers import K, fake_head_evals, fake_sweep
+from tests.helpers.analysis import K, fake_head_evals, fake_sweep
 
 NUM_STEPS = 30
 # --------------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from matplotlib.figure import Figure
 from bebop.analysis import plots
 from bebop.analysis.fit import linear_fit
 from bebop.analysis.plots import FittedSeries
-from tests.analysis.helpers import K, NUM_STEPS, PNG_MAGIC, fake_head_evals, fake_metrics, fake_sweep
+from tests.helpers.analysis import NUM_STEPS, PNG_MAGIC, K, fake_head_evals, fake_metrics, fake_sweep
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PIXEL_SLACK = 2  # text extents round differently between a measuring renderer and the saving one

@@ -12,8 +12,8 @@ from bebop.analysis.report import write_report
 from bebop.analysis.runs import load_run, run_label
 from bebop.analysis.answer import entropy_series
 from bebop.analysis.summary import step_speedup, summarize_run
-from bebop.utils.io import BebopError
-from tests.analysis.helpers import K, NUM_STEPS, PNG_MAGIC, fake_metrics
+from bebop.utils.errors import BebopError
+from tests.helpers.analysis import NUM_STEPS, PNG_MAGIC, K, fake_metrics
 
 def _write_run(path, config, metrics, token_stats=None):
     path.mkdir(parents=True)
@@ -145,7 +145,7 @@ def test_write_report_disambiguates_duplicate_labels(tmp_path, runs):
 
 
 def test_a_torn_last_line_is_left_out_with_a_note_as_resume_does(tmp_path, runs, capsys):
-    """Issue 46 item 14: a run killed while appending its last row reports like the run --resume continues."""
+    """A run killed while appending its last row reports like the run --resume continues."""
     metrics = runs[1] / "metrics.jsonl"
     metrics.write_text(metrics.read_text() + '{"step": 40, "mode": \n')
     run = load_run(runs[1])
@@ -164,7 +164,7 @@ def test_a_corrupt_line_before_the_last_gives_one_line_error(tmp_path, runs):
 
 
 def test_report_of_a_bad_run_leaves_no_out_directory_nor_suggests_resume(tmp_path, runs, capsys):
-    """Issue 46 item 14: the runs are read before --out is made; report has no --resume to suggest."""
+    """The runs are read before --out is made; report has no --resume to suggest."""
     from bebop.cli import main
 
     (runs[1] / "metrics.jsonl").write_text("")

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from bebop.analysis.runs import load_run, trl_metrics_row
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 
 
 def test_trl_metrics_row_maps_keys_and_positions():

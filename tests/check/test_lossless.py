@@ -34,8 +34,8 @@ from bebop.check.lossless import (
     summarize_checks,
     two_sample_chi2,
 )
-from bebop.utils.io import BebopError
-from tests.helpers import ToyTokenizer, peaked_model, perturbed_head
+from bebop.utils.errors import BebopError
+from tests.helpers.engine import ToyTokenizer, peaked_model, perturbed_head
 
 NUM_SAMPLES = 3000  # rows per sample on the tiny model: ~33k rows of up to 12 tokens for the 7 default configs
 NUM_SAMPLES_BROKEN = 10_000  # one config: 2 runs; enough that a broken sampler gives p < 1e-12

@@ -23,8 +23,9 @@ from bebop.check import lossless
 from bebop.speculative.kv_cache import RaggedKVCache
 from bebop.check.lossless import LOSSLESS_CONFIGS, LosslessConfig, run_lossless_checks
 from bebop.check.reference import conditional_chi2, reference_prompts, run_reference_checks
-from tests.conftest import save_model_dir, tiny_model
-from tests.helpers import ToyTokenizer, perturbed_head
+from tests.helpers.cli import save_model_dir
+from tests.helpers.models import tiny_model
+from tests.helpers.engine import ToyTokenizer, perturbed_head
 
 WINDOW = 8
 PROMPTS = [[3], [5, 1], [2, 2, 7, 4]]
@@ -128,11 +129,15 @@ def test_check_lossless_command_fails_an_ignored_window(broken, tmp_path, monkey
     assert ("FAILING configurations" in out) == broken  # the summary names what failed
 
 
-def test_reduced_cells_give_the_full_vocabulary_statistic():
-    """The memory-bounded path (expected-count cells + one rest cell) gives conditional_chi2's value on full rows."""
+@pytest.mark.parametrize("rows_per_call", [None, 7])
+def test_reduced_cells_give_the_full_vocabulary_statistic(rows_per_call, monkeypatch):
+    """The memory-bounded path (expected-count cells + one rest cell, the logits of the generated positions
+    only, in calls of 7 rows when LOGITS_ELEMENTS says so) gives conditional_chi2's value on full rows."""
     from bebop.check import reference
     from bebop.speculative.engine import SamplingParams, SpecConfig, generate
 
+    if rows_per_call is not None:
+        monkeypatch.setattr(reference, "LOGITS_ELEMENTS", rows_per_call * reference.REF_TOKENS * 32)
     model = tiny_model("qwen3", vocab_size=32)
     prompt = [3, 4, 5]
     out = generate(model, ToyTokenizer(), [prompt] * 300, sampling=SamplingParams(max_new_tokens=reference.REF_TOKENS),

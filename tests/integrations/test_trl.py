@@ -24,8 +24,8 @@ from bebop.mtp.head import MtpHead  # noqa: E402
 from bebop.rollout.logprobs import policy_logprobs  # noqa: E402
 from bebop.speculative import SamplingParams, generate  # noqa: E402
 from bebop.check.chi2 import two_sample_chi2  # noqa: E402
-from bebop.utils.io import BebopError  # noqa: E402
-from tests.conftest import tiny_model, tiny_tokenizer  # noqa: E402
+from bebop.utils.errors import BebopError  # noqa: E402
+from tests.helpers.models import tiny_model, tiny_tokenizer  # noqa: E402
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 EOS_ID = 2  # the tiny tokenizer's "</s>"

@@ -17,7 +17,6 @@ import torch
 pytest.importorskip("trl")
 
 from bebop.cli import main as bebop_main  # noqa: E402
-from tests.conftest import fill_tiny_cache  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "trl_grpo.py"
@@ -57,17 +56,10 @@ def documented_commands() -> list[list[str]]:
     return commands
 
 
-@pytest.fixture(scope="module")
-def tiny_cache(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    yield fill_tiny_cache(tmp_path_factory.mktemp("trl-cache"), mp)
-    mp.undo()
-
-
 @pytest.fixture
-def in_tmp(tiny_cache, tmp_path, monkeypatch):
+def in_tmp(cache, tmp_path, monkeypatch):
     """The commands' relative paths (runs/...) land in tmp_path; torch's thread count is put back after."""
-    monkeypatch.setenv("BEBOP_CACHE_DIR", str(tiny_cache))
+    monkeypatch.setenv("BEBOP_CACHE_DIR", str(cache))
     monkeypatch.chdir(tmp_path)
     threads = torch.get_num_threads()
     yield tmp_path

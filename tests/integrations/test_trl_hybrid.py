@@ -10,7 +10,7 @@ pytest.importorskip("trl")
 
 from bebop.integrations.trl import bebop_rollout_func  # noqa: E402
 from bebop.mtp.head import MtpHead  # noqa: E402
-from tests.conftest import tiny_model  # noqa: E402
+from tests.helpers.models import tiny_model  # noqa: E402
 from tests.integrations.test_trl import EOS_ID, PROMPTS, VOCAB, make_trainer, trl_completions  # noqa: E402
 
 

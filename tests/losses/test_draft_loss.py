@@ -353,7 +353,8 @@ def test_every_list_of_losses_names_registered_losses():
     display names and the paper's Table 2 order hold all of them)."""
     from bebop.analysis.findings import LOSS_NAMES, TABLE2_ORDER
     from bebop.config import BASELINE_DRAFT_LOSS, DEFAULT_DRAFT_LOSS
-    from bebop.mtp.train import CHAIN_MEAN_LOSSES, NEEDS_CE_START
+    from bebop.mtp.loss import CHAIN_MEAN_LOSSES
+    from bebop.mtp.train import NEEDS_CE_START
 
     assert {BASELINE_DRAFT_LOSS, DEFAULT_DRAFT_LOSS, *CHAIN_MEAN_LOSSES, *NEEDS_CE_START} <= set(DRAFT_LOSSES)
     assert set(LOSS_NAMES) == set(TABLE2_ORDER) == set(DRAFT_LOSSES)

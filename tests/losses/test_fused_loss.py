@@ -11,7 +11,7 @@ from bebop.losses import DRAFT_LOSSES, acceptance_stats, draft_loss, draft_loss_
 from bebop.losses import entry_stats
 from bebop.losses.fused import FUSED_LOSSES
 from bebop.speculative.attention import final_logits
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 
 NAMES = list(DRAFT_LOSSES)
 N, K, D, V = 5, 4, 6, 23

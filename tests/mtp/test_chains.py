@@ -16,9 +16,9 @@ from bebop.mtp.head import MtpHead
 from bebop.mtp.train import TrainMtpConfig, saved_config, train_mtp
 from bebop.speculative import engine
 from bebop.speculative.engine import SamplingParams, SpecConfig, generate
-from bebop.utils.io import BebopError
-from tests.conftest import SLIDING_WINDOW_KWARGS, tiny_model
-from tests.helpers import MTP_ATOL, ToyTokenizer, VOCAB, peaked_model, perturbed_head, toy_prompts
+from bebop.utils.errors import BebopError
+from tests.helpers.engine import MTP_ATOL, VOCAB, ToyTokenizer, peaked_model, perturbed_head, toy_prompts
+from tests.helpers.models import SLIDING_WINDOW_KWARGS, tiny_model
 
 K = 3
 Z_MAX = 4.42  # two-sided normal tail 1e-5 per depth: false-alarm odds <= 3e-5 for the K = 3 depths together

@@ -13,9 +13,9 @@ import json
 import pytest
 
 from bebop.mtp.data import load_sequences
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 from bebop.utils.tokens import encode_completion, encode_prompt
-from tests.conftest import tiny_tokenizer
+from tests.helpers.models import tiny_tokenizer
 
 BOS, EOS = 1, 2
 

@@ -12,8 +12,8 @@ import transformers
 from bebop.mtp.data import Sequences
 from bebop.mtp.evaluate import acceptance_table, evaluate_mtp
 from bebop.mtp.head import MtpHead
-from bebop.utils.io import BebopError
-from tests.helpers import VOCAB, peaked_model, perturbed_head, toy_prompts
+from bebop.utils.errors import BebopError
+from tests.helpers.engine import VOCAB, peaked_model, perturbed_head, toy_prompts
 
 K = 3
 LENGTHS = (11, 6, 9, 4, 13)  # ragged rows: padding, chains cut by the end, a row with one one-step chain
@@ -184,6 +184,16 @@ def test_batch_size_padding_and_row_order_do_not_change_results(setup):
     doubled = evaluate_mtp(model, head, Sequences(data.token_ids * 2, data.starts * 2), speculate_k=K, batch_size=3)
     _assert_results_close(doubled, {**base, "num_positions": 2 * base["num_positions"],
                                     "num_full_chains": 2 * base["num_full_chains"]}, atol=1e-6)
+
+
+def test_chunks_of_chains_give_the_whole_batch_result(setup, monkeypatch):
+    """Logits made 4 chains at a time (EVAL_CHUNK_ELEMENTS) give the numbers of one chunk per batch."""
+    from bebop.mtp import evaluate
+
+    model, head, data = setup
+    base = evaluate_mtp(model, head, data, speculate_k=K, batch_size=len(data))
+    monkeypatch.setattr(evaluate, "EVAL_CHUNK_ELEMENTS", 4 * K * VOCAB)
+    _assert_results_close(evaluate_mtp(model, head, data, speculate_k=K, batch_size=len(data)), base, atol=1e-6)
 
 
 def test_one_step_accept_length_is_one_plus_alpha(setup):

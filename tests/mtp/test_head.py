@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from bebop.mtp import MtpHead
-from bebop.utils.io import BebopError
-from tests.conftest import tiny_model
+from bebop.utils.errors import BebopError
+from tests.helpers.models import tiny_model
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen2", "llama"])
@@ -112,7 +112,8 @@ def test_heads_build_on_every_layer_mix_the_engine_runs(tmp_path):
     engine (greedy rs equals plain greedy) and reloads; a backbone without attention layers is refused."""
     from bebop.mtp.train import TrainMtpConfig, train_mtp
     from bebop.speculative.engine import SamplingParams, SpecConfig, generate
-    from tests.helpers import ToyTokenizer, random_sequences
+    from tests.helpers.engine import ToyTokenizer
+    from tests.helpers.models import random_sequences
 
     models = {arch: tiny_model(arch, vocab_size=32) for arch in ("gemma3", "qwen3_5_hybrid", "nemotron_h")}
     assert models["gemma3"].config.layer_types == ["sliding_attention"] * 2  # Gemma3TextConfig's default

@@ -13,8 +13,7 @@ from bebop.mtp import loss as mtp_loss
 from bebop.mtp import train as mtp_train
 from bebop.mtp.loss import chain_loss, fused_loss_blocker
 from bebop.mtp.train import TrainMtpConfig, train_mtp
-from tests.conftest import tiny_model
-from tests.helpers import random_sequences
+from tests.helpers.models import random_sequences, tiny_model
 
 
 def _loss_and_grads(model, head, name, context, fused, temperature=0.8):

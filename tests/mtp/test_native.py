@@ -14,12 +14,12 @@ from safetensors.torch import load_file, save_file
 from bebop.mtp import MtpHead
 from bebop.speculative.target import decoder_states
 from bebop.mtp.native import INDEX_NAME, MTP_SHARD, export_mtp, import_mtp, weight_map
-from bebop.utils.io import BebopError
-from tests.conftest import tiny_model
-from tests.mtp.native_checkpoints import (
-    D,
+from bebop.utils.errors import BebopError
+from tests.helpers.models import tiny_model
+from tests.helpers.native_checkpoints import (
     FAMILIES,
     OWN_PREFIXES,
+    D,
     V,
     keep_architectures,
     save_native_checkpoint,
@@ -225,7 +225,7 @@ def test_cli_import_from_a_model_without_mtp_layer(tmp_path, capsys):
 
 
 def test_an_index_naming_a_tensor_its_shard_lacks_is_one_line(tmp_path, capsys):
-    """Issue 46 item 13: the index puts mtp.norm.weight in a shard that does not hold it."""
+    """The index puts mtp.norm.weight in a shard that does not hold it."""
     from bebop.cli import main
 
     model = tiny_backbone("qwen3_5")
@@ -242,7 +242,7 @@ def test_an_index_naming_a_tensor_its_shard_lacks_is_one_line(tmp_path, capsys):
 
 @pytest.mark.parametrize("family", ["deepseek_v3", "glm4_moe"])
 def test_train_mtp_init_auto_on_a_declared_but_absent_mtp_layer_starts_from_the_backbone(family, tmp_path, capsys):
-    """Issue 46 item 15: save_pretrained of a fresh DeepSeek-V3 / GLM-4.5 config declares an MTP layer and writes
+    """save_pretrained of a fresh DeepSeek-V3 / GLM-4.5 config declares an MTP layer and writes
     none of its tensors; --init auto starts from the backbone with a note, --init native names the remedy."""
     from bebop.cli import main
 

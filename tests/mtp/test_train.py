@@ -11,9 +11,9 @@ from bebop.mtp import MtpHead
 from bebop.mtp.data import chain_tensors
 from bebop.mtp.evaluate import evaluate_mtp
 from bebop.mtp.train import TrainMtpConfig, train_mtp
-from bebop.utils.io import BebopError
-from tests.conftest import ARCHITECTURES, SLIDING_WINDOW_KWARGS, save_model_dir, tiny_model
-from tests.helpers import random_sequences
+from bebop.utils.errors import BebopError
+from tests.helpers.cli import save_model_dir
+from tests.helpers.models import ARCHITECTURES, SLIDING_WINDOW_KWARGS, random_sequences, tiny_model
 
 
 @pytest.mark.parametrize("loss", ["ce", "fkl", "rkl", "tv", "e2e_tv"])

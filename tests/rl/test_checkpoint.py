@@ -12,8 +12,8 @@ import torch
 from bebop.mtp.head import MtpHead
 from bebop.rl.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from bebop.rl.loop import train_rl
-from bebop.utils.io import BebopError
-from tests.helpers import TIMING_KEYS, read_rows, tiny_config, tiny_policy
+from bebop.utils.errors import BebopError
+from tests.helpers.rl import TIMING_KEYS, read_rows, tiny_config, tiny_policy
 
 
 def _without_timing(rows: list[dict]) -> list[dict]:

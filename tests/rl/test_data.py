@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 
 from bebop.rl.data import load_prompts
 

@@ -1,17 +1,11 @@
-"""Tests for bebop.rl.grpo: advantages, padding, token logprobs, the clipped loss and k3 KL."""
+"""Tests for bebop.rl.grpo: advantages, sequence logprobs, micro-batches, the clipped loss and k3 KL."""
 
 import pytest
 import torch
 from torch.nn import functional as F
 
-from bebop.rl.grpo import (
-    group_advantages,
-    kl_k3,
-    pad_sequences,
-    policy_loss,
-    sequence_logprobs,
-    token_logprobs,
-)
+from bebop.rl.grpo import group_advantages, kl_k3, micro_batches, policy_loss, sequence_logprobs
+from bebop.rollout.logprobs import pad_sequences, token_logprobs
 
 # ---------------------------------------------------------------- group_advantages
 
@@ -54,87 +48,10 @@ def test_advantages_reject_bad_inputs(shape, group_size):
         group_advantages(torch.zeros(shape), group_size)
 
 
-# ---------------------------------------------------------------- pad_sequences
+def test_sequence_logprobs_is_row_sum_and_has_grad():
+    from tests.helpers.models import tiny_model
 
-
-def test_pad_sequences_right_pads():
-    ids, attn, comp = pad_sequences([[5, 6], [7], [1, 2, 3]], [[8], [9, 4, 2], []], pad_id=0)
-    assert ids.tolist() == [[5, 6, 8, 0], [7, 9, 4, 2], [1, 2, 3, 0]]
-    assert attn.tolist() == [[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 1, 0]]
-    assert comp.tolist() == [
-        [False, False, True, False],
-        [False, True, True, True],
-        [False, False, False, False],
-    ]
-    assert ids.dtype == attn.dtype == torch.long and comp.dtype == torch.bool
-
-
-def test_pad_sequences_rejects_bad_rows():
-    with pytest.raises(ValueError, match="2 prompts but 1 completions"):
-        pad_sequences([[1], [2]], [[3]], pad_id=0)
-    with pytest.raises(ValueError, match="row 1 has an empty prompt"):
-        pad_sequences([[1], []], [[3], [4]], pad_id=0)
-
-
-# ---------------------------------------------------------------- token_logprobs
-
-
-@pytest.fixture(scope="module")
-def tiny_lm():
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(0)
-    config = Qwen3Config(
-        vocab_size=50,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=64,
-    )
-    return Qwen3ForCausalLM(config).eval()
-
-
-def _manual_logprobs(model, ids, num_prompt, temperature=1.0):
-    """Naive reference for one unpadded row: log_softmax(logits[t-1] / temp)[token t]."""
-    with torch.no_grad():
-        logits = model(input_ids=torch.tensor([ids])).logits[0] / temperature  # (T, V)
-    logp = F.log_softmax(logits.float(), dim=-1)
-    out = torch.zeros(len(ids))
-    for t in range(num_prompt, len(ids)):
-        out[t] = logp[t - 1, ids[t]]
-    return out
-
-
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_token_logprobs_match_manual(tiny_lm, temperature):
-    prompt, completion = [3, 17, 4], [9, 22, 41, 5]
-    ids, attn, comp = pad_sequences([prompt], [completion], pad_id=0)
-    with torch.no_grad():
-        got = token_logprobs(tiny_lm, ids, attn, comp, temperature=temperature)
-    expected = _manual_logprobs(tiny_lm, prompt + completion, len(prompt), temperature)
-    torch.testing.assert_close(got[0], expected, atol=1e-5, rtol=1e-5)
-    assert torch.all(got[0, : len(prompt)] == 0)
-    assert torch.all(got[0, len(prompt) :] < 0)
-
-
-def test_padding_does_not_change_real_token_logprobs(tiny_lm):
-    prompts = [[3, 17], [8, 1, 2, 6, 30], [11]]
-    completions = [[9, 22], [41, 5, 7, 7], [2, 3, 4, 5, 6, 7, 8]]
-    ids, attn, comp = pad_sequences(prompts, completions, pad_id=49)
-    assert (attn == 0).any(), "the batch must contain padding for this test to mean anything"
-    with torch.no_grad():
-        batched = token_logprobs(tiny_lm, ids, attn, comp)
-        for row, (prompt, completion) in enumerate(zip(prompts, completions)):
-            alone = token_logprobs(tiny_lm, *pad_sequences([prompt], [completion], pad_id=49))
-            n = len(prompt) + len(completion)
-            torch.testing.assert_close(batched[row, :n], alone[0], atol=1e-5, rtol=1e-5)
-            assert torch.all(batched[row, n:] == 0)
-
-
-def test_sequence_logprobs_is_row_sum_and_has_grad(tiny_lm):
+    tiny_lm = tiny_model("qwen3", vocab_size=64).requires_grad_(True)
     ids, attn, comp = pad_sequences([[3, 17], [4]], [[9, 22], [5, 6, 7]], pad_id=0)
     per_token = token_logprobs(tiny_lm, ids, attn, comp)
     total = sequence_logprobs(tiny_lm, ids, attn, comp)
@@ -145,12 +62,21 @@ def test_sequence_logprobs_is_row_sum_and_has_grad(tiny_lm):
     tiny_lm.zero_grad(set_to_none=True)
 
 
-def test_token_logprobs_rejects_bad_inputs(tiny_lm):
-    ids, attn, comp = pad_sequences([[3]], [[4]], pad_id=0)
-    with pytest.raises(ValueError, match="temperature must be a finite number > 0"):
-        token_logprobs(tiny_lm, ids, attn, comp, temperature=0.0)
-    with pytest.raises(ValueError, match="masks must match"):
-        token_logprobs(tiny_lm, ids, attn[:, :1], comp)
+def test_micro_batches_cover_every_row_within_the_budget():
+    assert micro_batches([3, 3, 5, 2], max_tokens=10) == [slice(0, 2), slice(2, 4)]
+    assert micro_batches([12, 2, 2], max_tokens=10) == [slice(0, 1), slice(1, 3)]  # too long: alone
+    assert micro_batches([], max_tokens=10) == []
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(1, 40, (200,), generator=g).tolist()
+    groups = micro_batches(lengths, max_tokens=64)
+    assert [r for s in groups for r in range(s.start, s.stop)] == list(range(200))
+    for s in groups:
+        rows = lengths[s]
+        assert len(rows) * max(rows) <= 64
+        if s.stop < 200:  # closed because the next row did not fit
+            assert (len(rows) + 1) * max(rows + [lengths[s.stop]]) > 64
+    with pytest.raises(ValueError, match="max_tokens must be >= 1"):
+        micro_batches([3], max_tokens=0)
 
 
 # ---------------------------------------------------------------- policy_loss and kl_k3
@@ -264,18 +190,6 @@ def test_kl_k3_is_unbiased_for_the_true_kl():
     estimate = kl_k3(p.log()[tokens], q.log()[tokens]).mean()
     exact = (p * (p.log() - q.log())).sum()
     torch.testing.assert_close(estimate, exact, atol=0.02, rtol=0.0)
-
-
-def test_left_padding_also_keeps_real_token_logprobs(tiny_lm):
-    # pad_sequences right-pads, but position ids from the mask make left padding safe too.
-    ids, attn, comp = pad_sequences([[3, 17]], [[9, 22, 5]], pad_id=0)
-    left_ids = torch.cat([torch.zeros(1, 3, dtype=torch.long), ids], dim=1)
-    left_attn = torch.cat([torch.zeros(1, 3, dtype=torch.long), attn], dim=1)
-    left_comp = torch.cat([torch.zeros(1, 3, dtype=torch.bool), comp], dim=1)
-    with torch.no_grad():
-        alone = token_logprobs(tiny_lm, ids, attn, comp)
-        padded = token_logprobs(tiny_lm, left_ids, left_attn, left_comp)
-    torch.testing.assert_close(padded[:, 3:], alone, atol=1e-5, rtol=1e-5)
 
 
 def test_docstring_examples():

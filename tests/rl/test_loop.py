@@ -20,8 +20,8 @@ from bebop.rl.loop import Rollout, make_state, rl_step, score_rollout
 from bebop.rl.prompts import PromptBatch, prompt_batch, step_seed
 from bebop.speculative.completions import Completions
 from bebop.task import arith
-from bebop.utils.io import BebopError
-from tests.helpers import char_length_reward, read_rows, tiny_config, tiny_policy
+from bebop.utils.errors import BebopError
+from tests.helpers.rl import char_length_reward, read_rows, tiny_config, tiny_policy
 
 # ------------------------------------------------------------------------------ config
 
@@ -140,6 +140,52 @@ def test_async_rollout_runs_and_logs_the_same_keys(tmp_path):
     assert sync[0]["reward_mean"] == asyn[0]["reward_mean"]
     assert all(abs(r["rl/ratio_mean"] - 1.0) < 1e-6 for r in sync)
     assert all(abs(r["rl/ratio_mean"] - 1.0) > 1e-6 for r in asyn[1:])
+
+
+def _two_sgd_steps(micro_batch_tokens: int, **overrides):
+    """Two rl_steps (the second's prompts launched with the first, as train_rl does) with SGD at rate 0.5 in
+    place of AdamW, whose first step g / |g| would amplify the rounding of near-zero gradient entries.
+    Returns (metrics rows, rollout tokens, policy weights, head weights)."""
+    from bebop.rl.loop import close_state
+    from bebop.utils.torch_utils import seed_everything
+
+    cfg = tiny_config(mode="rs", prompts_per_step=2, group_size=3, max_new_tokens=10,
+                      micro_batch_tokens=micro_batch_tokens, **overrides)
+    model, tok = tiny_policy()
+    seed_everything(cfg.seed)
+    head = MtpHead(model)
+    state = make_state(model, tok, head, cfg)
+    state.optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
+    if state.head_optimizer is not None:
+        state.head_optimizer = torch.optim.SGD(head.parameters(), lr=0.5)
+    rows, tokens = [], []
+    try:
+        for step in range(2):
+            row, rollout = rl_step(state, prompt_batch(cfg, step, None), cfg, prompt_batch(cfg, step + 1, None))
+            rows.append(row)
+            tokens.append(rollout.result.token_ids)
+    finally:
+        close_state(state)
+    return rows, tokens, model.state_dict(), head.state_dict()
+
+
+@pytest.mark.parametrize("overrides", [{"kl_coef": 0.1}, {"async_rollout": True, "mtp_update": "online"}],
+                         ids=["sync-kl", "async-online"])
+def test_micro_batches_give_the_one_batch_update(overrides):
+    """One row per micro-batch (a budget of 1 token) against the whole batch at once: the same rollouts, the
+    same metrics and the same weights after two steps (float32 rounding). Covers the reference's and the
+    sampling snapshot's logprobs (async), and the online head step in micro-batches."""
+    whole, parts = _two_sgd_steps(100_000, **overrides), _two_sgd_steps(1, **overrides)
+    assert parts[1] == whole[1]
+    for row_parts, row_whole in zip(parts[0], whole[0]):
+        for key in ("rl/loss", "rl/policy_loss", "rl/kl", "rl/clip_fraction", "rl/ratio_mean", "mtp/loss"):
+            if row_whole[key] is not None:
+                assert row_parts[key] == pytest.approx(row_whole[key], abs=1e-6), key
+        assert row_parts["rl/grad_norm"] == pytest.approx(row_whole["rl/grad_norm"], rel=1e-5)
+    assert whole[0][1]["rl/kl"] > 0 if "kl_coef" in overrides else whole[0][1]["rl/ratio_mean"] != 1.0
+    for got, want in ((parts[2], whole[2]), (parts[3], whole[3])):
+        for key, value in want.items():
+            torch.testing.assert_close(got[key], value, rtol=1e-5, atol=1e-6, msg=key)
 
 
 def test_kl_penalty_uses_a_frozen_reference(tmp_path):

@@ -9,7 +9,7 @@ from bebop.mtp.head import MtpHead
 from bebop.rl.config import MtpUpdateConfig
 from bebop.rl.loop import train_rl
 from bebop.rl.online import make_head_optimizer, online_head_step, rollout_sequences
-from tests.helpers import tiny_config, tiny_policy
+from tests.helpers.rl import tiny_config, tiny_policy
 
 
 def _sequences(num: int = 4, seed: int = 0):
@@ -62,3 +62,26 @@ def test_online_run_trains_head_and_policy(tmp_path):
     assert all(not torch.equal(v, head.state_dict()[k]) for k, v in head_before.items()), "head did not learn"
     assert all(not torch.equal(p, policy_before[n]) for n, p in model.named_parameters()), "policy did not learn"
     assert all(r["mtp_s"] > 0 for r in rows)
+
+
+@pytest.mark.parametrize("loss", ["ce", "e2e_tv"])
+def test_micro_batches_give_the_one_batch_step(loss):
+    """One row per micro-batch (max_tokens 13 < two rows) and the whole batch at once: the same gradient
+    (an SGD step of rate 1 shows it in the weights; AdamW's first step, g / |g|, would amplify the rounding
+    of near-zero entries), the same loss, alpha and chain count. e2e_tv averages over chains, ce over
+    (chain, step) entries, so both weightings are covered."""
+    cfg = MtpUpdateConfig(mtp_update="online", online_loss=loss, mtp_lr=1e-2, mtp_speculate_k=2)
+    results = []
+    for max_tokens in (10_000, 13):
+        model, tok = tiny_policy()
+        head = MtpHead(model)
+        metrics = online_head_step(model, head, torch.optim.SGD(head.parameters(), lr=1.0), _sequences(), cfg, 1.0,
+                                   tok.pad_token_id, max_tokens)
+        results.append((metrics, head.state_dict()))
+    (whole, whole_head), (parts, parts_head) = results
+    assert parts["mtp/num_chains"] == whole["mtp/num_chains"] > 0
+    assert parts["mtp/loss"] == pytest.approx(whole["mtp/loss"], abs=1e-6)
+    assert parts["mtp/grad_norm"] == pytest.approx(whole["mtp/grad_norm"], rel=1e-5)
+    assert parts["mtp/alpha_rs"] == pytest.approx(whole["mtp/alpha_rs"], abs=1e-6)
+    for key, value in whole_head.items():
+        torch.testing.assert_close(parts_head[key], value, rtol=1e-5, atol=1e-6, msg=key)

@@ -8,9 +8,9 @@ import pytest
 
 from bebop.rl.config import resolve_rl_config
 from bebop.rl.prompts import load_task_rows, prompt_batch
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 from bebop.utils.tokens import encode_prompt
-from tests.conftest import tiny_tokenizer
+from tests.helpers.models import tiny_tokenizer
 
 
 def test_data_implies_the_file_task():

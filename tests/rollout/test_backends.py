@@ -15,9 +15,9 @@ from bebop.mtp.head import MtpHead
 from bebop.rollout.base import BACKENDS, backend_class, backend_problem, make_backend
 from bebop.rollout.engine import EngineBackend
 from bebop.speculative import SamplingParams, SpecConfig, generate
-from bebop.utils.io import BebopError
-from tests.rollout import contract
-from tests.helpers import tiny_config, tiny_policy
+from bebop.utils.errors import BebopError
+from tests.helpers import rollout_contract as contract
+from tests.helpers.rl import tiny_config, tiny_policy
 
 K = 2
 

@@ -18,7 +18,7 @@ from bebop.rollout import vllm_cpu_fix, vllm_process
 from bebop.rollout import vllm as vllm_backend
 from bebop.rollout.vllm import VllmBackend
 from bebop.speculative import SamplingParams, SpecConfig
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFECTIVE_SOURCE = '''
@@ -195,7 +195,7 @@ def _fake_backend(monkeypatch, tmp_path, found=vllm_cpu_fix.NOT_USED):
     monkeypatch.setitem(vllm_backend._LIVE, "llm", None)  # the fake engine does not outlive the test
     monkeypatch.setattr(vllm_process, "provide_torchvision", lambda: False)
     monkeypatch.setattr(vllm_process, "prepare_sampling", lambda: found)
-    monkeypatch.setattr(VllmBackend, "_model_dir", lambda self, with_head: tmp_path)
+    monkeypatch.setattr(VllmBackend, "_model_dir", lambda self, mode: tmp_path)
     monkeypatch.delenv("VLLM_LOGGING_CONFIG_PATH", raising=False)
     monkeypatch.setenv("VLLM_CONFIGURE_LOGGING", "1")  # log_to_file sets it to 0; restored afterwards
     model = torch.nn.Linear(2, 2)
@@ -258,14 +258,14 @@ def test_a_defective_vllm_refuses_speculative_sampling_at_positive_temperature(m
     ("qwen3_5", "cpu", {"dtype": "float32"}),
 ])
 def test_engine_options_serve_a_hybrid_on_a_cpu_in_bf16_without_prefix_caching(arch, device, expected):
-    from tests.conftest import tiny_model
+    from tests.helpers.models import tiny_model
 
     assert vllm_backend.engine_options(tiny_model(arch).config, device, "float32") == expected
 
 
 def test_a_hybrid_policy_starts_its_cpu_engine_in_bf16_without_prefix_caching(monkeypatch, tmp_path, vllm_logger,
                                                                              capsys):
-    from tests.conftest import tiny_model
+    from tests.helpers.models import tiny_model
 
     backend = _fake_backend(monkeypatch, tmp_path)  # a fake vLLM in place; its Linear policy is replaced below
     hybrid = VllmBackend(tiny_model("qwen3_5_hybrid"), backend.tokenizer, workdir=tmp_path / "hybrid")

@@ -21,10 +21,10 @@ from bebop.mtp import MtpHead
 from bebop.speculative import attention, engine
 from bebop.speculative.engine import SamplingParams, SpecConfig, generate
 from bebop.speculative.target import Target
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 from bebop.architectures import SUPPORTED_MODEL_TYPES
-from tests.conftest import ARCHITECTURES, SLIDING_WINDOW_KWARGS, tiny_model
-from tests.helpers import ToyTokenizer
+from tests.helpers.models import ARCHITECTURES, SLIDING_WINDOW_KWARGS, tiny_model
+from tests.helpers.engine import ToyTokenizer
 
 WINDOW = 8  # sliding window of the test models; sequences run to about 4 windows
 VOCAB = 32

@@ -36,24 +36,24 @@ from bebop.speculative.engine import SamplingParams, SpecConfig, generate
 from bebop.speculative.sampling import accept_token_wise, verify_distributions
 from bebop.speculative.settings import verify_problem
 from bebop.speculative.verification import block_verify, verify_from_noise
-from bebop.utils.io import BebopError
-from tests.helpers import (
-    NUM_ROWS as ENGINE_ROWS,
+from bebop.utils.errors import BebopError
+from tests.helpers.engine import (
     STAT_PROMPT,
     STAT_VOCAB,
     ToyTokenizer,
-    toy_prompts,
-    stat_model,
     assert_fits,
     exact_joint,
     peaked_model,
     perturbed_head,
+    stat_model,
+    toy_prompts,
 )
-from tests.speculative.verification import (
+from tests.helpers.verification import (
     ALPHA,
     CASES,
     EXACT_ATOL,
     JOINT_VOCAB,
+    NUM_ROWS as ENGINE_ROWS,
     Chain,
     assert_stops_at,
     block_inputs,

@@ -24,16 +24,14 @@ import torch
 from bebop.mtp import MtpHead
 from bebop.speculative import engine
 from bebop.speculative.engine import SamplingParams, SpecConfig, generate
-from bebop.utils.io import BebopError
-from tests.conftest import tiny_model
-from tests.helpers import (
+from bebop.utils.errors import BebopError
+from tests.helpers.engine import (
     GREEDY_LENGTHS,
     MTP_ATOL,
-    NUM_ROWS,
     STAT_PROMPT,
     STAT_VOCAB,
-    ToyTokenizer,
     VOCAB,
+    ToyTokenizer,
     assert_fits,
     exact_joint,
     peaked_model,
@@ -42,6 +40,8 @@ from tests.helpers import (
     stat_model,
     toy_prompts,
 )
+from tests.helpers.models import tiny_model
+from tests.helpers.verification import NUM_ROWS
 
 # ----------------------------------------------------------------------------- greedy
 

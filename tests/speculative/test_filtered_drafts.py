@@ -10,8 +10,7 @@ from bebop.speculative import engine
 from bebop.speculative.engine import SamplingParams, SpecConfig, generate
 from bebop.speculative.sampling import logits_to_probs
 from bebop.speculative.verification import VERIFIERS
-from tests.helpers import (
-    NUM_ROWS,
+from tests.helpers.engine import (
     STAT_PROMPT,
     STAT_VOCAB,
     ToyTokenizer,
@@ -23,6 +22,7 @@ from tests.helpers import (
     stat_model,
     toy_prompts,
 )
+from tests.helpers.verification import NUM_ROWS
 
 TOP_K = 3  # of VOCAB 32 (and of STAT_VOCAB 8): most of q's mass would fall outside it
 

@@ -26,8 +26,8 @@ from bebop.mtp import MtpHead
 from bebop.check.lossless import LosslessConfig, run_lossless_checks, summarize_checks
 from bebop.speculative.engine import Decoder, SamplingParams, SpecConfig, generate
 from bebop.speculative.state_cache import RowStates
-from tests.conftest import HYBRIDS, tiny_model
-from tests.helpers import VOCAB, ToyTokenizer, perturbed_head, toy_prompts
+from tests.helpers.models import HYBRIDS, tiny_model
+from tests.helpers.engine import VOCAB, ToyTokenizer, perturbed_head, toy_prompts
 from tests.speculative.test_attention import target_logits_match
 
 NEW_TOKENS = 16
@@ -147,7 +147,7 @@ def test_a_verify_pass_without_every_positions_state_is_refused():
 def test_a_transformers_without_per_position_states_is_refused_in_one_line(monkeypatch):
     from transformers import cache_utils
 
-    from bebop.utils.io import BebopError
+    from bebop.utils.errors import BebopError
 
     monkeypatch.delattr(cache_utils.Cache, "get_recurrent_states_to_keep")  # as in transformers 5.19, vLLM's pin
     with pytest.raises(BebopError, match="per-position recurrent states"):

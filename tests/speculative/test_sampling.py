@@ -27,7 +27,7 @@ from bebop.speculative.sampling import (
     verify_distributions,
 )
 from bebop.speculative.verification import rejection_sample, verify_from_noise
-from tests.speculative.verification import (
+from tests.helpers.verification import (
     ALPHA,
     AWKWARD,
     CASES,

@@ -10,7 +10,7 @@ import pytest
 
 from bebop.config import speculate_k_problem, temperature_problem
 from bebop.speculative.settings import SamplingParams, SpecConfig, check_settings, settings_problems
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 
 PACKAGE = Path(__file__).resolve().parents[2] / "bebop"
 
@@ -68,7 +68,8 @@ def test_no_module_writes_its_own_temperature_or_k_rule():
 
 
 def test_needs_an_mtp_head_is_one_rule():
-    """``needs_head`` / ``head_problem``: the CLI, the engine, the auto wing, check-lossless and the RL loop ask here."""
+    """``needs_head`` / ``head_problem``: the CLI, the engine, the auto wing, check-lossless, the RL loop, the TRL
+integration and the vLLM backend ask here; a library caller names its own way to give a head."""
     from bebop.speculative.settings import head_problem, needs_head
 
     assert [needs_head(m) for m in ("none", "to", "rs", "auto")] == [False, True, True, True]
@@ -76,3 +77,4 @@ def test_needs_an_mtp_head_is_one_rule():
     assert head_problem("rs", has_head=False) == "mode 'rs' needs an MTP head (--mtp)"
     assert head_problem("none", False, "online") == "mode 'none' with mtp_update online needs an MTP head (--mtp)"
     assert head_problem("rs", has_head=True) is None
+    assert head_problem("to", False, given_by="head=MtpHead") == "mode 'to' needs an MTP head (head=MtpHead)"

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from bebop.speculative.engine import SamplingParams, SpecConfig, generate
 from bebop.speculative.sampling import logits_to_probs
 from bebop.speculative.stats import EmissionLog, concat_stats, entropy
-from tests.helpers import ToyTokenizer, peaked_model, perturbed_head, record_blocks, toy_prompts
+from tests.helpers.engine import ToyTokenizer, peaked_model, perturbed_head, record_blocks, toy_prompts
 
 K = 3
 ENTROPY_ATOL = 1e-4  # engine (batched, cached) vs one full forward: same float32 math, other batching

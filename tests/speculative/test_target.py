@@ -21,8 +21,8 @@ from bebop.mtp import MtpHead
 from bebop.speculative import kv_cache, target
 from bebop.speculative.engine import SamplingParams, SpecConfig, generate
 from bebop.speculative.target import Target, prefill_chunks
-from tests.conftest import tiny_model
-from tests.helpers import ToyTokenizer
+from tests.helpers.engine import ToyTokenizer
+from tests.helpers.models import tiny_model
 from tests.speculative.test_attention import WINDOW, target_logits_match
 
 LONG_PROMPT = 16_384

@@ -28,7 +28,7 @@ from bebop.speculative.verification import (
     rejection_sample,
     verify_from_noise,
 )
-from tests.speculative.verification import (
+from tests.helpers.verification import (
     ALPHA,
     JOINT_VOCAB,
     NUM_ROWS,

@@ -2,7 +2,7 @@
 
 ``run_all(work, tag)`` trains a head with ``bebop train-mtp`` (2 steps; with several ranks also
 with ``--fsdp``, and that run resumed to 4 steps), evaluates the fixed head
-``work/head0`` with ``bebop eval-mtp``, takes one RL step (mode rs) through ``rl_step`` and one RL run through
+``work/head0`` with ``bebop eval-mtp``, takes RL steps (mode rs) through ``rl_step`` and RL runs through
 ``train_rl``; every output goes under ``work/tag``. Run as a script, it joins the process group
 torchrun's variables describe first (``python tests/utils/dp_worker.py WORK TAG``).
 """
@@ -51,32 +51,37 @@ def launch(argv: list[str], world: int, env: dict | None = None, wait: bool = Tr
 
 
 def rl_config(**overrides):
-    from tests.helpers import tiny_config
+    from tests.helpers.rl import tiny_config
 
     return tiny_config(**{"mode": "rs", "speculate_k": 2, "prompts_per_step": 4, "group_size": 2, "steps": 1,
                           **overrides})
 
 
 def rl_parts(out: Path) -> None:
-    """One ``rl_step`` (rollout tokens, updated policy, metrics to ``out/step.pt``) and two 2-step ``train_rl`` runs
-    (``run``, and ``run-async`` with the rollout in a background thread)."""
+    """Three ``rl_step``s (rollout tokens, updated policy and head, metrics to ``out/step.pt``, ``step-online.pt``,
+    ``step-micro.pt``) and two 2-step ``train_rl`` runs (``run``, and ``run-async`` with the rollout in a background
+    thread)."""
     from bebop.mtp.head import MtpHead
     from bebop.rl.loop import close_state, make_state, rl_step, train_rl
     from bebop.rl.prompts import prompt_batch
     from bebop.utils import distributed
     from bebop.utils.torch_utils import seed_everything
-    from tests.helpers import tiny_policy
+    from tests.helpers.rl import tiny_policy
 
-    cfg = rl_config()
-    model, tok = tiny_policy()
-    seed_everything(cfg.seed)
-    state = make_state(model, tok, MtpHead(model), cfg)
-    try:
-        row, rollout = rl_step(state, prompt_batch(cfg, 0, None), cfg)
-    finally:
-        close_state(state)
-    if distributed.is_main():
-        torch.save({"token_ids": rollout.result.token_ids, "policy": model.state_dict(), "row": row}, out / "step.pt")
+    # the plain step; the online-head step in one batch and in micro-batches of one row (a budget of 1 token)
+    for name, cfg in (("step", rl_config()), ("step-online", rl_config(mtp_update="online")),
+                      ("step-micro", rl_config(mtp_update="online", micro_batch_tokens=1))):
+        model, tok = tiny_policy()
+        seed_everything(cfg.seed)
+        head = MtpHead(model)
+        state = make_state(model, tok, head, cfg)
+        try:
+            row, rollout = rl_step(state, prompt_batch(cfg, 0, None), cfg)
+        finally:
+            close_state(state)
+        if distributed.is_main():
+            torch.save({"token_ids": rollout.result.token_ids, "policy": model.state_dict(), "head": head.state_dict(),
+                        "row": row}, out / f"{name}.pt")
     model, tok = tiny_policy()
     train_rl(model, tok, MtpHead(model), rl_config(steps=2, save_every=1), out / "run", show_progress=False)
     model, tok = tiny_policy()

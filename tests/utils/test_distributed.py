@@ -17,8 +17,9 @@ import torch
 from bebop import cli
 from bebop.mtp.head import MtpHead, read_head_files
 from bebop.utils import distributed
-from bebop.utils.io import BebopError
-from tests.conftest import save_model_dir, tiny_model
+from bebop.utils.errors import BebopError
+from tests.helpers.cli import save_model_dir
+from tests.helpers.models import tiny_model
 from tests.utils import dp_worker
 
 
@@ -42,14 +43,14 @@ def work(tmp_path_factory):
 
 
 def test_each_rank_does_its_share(work):
-    """The ranks split the work (2 steps x 4 sequences per training run, 70 eval sequences, 5 RL steps x 4
+    """The ranks split the work (2 steps x 4 sequences per training run, 70 eval sequences, 7 RL steps x 4
     prompts) in halves."""
     one = json.loads((work / "ws1" / "rows-rank0.json").read_text())
-    assert one == {"train_sequences": 8, "eval_sequences": 70, "rollout_prompts": 20}
+    assert one == {"train_sequences": 8, "eval_sequences": 70, "rollout_prompts": 28}
     ranks = [json.loads((work / "ws2" / f"rows-rank{r}.json").read_text()) for r in (0, 1)]
     # 4 each in the plain run, 4 in the --fsdp run, 4 in its resume to step 4
     assert ranks[0]["train_sequences"] == ranks[1]["train_sequences"] == 4 + 4 + 4
-    assert ranks[0]["rollout_prompts"] == ranks[1]["rollout_prompts"] == 10
+    assert ranks[0]["rollout_prompts"] == ranks[1]["rollout_prompts"] == 14
     assert (ranks[0]["eval_sequences"], ranks[1]["eval_sequences"]) == (32 + 6, 32)  # batches 0 and 2, batch 1
     # --fsdp sharded 2 decoder layers + the head layer's 5 parts (enorm, hnorm, eh_proj, mtp_block, post_norm), twice
     assert ranks[0]["fsdp_modules"] == ranks[1]["fsdp_modules"] == 2 * (2 + 5)
@@ -90,6 +91,18 @@ def test_rl_step_two_processes_equal_one(work):
     for key in ("reward_mean", "num_tokens", "spec/num_drafts", "spec/num_accepted_tokens"):
         assert two["row"][key] == pytest.approx(one["row"][key], abs=1e-6), key
     for key in ("rl/loss", "rl/policy_loss", "rl/ratio_mean"):
+        assert two["row"][key] == pytest.approx(one["row"][key], abs=1e-5), key
+
+
+def test_rl_micro_batches_two_processes_equal_one_batch(work):
+    """2 ranks x micro-batches of one row, with the online head step: the one-process one-batch step's tokens,
+    metrics, policy and head."""
+    one, two = (torch.load(work / tag, weights_only=False) for tag in ("ws1/step-online.pt", "ws2/step-micro.pt"))
+    assert two["token_ids"] == one["token_ids"]
+    for part in ("policy", "head"):
+        for key, value in one[part].items():
+            torch.testing.assert_close(two[part][key], value, rtol=0, atol=1e-5, msg=f"{part} {key}")
+    for key in ("rl/loss", "rl/policy_loss", "rl/ratio_mean", "mtp/loss", "mtp/num_chains"):
         assert two["row"][key] == pytest.approx(one["row"][key], abs=1e-5), key
 
 

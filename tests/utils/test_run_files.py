@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from bebop.speculative.stats import SpecStats
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 from bebop.utils.run_files import (
     check_token_stats,
     json_safe,

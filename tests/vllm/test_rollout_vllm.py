@@ -30,7 +30,7 @@ from bebop.rollout import vllm_cpu_fix  # noqa: E402
 from bebop.rollout.base import make_backend  # noqa: E402
 from bebop.speculative import SamplingParams, SpecConfig, generate  # noqa: E402
 from bebop.task import arith  # noqa: E402
-from tests.rollout import contract  # noqa: E402
+from tests.helpers import rollout_contract as contract  # noqa: E402
 
 K = 3
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,7 +18,7 @@ from bebop.speculative.auto.chooser import AutoChooser, Decision, candidates, pr
 from bebop.speculative.completions import Completions
 from bebop.speculative.engine import Decoder
 from bebop.speculative.settings import SamplingParams, SpecConfig, check_settings, head_problem
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 
 PROBE_STEPS = 2  # decode steps of each probed setting: enough to time a step, few enough to cost little
 PROBE_POSITIONS = 8  # rows x steps of the deep probe at least: its alphas' evidence (a B = 1 probe runs longer)

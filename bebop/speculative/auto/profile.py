@@ -17,7 +17,8 @@ import torch
 from bebop.speculative.auto.chooser import AutoChooser, candidates, config_name
 from bebop.speculative.settings import SamplingParams, SpecConfig
 from bebop.utils.cache import cache_dir
-from bebop.utils.io import BebopError, read_json, write_json
+from bebop.utils.errors import BebopError
+from bebop.utils.files import read_json, write_json
 
 VERSION = 4  # of the file's layout; an older one is a fresh start (replaced by the next save), a newer one refused
 

@@ -13,7 +13,7 @@ from bebop.speculative.auto import acceptance as auto
 from bebop.speculative.auto.acceptance import Acceptance, expected_accepted
 from bebop.speculative.engine import Decoder, SamplingParams, SpecConfig, generate
 from tests.speculative.auto.helpers import acceptance_of
-from tests.helpers import ToyTokenizer, toy_prompts, peaked_model, perturbed_head
+from tests.helpers.engine import ToyTokenizer, peaked_model, perturbed_head, toy_prompts
 
 
 def test_expected_accepted_by_hand():

@@ -17,7 +17,7 @@ from bebop.speculative.auto.chooser import AutoChooser, candidates, config_name,
 from bebop.speculative.auto.costs import StepCosts
 from bebop.speculative.engine import SamplingParams, SpecConfig, generate
 from tests.speculative.auto.helpers import ALL, acceptance_of, costs_of
-from tests.helpers import ToyTokenizer, toy_prompts, peaked_model, perturbed_head
+from tests.helpers.engine import ToyTokenizer, peaked_model, perturbed_head, toy_prompts
 
 
 def test_predict_by_hand():

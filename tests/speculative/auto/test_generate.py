@@ -24,18 +24,18 @@ from bebop.speculative.auto.chooser import AutoChooser, candidates, config_name
 from bebop.speculative.auto.generate import generate_auto
 from bebop.speculative.auto.tail import Lengths
 from bebop.speculative.engine import Decoder, SamplingParams, SpecConfig, generate
-from bebop.utils.io import BebopError
+from bebop.utils.errors import BebopError
 from tests.speculative.auto.helpers import acceptance_of, with_history
-from tests.helpers import (
+from tests.helpers.engine import (
     STAT_PROMPT,
     STAT_VOCAB,
     ToyTokenizer,
-    toy_prompts,
-    stat_model,
     assert_fits,
     exact_joint,
     peaked_model,
     perturbed_head,
+    stat_model,
+    toy_prompts,
 )
 
 

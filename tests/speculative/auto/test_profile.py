@@ -21,8 +21,8 @@ from bebop.speculative.auto import profile as profile
 from bebop.speculative.auto.chooser import AutoChooser, candidates
 from bebop.speculative.auto.generate import generate_auto
 from bebop.speculative.engine import SamplingParams, SpecConfig
-from bebop.utils.io import BebopError
-from tests.helpers import ToyTokenizer, toy_prompts, peaked_model, perturbed_head
+from bebop.utils.errors import BebopError
+from tests.helpers.engine import ToyTokenizer, peaked_model, perturbed_head, toy_prompts
 
 SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=24)
 
@@ -118,7 +118,7 @@ def _set_held_prediction(d, value):
     (lambda d: d["chooser"]["acceptance"]["sums"]["rs"].append(1.0), "mismatched depths"),
     (lambda d: d.update(calls=-1), "calls -1 < 0"),
     (lambda d: d["chooser"]["held"].pop("mode"), "a held decision has fields"),
-    (lambda d: d["chooser"]["held"].update(predicted_tok_s=-1e30), r"chooser.held.predicted_tok_s is -1e\+30"),  # issue 46 item 12
+    (lambda d: d["chooser"]["held"].update(predicted_tok_s=-1e30), r"chooser.held.predicted_tok_s is -1e\+30"),
     (lambda d: d["chooser"]["acceptance"]["weights"].__setitem__(0, float("nan")), r"weights\[0\] is nan"),
     (lambda d: _set_held_prediction(d, float("inf")), r"predictions.rs3 is inf"),
     (lambda d: d["chooser"].update(tried=["rs3", "turbo9"]), "unknown setting name 'turbo9'"),

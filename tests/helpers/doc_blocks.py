@@ -12,7 +12,7 @@ import re
 import shlex
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DOC_FILES = (REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "bench" / "README.md")
 SETTING = re.compile(r"^([A-Z_][A-Z0-9_]*)=(\S+)$")  # NAME=value, one token
 VARIABLE = re.compile(r"\$(?:\{([A-Z_][A-Z0-9_]*)\}|([A-Z_][A-Z0-9_]*))")

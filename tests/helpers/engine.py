@@ -1,29 +1,19 @@
-"""Helpers shared by several test modules: toy models and tokenizers for the engine, the exact
-plain-sampling distribution and its chi-square fit, a tiny RL policy and config, random sequences,
-and the CLI's error line. Fixtures live in conftest.py.
-"""
+"""Toy models, tokenizers and prompts for the speculative engine's tests, a spy on what it emits, and
+plain sampling's exact three-token joint with its chi-square goodness of fit."""
 
 from __future__ import annotations
-
-import json
 
 import numpy as np
 import scipy.stats
 import torch
 
-from bebop.embedded import PretrainConfig, build_model, build_tokenizer
 from bebop.mtp import MtpHead
-from bebop.mtp.data import Sequences
-from bebop.rl import RLConfig, resolve_rl_config
 from bebop.speculative import engine
 from bebop.speculative.sampling import logits_to_probs
 from bebop.speculative.settings import SamplingParams
-from tests.conftest import tiny_model
+from tests.helpers.models import tiny_model
+from tests.helpers.verification import ALPHA
 
-# ----------------------------------------------------------------------------- engine: toy models
-
-ALPHA = 1e-4  # false-alarm odds per chi-square check
-NUM_ROWS = 100_000  # rows per statistical configuration, one batch of one prompt
 MIN_EXPECTED = 5  # chi-square cells with fewer expected counts are pooled into one
 VOCAB = 32  # tiny models for exact-match tests: few argmax ties, drafts accepted often enough
 STAT_VOCAB = 8  # tiny model for the statistical tests: V^2 = 64 joint cells, V^2 sequences to enumerate
@@ -134,49 +124,3 @@ def record_blocks(monkeypatch) -> list[tuple[int, list[int]]]:
 
     monkeypatch.setattr(engine._Runner, "_emit", spy)
     return blocks
-
-
-# ----------------------------------------------------------------------------- RL: a tiny policy
-
-TINY = PretrainConfig(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64)
-REWARD = "tests.helpers:char_length_reward"
-TIMING_KEYS = ("rollout_s", "rollout_wait_s", "train_s", "mtp_s", "sync_s", "step_s", "tokens_per_s")
-
-
-def char_length_reward(prompts: list[str], completions: list[str], **_: list) -> list[float]:
-    """Dense test reward in [0, 1]: longer decoded completions score higher."""
-    return [min(len(c), 100) / 100 for c in completions]
-
-
-def tiny_policy(seed: int = 0):
-    """(model, tokenizer): a random 2-layer Qwen3 with tied embeddings, like the embedded model."""
-    tok = build_tokenizer()
-    torch.manual_seed(seed)
-    model = build_model(TINY, len(tok), tok.pad_token_id, tok.eos_token_id).eval()
-    return model, tok
-
-
-def tiny_config(**overrides) -> RLConfig:
-    values = dict(steps=2, prompts_per_step=2, group_size=2, max_new_tokens=8, lr=1e-3, save_every=0,
-                  reward=REWARD, seed=3)
-    return resolve_rl_config(None, {**values, **overrides})
-
-
-def read_rows(path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-# ----------------------------------------------------------------------------- MTP data, CLI
-
-
-def random_sequences(num=32, vocab=64, seed=0) -> Sequences:
-    g = torch.Generator().manual_seed(seed)
-    seqs = [torch.randint(1, vocab, (int(torch.randint(8, 14, (1,), generator=g)),), generator=g).tolist()
-            for _ in range(num)]
-    return Sequences(seqs, [3] * num)
-
-
-def error_line(capsys) -> str:
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err and err[-1].startswith("bebop: error: ")
-    return err[-1]
