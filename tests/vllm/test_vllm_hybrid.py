@@ -9,7 +9,7 @@ the float32 policy, so the two are compared as follows:
 * greedy (T = 0, rs, K = 3): each vLLM row equals Bebop's plain greedy row, or leaves it first at a
   position where the float32 policy's best two logits are within TIE_MARGIN, where bf16 rounding may
   pick the other one; and at least MIN_EQUAL_ROWS of the rows are equal throughout (measured: 29 of 32;
-  the other three leave at their first token, where the float32 gaps are 0.015-0.018).
+  the other three leave at their second token, where the float32 gaps are 0.015-0.018).
 * sampled (T = 1, rs, K = 3): accept lengths as vLLM counts them (every verify step) within
   ACCEPT_TOLERANCE (measured: vLLM 2.045 and 2.006 in two runs, Bebop 2.029).
 """
