@@ -2,7 +2,9 @@
 
 Every command uses it when no ``--model`` is given. It is a text-only ``Qwen3_5ForCausalLM`` (the
 paper's model family) with full-attention layers, a dense MLP and head_dim 32, so vLLM's CPU build
-serves it with an exported MTP head. It is built from a config (no download),
+serves it with an exported MTP head. ``PretrainConfig(full_attention_interval=4)`` builds the family's
+own shape instead, three Gated DeltaNet (linear-attention, recurrent state) layers to every full-attention
+layer; docs/results.md measures it and says why it is not the default. It is built from a config (no download),
 pretrained by ``bebop pretrain`` in a few CPU minutes, and cached under ``$BEBOP_CACHE_DIR``
 (default ``~/.cache/bebop``). Heads trained on it are cached beside it, one per loss.
 
@@ -37,6 +39,7 @@ from bebop.utils.torch_utils import resolve_device, resolve_dtype, seed_everythi
 
 EMBEDDED_VERSION = "v3"  # bump when the task, tokenizer or model changes, so stale caches are not reused
 CACHE_DTYPE = torch.float32  # NOTE: cached heads and data are built on, and keyed by, the float32 weights
+LINEAR_CONV_KERNEL = 4  # the Gated DeltaNet layers' short convolution, Qwen3.5's
 PRETRAIN_THREADS = 1  # NOTE: CPU reductions depend on the thread count: one thread makes pretraining bit-reproducible
 
 
@@ -53,9 +56,13 @@ class PretrainConfig:
     seed: int = 0  # weight init and data
     hidden_size: int = 64  # model width D
     num_layers: int = 8  # enough that one MTP layer costs about 1/8 of a backbone forward
+    full_attention_interval: int = 1  # every Nth layer full attention, the others Gated DeltaNet: 1 = all full
+    #   attention (the default), 4 = Qwen3.5's 3:1 hybrid
     num_heads: int = 2  # attention heads
     num_kv_heads: int = 1  # grouped-query KV heads
     head_dim: int = 32  # per-head width; vLLM's CPU attention needs >= 32
+    linear_head_dim: int = 64  # Gated DeltaNet key and value head width (one head each: the model's width);
+    #   vLLM's CPU kernels for these layers take 64 or 128 only
     intermediate_size: int = 192  # MLP width
     eval_problems: int = 256  # held-out problems for accuracy/entropy after training
     device: str = "auto"  # cpu, cuda or auto
@@ -79,8 +86,13 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def build_model(cfg: PretrainConfig, vocab_size: int, pad_id: int, eos_id: int) -> Qwen3_5ForCausalLM:
-    """A randomly initialised text-only Qwen3.5: every layer full attention (gated, q/k-normed,
-    partial rotary as in the family), dense MLP, tied embeddings."""
+    """A randomly initialised text-only Qwen3.5: a full-attention layer (gated, q/k-normed, partial rotary as in
+    the family) every ``full_attention_interval`` layers (every layer by default) and Gated DeltaNet layers
+    between them, dense MLP, tied embeddings. Each Gated DeltaNet layer has ``hidden_size // linear_head_dim`` key and value heads of ``linear_head_dim``
+    (one each by default: as wide as the model, as the attention's queries are) and the family's convolution
+    kernel of 4."""
+    layer_types = ["full_attention" if (i + 1) % cfg.full_attention_interval == 0 else "linear_attention"
+                   for i in range(cfg.num_layers)]
     config = Qwen3_5TextConfig(
         vocab_size=vocab_size,
         hidden_size=cfg.hidden_size,
@@ -89,7 +101,12 @@ def build_model(cfg: PretrainConfig, vocab_size: int, pad_id: int, eos_id: int) 
         num_attention_heads=cfg.num_heads,
         num_key_value_heads=cfg.num_kv_heads,
         head_dim=cfg.head_dim,
-        layer_types=["full_attention"] * cfg.num_layers,
+        layer_types=layer_types,
+        linear_num_value_heads=cfg.hidden_size // cfg.linear_head_dim,
+        linear_num_key_heads=cfg.hidden_size // cfg.linear_head_dim,
+        linear_key_head_dim=cfg.linear_head_dim,
+        linear_value_head_dim=cfg.linear_head_dim,
+        linear_conv_kernel_dim=LINEAR_CONV_KERNEL,
         max_position_embeddings=256,
         tie_word_embeddings=True,
         pad_token_id=pad_id,
@@ -211,6 +228,12 @@ def check_pretrain_config(cfg: PretrainConfig) -> None:
     if cfg.steps < 1 or cfg.eval_problems < 1:
         raise BebopError(f"pretrain needs steps >= 1 and eval_problems >= 1, got steps={cfg.steps}, "
                          f"eval_problems={cfg.eval_problems}")
+    if not 1 <= cfg.full_attention_interval <= cfg.num_layers:
+        raise BebopError(f"pretrain needs 1 <= full_attention_interval <= num_layers (the MTP head is built from a "
+                         f"full-attention layer), got {cfg.full_attention_interval} with {cfg.num_layers} layers")
+    if cfg.hidden_size % cfg.linear_head_dim:
+        raise BebopError(f"pretrain needs linear_head_dim to divide hidden_size, got {cfg.linear_head_dim} and "
+                         f"{cfg.hidden_size}")
     if not 0.0 <= cfg.guess_share < 1.0:
         raise BebopError(f"pretrain needs 0 <= guess_share < 1 (some careful answers to learn), got {cfg.guess_share}")
     resolve_dtype(cfg.dtype, resolve_device(cfg.device))

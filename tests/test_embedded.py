@@ -53,3 +53,21 @@ def test_pretraining_mixes_careless_answers_at_the_configured_share():
 def test_guess_share_must_leave_careful_answers():
     with pytest.raises(BebopError, match="guess_share"):
         embedded.check_pretrain_config(embedded.PretrainConfig(guess_share=1.0))
+
+
+def test_full_attention_interval_4_builds_qwen3_5s_three_to_one_hybrid():
+    tok = embedded.build_tokenizer()
+    model = embedded.build_model(embedded.PretrainConfig(full_attention_interval=4), len(tok), tok.pad_token_id,
+                                 tok.eos_token_id)
+    cfg = model.config
+    assert cfg.layer_types == ["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 3 + ["full_attention"]
+    assert cfg.linear_key_head_dim == cfg.linear_value_head_dim == 64  # vLLM's CPU Gated DeltaNet kernels: 64 or 128
+    assert cfg.linear_num_key_heads * cfg.linear_key_head_dim == cfg.hidden_size
+
+
+@pytest.mark.parametrize("fields, match", [({"full_attention_interval": 0}, "full_attention_interval"),
+                                           ({"full_attention_interval": 9}, "full_attention_interval"),
+                                           ({"linear_head_dim": 48}, "linear_head_dim")])
+def test_hybrid_shapes_that_cannot_be_built_are_refused(fields, match):
+    with pytest.raises(BebopError, match=match):
+        embedded.check_pretrain_config(embedded.PretrainConfig(**fields))

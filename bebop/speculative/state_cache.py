@@ -29,8 +29,26 @@ from __future__ import annotations
 import torch
 
 from bebop.speculative.kv_cache import take_rows
+from bebop.utils.errors import BebopError
 
 Key = tuple[int, int]  # (layer index, state index within the layer)
+
+
+def check_state_protocol() -> None:
+    """Refuses, in one line, a transformers whose recurrent layers cannot hand over every position's state.
+
+    Those layers ask the cache ``get_recurrent_states_to_keep`` before a pass of several tokens (transformers
+    5.25 does; 5.19, the newest vLLM's CPU build 0.32 allows, does not): without the states there is no exact
+    rollback after a verify pass.
+    """
+    import transformers
+    from transformers import cache_utils
+
+    if not hasattr(cache_utils.Cache, "get_recurrent_states_to_keep"):
+        raise BebopError(f"Bebop's engine runs recurrent (linear-attention, Mamba) layers exactly only with a "
+                         f"transformers whose caches keep per-position recurrent states (5.25 does), and this "
+                         f"environment has {transformers.__version__}: upgrade transformers, or serve this model "
+                         f"with --backend vllm")
 
 
 class RowStates:

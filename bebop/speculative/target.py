@@ -32,7 +32,7 @@ from torch import nn
 
 from bebop.speculative import attention
 from bebop.speculative.kv_cache import RaggedKVCache
-from bebop.speculative.state_cache import RowStates
+from bebop.speculative.state_cache import RowStates, check_state_protocol
 from bebop.utils.errors import BebopError
 from bebop.utils.torch_utils import cache_kwargs
 
@@ -139,6 +139,8 @@ class Target:
         self.config = model.config.get_text_config()
         self.windows = attention.layer_windows(self.config)  # raises on layers it cannot run exactly
         self.recurrent = attention.has_recurrent_layers(self.config)
+        if self.recurrent:
+            check_state_protocol()
         self.type_windows = attention.layer_type_windows(self.config)
         attention.check_logits(self.config)
         param = next(model.parameters())

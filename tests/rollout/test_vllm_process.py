@@ -167,7 +167,10 @@ class _FakeLLM:
     fail_start = False
     llm_engine = types.SimpleNamespace(engine_core=types.SimpleNamespace(shutdown=lambda: None))
 
+    started_with: dict = {}  # the last start's arguments
+
     def __init__(self, **kwargs):
+        _FakeLLM.started_with = kwargs
         if self.fail_start:
             logging.getLogger("vllm.registry").error("No module named 'xformers'")
             raise ValueError("1 validation error for ModelConfig\n  Model architectures ['X'] failed to be inspected")
@@ -196,7 +199,8 @@ def _fake_backend(monkeypatch, tmp_path, found=vllm_cpu_fix.NOT_USED):
     monkeypatch.delenv("VLLM_LOGGING_CONFIG_PATH", raising=False)
     monkeypatch.setenv("VLLM_CONFIGURE_LOGGING", "1")  # log_to_file sets it to 0; restored afterwards
     model = torch.nn.Linear(2, 2)
-    model.config = types.SimpleNamespace(get_text_config=lambda: types.SimpleNamespace(max_position_embeddings=64))
+    model.config = types.SimpleNamespace(get_text_config=lambda: types.SimpleNamespace(max_position_embeddings=64,
+                                                                                     num_hidden_layers=1))
     tokenizer = types.SimpleNamespace(encode=lambda text: [1, 2], decode=lambda ids, **kw: "")
     return VllmBackend(model, tokenizer, workdir=tmp_path / "work")
 
@@ -245,6 +249,30 @@ def test_a_defective_vllm_refuses_speculative_sampling_at_positive_temperature(m
                            (SamplingParams(temperature=1.0), SpecConfig("none"))):
         with pytest.raises(BebopError, match="could not generate"):  # sampling goes ahead (and the fake fails)
             backend.rollout([[1, 2]], sampling, spec)
+
+
+@pytest.mark.parametrize("arch, device, expected", [
+    ("qwen3_5_hybrid", "cpu", {"dtype": "bfloat16", "enable_prefix_caching": False}),
+    ("nemotron_h", "cpu", {"dtype": "bfloat16", "enable_prefix_caching": False}),
+    ("qwen3_5_hybrid", "cuda", {"dtype": "float32"}),
+    ("qwen3_5", "cpu", {"dtype": "float32"}),
+])
+def test_engine_options_serve_a_hybrid_on_a_cpu_in_bf16_without_prefix_caching(arch, device, expected):
+    from tests.helpers.models import tiny_model
+
+    assert vllm_backend.engine_options(tiny_model(arch).config, device, "float32") == expected
+
+
+def test_a_hybrid_policy_starts_its_cpu_engine_in_bf16_without_prefix_caching(monkeypatch, tmp_path, vllm_logger,
+                                                                             capsys):
+    from tests.helpers.models import tiny_model
+
+    backend = _fake_backend(monkeypatch, tmp_path)  # a fake vLLM in place; its Linear policy is replaced below
+    hybrid = VllmBackend(tiny_model("qwen3_5_hybrid"), backend.tokenizer, workdir=tmp_path / "hybrid")
+    assert "bfloat16" in capsys.readouterr().err  # the user is told the sampler's dtype differs from the policy's
+    with pytest.raises(BebopError, match="could not generate"):  # the fake starts, then fails to generate
+        hybrid.rollout([[1, 2]], SamplingParams(max_new_tokens=4), SpecConfig("none"))
+    assert _FakeLLM.started_with["dtype"] == "bfloat16" and _FakeLLM.started_with["enable_prefix_caching"] is False
 
 
 def test_vllm_completions_report_both_conventions_and_null_what_they_cannot_count():

@@ -144,6 +144,16 @@ def test_a_verify_pass_without_every_positions_state_is_refused():
         states.update_recurrent_state(torch.zeros(1, 2), 0)
 
 
+def test_a_transformers_without_per_position_states_is_refused_in_one_line(monkeypatch):
+    from transformers import cache_utils
+
+    from bebop.utils.errors import BebopError
+
+    monkeypatch.delattr(cache_utils.Cache, "get_recurrent_states_to_keep")  # as in transformers 5.19, vLLM's pin
+    with pytest.raises(BebopError, match="per-position recurrent states"):
+        _greedy(tiny_model("qwen3_5_hybrid"), toy_prompts((3,)))
+
+
 def _stat_hybrid(arch: str):
     """A 2-layer hybrid (a recurrent layer, then full attention) with V = 8 whose p is peaked and depends on
     the recurrent state (its recurrent layer's weights have std 0.6), and a jittered head: rejections are common."""
