@@ -41,7 +41,7 @@ class TrainMtpConfig:
     num_layers: int = option(1, "physical MTP layers of a new head (native and --init-from heads keep theirs)",
                              check=integer_in(1))
     init: str = option("auto", "where a new head starts: the checkpoint's own MTP layer (native), a copy of the "
-                       "backbone's last decoder layer (backbone), or native when the model ships one (auto)",
+                       "backbone's last attention layer (backbone), or native when the model ships one (auto)",
                        choices=INITS)
     init_from: str = option("", "start from this head directory instead (e.g. a CE-trained head)", role="input")
     ce_warmup: int = option(-1, "CE steps before the loss, within the steps; -1 = auto: half the steps when a "

@@ -69,7 +69,7 @@ def ce_warmup_steps(cfg: TrainMtpConfig, origin: str) -> int:
     tv/e2e_tv head that starts from the backbone's layer (``origin`` "backbone"), 0 otherwise.
 
     The paper fine-tunes a CE-trained native head with e2e-TV (§6.1); started from a copy of the
-    last decoder layer, TV's gradient (proportional to q) moves a far-off draft slowly.
+    last attention layer, TV's gradient (proportional to q) moves a far-off draft slowly.
     """
     if cfg.ce_warmup >= 0:
         return cfg.ce_warmup
@@ -231,7 +231,7 @@ def _stopped(step: int, why: str, out_dir: Path) -> str:
 
 def initial_head(backbone, cfg: TrainMtpConfig, model_dir: str | os.PathLike | None) -> tuple[MtpHead, str]:
     """(head, origin): the head training starts from, and where it came from: "init_from" (``cfg.init_from``),
-    "native" (the checkpoint's own MTP layer) or "backbone" (a copy of its last decoder layer)."""
+    "native" (the checkpoint's own MTP layer) or "backbone" (a copy of its last attention layer)."""
     from bebop.mtp.native import NoNativeTensors, import_mtp, native_layer_count, read_config
 
     if cfg.init_from:
@@ -248,7 +248,7 @@ def initial_head(backbone, cfg: TrainMtpConfig, model_dir: str | os.PathLike | N
             if cfg.init == "native":
                 raise
             say(f"train-mtp: note: the config of {model_dir} declares an MTP layer but its checkpoint holds none of "
-                "its tensors; starting from a copy of the backbone's last decoder layer (--init backbone)")
+                "its tensors; starting from a copy of the backbone's last attention layer (--init backbone)")
     return MtpHead(backbone, num_layers=cfg.num_layers).to(next(backbone.parameters()).device), "backbone"
 
 

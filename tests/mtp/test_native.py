@@ -257,7 +257,7 @@ def test_train_mtp_init_auto_on_a_declared_but_absent_mtp_layer_starts_from_the_
     assert main([*train, "--out", str(tmp_path / "head")]) == 0
     err = capsys.readouterr().err
     assert "declares an MTP layer but its checkpoint holds none of its tensors; starting from a copy of the " \
-           "backbone's last decoder layer" in err
+           "backbone's last attention layer" in err
     assert (tmp_path / "head" / "model.safetensors").is_file()
     assert main([*train, "--init", "native", "--out", str(tmp_path / "native-head")]) == 2
     line = capsys.readouterr().err.strip().splitlines()[-1]
