@@ -5,10 +5,11 @@
     rows = policy_logprobs(model, prompt_ids, completion_ids, T)     # lists, no gradient
 
 ``token_logprobs`` is what GRPO scores (``bebop.rl``: old, reference and current log-probabilities);
-``policy_logprobs`` is what a rollout returns beside its tokens when a trainer reads them. The engine samples without keeping each token's log-probability (a speculative step verifies several
-tokens at once, under the filtered distribution); a trainer that wants them (TRL's
-``off_policy_mask_threshold``) gets them from one teacher-forced forward of the policy, computed as
-TRL computes its own: log softmax(logits / temperature), without top-k/top-p.
+``policy_logprobs`` is what a rollout returns beside its tokens when a trainer reads them. The engine
+samples without keeping each token's log-probability (a speculative step verifies several tokens at
+once, under the filtered distribution); a trainer that wants them (TRL's ``off_policy_mask_threshold``)
+gets them from one teacher-forced forward of the policy, computed as TRL computes its own:
+log softmax(logits / temperature), without top-k/top-p.
 """
 
 from __future__ import annotations
