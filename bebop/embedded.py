@@ -3,9 +3,9 @@
 Every command uses it when no ``--model`` is given. It is a text-only ``Qwen3_5ForCausalLM`` (the
 paper's model family) with full-attention layers, a dense MLP and head_dim 32, so vLLM's CPU build
 serves it with an exported MTP head. ``PretrainConfig(full_attention_interval=4)`` builds the family's
-own shape instead, three Gated DeltaNet (linear-attention, recurrent state) layers to every full-attention
-layer; docs/results.md measures it and says why it is not the default. It is built from a config (no download),
-pretrained by ``bebop pretrain`` in a few CPU minutes, and cached under ``$BEBOP_CACHE_DIR``
+own shape instead, three Gated DeltaNet (linear-attention, recurrent state) layers to every
+full-attention layer; docs/results.md measures it and says why it is not the default. It is built from
+a config (no download), pretrained by ``bebop pretrain`` in a few CPU minutes, and cached under ``$BEBOP_CACHE_DIR``
 (default ``~/.cache/bebop``). Heads trained on it are cached beside it, one per loss.
 
 Cache entries derived from the model (heads, self-generated data) record the SHA-256 of its
@@ -88,9 +88,9 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
 def build_model(cfg: PretrainConfig, vocab_size: int, pad_id: int, eos_id: int) -> Qwen3_5ForCausalLM:
     """A randomly initialised text-only Qwen3.5: a full-attention layer (gated, q/k-normed, partial rotary as in
     the family) every ``full_attention_interval`` layers (every layer by default) and Gated DeltaNet layers
-    between them, dense MLP, tied embeddings. Each Gated DeltaNet layer has ``hidden_size // linear_head_dim`` key and value heads of ``linear_head_dim``
-    (one each by default: as wide as the model, as the attention's queries are) and the family's convolution
-    kernel of 4."""
+    between them, dense MLP, tied embeddings. Each Gated DeltaNet layer has ``hidden_size // linear_head_dim``
+    key and value heads of ``linear_head_dim`` (one each by default: as wide as the model, as the attention's
+    queries are) and the family's convolution kernel of 4."""
     layer_types = ["full_attention" if (i + 1) % cfg.full_attention_interval == 0 else "linear_attention"
                    for i in range(cfg.num_layers)]
     config = Qwen3_5TextConfig(
