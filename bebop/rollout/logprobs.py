@@ -169,7 +169,7 @@ def policy_logprobs(model, prompt_ids: list[list[int]], completion_ids: list[lis
         prompts, completions = prompt_ids[start:start + batch_size], completion_ids[start:start + batch_size]
         inputs = (t.to(device) for t in pad_sequences(prompts, completions, pad_id=0))  # 3 x (b, S)
         with torch.no_grad():
-            logprobs = token_logprobs(model, *inputs, temperature=temperature)  # (b, S)
+            logprobs = token_logprobs(model, *inputs, temperature=temperature).cpu()  # (b, S), one host sync
         for b, (p, c) in enumerate(zip(prompts, completions)):
-            out.append(logprobs[b, len(p):len(p) + len(c)].tolist())  # NOTE: one host sync per row
+            out.append(logprobs[b, len(p):len(p) + len(c)].tolist())
     return out
