@@ -33,7 +33,7 @@ from bebop.commands import (
     cmd_rl,
     cmd_train_mtp,
 )
-from bebop.config import Flag, flags_of, merge_sources, resolve
+from bebop.config import Flag, flags_of, flat_keys, flatten, merge_sources, resolve
 from bebop.mtp.config import TrainMtpConfig
 from bebop.options import (
     DemoOptions,
@@ -161,7 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
 def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
     """The command's settings from defaults < its --config file < its flags, every value checked.
 
-    Option classes are resolved and checked here (``bebop.config.resolve``); a library config's keys
+    Option classes are resolved and checked here (``bebop.config.resolve``): each flat key, and each
+    embedded group whole (``generate``'s ``sampling`` and ``spec``); a library config's keys
     (``TrainMtpConfig``, ``RLConfig``) keep only what the file or a flag gave (None otherwise): the
     command resolves them, so a resumed run can tell a given value from a default.
     """
@@ -170,8 +171,10 @@ def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
     given = merge_sources(getattr(args, "config", None), {name: getattr(args, name) for name in flags}, list(flags))
     values = {name: given.get(name) for name in flags}
     for cls in (*command.options, ProcessOptions):
-        resolved = resolve(cls, None, {f.name: given.get(f.name) for f in dataclasses.fields(cls)})
-        values.update({name: getattr(resolved, name) for name in flags_of(cls, skip=command.skip)})
+        resolved = resolve(cls, None, {name: given.get(name) for name in flat_keys(cls)})
+        flat = flatten(resolved)
+        values.update({name: flat[name] for name in flags_of(cls, skip=command.skip)})
+        values.update({f.name: getattr(resolved, f.name) for f in dataclasses.fields(cls) if f.name not in flat})
     inputs = {**_paths(values, flags, "input"), **({"--config input": args.config} if getattr(args, "config", None)
                                                    else {})}
     outputs = _paths(values, flags, "output_file")

@@ -188,29 +188,25 @@ def _check_rollout_memory(model, num_rows: int, num_positions: int, what: str, f
 
 def cmd_generate(args) -> None:
     from bebop.rollout.base import backend_class, backend_problem, make_backend
-    from bebop.speculative import SamplingParams, SpecConfig
     from bebop.speculative.auto import profile as profiles
     from bebop.speculative.settings import needs_head, verify_problem
     from bebop.utils.files import atomic_write_text, write_json
 
-    sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                              max_new_tokens=args.max_new_tokens, stop=tuple(args.stop))
-    auto = is_auto(args.mode, args.speculate_k)
-    if problem := backend_problem(args.backend, args.mode, args.speculate_k) or \
-            verify_problem(args.mode, args.verify, args.backend):
+    sampling, spec = args.sampling, args.spec  # resolved and checked (bebop.cli.resolve_args)
+    auto = is_auto(spec.mode, spec.speculate_k)
+    if problem := backend_problem(args.backend, spec.mode, spec.speculate_k) or \
+            verify_problem(spec.mode, spec.verify, args.backend):
         raise BebopError(problem)
     if args.auto_profile and not auto:
         raise BebopError("--auto-profile needs --mode auto or --speculate-k auto")
     prompts = _read_prompts(args.prompts) if args.prompts else None
     backend_class(args.backend)  # NOTE: a missing optional package fails here, before the model loads
-    model, tok, head, _ = _load(args, need_mtp=needs_head(args.mode))
+    model, tok, head, _ = _load(args, need_mtp=needs_head(spec.mode))
     if args.backend == "engine":  # NOTE: before the embedded task's prompts are made
-        _check_rollout_memory(model, len(prompts) if prompts else args.num_prompts, 1 + args.max_new_tokens,
+        _check_rollout_memory(model, len(prompts) if prompts else args.num_prompts, 1 + sampling.max_new_tokens,
                               f"{len(prompts) if prompts else args.num_prompts} prompts",
                               "give fewer prompts (--num-prompts, --prompts) or lower --max-new-tokens")
     prompts = prompts or _embedded_prompts(args.num_prompts)
-    spec = SpecConfig(mode=args.mode, speculate_k=args.speculate_k, filter_drafts=args.filter_drafts,
-                      verify=args.verify)
     prompt_ids = [_encode(tok, prompt, where) for where, prompt in prompts]
     backend = make_backend(args.backend, model, tok, head, seed=args.seed)
     profile = _auto_profile(args, model, sampling, spec) if auto else None
@@ -238,7 +234,7 @@ def cmd_generate(args) -> None:
               f" (predicted {d.predicted_tok_s:.0f} tok/s, measured {d.measured_tok_s:.0f} after the probes)")
     if args.stats_json:
         write_json(args.stats_json, stats)
-    accept = f"accept length {stats['spec/accept_length']:.3f}, " if args.mode != "none" else ""  # none drafts nothing
+    accept = f"accept length {stats['spec/accept_length']:.3f}, " if spec.mode != "none" else ""  # none drafts nothing
     entropy = stats["spec/target_entropy"]
     entropy = f"{entropy:.3f} nats" if entropy is not None else f"not measured by the {args.backend} backend"
     print(f"wrote {len(lines)} completions to {args.out}; {accept}target entropy {entropy}")
@@ -369,10 +365,10 @@ def cmd_rl(args) -> None:
         _check_input_file(cfg.data, "prompt file")
     if args.resume and args.dtype == "auto":  # NOTE: a resumed run keeps its dtype (float32 before --dtype existed)
         args.dtype = saved.get("dtype", "float32")
-    model, tok, head, _ = _load(args, need_mtp=needs_head(cfg.mode, cfg.mtp.mtp_update), mtp_loss=cfg.mtp_loss)
+    model, tok, head, _ = _load(args, need_mtp=needs_head(cfg.spec.mode, cfg.mtp.mtp_update), mtp_loss=cfg.mtp_loss)
     if cfg.backend == "engine":  # NOTE: a typed or received size is refused before the first rollout allocates it
         rows = cfg.prompts_per_step * cfg.group_size
-        _check_rollout_memory(model, rows, 1 + cfg.max_new_tokens + max_speculate_k(cfg),
+        _check_rollout_memory(model, rows, 1 + cfg.sampling.max_new_tokens + max_speculate_k(cfg),
                               f"prompts_per_step x group_size = {rows} rollout rows",
                               "lower --prompts-per-step, --group-size or --max-new-tokens")
     run_info = {key: _abs(getattr(args, key, None)) for key in RUN_PATHS}

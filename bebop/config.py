@@ -1,11 +1,15 @@
 """Settings: each declared once (help, choices, check), resolved as defaults < a TOML/YAML file < flags.
 
 Every setting a command takes is a field of a small frozen dataclass, declared with ``option``:
-its default, help text, choices and check (``Check``: why a value cannot be used, or None). The
-CLI makes each field a flag (``flags_of``); ``resolve`` builds a dataclass from its defaults, a
-config file and the flags, and runs every field's check, so a value is checked the same way
-wherever it comes from. A setting that several commands take is declared once as a ``Setting``.
-This module parses no arguments and imports nothing heavy.
+its default, help text, choices and check (``Check``: why a value cannot be used, or None). A
+setting that several commands take is declared once as a ``Setting`` (the rollout's: mode, K,
+temperature, ... in ``bebop.speculative.settings``). A dataclass may embed another as a ``group``
+(``bebop rl`` embeds ``SamplingParams`` and ``SpecConfig``): its fields stay flat keys of the outer
+one, so flags and files name ``temperature``, never ``sampling.temperature``. The CLI makes each
+leaf field a flag (``flags_of``); ``resolve`` builds a dataclass from its defaults, a config file
+and the flags, routing each flat key to its group, and runs every field's check, so a value is
+checked the same way wherever it comes from; ``flatten`` gives the flat table back. This module
+parses no arguments and imports nothing heavy.
 
 A config file is a flat table of the command's settings (its first line, a comment, names the
 command that runs it, e.g. ``# bebop rl --config rl.toml``). Unknown keys are an error, so a typo
@@ -29,7 +33,6 @@ T = TypeVar("T")
 AUTO = "auto"  # the value of mode / speculate_k that asks bebop.speculative.auto.chooser to choose
 AUTO_MAX_K = 4  # deepest K that speculate_k auto considers
 AUTO_EVERY = 10  # auto probes every this many calls (rl steps, or generate calls sharing a profile)
-VERIFY_CHOICES = ("token", "block")  # token-wise rejection sampling | block verification (bebop.speculative.block)
 BACKEND_NAMES = ("engine", "vllm")  # the keys of bebop.rollout.base.BACKENDS, without importing them (--help)
 DRAFT_LOSS_NAMES = ("ce", "fkl", "rkl", "tv", "e2e_tv")  # the keys of bebop.losses.DRAFT_LOSSES, without torch (--help)
 DEFAULT_DRAFT_LOSS = "e2e_tv"  # the paper's recommended loss: every command's default head
@@ -48,6 +51,17 @@ def is_auto(mode: str, speculate_k: int | str) -> bool:
     Example: is_auto("rs", "auto") -> True; is_auto("none", "auto") -> False.
     """
     return mode == AUTO or (speculate_k == AUTO and mode != "none")
+
+
+def drafted_k(mode: str, speculate_k: int | str) -> int:
+    """The deepest K a (mode, speculate_k) drafts: 0 in mode none (it drafts nothing), AUTO_MAX_K when K is
+    auto (the deepest the chooser may pick), else K. What a rollout reserves KV slots and noise for.
+
+    Example: drafted_k("none", 3) -> 0; drafted_k("rs", "auto") -> 4; drafted_k("to", 2) -> 2.
+    """
+    if mode == "none":
+        return 0
+    return AUTO_MAX_K if speculate_k == AUTO else speculate_k
 
 
 # ---------------------------------------------------------------------------------------------- checks
@@ -229,9 +243,44 @@ def _value_type(f: dataclasses.Field) -> type | None:
     return None if f.default is None else type(f.default)
 
 
+def group(default: Any, skip: tuple[str, ...] = ()) -> Any:
+    """A field that embeds another config dataclass: its fields (but ``skip``) are flat keys of the outer
+    config (``flags_of``, ``resolve``, ``flatten``). ``default``, an instance, holds the outer command's
+    defaults of them; a skipped field keeps its value there.
+
+    Example: ``sampling: SamplingParams = group(SamplingParams(max_new_tokens=48), skip=("stop",))``
+    gives ``bebop rl`` the flags ``--temperature``, ..., ``--max-new-tokens`` (default 48), no ``--stop``.
+    """
+    return dataclasses.field(default=default, metadata={"group": tuple(skip)})
+
+
+class _Leaf(NamedTuple):
+    """A setting of a config as a flat key: the field that declares it and its default in this config."""
+
+    field: dataclasses.Field
+    default: Any  # the declaration's default, or the one the enclosing group's default instance holds
+    owner: type  # the dataclass that declares the field
+
+
+def _leaves(cls: type, defaults: Any = None) -> dict[str, _Leaf]:
+    """Flat key -> its leaf, in declaration order, every group's fields (but its skip) in its place."""
+    out: dict[str, _Leaf] = {}
+    for f in dataclasses.fields(cls):
+        default = f.default if defaults is None else getattr(defaults, f.name)
+        if "group" in f.metadata:
+            inner = {k: v for k, v in _leaves(type(f.default), default).items() if k not in f.metadata["group"]}
+        else:
+            inner = {f.name: _Leaf(f, default, cls)}
+        for name in inner:
+            if name in out:
+                raise AssertionError(f"config key {name!r} is defined twice in {cls.__name__}")
+        out.update(inner)
+    return out
+
+
 def flags_of(cls: type, skip: tuple[str, ...] = ()) -> dict[str, Flag]:
-    """Each field of the flat config dataclass ``cls`` (but ``skip``) as a flag, in declaration order;
-    every field must carry its help (``option``).
+    """Each flat key of the config dataclass ``cls`` (but ``skip``; a group's fields in its place) as a flag,
+    in declaration order; every field must carry its help (``option``).
 
     Example:
         >>> from bebop.mtp.config import TrainMtpConfig
@@ -239,31 +288,49 @@ def flags_of(cls: type, skip: tuple[str, ...] = ()) -> dict[str, Flag]:
         (<class 'int'>, 300)
     """
     out = {}
-    for f in dataclasses.fields(cls):
-        if f.name in skip:
+    for name, (f, default, owner) in _leaves(cls).items():
+        if name in skip:
             continue
         if "help" not in f.metadata:
-            raise AssertionError(f"{cls.__name__}.{f.name} has no help text (declare it with option)")
-        parse = f.metadata.get("parse") or (str if isinstance(f.default, tuple) else type(f.default))
-        out[f.name] = Flag(parse, f.default, f.metadata["help"], f.metadata.get("choices", ()),
-                           f.metadata.get("aliases", ()), f.metadata.get("required", False),
-                           f.metadata.get("metavar"), f.metadata.get("role"))
+            raise AssertionError(f"{owner.__name__}.{f.name} has no help text (declare it with option)")
+        parse = f.metadata.get("parse") or (str if isinstance(default, tuple) else type(default))
+        out[name] = Flag(parse, default, f.metadata["help"], f.metadata.get("choices", ()),
+                         f.metadata.get("aliases", ()), f.metadata.get("required", False),
+                         f.metadata.get("metavar"), f.metadata.get("role"))
     return out
 
 
-def field_problems(config: Any) -> list[str]:
-    """Why each field of the dataclass instance ``config`` cannot be used (its choices and ``check``), in order.
+def flatten(config: Any) -> dict[str, Any]:
+    """The config dataclass instance as one flat table (what ``resolve`` reads back; a run's ``config.json``).
+
+    Example: flatten(RLConfig())["mtp_update"] -> "frozen" (a field of its group ``mtp``).
+    """
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if "group" in f.metadata:
+            out.update({k: v for k, v in flatten(value).items() if k not in f.metadata["group"]})
+        else:
+            out[f.name] = value
+    return out
+
+
+def field_problems(config: Any, skip: tuple[str, ...] = ()) -> list[str]:
+    """Why each field of the dataclass instance ``config`` (its groups' included, but ``skip``) cannot be
+    used (its choices and ``check``), in order.
 
     Example: field_problems(TrainMtpConfig(log_every=0)) -> ["log_every must be an integer in [1, 2**63 - 1], got 0"].
     """
     problems = []
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
-        if f.metadata.get("required") and value is None:
-            problems.append(f"--{f.name.replace('_', '-')} is required")
+        if f.name in skip:
             continue
-        choices = f.metadata.get("choices", ())
-        if choices and value not in choices:
+        if "group" in f.metadata:
+            problems += field_problems(value, skip=f.metadata["group"])
+        elif f.metadata.get("required") and value is None:
+            problems.append(f"--{f.name.replace('_', '-')} is required")
+        elif (choices := f.metadata.get("choices", ())) and value not in choices:
             problems.append(f"unknown {f.name.replace('_', ' ')} {short_repr(value)}; choose one of {', '.join(choices)}")
         elif value is not None and (check := f.metadata.get("check")) is not None and (problem := check(f.name, value)):
             problems.append(problem)
@@ -324,31 +391,38 @@ def _typed(f: dataclasses.Field, value: Any) -> Any:
     return value
 
 
+def flat_keys(cls: type) -> list[str]:
+    """Every key a file or the flags may give ``cls``: its fields', a group's in its place (``group``)."""
+    return list(_leaves(cls))
+
+
+def _build(cls: type[T], values: dict[str, Any], defaults: T | None = None) -> T:
+    """``cls`` (or ``defaults`` with some fields replaced) holding ``values``, each flat key routed to its group."""
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if "group" in f.metadata:
+            inner = {k: v for k, v in values.items() if k not in f.metadata["group"]}
+            kwargs[f.name] = _build(type(f.default), inner, f.default if defaults is None else getattr(defaults, f.name))
+        elif f.name in values:
+            kwargs[f.name] = values[f.name]
+    return cls(**kwargs) if defaults is None else dataclasses.replace(defaults, **kwargs)
+
+
 def resolve(cls: type[T], file: str | os.PathLike | None = None, overrides: dict[str, Any] | None = None) -> T:
-    """Builds ``cls`` from its defaults, then ``file``, then ``overrides`` (None values are skipped), and
-    runs every field's check (``field_problems``); BebopError (one line naming every problem) otherwise."""
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    values = {name: _typed(fields[name], value) for name, value in merge_sources(file, overrides, list(fields)).items()}
-    config = cls(**values)
+    """Builds ``cls`` from its defaults, then ``file``, then ``overrides`` (None values are skipped), each a
+    flat table (a group's keys routed to it), and runs every field's check (``field_problems``);
+    BebopError (one line naming every problem) otherwise."""
+    leaves = _leaves(cls)
+    values = {name: _typed(leaves[name].field, value)
+              for name, value in merge_sources(file, overrides, list(leaves)).items()}
+    config = _build(cls, values)
     if problems := field_problems(config):
         raise BebopError("; ".join(problems))
     return config
 
 
 # ---------------------------------------------------------------------------------------------- shared settings
-MODES = ("none", "to", "rs")  # plain | target-only | rejection sampling (bebop.speculative)
-MODE = Setting("rs", "decoding: none (plain) | to (target-only) | rs (rejection sampling) | auto (the fastest "
-               "predicted after short probes)", choices=(*MODES, AUTO))
-SPECULATE_K = Setting(3, f"K, drafts verified per target forward, or auto (1-{AUTO_MAX_K}, the fastest predicted)",
-                      check=lambda name, value: speculate_k_problem(value, auto_ok=True, name=name),
-                      parse=parse_speculate_k)
-VERIFY = Setting("token", "how mode rs verifies a drafted chain: token (token-wise) | block (jointly, Sun et al. "
-                 "2024: exact, never fewer accepted drafts in expectation; engine backend only)", choices=VERIFY_CHOICES)
 BACKEND = Setting("engine", "rollout engine: engine (Bebop's: exact, seeded, per-token stats) | vllm (the vllm "
                   "extra; check-lossless judges it against vLLM's own plain sampling and Bebop's)", choices=BACKEND_NAMES)
-TOP_K = Setting(0, "top-k filter of the target's distribution; 0 = off", check=integer_in(0))
-TOP_P = Setting(1.0, "top-p (nucleus) filter of the target's distribution; 1 = off",
-                check=number_in(0, 1, low_open=True))
-MAX_NEW_TOKENS = Setting(64, "completion length limit, EOS included", check=integer_in(1))
 SEED = Setting(0, "seed of everything the command draws (data, init, sampling): the same seed, the same result",
                check=integer_in(0), parse=parse_seed)

@@ -17,20 +17,14 @@ from bebop.config import (
     BACKEND,
     DEFAULT_DRAFT_LOSS,
     DRAFT_LOSS_NAMES,
-    MAX_NEW_TOKENS,
-    MODE,
     SEED,
-    SPECULATE_K,
-    TOP_K,
-    TOP_P,
-    VERIFY,
     fixed_speculate_k,
+    group,
     integer_in,
     option,
-    positive_temperature,
-    temperature_problem,
 )
-from bebop.mtp.config import CHAIN_CONTEXTS
+from bebop.mtp.config import CHAIN_CONTEXTS, LOSS_TEMPERATURE
+from bebop.speculative.settings import ROLLOUT_SPEC, SamplingParams, SpecConfig
 
 NUM_CPUS = os.cpu_count() or 1  # more torch threads than CPUs only slows a step (and very many crash torch)
 OVERWRITE_HELP = "if OUT exists and is not empty, move it aside to NAME.old-<timestamp> first"
@@ -39,13 +33,6 @@ DTYPE_HELP = ("weights and activations: auto (bfloat16 on CUDA, float32 on CPU),
 THREADS_HELP = ("CPU threads for torch's intra-op parallelism (default: torch's choice); on a busy machine one "
                 "thread can be several times faster than two; results such as pretrained weights repeat bit "
                 "for bit only at the same thread count")
-
-
-def _stop_strings(name: str, value: tuple) -> str | None:
-    # NOTE: "" occurs in every text, so it would end every completion after its first token.
-    if any(not s for s in value):
-        return f"{name} strings must be non-empty, got {list(value)}"
-    return None
 
 
 @dataclass(frozen=True)
@@ -139,7 +126,7 @@ class EvalMtpOptions:
     data: str | None = option(None, "JSONL evaluation data (default: held-out self-generated embedded data)",
                               parse=str, role="input")
     speculate_k: int = option(3, "draft depth K", check=fixed_speculate_k)
-    temperature: float = option(1.0, "temperature of p and q", check=positive_temperature)
+    temperature: float = LOSS_TEMPERATURE.field()
     chain_context: str = option("served", "what draft steps >= 2 attend to: served (the engine's context; one-layer "
                                 "heads) or unrolled", choices=CHAIN_CONTEXTS)
     num_sequences: int | None = option(None, "held-out self-generated sequences when no --data (default 256; used "
@@ -154,17 +141,8 @@ class GenerateOptions:
     prompts: str | None = option(None, "JSONL/parquet with a 'prompt' field (text or chat messages, as rl --data "
                                  "reads it), or a text file with one prompt per line", parse=str, role="input")
     num_prompts: int = option(16, "embedded-task prompts when --prompts is not given", check=integer_in(1))
-    mode: str = MODE.field()
-    speculate_k: int | str = SPECULATE_K.field()
-    temperature: float = option(1.0, "sampling temperature, 0 = greedy",
-                                check=lambda name, value: temperature_problem(value, greedy_ok=True, name=name))
-    top_k: int = TOP_K.field()
-    top_p: float = TOP_P.field()
-    verify: str = VERIFY.field()
-    filter_drafts: bool = option(False, "apply --top-k/--top-p to the draft distribution q too (drafts and "
-                                 "verification; exact)")
-    max_new_tokens: int = MAX_NEW_TOKENS.field()
-    stop: tuple[str, ...] = option((), "stop string, non-empty (repeatable)", check=_stop_strings)
+    sampling: SamplingParams = group(SamplingParams())  # temperature, top-k, top-p, max new tokens, stop
+    spec: SpecConfig = group(ROLLOUT_SPEC, skip=("draft_temperature",))  # mode, K, filter drafts, verify
     seed: int = SEED.field()
     out: str | None = option(None, "output JSONL, one line per completion (prompt, completion, token_ids = prompt + "
                              "completion ids, start): train-mtp --data as is", parse=str, required=True,

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bebop.config import BACKEND, SEED, VERIFY, integer_in, number_in, option
+from bebop.config import BACKEND, SEED, integer_in, number_in, option
+from bebop.speculative.settings import VERIFY
 
 DEFAULT_NUM_SAMPLES = 10_000  # rows per sample (plain and speculative each)
 MIN_NUM_SAMPLES = 100  # fewer rows leave almost every cell below the chi-square test's expected count

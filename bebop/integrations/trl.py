@@ -62,12 +62,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bebop.config import temperature_problem
+from bebop.config import resolve, temperature_problem
 from bebop.rollout.base import backend_problem, make_backend
 from bebop.rollout.logprobs import policy_logprobs
 from bebop.rollout.runner import gather_completions
 from bebop.speculative.completions import ABSENT_WITHOUT_TOKEN_STATS, Completions
-from bebop.speculative.settings import MODES, SamplingParams, SpecConfig, check_settings, head_problem
+from bebop.speculative.settings import MODES, ROLLOUT_SPEC, SamplingParams, SpecConfig, head_problem
 from bebop.utils.errors import BebopError
 from bebop.utils.files import read_json, write_json
 from bebop.utils.run_files import ROLLOUT_FILE, TOKEN_STATS_FILE, scalar_metrics, token_stats_row
@@ -132,7 +132,8 @@ class BebopRollout:
 
     Attributes:
         head: an ``MtpHead`` on the trainer's model, or the directory of one (loaded at the first call).
-        spec: mode (none/to/rs/auto) and K (int or "auto").
+        spec: mode (none/to/rs/auto) and K (int or "auto"), checked by ``bebop_rollout_func`` (``resolve``)
+            and again by the engine.
         logprobs: return the policy's log-probabilities of the emitted tokens (one extra forward);
             None = only when the trainer reads them (``off_policy_mask_threshold`` set: without vLLM,
             TRL 1.16 reads a rollout's logprobs nowhere else).
@@ -144,7 +145,7 @@ class BebopRollout:
     """
 
     head: object = None
-    spec: SpecConfig = SpecConfig("rs", 3)
+    spec: SpecConfig = ROLLOUT_SPEC
     logprobs: bool | None = None
     token_stats: bool = True
     seed: int | None = None
@@ -156,7 +157,6 @@ class BebopRollout:
     last_step: tuple[int, int] = field(default=(0, 0), init=False, repr=False)  # (step, rollouts in it) of the stats
 
     def __post_init__(self) -> None:
-        check_settings(self.spec, None)
         if problem := head_problem(self.spec.mode, self.head is not None, given_by="head=path or MtpHead"):
             raise BebopError(problem)
         if problem := backend_problem(self.backend, self.spec.mode, self.spec.speculate_k):
@@ -234,8 +234,9 @@ class BebopRollout:
             self.sampler.close()
 
 
-def bebop_rollout_func(head=None, *, mode: str = "rs", speculate_k: int | str = 3, logprobs: bool | None = None,
-                       token_stats: bool = True, seed: int | None = None, backend: str = "engine") -> BebopRollout:
+def bebop_rollout_func(head=None, *, mode: str = ROLLOUT_SPEC.mode, speculate_k: int | str = ROLLOUT_SPEC.speculate_k,
+                       logprobs: bool | None = None, token_stats: bool = True, seed: int | None = None,
+                       backend: str = "engine") -> BebopRollout:
     """A ``rollout_func`` for TRL's ``GRPOTrainer`` that samples with Bebop on the trainer's model.
 
     Args:
@@ -252,8 +253,8 @@ def bebop_rollout_func(head=None, *, mode: str = "rs", speculate_k: int | str = 
 
     Example: ``GRPOTrainer(..., rollout_func=bebop_rollout_func("heads/e2e_tv", mode="rs"))``.
     """
-    return BebopRollout(head=head, spec=SpecConfig(mode, speculate_k), logprobs=logprobs, token_stats=token_stats,
-                        seed=seed, backend=backend)
+    spec = resolve(SpecConfig, None, {"mode": mode, "speculate_k": speculate_k})  # the checks of --mode, --speculate-k
+    return BebopRollout(head=head, spec=spec, logprobs=logprobs, token_stats=token_stats, seed=seed, backend=backend)
 
 
 def train_head_on_policy(trainer, out_dir: str | Path, num_prompts: int = 64, samples_per_prompt: int = 4,

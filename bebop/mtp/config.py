@@ -12,6 +12,7 @@ from bebop.config import (
     DEFAULT_DRAFT_LOSS,
     DRAFT_LOSS_NAMES,
     SEED,
+    Setting,
     fixed_speculate_k,
     integer_in,
     number_in,
@@ -21,6 +22,8 @@ from bebop.config import (
 
 INITS = ("auto", "native", "backbone")  # where a new head starts (TrainMtpConfig.init)
 CHAIN_CONTEXTS = ("served", "unrolled")  # the keys of bebop.mtp.chains.CHAIN_UNROLLS, without torch (--help)
+LOSS_TEMPERATURE = Setting(1.0, "softmax temperature of p and q in a head's loss and acceptance (> 0)",
+                           check=positive_temperature)  # train-mtp's and eval-mtp's
 
 
 @dataclass(frozen=True)
@@ -37,7 +40,7 @@ class TrainMtpConfig:
     warmup_steps: int = option(10, "steps of linear warmup, then a constant rate", check=integer_in(0))
     weight_decay: float = option(0.0, "AdamW weight decay")
     grad_clip: float = option(1.0, "max gradient norm", check=number_in(0, float("inf"), low_open=True))
-    temperature: float = option(1.0, "softmax temperature of p and q in the loss", check=positive_temperature)
+    temperature: float = LOSS_TEMPERATURE.field()
     num_layers: int = option(1, "physical MTP layers of a new head (native and --init-from heads keep theirs)",
                              check=integer_in(1))
     init: str = option("auto", "where a new head starts: the checkpoint's own MTP layer (native), a copy of the "

@@ -1,46 +1,43 @@
 """``RLConfig``: everything ``bebop rl`` needs, resolved from one flat table.
 
-The settings are grouped by concern into three small frozen dataclasses: ``RLConfig`` (the run,
-the rollout and the task), ``PolicyConfig`` (how the policy learns) and ``MtpUpdateConfig``
-(what happens to the MTP head). Files and flags stay *flat*: every leaf field has a unique name
-(``lr``, ``mtp_lr``, ...) and ``resolve_rl_config`` routes each key to its dataclass, so
-``--mtp-lr 1e-4`` and ``mtp_lr = 1e-4`` in a TOML file mean the same thing, and ``config.json``
-of a run (``flat_config``) is one flat object that ``bebop.analysis.report`` reads.
+The settings are grouped by concern into small frozen dataclasses: ``RLConfig`` (the run and the
+task) embeds the rollout's ``SamplingParams`` and ``SpecConfig`` (``bebop.speculative.settings``,
+where each is declared), ``PolicyConfig`` (how the policy learns) and ``MtpUpdateConfig`` (what
+happens to the MTP head), each a ``bebop.config.group``. Files and flags stay *flat*: every leaf
+field has a unique name (``lr``, ``mtp_lr``, ``temperature``, ...) and ``bebop.config.resolve``
+routes each key to its group, so ``--mtp-lr 1e-4`` and ``mtp_lr = 1e-4`` in a TOML file mean the
+same thing, and ``config.json`` of a run (``flat_config``) is one flat object that
+``bebop.analysis.report`` reads and a resume resolves again.
 
 Precedence: dataclass defaults < config file < overrides (None values skipped); unknown keys
 are an error that lists the valid ones.
 
 Example:
     >>> cfg = resolve_rl_config(None, {"mode": "rs", "lr": 1e-5, "mtp_update": "online"})
-    >>> cfg.mode, cfg.policy.lr, cfg.mtp.mtp_update
+    >>> cfg.spec.mode, cfg.policy.lr, cfg.mtp.mtp_update
     ('rs', 1e-05, 'online')
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Any
 
 from bebop.config import (
-    AUTO,
     AUTO_EVERY,
-    AUTO_MAX_K,
     BACKEND,
     DEFAULT_DRAFT_LOSS,
     DRAFT_LOSS_NAMES,
-    MAX_NEW_TOKENS,
-    MODE,
     SEED,
-    SPECULATE_K,
-    TOP_K,
-    TOP_P,
-    VERIFY,
     Flag,
+    drafted_k,
     field_problems,
     fixed_speculate_k,
     flags_of,
+    flat_keys,
+    flatten,
+    group,
     integer_in,
     merge_sources,
     number_in,
@@ -48,10 +45,11 @@ from bebop.config import (
     positive_temperature,
     resolve,
 )
+from bebop.speculative.settings import ROLLOUT_SPEC, SamplingParams, SpecConfig, verify_problem
 from bebop.utils.errors import BebopError
 
 # NOTE: nothing here imports torch (the CLI builds its --help from this module); check_rl_config imports
-# the rules that relate settings (bebop.speculative.settings) lazily.
+# the backend rule (bebop.rollout.base) lazily.
 TASKS = ("embedded", "math")  # prompt sources: the built-in arithmetic task, or a JSONL/parquet file
 MTP_UPDATES = ("frozen", "online")  # what happens to the head during RL (paper §5)
 RESUME_MAY_CHANGE = ("steps", "save_every", "label", "backend", "micro_batch_tokens")  # keys a resumed run may set differently
@@ -95,9 +93,8 @@ class MtpUpdateConfig:
 class RLConfig:
     """One GRPO run with speculative rollouts; defaults fit the embedded model on a CPU."""
 
-    mode: str = MODE.field()
-    speculate_k: int | str = SPECULATE_K.field()
-    verify: str = VERIFY.field()
+    sampling: SamplingParams = group(SamplingParams(max_new_tokens=48), skip=("stop",))  # T > 0 (check_rl_config)
+    spec: SpecConfig = group(ROLLOUT_SPEC, skip=("draft_temperature", "filter_drafts"))  # mode, K, verify
     auto_every: int = option(AUTO_EVERY,
                              "with mode or speculate_k auto: probe every this many steps (choose in between; "
                              "a setting chosen for the first time is confirmed by a probe in the next step)",
@@ -112,11 +109,6 @@ class RLConfig:
     prompts_per_step: int = option(8, "B, distinct prompts per step", check=integer_in(1))
     group_size: int = option(8, "G, completions sampled per prompt (>= 2: advantages are within a group)",
                              check=integer_in(2, note=" (advantages compare a prompt's samples)"))
-    max_new_tokens: int = MAX_NEW_TOKENS.field(48)
-    temperature: float = option(1.0, "sampling temperature of the rollout and of the loss's logprobs (> 0)",
-                                check=positive_temperature)
-    top_k: int = TOP_K.field()
-    top_p: float = TOP_P.field()
     async_rollout: bool = option(False, "sample step s+1 in a thread while step s updates (one step off-policy)",
                                  aliases=("--async",))
     backend: str = BACKEND.field()
@@ -124,22 +116,8 @@ class RLConfig:
                              check=integer_in(0))
     seed: int = SEED.field()
     label: str = option("", 'run name in reports; "" = built from mode, mtp_loss and mtp_update')
-    policy: PolicyConfig = option(PolicyConfig(), "learning-rate, clip, KL and epoch settings")
-    mtp: MtpUpdateConfig = option(MtpUpdateConfig(), "MTP head update settings")
-
-
-_GROUPS = {"policy": PolicyConfig, "mtp": MtpUpdateConfig}  # nested RLConfig fields and their classes
-
-
-def _leaf_owners() -> dict[str, type]:
-    """Flat key -> the dataclass that holds it, in declaration order."""
-    owners: dict[str, type] = {}
-    for f in dataclasses.fields(RLConfig):
-        for name in [g.name for g in dataclasses.fields(_GROUPS[f.name])] if f.name in _GROUPS else [f.name]:
-            if name in owners:
-                raise AssertionError(f"config key {name!r} is defined twice")
-            owners[name] = _GROUPS.get(f.name, RLConfig)
-    return owners
+    policy: PolicyConfig = group(PolicyConfig())  # learning-rate, clip, KL and epoch settings
+    mtp: MtpUpdateConfig = group(MtpUpdateConfig())  # MTP head update settings
 
 
 def flat_config(cfg: RLConfig) -> dict[str, Any]:
@@ -149,11 +127,7 @@ def flat_config(cfg: RLConfig) -> dict[str, Any]:
         >>> flat_config(RLConfig())["mtp_update"]
         'frozen'
     """
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(cfg):
-        value = getattr(cfg, f.name)
-        out.update(dataclasses.asdict(value) if f.name in _GROUPS else {f.name: value})
-    return out
+    return flatten(cfg)
 
 
 def config_fields() -> dict[str, Flag]:
@@ -163,27 +137,23 @@ def config_fields() -> dict[str, Flag]:
         >>> config_fields()["mtp_lr"][:2]
         (<class 'float'>, 0.0001)
     """
-    flags = {name: flag for cls in (RLConfig, *_GROUPS.values())
-             for name, flag in flags_of(cls, skip=tuple(_GROUPS)).items()}
-    return {name: flags[name] for name in _leaf_owners()}
+    return flags_of(RLConfig)
 
 
 def max_speculate_k(cfg: RLConfig) -> int:
-    """The deepest K a rollout of the run may draft: 0 in mode none, AUTO_MAX_K for speculate_k auto."""
-    if cfg.mode == "none":
-        return 0
-    return AUTO_MAX_K if cfg.speculate_k == AUTO else cfg.speculate_k
+    """The deepest K a rollout of the run may draft (``bebop.config.drafted_k``)."""
+    return drafted_k(cfg.spec.mode, cfg.spec.speculate_k)
 
 
 def check_rl_config(cfg: RLConfig) -> None:
     """Raises BebopError (one line) on a value no run could use: each field's own check
     (``bebop.config.field_problems``), then the rules that relate fields."""
     from bebop.rollout.base import backend_problem
-    from bebop.speculative.settings import verify_problem
 
-    problems = field_problems(cfg) + field_problems(cfg.policy) + field_problems(cfg.mtp)
-    problems += [p for p in (backend_problem(cfg.backend, cfg.mode, cfg.speculate_k),
-                             verify_problem(cfg.mode, cfg.verify, cfg.backend)) if p]
+    problems = field_problems(cfg)
+    problems += [p for p in (positive_temperature("temperature", cfg.sampling.temperature),
+                             backend_problem(cfg.backend, cfg.spec.mode, cfg.spec.speculate_k),
+                             verify_problem(cfg.spec.mode, cfg.spec.verify, cfg.backend)) if p]
     if cfg.task == "math" and not cfg.data:
         problems.append("task math needs data (a JSONL/parquet prompt file)")
     if cfg.task == "embedded" and cfg.data:
@@ -196,11 +166,9 @@ def check_rl_config(cfg: RLConfig) -> None:
 def rollout_settings(cfg: RLConfig):
     """What the run's rollouts read, typed: a ``bebop.rollout.runner.RolloutSettings``."""
     from bebop.rollout.runner import RolloutSettings
-    from bebop.speculative.settings import SamplingParams, SpecConfig
 
     return RolloutSettings(
-        sampling=SamplingParams(cfg.temperature, cfg.top_k, cfg.top_p, cfg.max_new_tokens),
-        spec=SpecConfig(cfg.mode, cfg.speculate_k, verify=cfg.verify), group_size=cfg.group_size, seed=cfg.seed,
+        sampling=cfg.sampling, spec=cfg.spec, group_size=cfg.group_size, seed=cfg.seed,
         async_rollout=cfg.async_rollout, online_head=cfg.mtp.mtp_update == "online", auto_every=cfg.auto_every)
 
 
@@ -217,14 +185,9 @@ def resolve_rl_config(file: str | os.PathLike | None = None, overrides: dict[str
     Raises:
         BebopError: unknown key (the message lists the valid ones), wrong type, or an invalid value.
     """
-    owners = _leaf_owners()
-    values = merge_sources(file, overrides, list(owners))
+    values = merge_sources(file, overrides, flat_keys(RLConfig))
     if values.get("data") and "task" not in values:
         values["task"] = "math"  # a data file implies the file task
-    groups = {
-        name: resolve(cls, None, {k: v for k, v in values.items() if owners[k] is cls}) for name, cls in _GROUPS.items()
-    }
-    top = {k: v for k, v in values.items() if owners[k] is RLConfig}
-    cfg = resolve(RLConfig, None, {**top, **groups})
+    cfg = resolve(RLConfig, None, values)
     check_rl_config(cfg)
     return cfg

@@ -167,7 +167,7 @@ def update_head(state: RLState, rollout: Rollout, cfg: RLConfig) -> dict:
     if state.head_optimizer is None:
         return dict(NO_HEAD_METRICS)
     sequences = rollout_sequences(rollout.result.prompt_ids, rollout.result.token_ids)
-    return online_head_step(state.policy, state.head, state.head_optimizer, sequences, cfg.mtp, cfg.temperature,
+    return online_head_step(state.policy, state.head, state.head_optimizer, sequences, cfg.mtp, cfg.sampling.temperature,
                             state.pad_id, cfg.policy.micro_batch_tokens)
 
 
@@ -182,12 +182,12 @@ def step_metrics(cfg: RLConfig, rollout: Rollout, rewards: torch.Tensor, update:
     result = rollout.result
     spec = result.spec_metrics()
     target_entropy = spec.pop("spec/target_entropy")
-    if cfg.mode == "none":
+    if cfg.spec.mode == "none":
         spec = dict.fromkeys(spec)
     num_tokens = sum(result.lengths)
     row = {
         "step": rollout.batch.step + 1,
-        "mode": cfg.mode,
+        "mode": cfg.spec.mode,
         "reward_mean": float(rewards.mean()),
         "reward_std": float(rewards.std(correction=0)),
         "accuracy": float((rewards > 0.5).float().mean()),
@@ -233,10 +233,10 @@ def rl_step(
     if distributed.world_size() > 1:  # NOTE: this rank's rows, padded as in the whole batch
         inputs, advantages = tuple(t[first:last] for t in inputs), advantages[first:last]
     old_logprobs, ref_logprobs = fixed_logprobs(state.rollouts.sampling_model, state.reference, inputs,
-                                                cfg.temperature, cfg.policy.micro_batch_tokens)
+                                                cfg.sampling.temperature, cfg.policy.micro_batch_tokens)
     state.rollouts.launch(next_batch)
     update = update_policy(state.policy, state.optimizer, inputs, old_logprobs, ref_logprobs, advantages, cfg.policy,
-                           cfg.temperature)
+                           cfg.sampling.temperature)
     mtp_start = time.perf_counter()
     update.update(update_head(state, rollout, cfg))
     sync_start = time.perf_counter()
@@ -256,7 +256,7 @@ def make_state(model: nn.Module, tokenizer, head: nn.Module | None, cfg: RLConfi
 
     ``backend_options`` go to the backend's constructor (the vLLM backend's ``workdir``, say).
     """
-    if problem := head_problem(cfg.mode, head is not None, cfg.mtp.mtp_update):
+    if problem := head_problem(cfg.spec.mode, head is not None, cfg.mtp.mtp_update):
         raise BebopError(problem)
     model.eval()
     for p in model.parameters():
@@ -351,7 +351,7 @@ def train_rl(
     """
     check_rl_config(cfg)
     distributed.shard_range(cfg.prompts_per_step, "prompts_per_step")
-    if problem := backend_problem(cfg.backend, cfg.mode, cfg.speculate_k, distributed.world_size()):
+    if problem := backend_problem(cfg.backend, cfg.spec.mode, cfg.spec.speculate_k, distributed.world_size()):
         raise BebopError(problem)
     run_dir = Path(run_dir)
     check_output_dir(run_dir, resume=resume, overwrite=overwrite, what="run directory")
@@ -376,12 +376,12 @@ def train_rl(
                                           announce=say, worth_keeping=lambda _: bool(rows_out)))
             write_json(run_dir / CONFIG_FILE, config)
         say(f"rl: resolved config {json.dumps(config)}")
-        say(f"rl: mode={cfg.mode} steps={cfg.steps} B={cfg.prompts_per_step} G={cfg.group_size} from step {start}")
+        say(f"rl: mode={cfg.spec.mode} steps={cfg.steps} B={cfg.prompts_per_step} G={cfg.group_size} from step {start}")
         metrics_log = JsonlLogger(run_dir / METRICS_FILE, kept[METRICS_FILE]) if main else NullLogger()
         token_log = (JsonlLogger(run_dir / TOKEN_STATS_FILE, kept[TOKEN_STATS_FILE])
-                     if main and cfg.mode != "none" and state.rollouts.backend.token_stats else NullLogger())
+                     if main and cfg.spec.mode != "none" and state.rollouts.backend.token_stats else NullLogger())
         loggers += [metrics_log, token_log]
-        label = cfg.label or cfg.mode
+        label = cfg.label or cfg.spec.mode
         for step in progress(range(start, cfg.steps), total=cfg.steps - start, desc=f"rl {label}",
                              enabled=show_progress):
             batch = prompt_batch(cfg, step, data_rows)

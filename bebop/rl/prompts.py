@@ -75,9 +75,9 @@ def check_prompt_fits(cfg: RLConfig, prompt_ids: list[int], max_positions: int |
     num_tokens = len(prompt_ids)
     if num_tokens == 0:
         raise BebopError(f"{where}: empty prompt (no tokens)")
-    slots = cfg.max_new_tokens + max_speculate_k(cfg) + 1  # as the engine counts
+    slots = cfg.sampling.max_new_tokens + max_speculate_k(cfg) + 1  # as the engine counts
     if max_positions is not None and num_tokens + slots > max_positions:
-        raise BebopError(f"{where}: prompt too long: {num_tokens} prompt tokens + {cfg.max_new_tokens} new tokens "
+        raise BebopError(f"{where}: prompt too long: {num_tokens} prompt tokens + {cfg.sampling.max_new_tokens} new tokens "
                          f"+ verify slots exceed the model's max_position_embeddings={max_positions}")
 
 

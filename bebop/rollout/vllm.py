@@ -47,6 +47,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from bebop.config import drafted_k
 from bebop.rollout import vllm_process
 from bebop.rollout.base import RolloutBackend, repeat_prompts
 from bebop.speculative.settings import head_problem, needs_head
@@ -222,7 +223,7 @@ class VllmBackend(RolloutBackend):
             raise BebopError("the vllm backend samples drafts unfiltered; filter_drafts is not available on it")
         if spec.verify != "token":
             raise BebopError("the vllm backend verifies token by token; verify block needs backend engine")
-        key = (spec.mode, spec.speculate_k if spec.mode != "none" else 0)
+        key = (spec.mode, drafted_k(spec.mode, spec.speculate_k))
         if self._llm is not None and self._key == key and _LIVE["llm"] is self._llm:
             return self._llm
         _shutdown_live()
@@ -290,7 +291,7 @@ class VllmBackend(RolloutBackend):
         from bebop.speculative.completions import Completions
         from bebop.speculative.stats import SpecStats
 
-        k = spec.speculate_k if spec.mode != "none" else 0
+        k = drafted_k(spec.mode, spec.speculate_k)
         # NOTE: sampled (not greedy) drafting is decided before an engine starts, refused before one is paid for
         if k and sampling.temperature != 0:
             self._sampling = self._sampling or vllm_process.prepare_sampling()

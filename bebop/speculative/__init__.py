@@ -4,12 +4,23 @@ Verification knows nothing about where drafts come from: it takes tensors and re
 counts. The engine (``generate``) drafts with an MTP head and verifies with the target.
 """
 
-from bebop.speculative.completions import Completions
-from bebop.speculative.engine import generate
-from bebop.speculative.sampling import PAD_TOKEN_ID, logits_to_probs
 from bebop.speculative.settings import MODES, SamplingParams, SpecConfig
-from bebop.speculative.stats import SpecStats
-from bebop.speculative.verification import block_verify, greedy_verify, rejection_sample
+
+_LAZY = {  # name -> the module that holds it: these load torch, so they are imported on first use and
+    # bebop.speculative.settings (every command's rollout flags) stays light for ``bebop --help``
+    "Completions": "completions", "generate": "engine", "PAD_TOKEN_ID": "sampling", "logits_to_probs": "sampling",
+    "SpecStats": "stats", "block_verify": "verification", "greedy_verify": "verification",
+    "rejection_sample": "verification",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"bebop.speculative.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'bebop.speculative' has no attribute {name!r}")
+
 
 __all__ = [
     "MODES",

@@ -1,49 +1,92 @@
-"""The settings of one generation, and the one check of their values every caller goes through.
+"""The rollout's settings, each declared once, and the one check of their values every caller goes through.
 
-``SamplingParams`` say how the target's distribution is processed (temperature, top-k, top-p) and
-when a completion ends; ``SpecConfig`` says how it is drafted and verified (mode, K). The engine,
-``bebop generate``, ``bebop rl`` and the auto chooser all validate them with ``check_settings``
-(``settings_problems`` lists the problems for callers that gather several). This module imports
-nothing heavy, so configs are checked before torch loads.
+Each setting of a generation is a ``Setting`` here (default, help, choices, check): ``SamplingParams``
+say how the target's distribution is processed (temperature, top-k, top-p) and when a completion ends;
+``SpecConfig`` says how it is drafted and verified (mode, K, verify). Their fields are these
+declarations, and ``bebop generate``, ``bebop rl`` and the TRL integration embed the two classes
+(``bebop.config.group``), so a setting declared here is a flag, a config-file key and a field at once.
+The engine and the auto chooser validate them with ``check_settings`` (``settings_problems`` lists
+the problems for callers that gather several). This module imports nothing heavy, so configs are
+checked before torch loads.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from bebop.config import (
     AUTO,
-    MAX_NEW_TOKENS,
-    MODES,
-    TOP_K,
-    TOP_P,
-    VERIFY_CHOICES,
+    AUTO_MAX_K,
+    Setting,
+    field_problems,
+    integer_in,
+    number_in,
+    parse_speculate_k,
+    positive_temperature,
     speculate_k_problem,
     temperature_problem,
 )
 from bebop.utils.errors import BebopError
+
+MODES = ("none", "to", "rs")  # plain | target-only | rejection sampling (bebop.speculative)
+VERIFY_CHOICES = ("token", "block")  # token-wise rejection sampling | block verification (bebop.speculative.block)
+
+
+def _stop_strings(name: str, value: Any) -> str | None:
+    # NOTE: "" occurs in every text, so it would end every completion after its first token.
+    if any(not isinstance(s, str) or not s for s in value):
+        return f"{name} strings must be non-empty, got {list(value)}"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- declarations
+MODE = Setting("none", "decoding: none (plain) | to (target-only) | rs (rejection sampling) | auto (the fastest "
+               "predicted after short probes)", choices=(*MODES, AUTO))
+SPECULATE_K = Setting(3, f"K, drafts verified per target forward, or auto (1-{AUTO_MAX_K}, the fastest predicted)",
+                      check=lambda name, value: speculate_k_problem(value, auto_ok=True, name=name),
+                      parse=parse_speculate_k)
+DRAFT_TEMPERATURE = Setting(None, "temperature of the draft distribution q (default: the sampling temperature)",
+                            check=positive_temperature, parse=float)
+FILTER_DRAFTS = Setting(False, "apply --top-k/--top-p to the draft distribution q too (drafts and verification; "
+                        "exact)")
+VERIFY = Setting("token", "how mode rs verifies a drafted chain: token (token-wise) | block (jointly, Sun et al. "
+                 "2024: exact, never fewer accepted drafts in expectation; engine backend only)", choices=VERIFY_CHOICES)
+TEMPERATURE = Setting(1.0, "sampling temperature; 0 = greedy where the command allows it (rl's loss divides by it)",
+                      check=lambda name, value: temperature_problem(value, greedy_ok=True, name=name))
+TOP_K = Setting(0, "top-k filter of the target's distribution; 0 = off", check=integer_in(0))
+TOP_P = Setting(1.0, "top-p (nucleus) filter of the target's distribution; 1 = off",
+                check=number_in(0, 1, low_open=True))
+MAX_NEW_TOKENS = Setting(64, "completion length limit, EOS included", check=integer_in(1))
+STOP = Setting((), "stop string, non-empty (repeatable): a completion ends right after the first of them",
+               check=_stop_strings)
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     """How the target's distribution is processed and when a completion ends."""
 
-    temperature: float = 1.0  # 0 = greedy
-    top_k: int = 0  # 0 = off
-    top_p: float = 1.0  # 1 = off
-    max_new_tokens: int = 64  # completion tokens per row, EOS included
-    stop: tuple[str, ...] = ()  # a completion ends right after the first of these strings
+    temperature: float = TEMPERATURE.field()  # 0 = greedy
+    top_k: int = TOP_K.field()  # 0 = off
+    top_p: float = TOP_P.field()  # 1 = off
+    max_new_tokens: int = MAX_NEW_TOKENS.field()  # completion tokens per row, EOS included
+    stop: tuple[str, ...] = STOP.field()  # a completion ends right after the first of these strings
 
 
 @dataclass(frozen=True)
 class SpecConfig:
-    """Which speculative mode runs and how deep it drafts."""
+    """Which speculative mode runs and how deep it drafts (default: plain decoding, which needs no head)."""
 
-    mode: str = "none"  # none | to | rs (| auto: bebop.speculative.auto picks one)
-    speculate_k: int | str = 3  # K, drafts verified per target pass (| "auto", as for mode)
-    draft_temperature: float | None = None  # temperature of q; None = the sampling temperature
-    filter_drafts: bool = False  # apply the sampling top-k/top-p to q too (drafts and verification)
-    verify: str = "token"  # token: token-wise rejection sampling | block: bebop.speculative.block (mode rs only)
+    mode: str = MODE.field()  # none | to | rs (| auto: bebop.speculative.auto picks one)
+    speculate_k: int | str = SPECULATE_K.field()  # K, drafts verified per target pass (| "auto", as for mode)
+    draft_temperature: float | None = DRAFT_TEMPERATURE.field()  # temperature of q; None = the sampling temperature
+    filter_drafts: bool = FILTER_DRAFTS.field()  # apply the sampling top-k/top-p to q too (drafts and verification)
+    verify: str = VERIFY.field()  # token: token-wise rejection sampling | block: bebop.speculative.block (mode rs only)
+
+
+# NOTE: the commands (generate, rl) and the TRL integration draft with the head unless told otherwise: rs is
+# lossless, so the default rollout is the policy's own distribution, only faster.
+ROLLOUT_SPEC = SpecConfig(mode="rs")
 
 
 def distribution_problems(temperature: float, top_k: int, top_p: float, greedy_ok: bool) -> list[str]:
@@ -51,16 +94,6 @@ def distribution_problems(temperature: float, top_k: int, top_p: float, greedy_o
     ``settings_problems``. ``bebop.speculative.sampling.logits_to_probs`` checks its arguments here."""
     problems = [temperature_problem(temperature, greedy_ok), TOP_K.check("top_k", top_k), TOP_P.check("top_p", top_p)]
     return [p for p in problems if p]
-
-
-def _sampling_problems(sampling: SamplingParams, greedy_ok: bool) -> list[str]:
-    problems = distribution_problems(sampling.temperature, sampling.top_k, sampling.top_p, greedy_ok)
-    if problem := MAX_NEW_TOKENS.check("max_new_tokens", sampling.max_new_tokens):
-        problems.append(problem)
-    # NOTE: "" occurs in every text, so it would end every completion after its first token.
-    if any(not isinstance(s, str) or not s for s in sampling.stop):
-        problems.append(f"stop strings must be non-empty, got {list(sampling.stop)}")
-    return problems
 
 
 def verify_problem(mode: str, verify: str, backend: str = "engine") -> str | None:
@@ -95,18 +128,6 @@ def head_problem(mode: str, has_head: bool, mtp_update: str = "frozen", given_by
     return f"mode {mode!r}{online} needs an MTP head ({given_by})"
 
 
-def _spec_problems(spec: SpecConfig, auto_ok: bool) -> list[str]:
-    modes = (*MODES, AUTO) if auto_ok else MODES
-    problems = [] if spec.mode in modes else [f"unknown mode {spec.mode!r}; choose one of {', '.join(modes)}"]
-    if spec.mode != "none":  # NOTE: mode none drafts nothing, so it ignores K
-        problems.append(speculate_k_problem(spec.speculate_k, auto_ok))
-    if spec.draft_temperature is not None:
-        problem = temperature_problem(spec.draft_temperature, greedy_ok=False)
-        problems.append(problem and "draft_" + problem)
-    problems.append(verify_problem(spec.mode, spec.verify))
-    return problems
-
-
 def settings_problems(spec: SpecConfig | None, sampling: SamplingParams | None, greedy_ok: bool = True,
                       auto_ok: bool = True) -> list[str]:
     """Every reason these settings cannot be used (empty when they can).
@@ -119,8 +140,18 @@ def settings_problems(spec: SpecConfig | None, sampling: SamplingParams | None, 
         greedy_ok: whether temperature 0 (greedy decoding) is allowed (not in RL: it needs samples).
         auto_ok: whether mode and K may be ``auto`` (not in ``generate``: the auto wing decides them).
     """
-    problems = (_spec_problems(spec, auto_ok) if spec is not None else []) + (
-        _sampling_problems(sampling, greedy_ok) if sampling is not None else [])
+    problems = []
+    if spec is not None:
+        # NOTE: mode none drafts nothing, so it ignores K; verify_problem names an unknown verify
+        problems += field_problems(spec, skip=("verify", "speculate_k") if spec.mode == "none" else ("verify",))
+        if not auto_ok and spec.mode == AUTO:
+            problems.append(f"unknown mode {spec.mode!r}; choose one of {', '.join(MODES)}")
+        if not auto_ok and spec.mode != "none" and spec.speculate_k == AUTO:
+            problems.append(speculate_k_problem(spec.speculate_k, auto_ok=False))
+        problems.append(verify_problem(spec.mode, spec.verify))
+    if sampling is not None:
+        problems += [temperature_problem(sampling.temperature, greedy_ok)] + field_problems(sampling,
+                                                                                               skip=("temperature",))
     return [p for p in problems if p]
 
 

@@ -66,7 +66,7 @@ COIN_DTYPE = torch.float64  # accept coins on a 2^-53 grid: P(u < a) = a to 1e-1
 #   -> (num_accepted (B,) int64, weights of the emitted token (B, V))
 Verifier = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor],
                     tuple[torch.Tensor, torch.Tensor]]
-VERIFIERS: dict[str, Verifier] = {  # SpecConfig.verify -> its verifier (bebop.config.VERIFY_CHOICES)
+VERIFIERS: dict[str, Verifier] = {  # SpecConfig.verify -> its verifier (bebop.speculative.settings.VERIFY_CHOICES)
     "token": accept_token_wise,  # token-wise rejection sampling; target-only when draft_probs is None
     "block": accept_block,  # block verification (Sun et al. 2025); needs draft_probs
 }

@@ -30,7 +30,7 @@ def test_config_precedence_and_flat_keys(tmp_path):
     path = tmp_path / "rl.toml"
     path.write_text("# bebop rl --config rl.toml\nmode = 'to'\nlr = 2e-5\nmtp_lr = 3\ngroup_size = 4\n")
     cfg = resolve_rl_config(path, {"group_size": 6, "steps": None})
-    assert (cfg.mode, cfg.policy.lr, cfg.mtp.mtp_lr, cfg.group_size, cfg.steps) == ("to", 2e-5, 3.0, 6, 100)
+    assert (cfg.spec.mode, cfg.policy.lr, cfg.mtp.mtp_lr, cfg.group_size, cfg.steps) == ("to", 2e-5, 3.0, 6, 100)
     assert set(flat_config(cfg)) == set(config_fields())
     assert resolve_rl_config(None, flat_config(cfg)) == cfg  # config.json round-trips
 

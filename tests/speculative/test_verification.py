@@ -12,7 +12,7 @@
 import pytest
 import torch
 
-from bebop.config import VERIFY_CHOICES
+from bebop.speculative.settings import VERIFY_CHOICES
 from bebop.speculative import rng
 from bebop.speculative.sampling import PAD_TOKEN_ID, sample_from_probs
 from bebop.speculative.verification import (
