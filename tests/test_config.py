@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -10,6 +11,8 @@ from bebop.config import (
     SEED,
     field_problems,
     flags_of,
+    flatten,
+    group,
     integer_in,
     is_auto,
     number_in,
@@ -139,3 +142,42 @@ def test_train_mtp_config_is_torch_free_and_its_names_match_the_code():
         _check(TrainMtpConfig(init=name, chain_context=CHAIN_CONTEXTS[0]))
     with pytest.raises(BebopError, match="unknown init 'middle'"):
         _check(TrainMtpConfig(init="middle"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Outer:
+    """``Toy`` embedded as a group, with another default for ``steps`` and without ``on``."""
+
+    toy: Toy = group(Toy(steps=5), skip=("on",))
+    seed: int = SEED.field()
+
+
+def test_a_group_s_fields_are_flat_keys_with_the_outer_defaults(tmp_path):
+    flags = flags_of(Outer)
+    assert list(flags) == ["name", "steps", "rate", "seed"] and flags["steps"].default == 5
+    path = tmp_path / "outer.toml"
+    path.write_text("name = 'b'\nseed = 4\n")
+    cfg = resolve(Outer, path, {"rate": 2})
+    assert cfg == Outer(Toy(name="b", steps=5, rate=2.0), seed=4)
+    assert flatten(cfg) == {"name": "b", "steps": 5, "rate": 2.0, "seed": 4}
+    assert resolve(Outer, None, flatten(cfg)) == cfg  # a saved flat table round-trips
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"on": True}, "unknown flags keys ['on']"),  # skipped: not a key of Outer
+    ({"toy": {}}, "unknown flags keys ['toy']"),  # a group's name is not a key
+    ({"steps": 0}, "steps must be an integer in [1, 2**63 - 1], got 0"),  # a group's field keeps its check
+])
+def test_a_group_refuses_what_its_fields_refuse(overrides, message):
+    with pytest.raises(BebopError, match=re.escape(message)):
+        resolve(Outer, None, overrides)
+
+
+def test_a_key_declared_twice_across_groups_is_refused():
+    @dataclasses.dataclass(frozen=True)
+    class Twice:
+        toy: Toy = group(Toy())
+        steps: int = option(3, "how many")
+
+    with pytest.raises(AssertionError, match="config key 'steps' is defined twice"):
+        flags_of(Twice)

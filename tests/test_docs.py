@@ -63,6 +63,8 @@ RUN_ELSEWHERE = {  # (file, first line's start) -> "test file::test" that runs t
     ("README.md", "# my_rewards.py"): WALKTHROUGH,
     ("README.md", "bebop rl --model $MODEL"): WALKTHROUGH,
     ("README.md", "from bebop import models, mtp, speculative"): WALKTHROUGH,
+    ("docs/layout.md", "from dataclasses import dataclass"):
+        "tests/speculative/test_settings_declared.py::test_layout_worked_example_runs_as_written",
     ("README.md", "python examples/trl_grpo.py --max-steps 20 --output-dir runs/trl-none"): TRL_EXAMPLE,
     ("docs/trainers.md", "python examples/trl_grpo.py --max-steps 20 --output-dir runs/trl-grpo"): TRL_EXAMPLE,
 }

@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from bebop.config import temperature_problem
+from bebop.utils.torch_utils import compute_dtype
 
 # NOTE: a tile is (row chunk, vocab chunk); one tile step holds about six float32 buffers of that
 # size. 2**22 elements = 16 MiB each: big enough to keep a GPU busy, and small enough that glibc
@@ -115,17 +116,6 @@ STATISTICS = {
     "fkl": Statistic(True, _fkl_sums, _ce_grad),
     "rkl": Statistic(True, _rkl_sums, _rkl_grad),
 }
-
-
-def compute_dtype(*dtypes: torch.dtype) -> torch.dtype:
-    """Dtype the statistics accumulate in: at least float32, float64 if any input is.
-
-    Example: ``compute_dtype(torch.bfloat16, torch.float32) == torch.float32``.
-    """
-    out = torch.float32
-    for dtype in dtypes:
-        out = torch.promote_types(out, dtype)
-    return out
 
 
 def resolve_row_chunk(row_chunk: int | None, vocab: int, vocab_chunk: int) -> int:

@@ -52,10 +52,10 @@ from bebop.losses.entry_stats import (
     _prob_tiles,
     _row_logsumexp,
     _row_slices,
-    compute_dtype,
     resolve_row_chunk,
 )
 from bebop.utils.errors import BebopError
+from bebop.utils.torch_utils import compute_dtype
 
 # NOTE: a row chunk's matmul writes draft and target logits into one (2 * rows, V) buffer that every
 # chunk reuses (a fresh one per chunk would page-fault every time and briefly hold two), its

@@ -29,8 +29,9 @@ import torch
 from torch import Tensor
 
 from bebop.config import temperature_problem
-from bebop.losses.entry_stats import _row_slices, compute_dtype
+from bebop.losses.entry_stats import _row_slices
 from bebop.losses.fused import FUSED_TILE_ELEMENTS
+from bebop.utils.torch_utils import compute_dtype
 
 
 def _chunk_scores(

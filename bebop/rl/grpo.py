@@ -6,8 +6,8 @@ GRPO (Shao et al. 2024) as used by arXiv 2606.12370 §1.4:
     r_{i,t} = π_θ(y_{i,t} | x, y_{i,<t}) / π_θold(y_{i,t} | x, y_{i,<t})
     Â_i = (R_i − μ_G) / σ_G   (mean and std over the G samples of prompt x)
 
-The step reads top-down: rollout -> reward -> ``group_advantages`` -> ``token_logprobs`` (old,
-reference, current) -> ``policy_loss`` -> update. Nothing here knows how rollouts were produced.
+The step reads top-down: rollout -> reward -> ``group_advantages`` -> ``bebop.rollout.logprobs.token_logprobs``
+(old, reference, current) -> ``policy_loss`` -> update. Nothing here knows how rollouts were produced.
 
 Deviations from textbook GRPO:
   1) Token-level normalisation (DAPO, Yu et al. 2025): the surrogate is summed over every valid
@@ -32,7 +32,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from bebop.rollout.logprobs import token_logprobs
 
 
 def group_advantages(
@@ -100,28 +99,6 @@ def micro_batches(lengths: list[int], max_tokens: int) -> list[slice]:
     if lengths:
         groups.append(slice(start, len(lengths)))
     return groups
-
-
-def sequence_logprobs(
-    model: nn.Module,
-    input_ids: torch.Tensor,  # (B, T)
-    attention_mask: torch.Tensor,  # (B, T)
-    completion_mask: torch.Tensor,  # (B, T)
-    temperature: float = 1.0,
-) -> torch.Tensor:  # (B,)
-    """Total log-probability of each row's completion; the sum of ``token_logprobs`` over T.
-
-    Args:
-        model: a Hugging Face causal LM.
-        input_ids: prompt + completion token ids.
-        attention_mask: 1 on real tokens, 0 on padding.
-        completion_mask: True on the completion tokens.
-        temperature: the rollout's sampling temperature, > 0.
-
-    Returns:
-        float32 log π(y | x) per row.
-    """
-    return token_logprobs(model, input_ids, attention_mask, completion_mask, temperature).sum(dim=1)
 
 
 def kl_k3(

@@ -79,12 +79,12 @@ from bebop.rl.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from bebop.rl.config import RESUME_MAY_CHANGE, RLConfig, check_rl_config, flat_config, rollout_settings
 from bebop.rl.grpo import group_advantages
 from bebop.rl.online import make_head_optimizer, online_head_step, rollout_sequences
-from bebop.rl.prompts import PromptBatch, check_embedded_prompts, load_task_rows, prompt_batch, task_reward
+from bebop.rl.prompts import check_embedded_prompts, load_task_rows, prompt_batch, task_reward
 from bebop.rl.rewards import RewardFn, call_reward
 from bebop.rl.update import fixed_logprobs, update_policy
 from bebop.rollout.base import backend_problem, make_backend
 from bebop.rollout.logprobs import pad_sequences
-from bebop.rollout.runner import Rollout, RolloutRunner, frozen_copy
+from bebop.rollout.runner import PromptBatch, Rollout, RolloutRunner, frozen_copy
 from bebop.speculative.settings import head_problem
 from bebop.utils import distributed
 from bebop.utils.errors import BebopError

@@ -6,11 +6,11 @@ Prompts are a function of (seed, step) only, so a resumed run sees the same batc
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
 
 from bebop.rl.config import RLConfig, max_speculate_k
 from bebop.rl.data import load_prompt_rows
 from bebop.rl.rewards import RewardFn, load_reward, math_reward
+from bebop.rollout.runner import PromptBatch
 from bebop.task import arith
 from bebop.utils.errors import BebopError
 from bebop.utils.tokens import encode_prompt
@@ -18,16 +18,6 @@ from bebop.utils.tokens import encode_prompt
 TASK_REWARDS: dict[str, RewardFn] = {"embedded": arith.arith_reward, "math": math_reward}  # reward when reward=""
 PROMPT_IDS = "__prompt_ids"  # the row key holding the prompt's token ids (not a reward field)
 STEP_SEED_STRIDE = 1_000_003  # prime spacing of (seed, step) -> problem seed, so nearby runs do not share problems
-
-
-@dataclass(frozen=True)
-class PromptBatch:
-    """The prompts of one RL step."""
-
-    step: int  # 0-based RL step; keys the rollout seeds (logged as step + 1 = steps completed)
-    prompts: list[str]  # (B,) prompt texts (chat prompts rendered by the template), what rewards see
-    fields: dict[str, list]  # extra per-prompt fields for the reward (e.g. answer), each (B,)
-    prompt_ids: list[list[int]] | None = None  # (B,) what the model sees (bebop.utils.tokens); None: encode prompts
 
 
 def step_seed(seed: int, step: int) -> int:

@@ -31,10 +31,20 @@ from torch import nn
 
 from bebop.config import AUTO_EVERY, is_auto
 from bebop.rollout.base import RolloutBackend
-from bebop.speculative.completions import Completions
+from bebop.speculative.completions import Completions, Decision
 from bebop.speculative.settings import SamplingParams, SpecConfig
 from bebop.speculative.stats import concat_stats
 from bebop.utils import distributed
+
+
+@dataclass(frozen=True)
+class PromptBatch:
+    """The prompts of one RL step (``bebop.rl.prompts.prompt_batch`` makes them)."""
+
+    step: int  # 0-based RL step; keys the rollout seeds (logged as step + 1 = steps completed)
+    prompts: list[str]  # (B,) prompt texts (chat prompts rendered by the template), what rewards see
+    fields: dict[str, list]  # extra per-prompt fields for the reward (e.g. answer), each (B,)
+    prompt_ids: list[list[int]] | None = None  # (B,) what the model sees (bebop.utils.tokens); None: encode prompts
 
 
 @dataclass(frozen=True)
@@ -54,10 +64,10 @@ class RolloutSettings:
 class Rollout:
     """G completions of every prompt of a batch, prompt-major (row b*G+g)."""
 
-    batch: object  # the PromptBatch answered (prompts, prompt_ids, fields, step)
+    batch: PromptBatch  # the prompts answered
     result: Completions  # (B*G,) rows, with the backend's SpecStats
     seconds: float  # wall time of the backend call (measured in the background thread when async)
-    decision: object = None  # mode/K auto: the bebop.speculative.auto.chooser.Decision this rollout ran
+    decision: Decision | None = None  # mode/K auto: what the chooser decided for this rollout
 
 
 def frozen_copy(obj):

@@ -42,7 +42,8 @@ from __future__ import annotations
 
 import torch
 
-from bebop.speculative.sampling import compute_dtype, stop_rows
+from bebop.speculative.sampling import stop_rows
+from bebop.utils.torch_utils import compute_dtype
 
 WEIGHT_DTYPE = torch.float64  # w_j and h_j: products of K ratios, compared with the float64 accept coins
 

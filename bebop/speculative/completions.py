@@ -5,13 +5,13 @@ tokens the completions keep (see ``bebop.speculative.stats``). Backends that can
 target's distributions or each step's tokens (vLLM) report acceptance counts only and set
 ``token_stats = False``: their ``SpecStats`` hold no entropy, counterfactual alpha, accept-length
 histogram or per-position acceptance on emitted tokens, and ``spec_metrics`` logs those as null.
+A call with mode/K auto also carries the ``Decision`` the auto chooser made.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
 
 from bebop.speculative.stats import EmissionLog, SpecStats
 from bebop.utils.errors import BebopError
@@ -19,6 +19,26 @@ from bebop.utils.errors import BebopError
 ABSENT_WITHOUT_TOKEN_STATS = ("spec/alpha_rs", "spec/alpha_to", "spec/accept_length_hist", "spec/target_entropy",
                               "spec/accepted_per_pos")
 UNCUT = 2**62  # a completion length past every step: nothing is cut
+
+
+@dataclass
+class Decision:
+    """What ``bebop.speculative.auto`` chose for a call with mode/K auto: the setting, its prediction and every
+    candidate's (``AutoChooser`` makes it; a ``Completions`` carries it)."""
+
+    mode: str
+    speculate_k: int  # 0 for none
+    predicted_tok_s: float
+    predictions: dict[str, float]  # "none", "to3", "rs1", ... -> predicted tokens/s
+    rows: float = 1.0  # decoding rows the predictions are for (tokens/s scales with them)
+    measured_tok_s: float = float("nan")  # tokens/s of the steps decoded at the chosen setting
+    probed: bool = True  # the call probed settings and decided (else: it kept the last probe's decision)
+    confirmed: bool = True  # held until the next scheduled probe (else: the next call probes, ``AutoChooser.settle``)
+
+    def to_metrics(self) -> dict:
+        return {"auto/mode": self.mode, "auto/speculate_k": self.speculate_k,
+                "auto/predicted_tok_s": self.predicted_tok_s, "auto/probed": self.probed,
+                "auto/confirmed": self.confirmed}
 
 
 @dataclass
@@ -32,21 +52,13 @@ class Completions:
     finish_reasons: list[str]  # "eos" | "length" | "stop"
     stats: SpecStats = field(default_factory=SpecStats)  # kept tokens only (see bebop.speculative.stats)
     token_stats: bool = True  # False: entropy, counterfactual alpha and the accept-length histogram are absent
-    decision: Any = None  # bebop.speculative.auto.chooser.Decision when this call chose its mode/K (auto), else None
+    decision: Decision | None = None  # what bebop.speculative.auto chose when this call had mode/K auto
     log: EmissionLog | None = field(default=None, repr=False)  # every verify step as the verifier emitted it
     # Wall time of every decode step after prefill: (active rows, seconds, seconds of its drafting;
     # 0 unless time_drafts). A step ends with the engine's host syncs, so the time is the step's on
     # any device (``bebop.speculative.auto.chooser`` reads it). Empty from other backends.
     step_times: list[tuple[int, float, float]] = field(default_factory=list, repr=False)
     prefill_seconds: float = 0.0  # wall time of the prefill (the prompts' forward and first tokens)
-
-    def verifier_stats(self) -> SpecStats:
-        """Statistics of every verify step as emitted, before the stop check: vLLM's way of counting."""
-        if self.log is None:
-            return self.stats
-        stats = self.log.to_stats([UNCUT] * len(self.lengths))
-        stats.num_generated_tokens = sum(self.lengths)  # the completions' tokens, not the uncut bound
-        return stats
 
     def cut_after(self, token_ids: set[int], tokenizer) -> Completions:
         """These completions, each cut right after its first token in ``token_ids`` (EOS ids the engine did not

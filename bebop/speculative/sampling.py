@@ -34,17 +34,9 @@ from __future__ import annotations
 import torch
 
 from bebop.speculative.settings import distribution_problems
+from bebop.utils.torch_utils import compute_dtype
 
 PAD_TOKEN_ID = -1  # marks unused output slots (after the recovered or bonus token)
-
-
-def compute_dtype(*tensors: torch.Tensor | None) -> torch.dtype:
-    """float32, or float64 when an input is float64: half precision is upcast for the math."""
-    dtype = torch.float32
-    for t in tensors:
-        if t is not None:
-            dtype = torch.promote_types(dtype, t.dtype)
-    return dtype
 
 
 # ----------------------------------------------------------------------------- samplers

@@ -50,10 +50,10 @@ from bebop.speculative.block import accept_block
 from bebop.speculative.sampling import (
     PAD_TOKEN_ID,
     accept_token_wise,
-    compute_dtype,
     drafts_with_bonus,
     sample_from_probs,
 )
+from bebop.utils.torch_utils import compute_dtype
 
 PROB_SUM_TOLERANCE = 1e-3  # |Σ p - 1| allowed: float32 softmax over 256k tokens errs by ~1e-5;
 # a larger error means unnormalised weights were passed, which would break exactness silently.

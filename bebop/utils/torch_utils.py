@@ -1,4 +1,4 @@
-"""Device and dtype choice, seeding and content hashes of weights."""
+"""Device and dtype choice (the compute dtype of Bebop's float math included), seeding and content hashes of weights."""
 
 from __future__ import annotations
 
@@ -66,6 +66,19 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device | str | 
     return DTYPES[dtype]
 
 
+def compute_dtype(*inputs: torch.Tensor | torch.dtype | None) -> torch.dtype:
+    """The dtype probabilities, losses and statistics are computed in: float32, or float64 when an input
+    (a tensor or a dtype; None is skipped) is float64; half precision is upcast for the math.
+
+    Example: ``compute_dtype(torch.bfloat16, None) == torch.float32``.
+    """
+    out = torch.float32
+    for x in inputs:
+        if x is not None:
+            out = torch.promote_types(out, x if isinstance(x, torch.dtype) else x.dtype)
+    return out
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     """``torch.bfloat16`` -> ``"bfloat16"`` (the --dtype spelling, for configs and messages)."""
     return str(dtype).removeprefix("torch.")
@@ -101,5 +114,8 @@ def cache_kwargs(module: torch.nn.Module, cache) -> dict:
     """``{name: cache}`` for ``module.forward``: ``cache`` since transformers renamed it, ``past_key_values`` before.
 
     Example: ``decoder(input_ids=ids, **cache_kwargs(decoder, kv))`` works on transformers 5.19 and 5.24.
+
+    Delete when the oldest transformers Bebop installs (``transformers>=`` in pyproject.toml) names the argument
+    ``cache`` in every model's ``forward``: then callers pass ``cache=`` themselves.
     """
     return {"cache" if _takes_cache(type(module)) else "past_key_values": cache}

@@ -9,8 +9,10 @@ import torch
 
 from bebop.mtp import MtpHead
 from bebop.speculative import engine
+from bebop.speculative.completions import UNCUT, Completions
 from bebop.speculative.sampling import logits_to_probs
 from bebop.speculative.settings import SamplingParams
+from bebop.speculative.stats import SpecStats
 from tests.helpers.models import tiny_model
 from tests.helpers.verification import ALPHA
 
@@ -124,3 +126,12 @@ def record_blocks(monkeypatch) -> list[tuple[int, list[int]]]:
 
     monkeypatch.setattr(engine._Runner, "_emit", spy)
     return blocks
+
+
+def verifier_stats(completions: Completions) -> SpecStats:
+    """Statistics of every verify step as emitted, before the stop check: vLLM's way of counting."""
+    if completions.log is None:
+        return completions.stats
+    stats = completions.log.to_stats([UNCUT] * len(completions.lengths))
+    stats.num_generated_tokens = sum(completions.lengths)  # the completions' tokens, not the uncut bound
+    return stats

@@ -8,6 +8,7 @@ import torch
 
 from bebop.embedded import PretrainConfig, build_model, build_tokenizer
 from bebop.rl import RLConfig, resolve_rl_config
+from bebop.rollout.logprobs import token_logprobs
 
 TINY = PretrainConfig(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64)
 REWARD = "tests.helpers.rl:char_length_reward"
@@ -35,3 +36,9 @@ def tiny_config(**overrides) -> RLConfig:
 
 def read_rows(path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def sequence_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_mask: torch.Tensor,
+                      temperature: float = 1.0) -> torch.Tensor:  # (B,)
+    """Total log-probability of each row's completion: the sum of ``token_logprobs`` over T (float32)."""
+    return token_logprobs(model, input_ids, attention_mask, completion_mask, temperature).sum(dim=1)

@@ -4,8 +4,9 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from bebop.rl.grpo import group_advantages, kl_k3, micro_batches, policy_loss, sequence_logprobs
+from bebop.rl.grpo import group_advantages, kl_k3, micro_batches, policy_loss
 from bebop.rollout.logprobs import pad_sequences, token_logprobs
+from tests.helpers.rl import sequence_logprobs
 
 # ---------------------------------------------------------------- group_advantages
 

@@ -17,7 +17,8 @@ from bebop.analysis.summary import summarize_run
 from bebop.mtp.head import MtpHead
 from bebop.rl import RLConfig, config_fields, flat_config, resolve_rl_config, train_rl
 from bebop.rl.loop import Rollout, make_state, rl_step, score_rollout
-from bebop.rl.prompts import PromptBatch, prompt_batch, step_seed
+from bebop.rl.prompts import prompt_batch, step_seed
+from bebop.rollout.runner import PromptBatch
 from bebop.speculative.completions import Completions
 from bebop.task import arith
 from bebop.utils.errors import BebopError

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from bebop.speculative.engine import SamplingParams, SpecConfig, generate
 from bebop.speculative.sampling import logits_to_probs
 from bebop.speculative.stats import EmissionLog, concat_stats, entropy
-from tests.helpers.engine import ToyTokenizer, peaked_model, perturbed_head, record_blocks, toy_prompts
+from tests.helpers.engine import ToyTokenizer, peaked_model, perturbed_head, record_blocks, toy_prompts, verifier_stats
 
 K = 3
 ENTROPY_ATOL = 1e-4  # engine (batched, cached) vs one full forward: same float32 math, other batching
@@ -119,7 +119,7 @@ def test_verifier_stats_count_every_step_before_the_stop_check():
     head = perturbed_head(model, 0.1)
     out = generate(model, ToyTokenizer(), toy_prompts(PROMPT_LENGTHS), mtp=head, sampling=SamplingParams(max_new_tokens=7),
                    spec=SpecConfig(mode="rs", speculate_k=K), seed=3)
-    raw = out.verifier_stats()
+    raw = verifier_stats(out)
     steps = [b for b in out.log.blocks if b.drafts is not None]
     assert raw.num_drafts == sum(len(b.rows) for b in steps)
     assert raw.num_accepted_tokens == sum(w - 1 for b in steps for w in b.widths)

@@ -24,6 +24,7 @@ from bebop.rollout import vllm_cpu_fix, vllm_process  # noqa: E402
 from bebop.rollout.vllm import spec_counters  # noqa: E402
 from bebop.speculative import SamplingParams, SpecConfig, generate  # noqa: E402
 from bebop.task import arith  # noqa: E402
+from tests.helpers.engine import verifier_stats  # noqa: E402
 
 K = 3  # draft depth of every engine here
 ALPHA = 1e-3  # false-alarm probability of each acceptance comparison
@@ -125,7 +126,7 @@ def test_acceptance_per_position_agrees_with_bebop(served, engines, mode):
     """vLLM's accepted-per-position rates equal Bebop's engine's within sampling error, at T = 1.
 
     Per position j, the rate is (verify steps that accepted draft j) / (verify steps), counted as
-    vLLM counts it: every verify step, before the stop check (``Completions.verifier_stats``). A two-sided two-proportion z-test
+    vLLM counts it: every verify step, before the stop check (``tests.helpers.engine.verifier_stats``). A two-sided two-proportion z-test
     per position at ALPHA = 1e-3; 3 positions x 2 modes give a false-alarm probability of at most
     0.6% for the module when both engines sample exactly.
     """
@@ -133,8 +134,8 @@ def test_acceptance_per_position_agrees_with_bebop(served, engines, mode):
     engine = engines.get("probabilistic" if mode == "rs" else None)
     prompts = _prompts(tok, 256, seed=11)
     _, theirs = _vllm_generate(engine, prompts, temperature=1.0, max_tokens=48)
-    ours = generate(model, tok, prompts, mtp=head, sampling=SamplingParams(temperature=1.0, max_new_tokens=48),
-                    spec=SpecConfig(mode=mode, speculate_k=K), seed=1).verifier_stats()
+    ours = verifier_stats(generate(model, tok, prompts, mtp=head, sampling=SamplingParams(temperature=1.0, max_new_tokens=48),
+                                   spec=SpecConfig(mode=mode, speculate_k=K), seed=1))
     n_ours, n_theirs = ours.num_drafts, theirs["drafts"]
     assert n_ours > 1000 and n_theirs > 1000
     for j in range(K):

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -17,7 +16,7 @@ from bebop.config import AUTO, AUTO_EVERY, AUTO_MAX_K
 from bebop.speculative.auto.acceptance import DECAY, Acceptance, expected_accepted
 from bebop.speculative.auto.costs import StepCosts
 from bebop.speculative.auto.tail import Lengths, Rows, call_rates
-from bebop.speculative.completions import Completions
+from bebop.speculative.completions import Completions, Decision
 from bebop.speculative.settings import SpecConfig
 
 
@@ -49,25 +48,6 @@ def predict(mode: str, k: int, acceptance: Acceptance, costs: StepCosts, rows: f
         return 0.0
     tokens = 1.0 if mode == "none" else 1.0 + expected_accepted(acceptance.alphas(mode, k))
     return rows * tokens / seconds
-
-
-@dataclass
-class Decision:
-    """The chosen setting, its prediction and every candidate's."""
-
-    mode: str
-    speculate_k: int  # 0 for none
-    predicted_tok_s: float
-    predictions: dict[str, float]  # "none", "to3", "rs1", ... -> predicted tokens/s
-    rows: float = 1.0  # decoding rows the predictions are for (tokens/s scales with them)
-    measured_tok_s: float = float("nan")  # tokens/s of the steps decoded at the chosen setting
-    probed: bool = True  # the call probed settings and decided (else: it kept the last probe's decision)
-    confirmed: bool = True  # held until the next scheduled probe (else: the next call probes, ``AutoChooser.settle``)
-
-    def to_metrics(self) -> dict:
-        return {"auto/mode": self.mode, "auto/speculate_k": self.speculate_k,
-                "auto/predicted_tok_s": self.predicted_tok_s, "auto/probed": self.probed,
-                "auto/confirmed": self.confirmed}
 
 
 class AutoChooser:
