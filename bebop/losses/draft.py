@@ -70,8 +70,28 @@ def _e2e_tv_from_alpha(
     return _masked_mean(per_chain, num_steps > 0)
 
 
-def _entry_mean_loss(statistic: str, doc: str):
-    """A loss that averages one per-entry statistic (``ce``, ``fkl`` or ``rkl``) over valid entries."""
+def _tv_from_alpha(
+    alpha: Tensor,  # (N, K)
+    mask: Tensor,  # (N, K) bool
+) -> Tensor:  # ()
+    """Mean per-step TV distance 1 - alpha over valid entries. Example: alpha = [[0.6, 0.7]] gives 0.35."""
+    return _masked_mean(1.0 - alpha, mask)
+
+
+# loss name -> (the per-entry statistic of ``entry_statistic``, the reduction of its (N, K) values under the
+# (N, K) mask): what a loss is, whether it runs on logits (``DRAFT_LOSSES``) or fused with the lm_head (fused.py)
+DRAFT_LOSS_PARTS: dict[str, tuple[str, Callable[[Tensor, Tensor], Tensor]]] = {
+    "ce": ("ce", _masked_mean),
+    "fkl": ("fkl", _masked_mean),
+    "rkl": ("rkl", _masked_mean),
+    "tv": ("overlap", _tv_from_alpha),
+    "e2e_tv": ("overlap", _e2e_tv_from_alpha),
+}
+
+
+def _loss_of(name: str, doc: str):
+    """Draft loss ``name`` on logits: its statistic (``entry_statistic``), then its reduction (``DRAFT_LOSS_PARTS``)."""
+    statistic, reduce = DRAFT_LOSS_PARTS[name]
 
     def loss(
         draft_logits: Tensor,  # (N, K, V)
@@ -86,54 +106,22 @@ def _entry_mean_loss(statistic: str, doc: str):
             statistic, draft_logits, target_logits, temperature,
             row_chunk=row_chunk, vocab_chunk=vocab_chunk,
         )
-        return _masked_mean(value, mask)
+        return reduce(value, mask)
 
-    loss.__name__ = f"{statistic}_loss"
+    loss.__name__ = f"{name}_loss"
     loss.__doc__ = doc
     return loss
 
 
-ce_loss = _entry_mean_loss("ce", "Soft cross-entropy -sum_v p log q, averaged over valid entries.")
-fkl_loss = _entry_mean_loss("fkl", "Forward KL(p || q), averaged over valid entries.")
-rkl_loss = _entry_mean_loss("rkl", "Reverse KL(q || p), averaged over valid entries.")
+ce_loss = _loss_of("ce", "Soft cross-entropy -sum_v p log q, averaged over valid entries.")
+fkl_loss = _loss_of("fkl", "Forward KL(p || q), averaged over valid entries.")
+rkl_loss = _loss_of("rkl", "Reverse KL(q || p), averaged over valid entries.")
+tv_loss = _loss_of("tv", "Per-step TV distance 1 - sum_v min(p, q), averaged over valid entries.")
+e2e_tv_loss = _loss_of("e2e_tv", """End-to-end TV: one minus the normalised expected accept length (paper Eq. 13).
 
-
-def tv_loss(
-    draft_logits: Tensor,  # (N, K, V)
-    target_logits: Tensor,  # (N, K, V)
-    mask: Tensor,  # (N, K) bool
-    temperature: float,
-    *,
-    row_chunk: int | None = None,
-    vocab_chunk: int = VOCAB_CHUNK,
-) -> Tensor:  # ()
-    """Per-step TV distance 1 - sum_v min(p, q), averaged over valid entries."""
-    alpha = entry_statistic(
-        "overlap", draft_logits, target_logits, temperature,
-        row_chunk=row_chunk, vocab_chunk=vocab_chunk,
-    )
-    return _masked_mean(1.0 - alpha, mask)
-
-
-def e2e_tv_loss(
-    draft_logits: Tensor,  # (N, K, V)
-    target_logits: Tensor,  # (N, K, V)
-    mask: Tensor,  # (N, K) bool
-    temperature: float,
-    *,
-    row_chunk: int | None = None,
-    vocab_chunk: int = VOCAB_CHUNK,
-) -> Tensor:  # ()
-    """End-to-end TV: one minus the normalised expected accept length (paper Eq. 13).
-
-    The gradient reaching step j's logits is the per-step TV gradient scaled by that step's
-    weight in the chain, -(1/K_n) prod_{i<j} alpha_i (1 + alpha_{j+1} + ...).
-    """
-    alpha = entry_statistic(
-        "overlap", draft_logits, target_logits, temperature,
-        row_chunk=row_chunk, vocab_chunk=vocab_chunk,
-    )
-    return _e2e_tv_from_alpha(alpha, mask)
+The gradient reaching step j's logits is the per-step TV gradient scaled by that step's weight in the
+chain, -(1/K_n) prod_{i<j} alpha_i (1 + alpha_{j+1} + ...).
+""")
 
 
 # Every value takes validated inputs (a bool (N, K) mask, never None); `draft_loss` validates.

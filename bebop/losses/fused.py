@@ -37,13 +37,12 @@ Where this deviates from `draft_loss`:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import Tensor
 
 from bebop.config import temperature_problem
-from bebop.losses.draft import DRAFT_LOSSES, _e2e_tv_from_alpha, _masked_mean, _resolve_mask
+from bebop.losses.draft import DRAFT_LOSS_PARTS, DRAFT_LOSSES, _resolve_mask
 from bebop.losses.entry_stats import (
     STATISTICS,
     VOCAB_CHUNK,
@@ -65,16 +64,6 @@ from bebop.utils.torch_utils import compute_dtype
 # ones hold less (docs/results.md). 2**25 elements (220 rows of a 152k vocabulary) keeps
 # the working set under 1/8 of the plain loss's from N*K = 1,280 entries up.
 FUSED_TILE_ELEMENTS = 2**25  # default row chunk = FUSED_TILE_ELEMENTS // V
-
-# loss name -> (per-entry statistic, reduction of the (N, K) statistic under the (N, K) mask)
-FUSED_LOSSES: dict[str, tuple[str, Callable[[Tensor, Tensor], Tensor]]] = {
-    "ce": ("ce", _masked_mean),
-    "fkl": ("fkl", _masked_mean),
-    "rkl": ("rkl", _masked_mean),
-    "tv": ("overlap", lambda alpha, mask: _masked_mean(1.0 - alpha, mask)),
-    "e2e_tv": ("overlap", _e2e_tv_from_alpha),
-}
-
 
 @dataclass(frozen=True)
 class _Setup:
@@ -247,7 +236,7 @@ def _check_inputs(
     vocab_chunk: int,
 ) -> bool:  # whether the target is hidden states
     """Raises ValueError unless the inputs are usable; one host sync per tensor (NaN/inf check)."""
-    if name not in FUSED_LOSSES:
+    if name not in DRAFT_LOSS_PARTS:
         raise ValueError(f"unknown draft loss {name!r}; valid names: {sorted(DRAFT_LOSSES)}")
     for label, x, dim in (("draft_hidden", draft_hidden, 3), ("target", target, 3), ("weight", weight, 2)):
         if not isinstance(x, Tensor):
@@ -337,7 +326,7 @@ def draft_loss_from_hidden(
         mask = _resolve_mask(mask, draft_hidden)
     except ValueError as e:
         raise BebopError(f"draft_loss_from_hidden: {e}") from None
-    statistic, reduce = FUSED_LOSSES[name]
+    statistic, reduce = DRAFT_LOSS_PARTS[name]
     vocab, (num, depth, width) = weight.shape[0], draft_hidden.shape
     setup = _Setup(
         STATISTICS[statistic], float(temperature),

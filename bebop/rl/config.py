@@ -145,21 +145,26 @@ def max_speculate_k(cfg: RLConfig) -> int:
     return drafted_k(cfg.spec.mode, cfg.spec.speculate_k)
 
 
-def check_rl_config(cfg: RLConfig) -> None:
-    """Raises BebopError (one line) on a value no run could use: each field's own check
-    (``bebop.config.field_problems``), then the rules that relate fields."""
+def _relation_problems(cfg: RLConfig) -> list[str]:
+    """Why fields that are each usable cannot go together in a run (or, for the temperature, in RL)."""
     from bebop.rollout.base import backend_problem
 
-    problems = field_problems(cfg)
-    problems += [p for p in (positive_temperature("temperature", cfg.sampling.temperature),
-                             backend_problem(cfg.backend, cfg.spec.mode, cfg.spec.speculate_k),
-                             verify_problem(cfg.spec.mode, cfg.spec.verify, cfg.backend)) if p]
+    problems = [p for p in (positive_temperature("temperature", cfg.sampling.temperature),
+                            backend_problem(cfg.backend, cfg.spec.mode, cfg.spec.speculate_k),
+                            verify_problem(cfg.spec.mode, cfg.spec.verify, cfg.backend)) if p]
     if cfg.task == "math" and not cfg.data:
         problems.append("task math needs data (a JSONL/parquet prompt file)")
     if cfg.task == "embedded" and cfg.data:
         problems.append(f"task embedded uses its own prompts, so data {cfg.data!r} would be ignored; "
                         "use task math (implied by data when task is not set) or drop data")
-    if problems:
+    return problems
+
+
+def check_rl_config(cfg: RLConfig) -> None:
+    """Raises BebopError (one line) on a value no run could use: each field's own check
+    (``bebop.config.field_problems``), then the rules that relate fields. The RL loop's door
+    (``train_rl``), for a config built without ``resolve_rl_config``, which runs the same checks."""
+    if problems := field_problems(cfg) + _relation_problems(cfg):
         raise BebopError("invalid rl config: " + "; ".join(problems))
 
 
@@ -188,6 +193,7 @@ def resolve_rl_config(file: str | os.PathLike | None = None, overrides: dict[str
     values = merge_sources(file, overrides, flat_keys(RLConfig))
     if values.get("data") and "task" not in values:
         values["task"] = "math"  # a data file implies the file task
-    cfg = resolve(RLConfig, None, values)
-    check_rl_config(cfg)
+    cfg = resolve(RLConfig, None, values)  # NOTE: each field's check runs here, the rules that relate them below
+    if problems := _relation_problems(cfg):
+        raise BebopError("invalid rl config: " + "; ".join(problems))
     return cfg

@@ -9,7 +9,7 @@ from torch.utils._pytree import tree_flatten
 
 from bebop.losses import DRAFT_LOSSES, acceptance_stats, draft_loss, draft_loss_from_hidden
 from bebop.losses import entry_stats
-from bebop.losses.fused import FUSED_LOSSES
+from bebop.losses.draft import DRAFT_LOSS_PARTS
 from bebop.speculative.attention import final_logits
 from bebop.utils.errors import BebopError
 
@@ -71,7 +71,7 @@ def test_matches_draft_loss(name, mask_kind, temperature, target_as, chunks):
 
 
 def test_every_draft_loss_is_fused():
-    assert list(FUSED_LOSSES) == list(DRAFT_LOSSES)
+    assert list(DRAFT_LOSS_PARTS) == list(DRAFT_LOSSES)
 
 
 def test_identity_weight_is_draft_loss_on_the_hidden_states():
