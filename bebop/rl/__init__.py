@@ -4,7 +4,8 @@
     rows = train_rl(model, tokenizer, head, cfg, "runs/rs")  # config.json, metrics.jsonl, token_stats.jsonl
 
 Modules:
-    config.py      RLConfig (+ PolicyConfig, MtpUpdateConfig) and resolve_rl_config: one flat table
+    config.py      RLConfig (+ SamplingParams, SpecConfig, PolicyConfig, MtpUpdateConfig) and resolve_rl_config:
+                   one flat table
     loop.py        rl_step (rollout -> reward -> advantages -> loss -> update -> log) and train_rl
     prompts.py     the prompts of each step (embedded problems or data rows) and the task's reward
     grpo.py        pure tensor pieces: group_advantages, policy_loss, kl_k3, micro_batches

@@ -52,7 +52,7 @@ FILTER_DRAFTS = Setting(False, "apply --top-k/--top-p to the draft distribution 
                         "exact)")
 VERIFY = Setting("token", "how mode rs verifies a drafted chain: token (token-wise) | block (jointly, Sun et al. "
                  "2024: exact, never fewer accepted drafts in expectation; engine backend only)", choices=VERIFY_CHOICES)
-TEMPERATURE = Setting(1.0, "sampling temperature; 0 = greedy where the command allows it (rl's loss divides by it)",
+TEMPERATURE = Setting(1.0, "sampling temperature; 0 = greedy decoding (not in rl, whose loss divides by it)",
                       check=lambda name, value: temperature_problem(value, greedy_ok=True, name=name))
 TOP_K = Setting(0, "top-k filter of the target's distribution; 0 = off", check=integer_in(0))
 TOP_P = Setting(1.0, "top-p (nucleus) filter of the target's distribution; 1 = off",
