@@ -2,9 +2,10 @@
 the settings of generate, eval-mtp, import/export and the demo.
 
 One small frozen dataclass per concern, every field declared with ``bebop.config.option`` (help,
-choices, check, the role of a path) or a shared ``bebop.config.Setting``; ``bebop.cli`` builds every
-subcommand's flags from these classes and the library's configs (``TrainMtpConfig``, ``RLConfig``,
-``LosslessOptions``). Nothing here imports torch.
+choices, check, the role of a path), a shared ``bebop.config.Setting``, or a ``bebop.config.group``
+(generate's sampling and spec settings); ``bebop.cli`` builds every subcommand's flags from these
+classes and the library's configs (``TrainMtpConfig``, ``RLConfig``, ``LosslessOptions``). Nothing
+here imports torch.
 """
 
 from __future__ import annotations
@@ -136,7 +137,8 @@ class EvalMtpOptions:
 
 @dataclass(frozen=True)
 class GenerateOptions:
-    """``bebop generate``: which prompts, how they are sampled, and where completions go."""
+    """``bebop generate``: which prompts, how they are sampled (the groups of ``bebop.speculative.settings``),
+    and where completions go."""
 
     prompts: str | None = option(None, "JSONL/parquet with a 'prompt' field (text or chat messages, as rl --data "
                                  "reads it), or a text file with one prompt per line", parse=str, role="input")
