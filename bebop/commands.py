@@ -32,7 +32,7 @@ def _load(args, need_mtp: bool, mtp_loss: str = DEFAULT_DRAFT_LOSS, split: str |
     # NOTE: the embedded model's cached heads and data are keyed by its float32 weights: they are found
     # (or built) on the float32 model, which is cast to --dtype after.
     model, tok = models.load_model(args.model, device=args.device,
-                                   dtype=dtype if args.model else embedded.CACHE_DTYPE)
+                                   dtype=dtype if args.model else embedded.CACHE_DTYPE, tokenizer=args.tokenizer)
     path = None
     if need_mtp:
         if getattr(args, "mtp", None):
@@ -120,7 +120,7 @@ def cmd_import_mtp(args) -> None:
     resolve_dtype(args.dtype, resolve_device(args.device))
     check_output_dir(args.out, overwrite=args.overwrite, what="head directory", inputs=args.inputs)
     native_layout(args.model)  # NOTE: checked before the (possibly large) model loads
-    model, _ = models.load_model(args.model, device=args.device, dtype=args.dtype)
+    model, _ = models.load_model(args.model, device=args.device, dtype=args.dtype, tokenizer=args.tokenizer)
     head = import_mtp(args.model, model)
     with output_dir(args.out, overwrite=args.overwrite, what="head directory", inputs=args.inputs):
         head.save_pretrained(args.out, extra={"imported_from": str(Path(args.model).resolve())})
@@ -135,13 +135,15 @@ def cmd_export_mtp(args) -> None:
     out = Path(args.out)
     check_output_dir(out, overwrite=args.overwrite, what="export directory", inputs=args.inputs)
     if args.model is None:
+        if args.tokenizer:
+            raise BebopError("--tokenizer needs --model: the embedded model has its own tokenizer")
         model_dir = embedded.ensure_embedded_model()
         head_dir = args.mtp or embedded.ensure_embedded_head(DEFAULT_DRAFT_LOSS)
     elif args.mtp is None:
         raise BebopError("--mtp is required with --model (a head trained by `bebop train-mtp --model ...`)")
     else:
         model_dir, head_dir = args.model, args.mtp
-    export_mtp(model_dir, head_dir, out, fmt=args.format, overwrite=args.overwrite)
+    export_mtp(model_dir, head_dir, out, fmt=args.format, overwrite=args.overwrite, tokenizer_dir=args.tokenizer)
     print(f"wrote {out}: serve it with vLLM (speculative method \"mtp\") or SGLang (NEXTN); see the README")
 
 
@@ -382,7 +384,7 @@ def cmd_rl(args) -> None:
     print(f"run written to {run_dir}")
 
 
-RUN_PATHS = ("model", "mtp")  # what a run directory records besides its config, so --resume needs nothing else
+RUN_PATHS = ("model", "mtp", "tokenizer")  # what a run directory records besides its config: --resume needs no more
 
 
 def _abs(path: str | None) -> str | None:

@@ -199,11 +199,12 @@ class Setting(NamedTuple):
     choices: tuple[str, ...] = ()
     check: Check | None = None
     parse: Callable[[str], Any] | None = None
+    role: str | None = None  # a path's role (PATH_ROLES)
 
     def field(self, default: Any = dataclasses.MISSING, required: bool = False) -> Any:
         """This setting as an ``option`` field, with another default where a command has its own."""
         return option(self.default if default is dataclasses.MISSING else default, self.help, self.choices,
-                      check=self.check, parse=self.parse, required=required)
+                      check=self.check, parse=self.parse, required=required, role=self.role)
 
 
 class Flag(NamedTuple):
@@ -350,5 +351,7 @@ TOP_K = Setting(0, "top-k filter of the target's distribution; 0 = off", check=i
 TOP_P = Setting(1.0, "top-p (nucleus) filter of the target's distribution; 1 = off",
                 check=number_in(0, 1, low_open=True))
 MAX_NEW_TOKENS = Setting(64, "completion length limit, EOS included", check=integer_in(1))
+TOKENIZER = Setting(None, "tokenizer directory, when the model's own has no tokenizer files (default: --model's)",
+                    parse=str, role="input")
 SEED = Setting(0, "seed of everything the command draws (data, init, sampling): the same seed, the same result",
                check=integer_in(0), parse=parse_seed)

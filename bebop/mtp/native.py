@@ -212,11 +212,11 @@ def _check_head_layout(model_dir: Path, config: dict, head: MtpConfig, state: di
     from transformers import AutoConfig, AutoModelForCausalLM
 
     try:
-        hf_config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+        hf_config = AutoConfig.from_pretrained(model_dir, local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError) as e:
         raise BebopError(f"cannot read the model config of {model_dir}: {str(e).splitlines()[0]}") from None
     with torch.device("meta"):
-        backbone = AutoModelForCausalLM.from_config(hf_config)
+        backbone = AutoModelForCausalLM.from_config(hf_config, trust_remote_code=False)
         expected = MtpHead(backbone, num_layers=head.num_layers, family=family.name, warm_start=False).state_dict()
     names = _native_names(family, _text_config(config)["num_hidden_layers"], list(expected))
     missing = sorted(set(expected) - set(state))
@@ -233,9 +233,10 @@ def _check_head_layout(model_dir: Path, config: dict, head: MtpConfig, state: di
 
 def export_mtp(
     model_dir: str | os.PathLike, head_dir: str | os.PathLike, out_dir: str | os.PathLike, fmt: str = "auto",
-    overwrite: bool = False,
+    overwrite: bool = False, tokenizer_dir: str | os.PathLike | None = None,
 ) -> Path:
-    """Writes ``out_dir``: the model at ``model_dir`` with the head at ``head_dir`` as its native MTP layer.
+    """Writes ``out_dir``: the model at ``model_dir`` with the head at ``head_dir`` as its native MTP layer,
+    and the tokenizer files of ``tokenizer_dir`` (when given) in place of the model directory's.
 
     Everything is checked before ``out_dir`` changes: the family, every head tensor's name and shape
     (``_check_head_layout``), finite weights, and ``out_dir`` itself (``bebop.utils.outputs.output_dir``:
@@ -243,7 +244,7 @@ def export_mtp(
     Atomic: the directory appears complete or not at all. Returns ``out_dir``.
     """
     model_dir, head_dir, out_dir = Path(model_dir), Path(head_dir), Path(out_dir)
-    what, inputs = "export directory", (model_dir, head_dir)
+    what, inputs = "export directory", (model_dir, head_dir, *([Path(tokenizer_dir)] if tokenizer_dir else []))
     config = read_config(model_dir)
     head, state = read_head_files(head_dir)
     family = _export_family(config, head, fmt, model_dir)
@@ -259,6 +260,8 @@ def export_mtp(
         mapping.update({name: MTP_SHARD for name in new_names.values()})
         write_json(tmp / INDEX_NAME, {"metadata": {}, "weight_map": dict(sorted(mapping.items()))})
         _copy_other_files(model_dir, tmp)
+        if tokenizer_dir is not None:
+            _copy_other_files(Path(tokenizer_dir), tmp)
         target = config["text_config"] if "text_config" in config else config
         target[family.count_field] = head.num_layers
         write_json(tmp / "config.json", config)
