@@ -247,8 +247,9 @@ def cmd_generate(args) -> None:
 
 
 def _check_input_file(path: str, what: str) -> None:
-    if not Path(path).expanduser().is_file():
-        raise BebopError(f"{what} not found: {path}")
+    from bebop.utils.files import check_input_file
+
+    check_input_file(path, what)
 
 
 def _encode(tokenizer, prompt, where: str) -> list[int]:
@@ -256,9 +257,12 @@ def _encode(tokenizer, prompt, where: str) -> list[int]:
     from bebop.utils.tokens import encode_prompt
 
     try:
-        return encode_prompt(tokenizer, prompt)
+        ids = encode_prompt(tokenizer, prompt)
     except BebopError as e:
         raise BebopError(f"{where}: {e}") from None
+    if not ids:  # NOTE: nothing predicts the first token of an empty prompt; the engine would refuse it unnamed
+        raise BebopError(f"{where}: empty prompt: the tokenizer gives it no tokens (every prompt needs at least one)")
+    return ids
 
 
 def _embedded_prompts(num: int) -> list[tuple[str, str]]:
@@ -273,9 +277,9 @@ def _read_prompts(path: str) -> list[tuple[str, object]]:
     reads them) or a text file (one per line); ``where`` names the file and line for errors."""
     from bebop.rl.data import JSONL_SUFFIXES, PARQUET_SUFFIXES, load_prompt_rows
 
-    file = Path(path)
-    if not file.is_file():
-        raise BebopError(f"prompts file not found: {file}")
+    from bebop.utils.files import check_input_file
+
+    file = check_input_file(path, "prompts file")
     if file.suffix.lower() in JSONL_SUFFIXES + PARQUET_SUFFIXES:
         prompts = [(where, r["prompt"]) for where, r in load_prompt_rows(file)]
     else:

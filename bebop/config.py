@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
 from bebop.utils.errors import BebopError
-from bebop.utils.files import read_text
+from bebop.utils.files import check_input_file, read_text
 
 T = TypeVar("T")
 AUTO = "auto"  # the value of mode / speculate_k that asks bebop.speculative.auto.chooser to choose
@@ -274,9 +274,7 @@ def field_problems(config: Any) -> list[str]:
 # ---------------------------------------------------------------------------------------------- files and resolution
 def load_config_file(path: str | os.PathLike) -> dict[str, Any]:
     """Reads a ``.toml``, ``.yaml`` or ``.yml`` file into a dict (one clear error line on failure)."""
-    path = Path(path)
-    if not path.is_file():
-        raise BebopError(f"config file not found: {path}")
+    path = check_input_file(path, "config file")
     text = read_text(path, "config file")
     try:
         if path.suffix == ".toml":
@@ -286,7 +284,7 @@ def load_config_file(path: str | os.PathLike) -> dict[str, Any]:
         elif path.suffix in (".yaml", ".yml"):
             import yaml
 
-            data = yaml.safe_load(text) or {}
+            data = yaml.load(text, Loader=_unique_keys_loader()) or {}
         else:
             raise BebopError(f"config file {path} must end in .toml, .yaml or .yml")
     except BebopError:
@@ -296,6 +294,26 @@ def load_config_file(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise BebopError(f"config file {path} must hold a table of settings")
     return data
+
+
+def _unique_keys_loader():
+    """PyYAML's safe loader, refusing a key given twice in one mapping (YAML forbids it; PyYAML keeps the
+    last silently, so a setting typed twice would be half-ignored). TOML's parser refuses it itself."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if not isinstance(key, (str, int, float, bool)):
+                    continue
+                if key in seen:
+                    raise ValueError(f"key {short_repr(key)} is given twice (again on line {key_node.start_mark.line + 1})")
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
 
 
 def merge_sources(
