@@ -105,9 +105,22 @@ def cmd_train_mtp(args) -> None:
     # NOTE: with --fsdp the model loads on the CPU; train_mtp moves it to the GPUs shard by shard
     model, tok, _, data = _load(argparse.Namespace(**{**vars(args), "device": "cpu"}) if args.fsdp else args,
                                 need_mtp=False, split="train")
+    _check_batch_memory(model, data, cfg.batch_size)
     train_mtp(model, data, out, cfg, pad_id=tok.pad_token_id, resume=args.resume, overwrite=args.overwrite,
               model_dir=args.model, fsdp=args.fsdp)
     print(f"saved head to {out}")
+
+
+def _check_batch_memory(model, data, batch_size: int) -> None:
+    """A train-mtp batch of ``batch_size`` rows (this process's share under torchrun) fits the device: the
+    backbone's forward pass over the batch, each row at least as long as the shortest sequence."""
+    from bebop.utils import distributed
+    from bebop.utils.memory import check_memory, forward_bytes
+
+    rows = -(-batch_size // distributed.world_size())
+    shortest = min((len(t) for t in data.token_ids), default=1)
+    check_memory(forward_bytes(model, rows, shortest), next(model.parameters()).device,
+                 f"batch_size={batch_size} rows of at least {shortest} tokens", "lower --batch-size")
 
 
 # ---------------------------------------------------------------------------------------------- import-mtp / export-mtp
@@ -181,11 +194,27 @@ def _auto_profile(args, model, sampling, spec) -> tuple[Path, dict] | None:
     return path, key
 
 
-def _check_rollout_memory(model, num_rows: int, num_positions: int, what: str, fix: str) -> None:
-    """The KV cache of ``num_rows`` rows of ``num_positions`` tokens fits the model's device (engine backend)."""
-    from bebop.utils.memory import check_memory, kv_cache_bytes
+def _check_rollout_memory(model, num_rows: int, prompt_tokens: int, num_new: int, what: str, fix: str) -> None:
+    """A rollout of ``num_rows`` rows fits the model's device (engine backend): the prefill's forward pass
+    over ``prompt_tokens`` (a lower bound of the longest prompt) beside the KV cache of the whole rows
+    (``num_new`` more positions each)."""
+    from bebop.utils.memory import check_memory, forward_bytes, kv_cache_bytes
 
-    check_memory(kv_cache_bytes(model, num_rows, num_positions), next(model.parameters()).device, what, fix)
+    needed = kv_cache_bytes(model, num_rows, prompt_tokens + num_new) + forward_bytes(model, num_rows, prompt_tokens)
+    check_memory(needed, next(model.parameters()).device, what, fix)
+
+
+def _longest_prompt_tokens(tok, prompts: list) -> int:
+    """Tokens of the prompt with the longest text (a lower bound of the longest prompt's tokens, found
+    without encoding every prompt); 1 when there are none."""
+    from bebop.utils.tokens import encode_prompt
+
+    if not prompts:
+        return 1
+    try:
+        return max(1, len(encode_prompt(tok, max(prompts, key=lambda p: len(json.dumps(p))))))
+    except BebopError:
+        return 1  # NOTE: the prompt's own error is raised, with its file and line, where prompts are encoded
 
 
 def cmd_generate(args) -> None:
@@ -207,7 +236,8 @@ def cmd_generate(args) -> None:
     backend_class(args.backend)  # NOTE: a missing optional package fails here, before the model loads
     model, tok, head, _ = _load(args, need_mtp=needs_head(args.mode))
     if args.backend == "engine":  # NOTE: before the embedded task's prompts are made
-        _check_rollout_memory(model, len(prompts) if prompts else args.num_prompts, 1 + args.max_new_tokens,
+        _check_rollout_memory(model, len(prompts) if prompts else args.num_prompts,
+                              _longest_prompt_tokens(tok, [p for _, p in prompts or []]), args.max_new_tokens,
                               f"{len(prompts) if prompts else args.num_prompts} prompts",
                               "give fewer prompts (--num-prompts, --prompts) or lower --max-new-tokens")
     prompts = prompts or _embedded_prompts(args.num_prompts)
@@ -346,6 +376,7 @@ def _check_other_backend(args, model, tok, head, prompts, num_tested: int) -> li
 def cmd_rl(args) -> None:
     from bebop.rl import resolve_rl_config, train_rl
     from bebop.rl.config import max_speculate_k
+    from bebop.rl.data import load_prompt_rows
     from bebop.rl.prompts import task_reward
     from bebop.rollout.base import backend_class
     from bebop.speculative.settings import needs_head
@@ -377,10 +408,17 @@ def cmd_rl(args) -> None:
         args.dtype = saved.get("dtype", "float32")
     model, tok, head, _ = _load(args, need_mtp=needs_head(cfg.mode, cfg.mtp.mtp_update), mtp_loss=cfg.mtp_loss)
     if cfg.backend == "engine":  # NOTE: a typed or received size is refused before the first rollout allocates it
-        rows = cfg.prompts_per_step * cfg.group_size
-        _check_rollout_memory(model, rows, 1 + cfg.max_new_tokens + max_speculate_k(cfg),
-                              f"prompts_per_step x group_size = {rows} rollout rows",
-                              "lower --prompts-per-step, --group-size or --max-new-tokens")
+        rows, k = cfg.prompts_per_step * cfg.group_size, max_speculate_k(cfg)
+        fix = "lower --prompts-per-step, --group-size or --max-new-tokens" + (" or --speculate-k" if
+                                                                             k > cfg.max_new_tokens else "")
+        if args.resume:  # NOTE: a resumed run keeps these sizes: no flag can lower them
+            fix = (f"they are the run's own (prompts_per_step={cfg.prompts_per_step}, group_size={cfg.group_size}, "
+                   f"max_new_tokens={cfg.max_new_tokens}, speculate_k={k} in {run_dir / 'config.json'}), which "
+                   "--resume keeps: start a new run with --out")
+        prompt_tokens = _longest_prompt_tokens(tok, [r["prompt"] for _, r in load_prompt_rows(cfg.data)]
+                                               if cfg.task == "math" else [])
+        _check_rollout_memory(model, rows, prompt_tokens, cfg.max_new_tokens + k, f"prompts_per_step x group_size = "
+                              f"{rows} rollout rows", fix)
     run_info = {key: _abs(getattr(args, key, None)) for key in RUN_PATHS}
     if dtype_name(model.dtype) != "float32":  # recorded, so a resume in another dtype is refused (float32 runs: none)
         run_info["dtype"] = dtype_name(model.dtype)
