@@ -4,6 +4,7 @@ traceback, no hang, and nothing written or lost."""
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 from pathlib import Path
@@ -244,3 +245,67 @@ def test_an_auto_profile_nested_beyond_the_parser_is_set_aside_as_every_corrupt_
     assert "deep-profile.json is not valid JSON here: it nests" in capsys.readouterr().err
     assert (workdir / "deep-profile.json.bad").read_text() == DEEP
 
+
+
+CUSTOM_CODE = """import pathlib
+pathlib.Path({marker!r}).write_text("the model directory's code ran")
+from transformers import LlamaConfig, LlamaForCausalLM
+class CustomConfig(LlamaConfig):
+    pass
+class CustomModel(LlamaForCausalLM):
+    config_class = CustomConfig
+"""
+
+
+def test_a_model_directory_s_code_never_runs_even_with_a_yes_on_stdin(workdir, monkeypatch, capsys):
+    """`echo y | bebop generate --model M_with_auto_map ...` ran the directory's auto_map code (transformers
+    asked "run the custom code? [y/N]" for a model_type it does not know): now nothing is asked, such a
+    model is refused in one line, and a known family with an auto_map loads transformers' own classes."""
+    monkeypatch.chdir(workdir)
+    marker = workdir / "code-ran"
+    auto_map = {"AutoConfig": "custom.CustomConfig", "AutoModelForCausalLM": "custom.CustomModel"}
+    for name, model_type in (("custom-type", "custom_lm"), ("llama-with-code", "llama")):
+        _model_copy(workdir, name, config=lambda c: c.update(model_type=model_type, auto_map=auto_map))
+        (workdir / name / "custom.py").write_text(CUSTOM_CODE.format(marker=str(marker)))
+    monkeypatch.setattr("sys.stdin", io.StringIO("y\n" * 10))
+    monkeypatch.setattr("builtins.input", lambda *_: pytest.fail("Bebop asked a question on stdin"))
+    argv = ["generate", "--mode", "none", "--prompts", "prompts.jsonl", "--max-new-tokens", "2", "--threads", "1"]
+    assert main([*argv, "--model", "custom-type", "--out", "custom.jsonl"]) == 2
+    assert "Bebop never runs a received model's code" in capsys.readouterr().err
+    assert main([*argv, "--model", "llama-with-code", "--out", "with-code.jsonl"]) == 0
+    assert not marker.exists() and (workdir / "with-code.jsonl").is_file() and not (workdir / "custom.jsonl").exists()
+    (workdir / "with-code.jsonl").unlink()
+
+
+def test_tokenizer_from_another_directory(workdir, monkeypatch, capsys):
+    """A model directory without tokenizer files is refused (above); --tokenizer DIR gives it one, on every
+    command that takes --model; export-mtp copies that tokenizer into the served directory."""
+    monkeypatch.chdir(workdir)
+    assert main([*_gen("no-tokenizer")[:-4], "--out", "tok.jsonl", "--mode", "none", "--tokenizer", "model",
+                 "--threads", "1"]) == 0
+    rows = [json.loads(line) for line in (workdir / "tok.jsonl").read_text().splitlines()]
+    assert rows[0]["token_ids"][:3] == [1, 4, 5]  # "a b" as the tiny tokenizer encodes it
+    (workdir / "tok.jsonl").unlink()
+    from bebop.cli import COMMANDS, _settings
+
+    takes_model = [name for name, command in COMMANDS.items() if "model" in _settings(command)]
+    assert takes_model and all("tokenizer" in _settings(COMMANDS[name]) for name in takes_model)
+
+
+def test_a_received_run_s_markdown_link_is_not_live_in_the_report(workdir, monkeypatch):
+    """A label `[x](javascript:...)` in a received run's config.json was copied live into report.md."""
+    monkeypatch.chdir(workdir)
+    run = _copied_run(workdir, "run-link")
+    _edit_json(run / "config.json", label="[click](javascript:alert(1))")
+    assert main(["report", "run-link", "--out", "report-link"]) == 0
+    text = (workdir / "report-link" / "report.md").read_text()
+    assert "\\[click\\](javascript:alert(1))" in text and "[click](javascript:" not in text
+    shutil.rmtree(workdir / "report-link")
+
+
+def test_a_trl_log_history_that_is_a_directory_is_named(tmp_path, capsys):
+    """A trainer_state.json that is a directory read as "run config not found"."""
+    (tmp_path / "trl-out" / "trainer_state.json").mkdir(parents=True)
+    assert main(["report", str(tmp_path / "trl-out")]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line == f"bebop: error: TRL log history {tmp_path / 'trl-out' / 'trainer_state.json'} is a directory, not a file"
