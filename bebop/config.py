@@ -309,7 +309,8 @@ def _unique_keys_loader():
                 if not isinstance(key, (str, int, float, bool)):
                     continue
                 if key in seen:
-                    raise ValueError(f"key {short_repr(key)} is given twice (again on line {key_node.start_mark.line + 1})")
+                    line = key_node.start_mark.line + 1
+                    raise ValueError(f"key {short_repr(key)} is given twice (again on line {line})")
                 seen.add(key)
             return super().construct_mapping(node, deep=deep)
 

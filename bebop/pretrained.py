@@ -203,8 +203,11 @@ def _check_sizes(path: Path, config, device: torch.device, weights_dtype: torch.
                          f"{len(held)} layer(s); a layer without weights would be random")
     if not on_disk:
         return
-    with torch.device("meta"), _quiet_transformers():
-        skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
+    try:
+        with torch.device("meta"), _quiet_transformers():
+            skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
+    except Exception:  # noqa: BLE001 - a family that cannot be built on the meta device is checked after loading
+        return
     for name, param in skeleton.state_dict().items():
         if name in on_disk and tuple(param.shape) != on_disk[name]:
             raise BebopError(f"model config {where} gives {name} the shape {tuple(param.shape)} but the weights "
@@ -233,7 +236,8 @@ def _check_loading_info(path: Path, config, info: dict) -> None:
 
     def native_mtp(name: str) -> bool:
         index = LAYER_INDEX.search(name)
-        return declares_mtp and (bool(MTP_NAME.search(name)) or (index is not None and int(index.group(1)) >= num_layers))
+        beyond = index is not None and int(index.group(1)) >= num_layers  # DeepSeek-V3's model.layers.{N}
+        return declares_mtp and (bool(MTP_NAME.search(name)) or beyond)
 
     for kind, names in (("lacks", info.get("missing_keys", ())), ("holds unexpected", info.get("unexpected_keys", ())),
                         ("holds misshapen", [str(m[0]) if isinstance(m, tuple) else str(m)

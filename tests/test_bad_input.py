@@ -235,13 +235,15 @@ TABLE = {  # case (command): argv, the error line it must give (regex)
     "token ids that are not integers (train-mtp)": ([*TRAIN[:3], "--data", "float-ids.jsonl", *TRAIN[5:]],
                                                     r"float-ids.jsonl line 1: 'token_ids' must be a list of integers"),
     "--prompts naming a directory (generate; it said \"not found\")": (
-        [*GEN[:6], "prompts-dir.jsonl", "--model", "model"], r"prompts file prompts-dir.jsonl is a directory, not a file"),
+        [*GEN[:6], "prompts-dir.jsonl", "--model", "model"],
+        r"prompts file prompts-dir.jsonl is a directory, not a file"),
     "--prompts naming a FIFO (generate; reading it would block)": (
         [*GEN[:6], "prompts.fifo", "--model", "model"],
         r"prompts file prompts.fifo is not a regular file \(a pipe, a device or standard input\): save it to a file"),
     "--data naming a directory (rl)": ([*RL[:3], "--data", "prompts-dir.jsonl", *RL[5:]],
                                       r"prompt file prompts-dir.jsonl is a directory, not a file"),
-    "--config naming a FIFO (rl)": ([*RL, "--config", "prompts.fifo"], r"config file prompts.fifo is not a regular file"),
+    "--config naming a FIFO (rl)": ([*RL, "--config", "prompts.fifo"],
+                                    r"config file prompts.fifo is not a regular file"),
     "an empty prompt names its file and line (generate; the engine's error named neither)": (
         [*GEN[:6], "empty-prompt.jsonl", "--model", "no-bos"],
         r"empty-prompt.jsonl:2: empty prompt: the tokenizer gives it no tokens"),

@@ -203,7 +203,8 @@ RUN_DAMAGE = {  # case -> what is done to the copied run, the line it must give 
     "a run config that is a list": (
         lambda run: (run / "config.json").write_text("[1, 2]"), "is not a run's config"),
     "a run with speculate_k 1e9 (the error blamed rows and suggested flags --resume refuses)": (
-        lambda run: [_edit_json(run / name, mode="rs", speculate_k=10**9) for name in ("config.json", "checkpoint/config.json")],
+        lambda run: [_edit_json(run / name, mode="rs", speculate_k=10**9)
+                     for name in ("config.json", "checkpoint/config.json")],
         "speculate_k=1000000000 in run-"),
     "a run whose sizes need more memory than the machine has (it hung before the check)": (
         lambda run: [_edit_json(run / name, prompts_per_step=10**9) for name in ("config.json",
@@ -308,4 +309,5 @@ def test_a_trl_log_history_that_is_a_directory_is_named(tmp_path, capsys):
     (tmp_path / "trl-out" / "trainer_state.json").mkdir(parents=True)
     assert main(["report", str(tmp_path / "trl-out")]) == 2
     line = capsys.readouterr().err.strip().splitlines()[-1]
-    assert line == f"bebop: error: TRL log history {tmp_path / 'trl-out' / 'trainer_state.json'} is a directory, not a file"
+    state = tmp_path / "trl-out" / "trainer_state.json"
+    assert line == f"bebop: error: TRL log history {state} is a directory, not a file"

@@ -81,6 +81,17 @@ def test_forward_bytes_counts_the_residual_stream_the_mlp_and_the_last_logits():
     assert memory.forward_bytes(moe, rows=1000, positions=3) == 1000 * (3 * 32 * 4 + 16 * 4)
 
 
+def test_a_model_larger_than_the_free_memory_is_refused_before_it_is_built(workdir, monkeypatch, capsys):
+    """The weights a received config.json describes are checked against the device's free memory first."""
+    monkeypatch.chdir(workdir)
+    monkeypatch.setattr(memory, "available_memory", lambda device: 1000)
+    assert main(["generate", *MODEL, "--mode", "none", "--out", "out.jsonl", "--prompts", "prompts.jsonl"]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("bebop: error: the 19,616 parameters of model need at least ") and \
+        line.endswith("cpu has 9.31e-07 GiB free: use a device with more free memory or --dtype bfloat16"), line
+    assert not (workdir / "out.jsonl").exists()
+
+
 def test_kv_cache_bytes_counts_every_attention_layer_s_keys_and_values():
     model = tiny_model("llama", vocab_size=16)  # 2 layers, 2 KV heads of 8, float32
     assert memory.kv_cache_bytes(model, rows=10, positions=7) == 10 * 7 * 2 * 2 * 2 * 8 * 4

@@ -1,7 +1,8 @@
 """Native MTP layers in and out of HF checkpoints.
 
 ``import_mtp`` builds an ``MtpHead`` from the MTP layer a checkpoint ships (Qwen3.5, Qwen3-Next,
-DeepSeek-V3, GLM-4.5, MiMo, Nemotron-H with a one-attention-block step), reading its tensors straight from the safetensors shards:
+DeepSeek-V3, GLM-4.5, MiMo, Nemotron-H with a one-attention-block step), reading its tensors straight
+from the safetensors shards:
 transformers drops them when it loads the model. ``export_mtp`` writes a model directory that
 vLLM and SGLang serve as is: the backbone's config with the family's MTP field, copies of its
 weight files (copy-on-write where the file system shares blocks), its other regular files
