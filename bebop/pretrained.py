@@ -77,6 +77,7 @@ def load_pretrained(path: str | os.PathLike, device: str = "auto", dtype: str | 
         raise BebopError(f"model directory {path} has no config.json (expected a save_pretrained directory)")
     config = _load_config(path, fix)
     check_model_type(config)
+    tok = load_tokenizer(tokenizer if tokenizer is not None else path)  # NOTE: before the (possibly large) model
     _check_sizes(path, config, target, weights_dtype)
     try:
         with _quiet_transformers():
@@ -91,7 +92,6 @@ def load_pretrained(path: str | os.PathLike, device: str = "auto", dtype: str | 
         reason = UNPICKLABLE if isinstance(e, pickle.UnpicklingError) else (str(e) or type(e).__name__).splitlines()[0]
         raise BebopError((_file_at_fault(path) or f"cannot load model from {path} ({weights}): {reason}") + fix) from None
     _check_loading_info(path, config, info)
-    tok = load_tokenizer(tokenizer if tokenizer is not None else path)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     model.to(target).eval()
@@ -111,13 +111,14 @@ def load_tokenizer(directory: str | os.PathLike):
 
     directory = Path(directory)
     if not directory.is_dir():
-        raise BebopError(f"tokenizer directory not found: {directory}")
+        raise BebopError(f"tokenizer directory {directory} is not a directory" if directory.exists() else
+                         f"tokenizer directory not found: {directory}")
     try:
         with _quiet_transformers():
             tok = AutoTokenizer.from_pretrained(directory, local_files_only=True, trust_remote_code=False)
     except Exception as e:  # noqa: BLE001 - any failure to build a tokenizer from received files is a bad directory
         reason = (str(e) or type(e).__name__).strip().splitlines()[0]
-        raise BebopError(f"no usable tokenizer in {directory}: {reason[:200]}; {TOKENIZER_FIX}") from None
+        raise BebopError(f"no usable tokenizer in {directory}: {reason[:REASON_CHARS]}; {TOKENIZER_FIX}") from None
     vocab = set(tok.get_vocab())
     if vocab <= set(tok.all_special_tokens):
         shown = ", ".join(sorted(vocab)[:NAMES_SHOWN]) or "none"
