@@ -19,11 +19,10 @@ def load_model(model_dir: str | os.PathLike | None = None, device: str = "auto",
                dtype: str | torch.dtype = "auto", tokenizer: str | os.PathLike | None = None):
     """Loads an HF causal LM and its tokenizer from a local directory (the embedded model when None).
 
-    ``tokenizer`` is a directory to load the tokenizer from instead of ``model_dir`` (a user's
-    model only: the embedded model has its own).
-
     The model is frozen, in eval mode, on ``device`` (``resolve_device``) with its weights in
-    ``dtype`` (``resolve_dtype``: auto = bfloat16 on CUDA, float32 on CPU).
+    ``dtype`` (``resolve_dtype``: auto = bfloat16 on CUDA, float32 on CPU). ``tokenizer`` is a
+    directory to load the tokenizer from instead of ``model_dir`` (a user's model only: the
+    embedded model has its own).
 
     Raises BebopError with one clear line when the directory or its files are missing or corrupt,
     or the device or dtype is not available.
