@@ -376,7 +376,6 @@ def _check_other_backend(args, model, tok, head, prompts, num_tested: int) -> li
 def cmd_rl(args) -> None:
     from bebop.rl import resolve_rl_config, train_rl
     from bebop.rl.config import max_speculate_k
-    from bebop.rl.data import load_prompt_rows
     from bebop.rl.prompts import task_reward
     from bebop.rollout.base import backend_class
     from bebop.speculative.settings import needs_head
@@ -415,15 +414,25 @@ def cmd_rl(args) -> None:
             fix = (f"they are the run's own (prompts_per_step={cfg.prompts_per_step}, group_size={cfg.group_size}, "
                    f"max_new_tokens={cfg.max_new_tokens}, speculate_k={k} in {run_dir / 'config.json'}), which "
                    "--resume keeps: start a new run with --out")
-        prompt_tokens = _longest_prompt_tokens(tok, [r["prompt"] for _, r in load_prompt_rows(cfg.data)]
-                                               if cfg.task == "math" else [])
-        _check_rollout_memory(model, rows, prompt_tokens, cfg.max_new_tokens + k, f"prompts_per_step x group_size = "
-                              f"{rows} rollout rows", fix)
+        _check_rollout_memory(model, rows, _longest_prompt_tokens(tok, _rl_prompts(cfg)), cfg.max_new_tokens + k,
+                              f"prompts_per_step x group_size = {rows} rollout rows", fix)
     run_info = {key: _abs(getattr(args, key, None)) for key in RUN_PATHS}
     if dtype_name(model.dtype) != "float32":  # recorded, so a resume in another dtype is refused (float32 runs: none)
         run_info["dtype"] = dtype_name(model.dtype)
     train_rl(model, tok, head, cfg, run_dir, resume=bool(args.resume), overwrite=args.overwrite, run_info=run_info)
     print(f"run written to {run_dir}")
+
+
+def _rl_prompts(cfg) -> list:
+    """The prompts of an rl run's data file (none for the embedded task, whose prompts are made per step)."""
+    from bebop.rl.data import load_prompt_rows
+
+    if cfg.task != "math":
+        return []
+    try:
+        return [row["prompt"] for _, row in load_prompt_rows(cfg.data)]
+    except (ValueError, ImportError) as e:  # NOTE: as the run itself reports them (bebop.rl.prompts)
+        raise BebopError(str(e)) from None
 
 
 RUN_PATHS = ("model", "mtp", "tokenizer")  # what a run directory records besides its config: --resume needs no more
