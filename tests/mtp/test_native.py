@@ -143,6 +143,17 @@ def test_a_nemotron_h_mtp_step_of_several_blocks_is_refused_naming_why(step, tmp
            "step is one attention block" in line and not (tmp_path / "head").exists()
 
 
+def test_export_takes_the_tokenizer_of_tokenizer_dir(tmp_path):
+    """A model directory without tokenizer files is served with the one --tokenizer names."""
+    model = tiny_backbone("qwen3_5")
+    save_native_checkpoint("qwen3_5", model, tmp_path / "native")
+    save_word_tokenizer(tmp_path / "tokenizer")
+    MtpHead(model).save_pretrained(tmp_path / "head")
+    out = export_mtp(tmp_path / "native", tmp_path / "head", tmp_path / "served", tokenizer_dir=tmp_path / "tokenizer")
+    for file in (tmp_path / "tokenizer").iterdir():
+        assert (out / file.name).read_bytes() == file.read_bytes(), file.name
+
+
 def test_export_of_a_trained_head_onto_a_model_without_mtp_layer(tmp_path):
     """The embedded path: a Qwen3.5 backbone with no MTP layer, a head trained by Bebop from the backbone."""
     model = tiny_backbone("qwen3_5")
