@@ -19,6 +19,7 @@ from bebop.config import (
     DEFAULT_DRAFT_LOSS,
     DRAFT_LOSS_NAMES,
     SEED,
+    TOKENIZER,
     fixed_speculate_k,
     group,
     integer_in,
@@ -52,6 +53,7 @@ class ModelOptions:
                                f"supported: {supported_families()}", parse=str, role="input")
     mtp: str | None = option(None, "MTP head directory (default: the embedded model's cached e2e_tv head)",
                              parse=str, role="input")
+    tokenizer: str | None = TOKENIZER.field()
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,7 @@ class ImportMtpOptions:
 
     model: str | None = option(None, "HF model directory with a native MTP layer", parse=str, required=True,
                                role="input")
+    tokenizer: str | None = TOKENIZER.field()
     out: str | None = option(None, "output head directory (weights in --dtype)", parse=str, required=True,
                              role="output_dir")
     overwrite: bool = option(False, OVERWRITE_HELP)
