@@ -310,7 +310,7 @@ def cmd_check_lossless(args) -> int:
     from bebop.check.reference import run_reference_checks
     from bebop.rollout.base import backend_class
     from bebop.speculative.settings import verify_problem
-    from bebop.utils.progress import say
+    from bebop.utils.progress import say, stage
 
     if problem := verify_problem("rs", args.verify, args.backend):
         raise BebopError(problem)
@@ -329,7 +329,8 @@ def cmd_check_lossless(args) -> int:
                                      alpha=args.alpha, show_progress=True, configs=lossless_configs(args.verify),
                                      num_tested_prompts=num_tested)
         # Plain sampling against the model's own forward pass: catches defects plain and speculative share.
-        checks += run_reference_checks(model, tok, prompts, args.samples, args.seed, args.alpha, LOSSLESS_CONFIGS)
+        with stage("check-lossless: plain sampling against the model's own forward pass"):
+            checks += run_reference_checks(model, tok, prompts, args.samples, args.seed, args.alpha, LOSSLESS_CONFIGS)
     else:
         checks = _check_other_backend(args, model, tok, head, prompts, num_tested)
     print(format_lossless_table(checks, prompts, num_tested))

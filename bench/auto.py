@@ -54,6 +54,7 @@ import numpy as np
 
 from bebop.config import AUTO_EVERY
 from bebop.speculative.auto.chooser import AutoChooser, config_name
+from bebop.utils.progress import stage
 from bench.harness import (GRID, SETTINGS, ProfiledAuto, RlAuto, add_common, open_bench, pooled_tok_s, run_auto,
                            run_groups, save_jsonl, side_by_side)
 from bench.rollout import Method, Speedometer, corrected, make_prompts, run_bebop, run_order
@@ -420,7 +421,8 @@ def main_ab(args: argparse.Namespace) -> None:
     for batch in args.batch_sizes:
         for temperature in args.temperatures:
             start = time.perf_counter()
-            group = run_ab_group(model, tok, head, batch, temperature, args)
+            with stage(f"bench.auto ab: B={batch} T={temperature:g}"):
+                group = run_ab_group(model, tok, head, batch, temperature, args)
             groups.append(group)
             print(format_group(group, args.arms) + f"\n  ({time.perf_counter() - start:.0f} s)", flush=True)
             if args.out:

@@ -29,6 +29,7 @@ from bebop.speculative.engine import Decoder
 from bebop.speculative.sampling import acceptance_probs
 from bebop.speculative.verification import Verifier
 from bebop.task import arith
+from bebop.utils.progress import stage
 
 PROMPT_SEED = 1  # problems drawn for the prompts
 Z95 = 1.96  # normal quantile of a 95% interval
@@ -82,7 +83,8 @@ def main(argv: list[str] | None = None) -> None:
     for loss in args.losses:
         head = MtpHead.from_pretrained(ensure_embedded_head(loss, model, tok), model).eval()
         for temperature in args.temperatures:
-            r = measure(model, tok, head, args.speculate_k, temperature, args.rows, args.max_new_tokens)
+            with stage(f"bench/block_accept.py: {loss} head at T={temperature:g}"):
+                r = measure(model, tok, head, args.speculate_k, temperature, args.rows, args.max_new_tokens)
             assert r["min_gain"] >= -1e-6, r  # block never expects fewer accepts, step by step
             print(f"| {loss} | {temperature:g} | {r['verify_steps']} | {r['token']:.4f} | {r['block']:.4f} | "
                   f"{r['gain']:+.4f} ± {r['gain_ci95']:.4f} | {r['block'] / r['token']:.4f} |", flush=True)

@@ -41,6 +41,7 @@ from bebop.mtp.head import MtpHead
 from bebop.mtp.train import TrainMtpConfig, train_mtp
 from bebop.speculative import SamplingParams, generate
 from bebop.speculative.target import Target
+from bebop.utils.progress import stage
 from bench.rollout import Method, measure_costs, run_bebop, run_order
 
 LOGIT_SCALE = 4.0  # lm_head multiplier: peaked next-token distributions (random init is near uniform)
@@ -165,8 +166,9 @@ def main(argv=None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    models = {kind: build_model(kind, args) for kind in ("hybrid", "full")}
-    heads = {kind: train_head(model, args) for kind, model in models.items()}
+    with stage("bench/hybrid.py: two random models and their heads"):
+        models = {kind: build_model(kind, args) for kind in ("hybrid", "full")}
+        heads = {kind: train_head(model, args) for kind, model in models.items()}
     print(f"torch {torch.__version__} | transformers {transformers.__version__} | device {args.device} | threads "
           f"{torch.get_num_threads()} | D={args.hidden_size}, {args.layers} layers, V={args.vocab} | head "
           f"{args.head_steps} CE steps | max_new_tokens {args.max_new_tokens} | repeats {args.repeats} | load "
@@ -181,8 +183,10 @@ def main(argv=None) -> None:
           "speedup [min, max] | accept len |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for batch in args.batch_sizes:
-        costs = {kind: measure_costs(model, heads[kind], batch, COST_KS, kv_len=32) for kind, model in models.items()}
-        rows = run_rollouts(models, heads, batch, args)
+        with stage(f"bench/hybrid.py: step costs and rollouts at B={batch}"):
+            costs = {kind: measure_costs(model, heads[kind], batch, COST_KS, kv_len=32)
+                     for kind, model in models.items()}
+            rows = run_rollouts(models, heads, batch, args)
         for kind in models:
             c, r = costs[kind], rows[kind]
             ratios = " | ".join(f"{c[k]['verify_over_plain']:.2f}" for k in COST_KS)

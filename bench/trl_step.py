@@ -32,6 +32,8 @@ import time
 
 import torch
 
+from bebop.utils.progress import stage
+
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 
@@ -114,7 +116,8 @@ def main(argv=None) -> None:
         for r in range(args.repeats):
             order = ("trl", "bebop") if r % 2 == 0 else ("bebop", "trl")
             for arm in order:
-                step_s, rollout_s, accept = run_arm(arm, model, tok, head_dir, args, dataset, tmp)
+                with stage(f"bench/trl_step.py: repeat {r + 1}, {arm}"):
+                    step_s, rollout_s, accept = run_arm(arm, model, tok, head_dir, args, dataset, tmp)
                 results[arm].append((step_s, rollout_s, accept))
                 print(f"repeat {r + 1} {arm:5s}  step {statistics.fmean(step_s):.2f}s  "
                       f"rollout {statistics.fmean(rollout_s):.2f}s", flush=True)
