@@ -64,7 +64,7 @@ def measure(model, tok, head, k: int, temperature: float, rows: int, max_new: in
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     ap.add_argument("--losses", nargs="+", default=["ce", "e2e_tv"], help="embedded heads (draft losses)")
     ap.add_argument("--temperatures", type=float, nargs="+", default=[1.0, 0.7], help="sampling T > 0")
     ap.add_argument("--speculate-k", type=int, default=3, help="K, drafts per verify step")

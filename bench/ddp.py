@@ -75,7 +75,7 @@ def _run(work: Path, procs: int, threads: int, args, tag: str) -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--steps", type=int, default=8, help="optimizer steps per run (default 8)")
     p.add_argument("--repeats", type=int, default=2, help="rounds of the three configurations (default 2)")
     p.add_argument("--batch-size", type=int, default=16, help="global batch in sequences (default 16)")

@@ -241,7 +241,7 @@ def print_table(rows: list[dict], device: str) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--n", type=int, nargs="+", default=DEFAULT_N, help="chain starts N")
     parser.add_argument("--search", action="store_true",
                         help="double N from --n-start until the plain version no longer fits")

@@ -62,7 +62,7 @@ class _Tokenizer:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     ap.add_argument("--hidden-size", type=int, default=256, help="width D of both models")
     ap.add_argument("--layers", type=int, default=8, help="decoder layers (a multiple of 4: the hybrid is 3:1)")
     ap.add_argument("--vocab", type=int, default=8192, help="vocabulary V")

@@ -35,7 +35,7 @@ def run_once(async_rollout: bool, steps: int, seed: int) -> list[float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--steps", type=int, default=6, help="RL steps per run (default 6)")
     parser.add_argument("--repeats", type=int, default=2, help="A/B pairs (default 2)")
     args = parser.parse_args()

@@ -37,7 +37,7 @@ def run_once(backend: str, mode: str, steps: int, seed: int) -> dict[str, list[f
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--steps", type=int, default=4, help="RL steps per run, the first excluded (default 4)")
     parser.add_argument("--repeats", type=int, default=1, help="interleaved rounds (default 1)")
     args = parser.parse_args()

@@ -123,7 +123,7 @@ class Row:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     ap.add_argument("--model", default=None, help="HF model directory (default: the embedded model)")
     ap.add_argument("--mtp", default=None, help="MTP head directory (default: the embedded e2e_tv head)")
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64], help="rows B per call")

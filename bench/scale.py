@@ -393,7 +393,7 @@ def run_headline(point: dict, threads: int) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--quick", action="store_true", help="small sizes, no RL headline (see bench/README.md for times)")
     ap.add_argument("--only", nargs="+", default=None,
                     help="sections: rl train-mtp eval-mtp generate check-lossless export versus-hf headline")

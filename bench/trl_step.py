@@ -38,7 +38,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--steps", type=int, default=3, help="GRPO steps per run (the first is left out)")
     p.add_argument("--repeats", type=int, default=3, help="runs of each arm, interleaved")
     p.add_argument("--mode", default="rs", help="Bebop's mode: rs | to | none")

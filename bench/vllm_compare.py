@@ -70,7 +70,7 @@ def _run_bebop(model, tok, head, prompts, temperature, max_tokens, seed, k):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--rows", type=int, default=32, help="prompts per call (default 32)")
     parser.add_argument("--max-new-tokens", type=int, default=48, help="token budget per row (default 48)")
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1)")

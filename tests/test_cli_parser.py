@@ -32,3 +32,16 @@ def test_unknown_flag_is_refused_with_the_subcommands_usage(argv, prog, flag, ca
     err = capsys.readouterr().err
     assert exit_.value.code == 2
     assert err.startswith(f"usage: {prog} ") and f"{prog}: error: unrecognized arguments: {flag}" in err
+
+
+def test_every_script_parser_refuses_abbreviations():
+    """The bench scripts and the example take no abbreviated flag either (``allow_abbrev=False``)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    scripts = sorted([*(root / "bench").glob("*.py"), *(root / "examples").glob("*.py")])
+    calls = [(path.name, call) for path in scripts
+             for call in re.findall(r"(?:ArgumentParser|add_parser)\((?:[^()]|\([^()]*\))*\)", path.read_text())]
+    assert len(calls) >= 12
+    assert not [c for c in calls if "allow_abbrev=False" not in c[1]]
