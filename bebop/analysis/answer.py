@@ -33,7 +33,8 @@ from bebop.analysis.summary import (
 
 FIGURE_FILE = "accept_vs_entropy.png"
 GRID_POINTS = 50  # entropies at which each line and band are drawn
-# What a report without a `none` run (or without a speculative one) tells the user to run: `bebop rl`'s flags, TRL's
+# What the answer tells the user to run when the baseline or the MTP run is missing: in `bebop rl`'s flags, or in TRL's
+# settings for runs TRL wrote
 BASELINE_HOW = "run the baseline with `--mode none` and the same settings, then report both"
 TRL_SPECULATIVE_HOW = ("train once more with the same `GRPOConfig` and seed and "
                        "`rollout_func=bebop_rollout_func(HEAD, mode=\"rs\")`, save its state (`trainer.save_state()`)")

@@ -183,8 +183,9 @@ def trl_state_file(run_dir: Path) -> Path | None:
     """The file holding a TRL output directory's log history, or None when it has none."""
     for name in TRL_STATE_FILES:
         if (run_dir / name).exists() and not (run_dir / name).is_file():
-            raise BebopError(f"TRL log history {run_dir / name} is not a regular file (a folder?): TRL writes it "
-                             "with trainer.save_state()")
+            kind = "a folder" if (run_dir / name).is_dir() else "not a regular file"
+            raise BebopError(f"TRL log history {run_dir / name} is {kind}, not the JSON file trainer.save_state() "
+                             "writes")
         if (run_dir / name).is_file():
             return run_dir / name
     checkpoints = [p for p in run_dir.glob("checkpoint-*/trainer_state.json") if p.parent.name[11:].isdigit()]

@@ -70,6 +70,7 @@ def save_torch(obj: Any, path: str | os.PathLike) -> None:
     with open(path, "wb") as f:
         torch.save(obj, f)
 
+
 def umask() -> int:
     """The process's umask. Read from /proc where Linux shows it: setting it to read it back (the only
     portable way, used elsewhere) would leave another thread creating files under a wrong umask meanwhile."""
