@@ -38,7 +38,7 @@ in mode rs) every setting has a plain sample of its own.
 
 Runtime: 11 * num_samples rows per tested prompt (3 plain references, 7 speculative settings, two of
 which add a half-size share of other prompts' rows) of up to 3K+3 = 12 tokens; cost grows with rows x tokens.
-A retest redraws a failed event's plain sample and failing settings only (about 2-3 runs).
+A retest redraws a failed event's plain sample and failing settings only (at most 4 runs).
 Power: at the default a check has even odds of catching a total-variation shift of about 3%
 spread evenly over 10 cells (sqrt(9 / num_samples)); shifts concentrated on rare tokens are
 caught sooner.
