@@ -205,7 +205,7 @@ def verdict_line(summary: LosslessSummary, num_tested: int = 1) -> str:
 
 def _meaning(s: LosslessSummary, seed_note: str) -> list[str]:
     """What the verdict means and what to try next (one or two lines)."""
-    bound = f"{s.false_alarm_bound:.2%}"
+    bound = f"1 run in {1 / max(s.false_alarm_bound, 1e-12):,.0f}"
     if s.verdict == NOT_LOSSLESS:
         return [f"What it means: an exact sampler fails an event twice with odds at most {bound}, so speculative "
                 "sampling with these settings draws from another distribution than plain sampling (or crashed).",
@@ -213,7 +213,7 @@ def _meaning(s: LosslessSummary, seed_note: str) -> list[str]:
                 "settings fail, and report this table with the model's config.json and the head's mtp_config.json."]
     if s.cleared:
         return [f"Retested on fresh samples{seed_note}: {'; '.join(s.cleared)}. One failure is a chance event "
-                f"an exact sampler gives in about {false_alarm_odds(s.alpha, s.num_informative):.0%} of runs; "
+                f"an exact sampler gives in about {false_alarm_odds(s.alpha, s.num_informative):.1%} of runs; "
                 f"only a repeated one counts (odds at most {bound})."]
     return []
 
