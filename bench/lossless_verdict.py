@@ -14,7 +14,7 @@ Three parts, each a markdown table:
    sample count, over several seeds: the share of runs called "not lossless" and the largest p-value
    of the retest's worst check.
 
-Usage (from the repository root; about 15 minutes at the defaults on 2 loaded cores):
+Usage (from the repository root; 15-60 minutes at the defaults on 2 shared cores, most of it the exact-sampler runs):
     PYTHONPATH=. .venv/bin/python bench/lossless_verdict.py --runs 200 --engine-seeds 10 --broken-seeds 3
 """
 
