@@ -158,7 +158,7 @@ def test_broken_sampler_fails(config, monkeypatch):
 @pytest.mark.parametrize("config", [LosslessConfig("to", 1, 0.7), LosslessConfig("rs", 1, 0.7)])
 def test_rollback_defect_shows_only_past_the_first_three_tokens(config, broken, monkeypatch):
     """The broken engine passes every check on tokens 1-3 (all the old harness compared) and fails the
-    deeper ones; the real engine passes them all (false-alarm odds 1 - (1 - 3e-4)^7 = 0.2% per config)."""
+    deeper ones; the real engine passes them all (false-alarm odds (7 * 3e-4)^2 = 4.4e-6 per config, retest included)."""
     if broken:
         break_rollback(monkeypatch)
     model, head = context_model()
@@ -175,8 +175,8 @@ def test_rollback_defect_shows_only_past_the_first_three_tokens(config, broken, 
 
 
 def test_block_verification_passes_and_a_broken_block_verifier_fails(monkeypatch):
-    """``--verify block``: the exact engine passes BLOCK_LOSSLESS_CONFIGS (false-alarm odds 1 - (1 - 3e-4)^49
-    = 1.5% for a seed picked at random); the block correction dropped from the residual (thresholds and
+    """``--verify block``: the exact engine passes BLOCK_LOSSLESS_CONFIGS (false-alarm odds at most
+    sum_e (3e-4 n_e)^2 = 5.4e-5 over its 4 events, retest included, for a seed picked at random); the block correction dropped from the residual (thresholds and
     emitted token) fails with p below BROKEN_P_VALUE."""
     model, head = _tiny()
     checks = run_lossless_checks(model, ToyTokenizer(), head, num_samples=NUM_SAMPLES, seed=0, prompts=PROMPTS,
