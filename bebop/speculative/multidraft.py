@@ -176,3 +176,20 @@ def multi_draft_verify(
     race_bits = torch.randint(0, 1 << 52, (batch, vocab), generator=generator, device=device)
     coins, race = rng.uniform_from_bits(coin_bits, COIN_DTYPE), rng.exponential_from_bits(race_bits)
     return verify_multi_draft_from_noise(target_probs, draft_tokens, draft_probs, coins, race)
+
+
+def multi_draft_expected_accepts(
+    p_1: torch.Tensor,  # (N, V) the target at depth 1 of each chain
+    q_1: torch.Tensor,  # (N, V) the draft at depth 1
+    alpha: torch.Tensor,  # (N, K) the chain's token-wise acceptance α_RS,j (only j >= 2 is read)
+    num_drafts: int,
+) -> torch.Tensor:  # (N,) expected accepted drafts per verify step
+    """E[accepted drafts] of a verify step with n chains: the depth-1 acceptance of n drafts, then the
+    kept chain's token-wise acceptances, E = a_n · (1 + Σ_{j>=2} Π_{i=2..j} α_i). Depths >= 2 use the
+    chain's α as `bebop.mtp.evaluate` does (the accepted depth-1 token is distributed as p_1 whatever n
+    is, so the kept chain continues as one chain would). n = 1 gives the chain's Σ_j Π_{i<=j} α_i.
+
+    Example: a_2 = 0.85 (p = [0.2, 0.8], q = [0.5, 0.5]) and α_2 = 0.5 -> 0.85 · 1.5 = 1.275.
+    """
+    deeper = alpha[:, 1:].to(torch.float64).cumprod(dim=1).sum(dim=1)  # (N,)
+    return multi_draft_accept_prob(p_1, q_1, num_drafts).to(torch.float64) * (1 + deeper)

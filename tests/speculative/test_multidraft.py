@@ -24,6 +24,7 @@ import torch
 from bebop.speculative.multidraft import (
     accept_multi_draft,
     multi_draft_accept_prob,
+    multi_draft_expected_accepts,
     multi_draft_verify,
     residuals,
     verify_multi_draft_from_noise,
@@ -94,8 +95,8 @@ def multi_draft_joint(chain, vocab: int, n: int, k: int, update: bool = True) ->
 
 def _token_wise_closed_form(chain, drafts, vocab):
     k = len(drafts)
-    target = torch.tensor([[chain.p(drafts[:j]) for j in range(k + 1)]], dtype=torch.float64)
-    draft_probs = torch.tensor([[chain.q(drafts[:j]) for j in range(k)]], dtype=torch.float64)
+    target = torch.tensor(np.array([[chain.p(drafts[:j]) for j in range(k + 1)]]), dtype=torch.float64)
+    draft_probs = torch.tensor(np.array([[chain.q(drafts[:j]) for j in range(k)]]), dtype=torch.float64)
     accept, resample = verify_distributions(target, torch.tensor([drafts]), draft_probs)
     return accept[0].tolist(), resample[0].numpy()
 
@@ -243,3 +244,16 @@ def test_input_errors():
         accept_multi_draft(p, drafts[:, :1], q, torch.full((1, 3), 0.5, dtype=torch.float64))
     with pytest.raises(ValueError, match="num_drafts"):
         multi_draft_accept_prob(p[0, 0, 0], q[0, 0, 0], 0)
+
+
+def test_expected_accepts_with_one_draft_are_the_chain_sum():
+    gen = torch.Generator().manual_seed(4)
+    p = torch.softmax(torch.randn(50, 6, generator=gen) * 2, -1)
+    q = torch.softmax(torch.randn(50, 6, generator=gen) * 2, -1)
+    alpha = torch.rand(50, 3, generator=gen, dtype=torch.float64)
+    alpha[:, 0] = torch.minimum(p, q).sum(-1)
+    torch.testing.assert_close(multi_draft_expected_accepts(p, q, alpha, 1), alpha.cumprod(1).sum(1))
+    assert (multi_draft_expected_accepts(p, q, alpha, 2) >= alpha.cumprod(1).sum(1) - 1e-6).all()
+    example = multi_draft_expected_accepts(torch.tensor([[0.2, 0.8]]), torch.tensor([[0.5, 0.5]]),
+                                           torch.tensor([[0.7, 0.5]]), 2)
+    assert example.item() == pytest.approx(1.275)
