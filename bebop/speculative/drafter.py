@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from bebop.speculative.kv_cache import RaggedKVCache
+from bebop.speculative.multidraft import lane_noise
 from bebop.speculative.sampling import logits_to_probs, sample_from_probs
 from bebop.speculative.verification import draw_draft_noise
 
@@ -102,15 +103,7 @@ class Drafter:
             sampled: draw drafts from q (``rs`` at temperature > 0); else each draft is argmax q.
         """
         cache, head = self.cache, self.head
-        num = len(self.count)
-        count = torch.tensor(self.count, device=self.tokens.device)
-        width = self.tokens.shape[1]
-        positions = cache.begin(width)
-        valid = torch.arange(width, device=count.device)[None, :] < count[:, None]
-        g = head.forward_step(self.hidden, self.tokens, positions, step=0,
-                              attention_bias=cache.attention_bias(valid), cache=cache)
-        g = g[torch.arange(num, device=count.device), count - 1]  # (R, D) output at the frontier pair
-        cache.commit(self.count)
+        g = self._feed_pending()  # (R, D)
         tokens, probs = [], []
         noise = None
         for j in range(k):
@@ -132,6 +125,49 @@ class Drafter:
         if k > 1:
             cache.rollback(k - 1)  # the chained steps' entries were speculative
         return torch.stack(tokens, 1), torch.stack(probs, 1)
+
+    def draft_lanes(self, rows, k: int, num_drafts: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """n chains per row (``bebop.speculative.multidraft``): n first drafts drawn i.i.d. from q_1, each
+        continued K - 1 chained steps -> drafts (R, n, K) and q (R, n, K, V). Drafts are always sampled.
+
+        The chained steps run on n copies of each row's cache (one lane per chain); the copies are dropped
+        after the call. Lane 0 draws from the rows' draft streams, so n = 1 drafts exactly what ``draft``
+        draws; lane c > 0 from streams derived from them (``multidraft.lane_noise``).
+        """
+        cache, head = self.cache, self.head
+        g = self._feed_pending()  # (R, D)
+        q_first = self.probs(head.logits(g, step=0))  # (R, V)
+        num, vocab = q_first.shape
+        noise = lane_noise(rows.keys, rows.counters, k, num_drafts, vocab)  # (R, n, K, V)
+        first = sample_from_probs(q_first[:, None].expand(num, num_drafts, vocab), noise[:, :, 0])  # (R, n)
+        cache.select_rows([r for r in range(num) for _ in range(num_drafts)])  # lane r * n + c
+        g = g.repeat_interleave(num_drafts, dim=0)  # (R n, D)
+        noise = noise.reshape(num * num_drafts, k, vocab)
+        tokens, probs = [first.reshape(-1)], [q_first.repeat_interleave(num_drafts, dim=0)]
+        for j in range(1, k):
+            positions = cache.begin(1)
+            g = head.forward_step(g[:, None], tokens[-1][:, None], positions, step=j,
+                                  attention_bias=cache.attention_bias(), cache=cache)[:, 0]
+            cache.shift_all(1)
+            probs.append(self.probs(head.logits(g, step=j)))
+            tokens.append(sample_from_probs(probs[-1], noise[:, j]))
+        if k > 1:
+            cache.rollback(k - 1)
+        cache.select_rows(list(range(0, num * num_drafts, num_drafts)))  # every lane's committed part is the row's
+        return (torch.stack(tokens, 1).view(num, num_drafts, k),
+                torch.stack(probs, 1).view(num, num_drafts, k, vocab))
+
+    def _feed_pending(self) -> torch.Tensor:  # (R, D)
+        """Step 1 over the pending pairs, committed to the head's cache -> the head's output at each row's frontier."""
+        cache = self.cache
+        count = torch.tensor(self.count, device=self.tokens.device)
+        width = self.tokens.shape[1]
+        positions = cache.begin(width)
+        valid = torch.arange(width, device=count.device)[None, :] < count[:, None]
+        g = self.head.forward_step(self.hidden, self.tokens, positions, step=0,
+                                   attention_bias=cache.attention_bias(valid), cache=cache)
+        cache.commit(self.count)
+        return g[torch.arange(len(self.count), device=count.device), count - 1]  # output at the frontier pair
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """q (R, V) from draft logits (R, V): the draft temperature, then (``filter_drafts``) the target's top-k/top-p."""

@@ -54,6 +54,7 @@ from bebop.speculative import rng
 from bebop.speculative.completions import Completions
 from bebop.speculative.drafter import Drafter
 from bebop.speculative.kv_cache import fill_order
+from bebop.speculative.multidraft import verify_multi_draft_from_noise
 from bebop.speculative.sampling import logits_to_probs, sample_from_probs
 from bebop.speculative.settings import MODES, SamplingParams, SpecConfig, check_settings, head_problem
 from bebop.speculative.stats import EmissionLog, entropy
@@ -296,6 +297,9 @@ class _Runner:
             self._emit(rows, token[:, None], [0] * len(rows.index))
 
     def _speculative_step(self, rows: _Rows) -> None:
+        if self.spec.num_drafts > 1 and not self.greedy:  # NOTE: at T = 0 the n argmax chains would be one
+            self._multi_draft_step(rows)
+            return
         start = time.perf_counter()
         drafts, q = self.drafter.draft(rows, self.k, sampled=self.spec.mode == "rs" and not self.greedy)
         if self.time_drafts:
@@ -323,6 +327,41 @@ class _Runner:
                         (token_entropy[:, : self.k], torch.minimum(p_draft, q).sum(-1), alpha_to))
         self.target.cache.commit(kept)
         self.drafter.accept(hidden, out, kept)  # the head's next inputs: each kept position's (h, emitted token)
+        self._emit(rows, out, num_accepted)
+
+    def _multi_draft_step(self, rows: _Rows) -> None:
+        """n chains per row (``bebop.speculative.multidraft``): the target verifies every chain on its own copy of
+        the row's cache (lane r * n + c), the kept chain's lane becomes the row, the other lanes are dropped."""
+        n, k = self.spec.num_drafts, self.k
+        start = time.perf_counter()
+        drafts, q = self.drafter.draft_lanes(rows, k, n)  # (R, n, K), (R, n, K, V)
+        if self.time_drafts:
+            if drafts.is_cuda:  # NOTE: a host sync, only when asked: the drafts' kernels must have run
+                torch.cuda.synchronize(drafts.device)
+            self.draft_seconds = time.perf_counter() - start
+        num, vocab = drafts.shape[0], q.shape[-1]
+        self.target.cache.select_rows([r for r in range(num) for _ in range(n)])
+        lane_drafts = drafts.view(num * n, k)
+        logits, hidden = self.target.forward(torch.cat([rows.last_token.repeat_interleave(n)[:, None], lane_drafts], 1))
+        p = self._probs(logits).view(num, n, k + 1, vocab)
+        coins, race = draw_verify_noise(rows.keys, rows.counters, n + k - 1, vocab)
+        chain, out, accepted = verify_multi_draft_from_noise(p, drafts, q, coins, race)
+        finite = finite_at_drafts(q.view(num * n, k, vocab), lane_drafts).view(num, n).all(1)
+        # NOTE: host sync 1 of 2 per step, as in the one-chain step: counts, q's finiteness and the kept chains
+        num_accepted, finite, kept_chain = torch.stack([accepted, finite.long(), chain]).tolist()
+        if not all(finite):  # verification against a NaN q is not exact: no token of this step is kept
+            raise BebopError("the MTP head drafted NaN or infinite probabilities; check its weights and --dtype")
+        kept = [a + 1 for a in num_accepted]
+        self.target.cache.commit([kept[lane // n] for lane in range(num * n)])
+        self.target.cache.select_rows([r * n + c for r, c in enumerate(kept_chain)])
+        rows_index = torch.arange(num, device=chain.device)
+        p_kept, q_kept = p[rows_index, chain], q[rows_index, chain]  # (R, K+1, V), (R, K, V)
+        p_draft = p_kept[:, :k]
+        token_entropy = entropy(p_kept)  # (R, K+1)
+        alpha_to = p_draft.gather(-1, q_kept.argmax(-1, keepdim=True))[..., 0]
+        self._log_block(rows, kept, token_entropy,
+                        (token_entropy[:, :k], torch.minimum(p_draft, q_kept).sum(-1), alpha_to))
+        self.drafter.accept(hidden.view(num, n, k + 1, -1)[rows_index, chain], out, kept)
         self._emit(rows, out, num_accepted)
 
     # ------------------------------------------------------------------ bookkeeping

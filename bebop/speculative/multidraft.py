@@ -46,7 +46,7 @@ from bebop.speculative.sampling import (
     recovery_weights,
     sample_from_probs,
 )
-from bebop.speculative.verification import COIN_DTYPE
+from bebop.speculative.verification import COIN_DTYPE, draw_draft_noise
 
 
 def _check(
@@ -193,3 +193,20 @@ def multi_draft_expected_accepts(
     """
     deeper = alpha[:, 1:].to(torch.float64).cumprod(dim=1).sum(dim=1)  # (N,)
     return multi_draft_accept_prob(p_1, q_1, num_drafts).to(torch.float64) * (1 + deeper)
+
+
+def lane_noise(
+    keys: torch.Tensor,  # (R, 2 + max_k) int64, the rows' stream keys (``verification.noise_keys``)
+    counters: torch.Tensor,  # (R,) int64, the rows' decode positions at the start of the block
+    k: int,
+    num_drafts: int,
+    vocab_size: int,
+) -> torch.Tensor:  # (R, n, K, V) float32 Exp(1)
+    """The draft noise of n chains: lane 0 is ``verification.draw_draft_noise`` (one chain's), lane c > 0
+    draws from the streams keyed by (the row's draft key of step j, c), a pure function of the row's seed
+    like every stream, so a row's drafts do not depend on its batch."""
+    lanes = [draw_draft_noise(keys, counters, k, vocab_size)]  # (R, K, V)
+    for c in range(1, num_drafts):
+        lane_keys = torch.stack([rng.stream_keys(keys[:, 2 + j], [c])[:, 0] for j in range(k)], dim=1)  # (R, K)
+        lanes.append(rng.exponential_from_bits(rng.keyed_bits(lane_keys, counters, (vocab_size,))))
+    return torch.stack(lanes, dim=1)
