@@ -9,19 +9,18 @@ per head and temperature. The data is cut into --groups groups of sequences; the
 chains-weighted mean over groups with a 95% t-interval over the groups (paired: both use the same
 chains).
 
-Costs (``bench.rollout.measure_costs``, medians of interleaved calls on the embedded model): a chain's
-rs step is K draft steps at batch B and a verify forward over K + 1 tokens; n chains cost one depth-1
-draft step at B, K - 1 at B·n and a verify forward over n·K + 1 tokens (the cost of one tree pass:
-the same tokens, attention over a short tree instead of a causal block). The predicted speed-up is
-(accept length / step cost) of n chains over that of one chain: forward costs only, the engine's
-per-step overhead excluded, so it bounds what an engine would see from above when the overhead is
-the same for both.
+Speed: engine tokens/s of rs at K = 3 with one chain and with n chains, on the embedded prompts at each
+--batches size, --repeats rounds of one call per setting in a random order; medians, and the per-round
+ratio to one chain as median [min, max] (the noise).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
+import statistics
+import time
 
 import scipy.stats
 import torch
@@ -31,11 +30,11 @@ from bebop.models import load_model
 from bebop.mtp.data import Sequences
 from bebop.mtp.evaluate import evaluate_mtp
 from bebop.mtp.head import MtpHead
-from bench.rollout import measure_costs
+from bebop.speculative import SamplingParams, SpecConfig, generate
+from bench.rollout import make_prompts, run_order
 
 SPECULATE_K = 3
 NUM_DRAFTS = (2, 4)
-KV_LEN = 64  # cached positions of the cost calls: the embedded task's prompt + completion length
 
 
 def accept_lengths(model, head, data, temperature: float, groups: int, pad_id: int) -> dict:
@@ -59,20 +58,35 @@ def accept_lengths(model, head, data, temperature: float, groups: int, pad_id: i
     return out
 
 
-def predicted_speedups(model, head, batches: list[int], lengths: dict) -> list[dict]:
-    """Forward-cost speed-up of n chains over one chain at each batch size (module docstring)."""
+def measured_speeds(model, tok, head, batches: list[int], temperature: float, repeats: int, max_new: int) -> list[dict]:
+    """Engine tokens/s of one chain (n = 1) and n chains, side by side: per batch size, ``repeats`` rounds
+    of one call each in a random order (``bench.rollout.run_order``); medians, and the per-round ratio
+    n / one chain as median [min, max]."""
+    sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new)
+    ns = (1,) + NUM_DRAFTS
     rows = []
     for batch in batches:
-        ks = [SPECULATE_K] + [n * SPECULATE_K for n in NUM_DRAFTS]
-        base = measure_costs(model, head, batch, ks, KV_LEN)
-        chain_cost = SPECULATE_K * base[SPECULATE_K]["draft_s"] + base[SPECULATE_K]["verify_s"]
-        row = {"batch": batch, "plain_ms": 1e3 * base[SPECULATE_K]["plain_s"], "chain_ms": 1e3 * chain_cost}
-        for n in NUM_DRAFTS:
-            wide = measure_costs(model, head, batch * n, [SPECULATE_K], KV_LEN)[SPECULATE_K]["draft_s"]
-            cost = base[SPECULATE_K]["draft_s"] + (SPECULATE_K - 1) * wide + base[n * SPECULATE_K]["verify_s"]
-            row[f"n{n}_ms"] = 1e3 * cost
-            row[f"speedup{n}"] = (lengths[f"n{n}"] / cost) / (lengths["n1"] / chain_cost)
+        prompts = make_prompts(batch)
+        tok_s = {n: [] for n in ns}
+        accept = {n: [] for n in ns}
+        for n in ns:  # warmup
+            generate(model, tok, prompts[:1], mtp=head, sampling=sampling, spec=SpecConfig("rs", SPECULATE_K, num_drafts=n))
+        for repeat in range(repeats):
+            for n in run_order(list(ns), repeat):
+                start = time.perf_counter()
+                out = generate(model, tok, prompts, mtp=head, sampling=sampling,
+                               spec=SpecConfig("rs", SPECULATE_K, num_drafts=n), seed=repeat)
+                tok_s[n].append(sum(out.lengths) / (time.perf_counter() - start))
+                accept[n].append(out.stats.accept_length)
+        row = {"batch": batch}
+        for n in ns:
+            row[f"tok_s{n}"] = statistics.median(tok_s[n])
+            row[f"accept{n}"] = statistics.mean(accept[n])
+            ratios = [a / b for a, b in zip(tok_s[n], tok_s[1])]
+            row[f"ratio{n}"] = (statistics.median(ratios), min(ratios), max(ratios))
         rows.append(row)
+        print(f"| {batch} | " + " | ".join(f"{row[f'tok_s{n}']:.0f} ({row[f'accept{n}']:.2f})" for n in ns) + " | "
+              + " | ".join("{:.2f} [{:.2f}, {:.2f}]".format(*row[f"ratio{n}"]) for n in NUM_DRAFTS) + " |", flush=True)
     return rows
 
 
@@ -81,7 +95,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--losses", nargs="+", default=["ce", "tv", "e2e_tv"], help="embedded heads (draft losses)")
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.7, 1.0, 1.3], help="sampling T > 0")
     ap.add_argument("--groups", type=int, default=8, help="groups of held-out sequences (the interval's samples)")
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16], help="batch sizes of the cost table")
+    ap.add_argument("--batches", type=int, nargs="*", default=[1, 4, 16], help="batch sizes of the speed table "
+                    "(none: no speed table)")
+    ap.add_argument("--speed-temperature", type=float, default=1.0, help="sampling T of the speed table")
+    ap.add_argument("--repeats", type=int, default=5, help="timed rounds per batch size")
+    ap.add_argument("--max-new-tokens", type=int, default=48, help="completion tokens per row in the speed table")
     ap.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
     args = ap.parse_args(argv)
     if args.groups < 2:
@@ -94,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
           f"{args.groups} groups | exact accept lengths, gains paired over groups\n", flush=True)
     print("| head | T | H(p) nats | chains | n=1 | n=2 | n=4 | n=2 − n=1 [95% CI] | n=4 − n=1 [95% CI] |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|", flush=True)
-    speed_basis = None
+    speed_head = None
     for loss in args.losses:
         head = MtpHead.from_pretrained(ensure_embedded_head(loss, model, tok), model).eval()
         for temperature in args.temperatures:
@@ -102,16 +120,14 @@ def main(argv: list[str] | None = None) -> None:
             print(f"| {loss} | {temperature:g} | {r['entropy']:.3f} | {r['chains']} | {r['n1']:.4f} | {r['n2']:.4f} | "
                   f"{r['n4']:.4f} | {r['gain2']:+.4f} ± {r['ci2']:.4f} | {r['gain4']:+.4f} ± {r['ci4']:.4f} |",
                   flush=True)
-            if loss == args.losses[-1] and speed_basis is None and temperature == max(args.temperatures):
-                speed_basis = (loss, temperature, r, head)
-    loss, temperature, lengths, head = speed_basis
-    print(f"\nforward costs (ms, medians) and predicted speed-up over one chain | {loss} head, T={temperature:g}, "
-          f"kv_len {KV_LEN}\n")
-    print("| B | plain | chain step | n=2 step | n=4 step | n=2 speed-up | n=4 speed-up |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
-    for row in predicted_speedups(model, head, args.batches, lengths):
-        print(f"| {row['batch']} | {row['plain_ms']:.2f} | {row['chain_ms']:.2f} | {row['n2_ms']:.2f} | "
-              f"{row['n4_ms']:.2f} | {row['speedup2']:.3f} | {row['speedup4']:.3f} |", flush=True)
+        speed_head = head
+    if not args.batches:
+        return
+    print(f"\nengine tokens/s (accept length), rs K={SPECULATE_K}, T={args.speed_temperature:g}, {args.losses[-1]} head, "
+          f"{args.max_new_tokens} new tokens, {args.repeats} rounds | load {os.getloadavg()[0]:.1f}\n")
+    print("| B | n=1 | n=2 | n=4 | n=2 / n=1 | n=4 / n=1 |")
+    print("|---:|---:|---:|---:|---:|---:|", flush=True)
+    measured_speeds(model, tok, speed_head, args.batches, args.speed_temperature, args.repeats, args.max_new_tokens)
 
 
 if __name__ == "__main__":
