@@ -1,9 +1,7 @@
 """Where a decode step's time goes: an rs step phase by phase beside a plain step, at each batch size.
 
-    PYTHONPATH=. .venv/bin/python bench/step_profile.py --threads 1             # embedded model, B 1/16/64
-    PYTHONPATH=. .venv/bin/python bench/step_profile.py --batch-sizes 16 --k 4  # one batch size, K = 4
-
-``bench/rollout.py --step-profile`` and ``bench/hybrid.py`` print the same table (``profile_table``).
+``bench/rollout.py --step-profile K`` prints the table (``profile_table``) for the embedded model or
+any model and head; ``bench/hybrid.py`` prints it for its hybrid and full-attention models.
 
 Phases (each step's wall time is split among them; mean milliseconds per decode step):
     draft           ``Drafter.draft``: the K chained head steps, their lm_head and the drafts' sampling
@@ -22,9 +20,7 @@ step ratio over repeats.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import os
 import statistics
 import time
 
@@ -131,31 +127,3 @@ def profile_table(model, tok, head, prompts_for, batch_sizes: list[int], k: int 
                 else " | "
             lines.append(f"| {batch} | {name} | " + " | ".join(cells) + f" | {total * 1e3:.2f} | {extra} |")
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> None:
-    from bench.rollout import load, make_prompts  # the embedded model and the rollout bench's prompts
-
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default=None, help="HF model directory (default: the embedded model)")
-    ap.add_argument("--mtp", default=None, help="MTP head directory (default: the embedded e2e_tv head)")
-    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64], help="rows B per call")
-    ap.add_argument("--k", type=int, default=3, help="rs's speculation depth K")
-    ap.add_argument("--temperature", type=float, default=1.0, help="T; 0 = greedy")
-    ap.add_argument("--max-new-tokens", type=int, default=32, help="completion tokens per row")
-    ap.add_argument("--repeats", type=int, default=3, help="profiled calls per setting")
-    ap.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
-    ap.add_argument("--device", default="cpu", help="cpu, cuda or auto")
-    args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    model, tok, head = load(args)
-    print(f"# bench/step_profile.py | device {next(model.parameters()).device} | threads {torch.get_num_threads()} | "
-          f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs\n")
-    print(profile_table(model, tok, head, make_prompts, args.batch_sizes, args.k, args.temperature,
-                        args.max_new_tokens, args.repeats))
-    print(f"\nload {os.getloadavg()[0]:.1f} at the end")
-
-
-if __name__ == "__main__":
-    main()
