@@ -20,6 +20,8 @@ dropped from the batch, their KV entries and states with them. A row's randomnes
 depend on which other rows share the batch.
 Statistics (``Completions.stats``) count only the tokens the completions keep (see
 ``bebop.speculative.stats``): each step is logged first and trimmed once every row's end is known.
+A decode step reads the device once (its tokens, with a verify step's counts and q's finiteness), so on
+a GPU the host waits for the queue once per step.
 
 Deviations from a textbook implementation:
     1) The MTP head's own KV cache holds one entry per committed position (step-1 inputs); the
