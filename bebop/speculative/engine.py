@@ -20,6 +20,8 @@ dropped from the batch, their KV entries and states with them. A row's randomnes
 depend on which other rows share the batch.
 Statistics (``Completions.stats``) count only the tokens the completions keep (see
 ``bebop.speculative.stats``): each step is logged first and trimmed once every row's end is known.
+A decode step reads the device once (its tokens, with a verify step's counts and q's finiteness), so on
+a GPU the host waits for the queue once per step.
 
 Deviations from a textbook implementation:
     1) The MTP head's own KV cache holds one entry per committed position (step-1 inputs); the
@@ -283,7 +285,7 @@ class _Runner:
         first = self._sample(logits, rows)
         if self.drafter is not None:  # the head's input pair at the last prompt position waits for the first token
             self.drafter.push(hidden, first)
-        self._emit(rows, first[:, None], [0] * len(lengths))
+        self._emit(rows, first, 1, [[t] for t in first.tolist()])  # NOTE: a host sync: the tokens
 
     def decode_step(self, rows: _Rows) -> None:
         if self.k:
@@ -294,7 +296,7 @@ class _Runner:
             token = self._sample(logits[:, 0], rows)
             if self.drafter is not None:  # a later step may draft: the head's input pair (h_t, x_{t+1}) waits
                 self.drafter.push(hidden[:, 0], token)
-            self._emit(rows, token[:, None], [0] * len(rows.index))
+            self._emit(rows, token, 1, [[t] for t in token.tolist()])  # NOTE: the step's one host sync
 
     def _speculative_step(self, rows: _Rows) -> None:
         if self.spec.num_drafts > 1 and not self.greedy:  # NOTE: at T = 0 the n argmax chains would be one
@@ -316,18 +318,19 @@ class _Runner:
             out, accepted = verify_from_noise(self.verifier, p, drafts, q_verify, coins, race, validate=False)
         p_draft = p[:, : self.k]
         alpha_to = p_draft.gather(-1, q.argmax(-1, keepdim=True))[..., 0]
-        # NOTE: host sync 1 of 2 per step: the counts (they drive the host-side bookkeeping) carry q's finiteness
-        # along (``finite_at_drafts``: R flags read at the drafts), so the check costs no sync of its own
-        num_accepted, finite = torch.stack([accepted, finite_at_drafts(q, drafts).long()]).tolist()
-        if not all(finite):  # verification against a NaN q is not exact: no token of this step is kept
+        # NOTE: the step's one host sync: each row's tokens with its count (they drive the host-side bookkeeping)
+        # and q's finiteness (``finite_at_drafts``: R flags read at the drafts), so the check costs no sync of its own
+        host = torch.cat([out, accepted[:, None], finite_at_drafts(q, drafts)[:, None].long()], 1).tolist()
+        if not all(h[-1] for h in host):  # verification against a NaN q is not exact: no token of this step is kept
             raise BebopError("the MTP head drafted NaN or infinite probabilities; check its weights and --dtype")
-        kept = [n + 1 for n in num_accepted]
+        kept = [h[-2] + 1 for h in host]
         token_entropy = entropy(p)  # (R, K+1)
         self._log_block(rows, kept, token_entropy,
                         (token_entropy[:, : self.k], torch.minimum(p_draft, q).sum(-1), alpha_to))
         self.target.cache.commit(kept)
         self.drafter.accept(hidden, out, kept)  # the head's next inputs: each kept position's (h, emitted token)
-        self._emit(rows, out, num_accepted)
+        last = out.gather(1, accepted[:, None])[:, 0]
+        self._emit(rows, last, accepted + 1, [h[:n] for h, n in zip(host, kept)])
 
     def _multi_draft_step(self, rows: _Rows) -> None:
         """n chains per row (``bebop.speculative.multidraft``): the target verifies every chain on its own copy of
@@ -365,17 +368,15 @@ class _Runner:
         self._emit(rows, out, num_accepted)
 
     # ------------------------------------------------------------------ bookkeeping
-    def _emit(self, rows: _Rows, out: torch.Tensor, num_accepted: list[int]) -> None:
-        """Appends each row's new tokens, ends rows at EOS/length/stop, drops finished rows."""
+    def _emit(self, rows: _Rows, last_token: torch.Tensor, num_new: torch.Tensor | int, new: list[list[int]]) -> None:
+        """Appends each row's new tokens (host lists; ``last_token`` (R,) the last of them, ``num_new`` (R,) or an
+        int their count, on the device), ends rows at EOS/length/stop, drops finished rows."""
         num = len(rows.index)
-        arange = torch.arange(num, device=out.device)
-        accepted = torch.tensor(num_accepted, device=out.device)
-        rows.last_token = out[arange, accepted]
-        rows.counters = rows.counters + accepted + 1
+        rows.last_token = last_token
+        rows.counters = rows.counters + num_new
         keep = []
-        for i, (row, new) in enumerate(zip(rows.index, out.tolist())):  # sync 2 of 2: tokens to host lists
-            new = new[: num_accepted[i] + 1]
-            reason = self._append(row, new)
+        for i, (row, tokens) in enumerate(zip(rows.index, new)):
+            reason = self._append(row, tokens)
             if reason:
                 self.finish[row] = reason
             else:
