@@ -350,11 +350,11 @@ class _Runner:
         coins, race = draw_verify_noise(rows.keys, rows.counters, n + k - 1, vocab)
         chain, out, accepted = verify_multi_draft_from_noise(p, drafts, q, coins, race)
         finite = finite_at_drafts(q.view(num * n, k, vocab), lane_drafts).view(num, n).all(1)
-        # NOTE: host sync 1 of 2 per step, as in the one-chain step: counts, q's finiteness and the kept chains
-        num_accepted, finite, kept_chain = torch.stack([accepted, finite.long(), chain]).tolist()
-        if not all(finite):  # verification against a NaN q is not exact: no token of this step is kept
+        # NOTE: the step's one host sync, as in the one-chain step, with the kept chains beside the counts
+        host = torch.cat([out, accepted[:, None], chain[:, None], finite[:, None].long()], 1).tolist()
+        if not all(h[-1] for h in host):  # verification against a NaN q is not exact: no token of this step is kept
             raise BebopError("the MTP head drafted NaN or infinite probabilities; check its weights and --dtype")
-        kept = [a + 1 for a in num_accepted]
+        kept, kept_chain = [h[-3] + 1 for h in host], [h[-2] for h in host]
         self.target.cache.commit([kept[lane // n] for lane in range(num * n)])
         self.target.cache.select_rows([r * n + c for r, c in enumerate(kept_chain)])
         rows_index = torch.arange(num, device=chain.device)
@@ -365,7 +365,7 @@ class _Runner:
         self._log_block(rows, kept, token_entropy,
                         (token_entropy[:, :k], torch.minimum(p_draft, q_kept).sum(-1), alpha_to))
         self.drafter.accept(hidden.view(num, n, k + 1, -1)[rows_index, chain], out, kept)
-        self._emit(rows, out, num_accepted)
+        self._emit(rows, out.gather(1, accepted[:, None])[:, 0], accepted + 1, [h[:m] for h, m in zip(host, kept)])
 
     # ------------------------------------------------------------------ bookkeeping
     def _emit(self, rows: _Rows, last_token: torch.Tensor, num_new: torch.Tensor | int, new: list[list[int]]) -> None:
