@@ -104,6 +104,7 @@ class LosslessConfig:
     top_p: float = 1.0  # 1 = off
     batch_mix: bool = False  # interleave the tested prompt's rows with rows of the other prompts
     verify: str = "token"  # token | block (bebop.speculative.block; mode rs only)
+    num_drafts: int = 1  # chains per row (bebop.speculative.multidraft; mode rs, verify token)
 
     @property
     def sampling_key(self) -> tuple[float, int, float]:
@@ -135,6 +136,12 @@ BLOCK_LOSSLESS_CONFIGS = (
     LosslessConfig("rs", 3, 0.7, verify="block"),
     LosslessConfig("rs", 3, 1.0, top_k=20, top_p=0.9, batch_mix=True, verify="block"),
     LosslessConfig("rs", 2, 0.7, top_k=20, top_p=0.9, verify="block"),
+)
+# Several chains per row (``SpecConfig.num_drafts``) are rs with token-wise verification: n = 2 and 3, both
+# temperatures, top-k/top-p, a batch mix.
+MULTI_DRAFT_LOSSLESS_CONFIGS = (
+    LosslessConfig("rs", 3, 1.0, num_drafts=2),
+    LosslessConfig("rs", 2, 0.7, top_k=20, top_p=0.9, batch_mix=True, num_drafts=3),
 )
 # Another engine (``--backend vllm``) runs one K per engine start, so its settings share K = 3 and
 # group by mode: three engine starts (plain, rs, to) cover all of them.
@@ -262,6 +269,8 @@ def lossless_configs(verify: str = "token") -> tuple[LosslessConfig, ...]:
 
 def _config_name(config: LosslessConfig) -> str:
     name = f"{config.mode}{' block' if config.verify == 'block' else ''} K={config.speculate_k} T={config.temperature:g}"
+    if config.num_drafts > 1:
+        name += f" n={config.num_drafts}"
     if config.top_k:
         name += f" top-k={config.top_k}"
     if config.top_p < 1:
@@ -317,7 +326,7 @@ def _check_inputs(head, prompts, num_samples: int, alpha: float, configs, num_te
     if any(c.batch_mix for c in configs) and len(prompts) < 2:
         raise BebopError("batch-mix checks need at least two prompts: the first is tested, the rest are mixed in")
     for c in configs:
-        problems = settings_problems(SpecConfig(c.mode, c.speculate_k, verify=c.verify),
+        problems = settings_problems(SpecConfig(c.mode, c.speculate_k, verify=c.verify, num_drafts=c.num_drafts),
                                      SamplingParams(c.temperature, c.top_k, c.top_p), greedy_ok=False, auto_ok=False)
         if c.mode == "none":
             problems.insert(0, "mode must be to or rs (the check compares them with plain sampling)")
@@ -415,7 +424,8 @@ def _sample_and_check(runs: list[tuple], prompts: list, num_samples: int, alpha:
         temperature, top_k, top_p = key
         sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=num_tokens)
         spec = SpecConfig(mode="none") if config is None else SpecConfig(mode=config.mode, speculate_k=config.speculate_k,
-                                                                          verify=config.verify)
+                                                                          verify=config.verify,
+                                                                          num_drafts=config.num_drafts)
         others = prompts[:index] + prompts[index + 1:]
         rows, is_tested = _batch_rows(prompts[index], others, num_samples, config is not None and config.batch_mix)
         sampler = references[label] if config is None else backend
