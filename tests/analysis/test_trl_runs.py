@@ -143,7 +143,7 @@ def test_a_trl_directory_without_its_log_history_names_trainer_state_and_save_st
         assert not (where / "report").exists()
     (run_dir / "trainer_state.json").mkdir()
     assert main(["report", str(run_dir)]) == 2
-    assert "trainer_state.json is a folder, not the JSON file trainer.save_state() writes" in capsys.readouterr().err
+    assert "trainer_state.json is a directory, not a file" in capsys.readouterr().err
 
 
 def test_a_bebop_run_without_its_metrics_is_still_named_so(tmp_path):
