@@ -133,20 +133,21 @@ def _sampled_block_sums(draft: torch.Tensor, target: torch.Tensor, temperature: 
     How it differs from ``block.sampled_block_accepts`` (same estimator, same premise):
     1) ŷ_j is drawn by inverse CDF on q_j's float32 cumulative sums (an error of float32 rounding in each
        token's probability, far below the draws' own noise), so no float64 (N, K, V) softmax exists;
-    2) p_j and q_j are read at the drawn tokens only (log-probabilities from float32 log-sum-exps), and the
-       prefix weights are float64 as in verification.
+    2) p_j and q_j are read at the drawn tokens only (from float32 logits, p's log-sum-exp and q's cumulative
+       sum), and the prefix weights are float64 as in verification.
     The uniforms come from ``generator`` (on the CPU), in chain order.
     """
     n, k, vocab = draft.shape
     q_logits, p_logits = draft.float() / temperature, target.float() / temperature  # (N, K, V)
-    q_lse, p_lse = q_logits.logsumexp(-1, keepdim=True), p_logits.logsumexp(-1, keepdim=True)  # (N, K, 1)
-    cdf = (q_logits - q_lse).exp_().cumsum_(-1)  # (N, K, V)
+    q_max, p_lse = q_logits.amax(-1, keepdim=True), p_logits.logsumexp(-1, keepdim=True)  # (N, K, 1)
+    cdf = (q_logits - q_max).exp_().cumsum_(-1)  # (N, K, V) unnormalised: q = exp(logit - max) / cdf[..., -1]
+    total = cdf[..., -1:].double()  # (N, K, 1)
     uniforms = torch.rand(n, k, num_draws, generator=generator, dtype=torch.float64).to(cdf.device)
     # NOTE: right=True: the first index whose cumulative sum exceeds u, so a zero-probability token is never drawn.
-    drafts = torch.searchsorted(cdf, (uniforms * cdf[..., -1:].double()).to(cdf.dtype), right=True)
-    drafts = drafts.clamp_max_(vocab - 1)  # (N, K, S)
-    drawn = [(logits.gather(-1, drafts) - lse).double().exp().transpose(1, 2).reshape(n * num_draws, k, 1)
-             for logits, lse in ((p_logits, p_lse), (q_logits, q_lse))]  # p, q at the drawn tokens (N*S, K, 1)
+    drafts = torch.searchsorted(cdf, (uniforms * total).to(cdf.dtype), right=True).clamp_max_(vocab - 1)  # (N, K, S)
+    p_drawn = (p_logits.gather(-1, drafts) - p_lse).double().exp()  # (N, K, S)
+    q_drawn = (q_logits.gather(-1, drafts) - q_max).double().exp() / total
+    drawn = [x.transpose(1, 2).reshape(n * num_draws, k, 1) for x in (p_drawn, q_drawn)]  # (N*S, K, 1)
     first = torch.zeros(n * num_draws, k, dtype=torch.long, device=cdf.device)  # each draw's token, now column 0
     weights = block.prefix_weights(drawn[0], first, drawn[1])[:, 1:].sum(1).view(n, num_draws)
     return float(weights.mean(1).sum()), float((weights.var(1) / num_draws).sum())
