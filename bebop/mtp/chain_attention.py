@@ -7,15 +7,21 @@ Training and evaluation run depth j of every chain start t at once (``MtpHead.un
   the committed depth-1 entries in the served one), and
 * in the served context only, its own chain's entries of depths 2..j, all at position t.
 
-``attend`` takes the softmax over the union of both key sets exactly, without a (T, j*T) mask: it
-runs the queries a block of rows at a time, so a block's scores (B, H, n, <= T) are the only
-tensor of more than linear size alive, and under autograd each block is recomputed in backward
-(``torch.utils.checkpoint``) instead of keeping its probabilities. Memory grows as T*K.
+``attend`` takes the softmax over the union of both key sets exactly, without a (T, j*T) mask, in
+one of two ways:
 
-How it differs from the family's own attention function:
-1) it computes what transformers' eager attention computes (scaling, Gemma 2's score soft-capping,
-   a float32 softmax, dropout) for every family, so SDPA or flash kernels are not used here;
-2) the causal mask is built per block from indices, and a chain entry is always visible.
+* ``_sdpa_attend`` (no score soft-capping, no dropout): the causal base is one causal
+  ``scaled_dot_product_attention`` (flash kernels, no mask), and the chain's entries join it through
+  one extra key: its score at row t is the log-sum-exp c_t of row t's chain scores (carried by an
+  extra query coordinate) and its value a unit coordinate, so the output's last coordinate is the
+  chain's share of the softmax mass and the rest is the base's output scaled by the remainder; adding
+  that share times the chain's own softmax average merges the two exactly (log-sum-exp merge);
+* ``_blocked_attend`` (Gemma 2's soft-capped scores, dropout): the queries a block of rows at a time,
+  each block's scores (B, H, n, <= T) recomputed in backward (``torch.utils.checkpoint``) instead of
+  kept, so memory grows as T too.
+
+Both compute what transformers' eager attention computes (scaling, soft-capping, a float32 softmax,
+dropout) up to float rounding, for every family, so they stand in for its attention function.
 
 ``chain_attention`` switches the head's attention layers to ``attend`` for the length of one step;
 the engine's drafting, which passes real masks, never goes through it.
@@ -86,21 +92,59 @@ def attend(
 
     base_k, base_v = expand(base_k), expand(base_v)
     chain = [expand(x) for x in (*chain_k, *chain_v)]
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    dropout = dropout if module.training else 0.0
+    if softcap is None and not dropout:
+        out = _sdpa_attend(query, base_k, base_v, chain[:len(chain_k)], chain[len(chain_k):], scaling)
+    else:
+        out = _blocked_attend(query, base_k, base_v, chain, len(chain_k), scaling, softcap, dropout)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _sdpa_attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, chain_k: list[torch.Tensor],
+                 chain_v: list[torch.Tensor], scaling: float) -> torch.Tensor:
+    """Causal attention of query (B, H, T, d) over key/value (B, H, T, d|dv), each row also over its chain entries
+    chain_k/chain_v (each (B, H, T, d|dv)), merged through one extra key (module docstring); returns (B, H, T, dv).
+
+    Example: no chain entries -> ``scaled_dot_product_attention(query, key, value, is_causal=True)`` (d = dv).
+    """
+    b, h, t, d = query.shape
+    dv, pad = value.shape[-1], nn.functional.pad
+    if not chain_k:  # NOTE: q, k and v padded to one head size (MLA's differ): flash kernels need it
+        width = max(d, dv)
+        out = nn.functional.scaled_dot_product_attention(pad(query, (0, width - d)), pad(key, (0, width - d)),
+                                                         pad(value, (0, width - dv)), is_causal=True, scale=scaling)
+        return out[..., :dv]
+    own = torch.stack([(query * k).sum(-1) for k in chain_k], dim=-1) * scaling  # (B, H, T, c) chain scores
+    share = own.softmax(-1)
+    chain_out = sum(share[..., i, None] * v for i, v in enumerate(chain_v))  # (B, H, T, dv)
+    width = max(d, dv) + 1  # one head size for q, k and v; the last coordinate is the sink's
+    lse = own.logsumexp(-1, keepdim=True) / scaling  # (B, H, T, 1): the sink's score at row t is scaling * lse
+    sink = query.new_zeros(b, h, 1, width)
+    sink[..., -1] = 1.0
+    # NOTE: a leading all-zero query row aligns the causal mask: row t + 1 sees the sink and keys 0..t.
+    q = torch.cat([query.new_zeros(b, h, 1, width), torch.cat([pad(query, (0, width - 1 - d)), lse], -1)], 2)
+    k = torch.cat([sink, pad(key, (0, width - d))], 2)
+    v = torch.cat([sink, pad(value, (0, width - dv))], 2)
+    out = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling)[:, :, 1:]
+    return out[..., :dv] + out[..., -1:] * chain_out  # (1 - w) base output + w chain output, w the chain's share
+
+
+def _blocked_attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, chain: list[torch.Tensor],
+                    num_chain: int, scaling: float, softcap: float | None, dropout: float) -> torch.Tensor:
+    """``attend``'s output (B, H, T, dv), ``SCORE_BLOCK_ELEMENTS`` scores at a time (module docstring)."""
     b, h, t, _ = query.shape
     rows = max(1, SCORE_BLOCK_ELEMENTS // (b * h * t))
-    block = functools.partial(
-        _attend_block, num_chain=len(chain_k), scaling=query.shape[-1] ** -0.5 if scaling is None else scaling,
-        softcap=softcap, dropout=dropout if module.training else 0.0,
-    )
+    block = functools.partial(_attend_block, num_chain=num_chain, scaling=scaling, softcap=softcap, dropout=dropout)
     outs = []
     for start in range(0, t, rows):
         stop = min(start + rows, t)
-        args = (query[:, :, start:stop], base_k[:, :, :stop], base_v[:, :, :stop], *(x[:, :, start:stop] for x in chain))
+        args = (query[:, :, start:stop], key[:, :, :stop], value[:, :, :stop], *(x[:, :, start:stop] for x in chain))
         if torch.is_grad_enabled() and any(x.requires_grad for x in args):
             outs.append(checkpoint(block, *args, use_reentrant=False))  # NOTE: keeps the RNG state for dropout
         else:
             outs.append(block(*args))
-    return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None
+    return torch.cat(outs, dim=2)
 
 
 def _attend_block(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *chain: torch.Tensor, num_chain: int,
