@@ -111,14 +111,14 @@ def _sdpa_attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ch
     b, h, t, d = query.shape
     dv, pad = value.shape[-1], nn.functional.pad
     if not chain_k:  # NOTE: q, k and v padded to one head size (MLA's differ): flash kernels need it
-        width = max(d, dv)
+        width = _head_size(max(d, dv))
         out = nn.functional.scaled_dot_product_attention(pad(query, (0, width - d)), pad(key, (0, width - d)),
                                                          pad(value, (0, width - dv)), is_causal=True, scale=scaling)
         return out[..., :dv]
     own = torch.stack([(query * k).sum(-1) for k in chain_k], dim=-1) * scaling  # (B, H, T, c) chain scores
     share = own.softmax(-1)
     chain_out = sum(share[..., i, None] * v for i, v in enumerate(chain_v))  # (B, H, T, dv)
-    width = max(d, dv) + 1  # one head size for q, k and v; the last coordinate is the sink's
+    width = _head_size(max(d, dv) + 1)  # one head size for q, k and v; the last coordinate is the sink's
     lse = own.logsumexp(-1, keepdim=True) / scaling  # (B, H, T, 1): the sink's score at row t is scaling * lse
     sink = query.new_zeros(b, h, 1, width)
     sink[..., -1] = 1.0
@@ -128,6 +128,15 @@ def _sdpa_attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ch
     v = torch.cat([sink, pad(value, (0, width - dv))], 2)
     out = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling)[:, :, 1:]
     return out[..., :dv] + out[..., -1:] * chain_out  # (1 - w) base output + w chain output, w the chain's share
+
+
+def _head_size(size: int) -> int:
+    """``size`` rounded up to a multiple of 8, the head sizes CUDA's flash and memory-efficient kernels take
+    (zero coordinates change no score).
+
+    Example: 129 -> 136; 128 -> 128.
+    """
+    return -(-size // 8) * 8
 
 
 def _blocked_attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, chain: list[torch.Tensor],
