@@ -353,7 +353,7 @@ def cmd_check_lossless(args) -> int:
         checks += run_reference_checks(model, tok, prompts, args.samples, args.seed, args.alpha, LOSSLESS_CONFIGS)
     else:
         checks = _check_other_backend(args, model, tok, head, prompts, num_tested)
-    print(format_lossless_table(checks, prompts, num_tested))
+    print(format_lossless_table(checks, prompts, num_tested, seed=args.seed))
     return VERDICT_EXIT_CODES[summarize_checks(checks).verdict]
 
 
