@@ -28,7 +28,12 @@ def test_eval_mtp_json(use_cache, tmp_path, capsys):
     for key in ("alpha_rs", "alpha_to", "accept_length_rs", "accept_length_to", "target_entropy", "num_positions"):
         assert key in result
     assert len(result["alpha_rs"]) == 3 and 1.0 <= result["accept_length_rs"] <= 4.0
-    assert "alpha_RS per step" in capsys.readouterr().out
+    printed = capsys.readouterr().out.splitlines()
+    assert "alpha_RS per step" in printed[0] and printed[0].endswith("| rows |")
+    # The rows evaluated and the accept lengths' 95% intervals over rows are printed and saved.
+    assert result["num_rows"] == 4 and result["accept_length_rs_ci95"] > 0 and result["accept_length_to_ci95"] > 0
+    assert f"{result['accept_length_rs']:.3f} ± {result['accept_length_rs_ci95']:.3f}" in printed[2]
+    assert printed[2].endswith("| 4 |")
     assert result["chain_context"] == "served"  # the default: what the engine drafts from
     assert main(["eval-mtp", "--num-sequences", "4", "--chain-context", "unrolled", "--json", str(out)]) == 0
     unrolled = json.loads(out.read_text())
