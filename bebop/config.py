@@ -422,7 +422,8 @@ def _build(cls: type[T], values: dict[str, Any], defaults: T | None = None) -> T
     for f in dataclasses.fields(cls):
         if "group" in f.metadata:
             inner = {k: v for k, v in values.items() if k not in f.metadata["group"]}
-            kwargs[f.name] = _build(type(f.default), inner, f.default if defaults is None else getattr(defaults, f.name))
+            base = f.default if defaults is None else getattr(defaults, f.name)
+            kwargs[f.name] = _build(type(f.default), inner, base)
         elif f.name in values:
             kwargs[f.name] = values[f.name]
     return cls(**kwargs) if defaults is None else dataclasses.replace(defaults, **kwargs)

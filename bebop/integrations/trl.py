@@ -66,6 +66,7 @@ from bebop.config import resolve, temperature_problem
 from bebop.rollout.base import backend_problem, make_backend
 from bebop.rollout.logprobs import policy_logprobs
 from bebop.rollout.runner import gather_completions
+from bebop.rollout.spec_guard import check_lossless_verification
 from bebop.speculative.completions import ABSENT_WITHOUT_TOKEN_STATS, Completions
 from bebop.speculative.settings import MODES, ROLLOUT_SPEC, SamplingParams, SpecConfig, head_problem
 from bebop.utils.errors import BebopError
@@ -328,6 +329,7 @@ def sampling_params(trainer, model) -> tuple[SamplingParams, set[int]]:
 
     Raises BebopError (one line naming what to remove) for any setting Bebop cannot reproduce exactly.
     """
+    check_lossless_verification(trainer.args, "GRPOConfig")  # NOTE: a lossy verifier is refused before all else
     if getattr(trainer, "use_vllm", False):
         raise BebopError("bebop_rollout_func samples on the trainer's own model: set use_vllm=False in GRPOConfig")
     if problem := temperature_problem(trainer.temperature, greedy_ok=False, name="GRPOConfig temperature"):

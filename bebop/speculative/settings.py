@@ -31,6 +31,7 @@ from bebop.utils.errors import BebopError
 
 MODES = ("none", "to", "rs")  # plain | target-only | rejection sampling (bebop.speculative)
 VERIFY_CHOICES = ("token", "block")  # token-wise rejection sampling | block verification (bebop.speculative.block)
+MAX_DRAFTS = 16  # chains per row: each costs a copy of the row's caches per verify step
 
 
 def _stop_strings(name: str, value: Any) -> str | None:
@@ -52,6 +53,8 @@ FILTER_DRAFTS = Setting(False, "apply --top-k/--top-p to the draft distribution 
                         "exact)")
 VERIFY = Setting("token", "how mode rs verifies a drafted chain: token (token-wise) | block (jointly, Sun et al. "
                  "2024: exact, never fewer accepted drafts in expectation; engine backend only)", choices=VERIFY_CHOICES)
+NUM_DRAFTS = Setting(1, "n draft chains per row, verified together by bebop.speculative.multidraft (mode rs, "
+                     "verify token)", check=integer_in(1, MAX_DRAFTS))
 TEMPERATURE = Setting(1.0, "sampling temperature; 0 = greedy decoding (not in rl, whose loss divides by it)",
                       check=lambda name, value: temperature_problem(value, greedy_ok=True, name=name))
 TOP_K = Setting(0, "top-k filter of the target's distribution; 0 = off", check=integer_in(0))
@@ -82,6 +85,7 @@ class SpecConfig:
     draft_temperature: float | None = DRAFT_TEMPERATURE.field()  # temperature of q; None = the sampling temperature
     filter_drafts: bool = FILTER_DRAFTS.field()  # apply the sampling top-k/top-p to q too (drafts and verification)
     verify: str = VERIFY.field()  # token: token-wise rejection sampling | block: bebop.speculative.block (mode rs only)
+    num_drafts: int = NUM_DRAFTS.field()  # n chains per row (bebop.speculative.multidraft; mode rs, verify token)
 
 
 # NOTE: the commands (generate, rl) and the TRL integration draft with the head unless told otherwise: rs is
@@ -128,6 +132,19 @@ def head_problem(mode: str, has_head: bool, mtp_update: str = "frozen", given_by
     return f"mode {mode!r}{online} needs an MTP head ({given_by})"
 
 
+def num_drafts_problem(spec: SpecConfig) -> str | None:
+    """The one-line reason a usable ``spec.num_drafts`` (``NUM_DRAFTS``' check) cannot run with the spec's mode
+    and verify, or None.
+
+    Example: SpecConfig("to", 3, num_drafts=2) -> "num_drafts 2 needs mode rs and verify token (...)".
+    """
+    n = spec.num_drafts
+    if NUM_DRAFTS.check("num_drafts", n) is None and n > 1 and (spec.mode != "rs" or spec.verify != "token"):
+        return (f"num_drafts {n} needs mode rs and verify token (multi-draft verification tests drafts "
+                f"against the draft's q, chain by chain), got mode {spec.mode}, verify {spec.verify}")
+    return None
+
+
 def settings_problems(spec: SpecConfig | None, sampling: SamplingParams | None, greedy_ok: bool = True,
                       auto_ok: bool = True) -> list[str]:
     """Every reason these settings cannot be used (empty when they can).
@@ -148,7 +165,7 @@ def settings_problems(spec: SpecConfig | None, sampling: SamplingParams | None, 
             problems.append(f"unknown mode {spec.mode!r}; choose one of {', '.join(MODES)}")
         if not auto_ok and spec.mode != "none" and spec.speculate_k == AUTO:
             problems.append(speculate_k_problem(spec.speculate_k, auto_ok=False))
-        problems.append(verify_problem(spec.mode, spec.verify))
+        problems += [verify_problem(spec.mode, spec.verify), num_drafts_problem(spec)]
     if sampling is not None:
         problems += [temperature_problem(sampling.temperature, greedy_ok)] + field_problems(sampling,
                                                                                                skip=("temperature",))
