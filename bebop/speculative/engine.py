@@ -51,7 +51,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from bebop.config import is_auto
+from bebop.config import drafted_k, is_auto
 from bebop.speculative import rng
 from bebop.speculative.completions import Completions
 from bebop.speculative.drafter import Drafter
@@ -145,7 +145,7 @@ class Decoder:
         self.prompt_ids = [list(p) if not isinstance(p, str) else tokenizer.encode(p) for p in prompts]
         if any(len(p) == 0 for p in self.prompt_ids):
             raise BebopError("empty prompt: every prompt needs at least one token")
-        k = spec.speculate_k if spec.mode != "none" else 0
+        k = drafted_k(spec.mode, spec.speculate_k)
         self.max_speculate_k = max(k, max_speculate_k or 0) if mtp is not None else k
         max_pos = getattr(model.config.get_text_config(), "max_position_embeddings", None)
         longest = max(len(p) for p in self.prompt_ids)
@@ -186,7 +186,7 @@ class Decoder:
 
     def set_spec(self, spec: SpecConfig) -> None:
         """Decodes the next steps at ``spec`` (mode and K; its other fields must stay the same)."""
-        k = spec.speculate_k if spec.mode != "none" else 0
+        k = drafted_k(spec.mode, spec.speculate_k)
         old = self.runner.spec
         if spec.mode not in MODES or k > self.max_speculate_k or (k and self.runner.drafter is None) \
                 or replace(spec, mode=old.mode, speculate_k=old.speculate_k) != old:  # the rest is fixed per run
@@ -229,7 +229,7 @@ class _Runner:
 
     def __init__(self, model, tokenizer, mtp, sampling, spec, batch, capacity, device, max_speculate_k):
         self.sampling, self.spec = sampling, spec
-        self.k = spec.speculate_k if spec.mode != "none" else 0
+        self.k = drafted_k(spec.mode, spec.speculate_k)
         self.verifier = VERIFIERS[spec.verify]  # token-wise or block, chosen once per run
         self.greedy = sampling.temperature == 0
         self.eos = tokenizer.eos_token_id
