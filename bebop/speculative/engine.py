@@ -237,7 +237,8 @@ class _Runner:
         self.draft_temperature = spec.draft_temperature or sampling.temperature or 1.0
         self.eos = tokenizer.eos_token_id
         self.tokenizer = tokenizer
-        self.target = Target(model, batch, capacity, head_reads_prenorm=bool(mtp and mtp.config.target_prenorm))
+        self.target = Target(model, batch, capacity, head_reads_prenorm=bool(mtp and mtp.config.target_prenorm),
+                             recurrent_rollback=spec.recurrent_rollback)
         self.mtp_cache = None  # NOTE: present whenever a step may draft; then every step feeds the head's inputs
         if max_speculate_k:
             param = next(model.parameters())

@@ -15,6 +15,7 @@ from bebop.config import (
     AUTO,
     MAX_NEW_TOKENS,
     MODES,
+    ROLLBACK_CHOICES,
     TOP_K,
     TOP_P,
     VERIFY_CHOICES,
@@ -44,6 +45,7 @@ class SpecConfig:
     draft_temperature: float | None = None  # temperature of q; None = the sampling temperature
     filter_drafts: bool = False  # apply the sampling top-k/top-p to q too (drafts and verification)
     verify: str = "token"  # token: token-wise rejection sampling | block: bebop.speculative.block (mode rs only)
+    recurrent_rollback: str = "auto"  # snapshot | replay | auto: how recurrent layers roll back (state_cache)
 
 
 def distribution_problems(temperature: float, top_k: int, top_p: float, greedy_ok: bool) -> list[str]:
@@ -104,6 +106,8 @@ def _spec_problems(spec: SpecConfig, auto_ok: bool) -> list[str]:
         problem = temperature_problem(spec.draft_temperature, greedy_ok=False)
         problems.append(problem and "draft_" + problem)
     problems.append(verify_problem(spec.mode, spec.verify))
+    if spec.recurrent_rollback not in ROLLBACK_CHOICES:
+        problems.append(f"recurrent_rollback {spec.recurrent_rollback!r} is not one of {', '.join(ROLLBACK_CHOICES)}")
     return problems
 
 
