@@ -12,8 +12,8 @@ One verify step of a row (``to``/``rs``)::
 
 Rows accept different numbers of tokens in the same step; a ragged cache (one per model) keeps a
 length per row, so a rollback costs nothing and nothing is recomputed: KV entries past a row's
-length are ignored, and a recurrent layer's state is the snapshot the verify pass took at the row's
-kept length (``bebop.speculative.target``, ``bebop.speculative.state_cache``). Finished rows are
+length are ignored, and a recurrent layer's state is the one at the row's kept length, a snapshot
+of the verify pass or its kept prefix replayed (``bebop.speculative.target``, ``bebop.speculative.state_cache``). Finished rows are
 dropped from the batch, their KV entries and states with them. A row's randomness comes from
 ``bebop.speculative.rng`` keyed by (its seed, its number of emitted tokens), so its output does not
 depend on which other rows share the batch.
@@ -34,8 +34,10 @@ Deviations from a textbook implementation:
        ``bebop.speculative.attention``, which refuses, in one line, any pattern it cannot reproduce exactly).
        The MTP head's layers are full-attention layers, in training and here.
     4) Recurrent layers (Gated DeltaNet, Mamba2) run a verify pass position by position with their
-       sequential recurrence, keeping the state after each position, as a plain step runs them;
-       prefill chunks end at every row's prompt end, so no recurrent layer ever sees padding.
+       sequential recurrence, keeping the state after each position, as a plain step runs them, or
+       (``SpecConfig.recurrent_rollback``, replay) in their chunked form, each row's kept prefix run
+       again at the commit; prefill chunks end at every row's prompt end, so no recurrent layer ever
+       sees padding.
     5) The prefill runs in chunks under a fixed mask budget, rows ordered longest prompt first, and
        computes logits only at each row's last prompt position; the MTP head reads its first input
        pairs chunk by chunk alongside (``bebop.speculative.target``).
