@@ -93,3 +93,12 @@ def test_layers_without_a_replay_roll_back_by_snapshots(monkeypatch):
 def test_an_unknown_rollback_is_refused():
     with pytest.raises(BebopError, match="recurrent_rollback 'replays' is not one of auto, snapshot, replay"):
         check_settings(SpecConfig("rs", 3, recurrent_rollback="replays"), None)
+
+
+
+def test_generate_offers_the_setting(capsys):
+    from bebop.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", "--recurrent-rollback", "replays", "--out", "unused.jsonl"])
+    assert exit_info.value.code == 2 and "choose from 'auto', 'snapshot', 'replay'" in capsys.readouterr().err
