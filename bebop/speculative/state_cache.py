@@ -20,7 +20,7 @@ Or by replay (``bebop.speculative.replay``): the verify pass runs the layer's ch
 per-position state (the committed state stays as each row's checkpoint) and holds the conv inputs and
 the recurrence's other per-position inputs; ``commit(kept)`` runs each layer's recurrence once over
 all rows from their checkpoints, the positions past a row's kept length made identity steps.
-``ROLLBACKS`` names the two; ``auto`` picks replay when a pass's snapshots would pass SNAPSHOT_BUDGET.
+``rollback`` auto picks replay for a pass whose snapshots would pass SNAPSHOT_BUDGET.
 
 It implements the cache methods transformers' recurrent layers call (``get_conv_state``,
 ``update_conv_state``, ``get_recurrent_state``, ``update_recurrent_state``, ``is_recording_past``,
@@ -39,8 +39,7 @@ from bebop.speculative.replay import LayerReplay
 from bebop.utils.errors import BebopError
 
 Key = tuple[int, int]  # (layer index, state index within the layer)
-ROLLBACKS = ("snapshot", "replay")  # how a verify pass is rolled back; bebop.config.ROLLBACK_CHOICES adds auto
-SNAPSHOT_BUDGET = 256 * 2**20  # bytes: auto rolls back by replay when a verify pass's snapshots would hold more
+SNAPSHOT_BUDGET = 256 * 2**20  # bytes: auto replays a pass whose snapshots would hold more (less memory, slower on CPU)
 
 
 def check_state_protocol() -> None:
