@@ -226,7 +226,8 @@ def rollback_table(args) -> None:
         for batch in args.rollback_batch_sizes:
             r = measure_rollback(model, batch, args.rollback_repeats, args.device)
             (snap_b, snap_s), (rep_b, rep_s) = r["snapshot"], r["replay"]
-            print(f"| {family} | {batch} | {snap_b / 2**20:,.1f} MiB | {rep_b / 2**20:,.1f} MiB | {rep_b / snap_b:.3f} | "
+            print(f"| {family} | {batch} | {snap_b / 2**20:,.1f} MiB | {rep_b / 2**20:,.1f} MiB | "
+                  f"{rep_b / snap_b:.3f} | "
                   f"{snap_s * 1e3:,.0f} | {rep_s * 1e3:,.0f} | {rep_s / snap_s:.2f} |", flush=True)
         del model
 

@@ -11,10 +11,10 @@ One verify step of a row (``to``/``rs``)::
              recovered/bonus token is the next "last token"
 
 Rows accept different numbers of tokens in the same step; a ragged cache (one per model) keeps a
-length per row, so a rollback costs nothing and nothing is recomputed: KV entries past a row's
-length are ignored, and a recurrent layer's state is the one at the row's kept length, a snapshot
-of the verify pass or its kept prefix replayed (``bebop.speculative.target``, ``bebop.speculative.state_cache``). Finished rows are
-dropped from the batch, their KV entries and states with them. A row's randomness comes from
+length per row, so a rollback costs nothing: KV entries past a row's length are ignored, and a
+recurrent layer's state is the one at the row's kept length, a snapshot the verify pass took or its
+kept prefix replayed (``bebop.speculative.target``, ``bebop.speculative.state_cache``). Finished
+rows are dropped from the batch, their KV entries and states with them. A row's randomness comes from
 ``bebop.speculative.rng`` keyed by (its seed, its number of emitted tokens), so its output does not
 depend on which other rows share the batch.
 Statistics (``Completions.stats``) count only the tokens the completions keep (see
