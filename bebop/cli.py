@@ -69,8 +69,8 @@ COMMANDS = {
     "pretrain": Command("train the embedded default model on the embedded task", cmd_pretrain, (PretrainOptions,)),
     "train-mtp": Command("train an MTP draft head on a frozen model", cmd_train_mtp, (*MODEL, TrainMtpOptions),
                          skip=("mtp",), library=lambda: flags_of(TrainMtpConfig)),
-    "import-mtp": Command("save the MTP layer a checkpoint ships (Qwen3.5, Qwen3-Next, DeepSeek-V3, GLM-4.5, MiMo) "
-                          "as a Bebop head", cmd_import_mtp, (ImportMtpOptions, DeviceOptions)),
+    "import-mtp": Command("save the MTP layer a checkpoint ships (Qwen3.5, Qwen3-Next, DeepSeek-V3, GLM-4.5, MiMo, "
+                          "Nemotron-H) as a Bebop head", cmd_import_mtp, (ImportMtpOptions, DeviceOptions)),
     "export-mtp": Command("write a model directory with the head as its native MTP layer, for vLLM and SGLang",
                           cmd_export_mtp, (*MODEL, ExportMtpOptions)),
     "eval-mtp": Command("exact RS/TO acceptance of a head along teacher-forced chains (RS token-wise and with "

@@ -24,6 +24,8 @@ a random order):
     tok/s           completion tokens per second of ``none`` and ``rs`` (K = 3, T = 1), medians
     speedup         median of the per-repeat ratios rs / none, [min, max] over repeats (the noise)
     accept len      1 + accepted drafts per verify step
+    step profile    an rs step's phases (draft, verify forward, sampling and verification, commit,
+                    bookkeeping) beside a plain step's, per model and B (``bench.step_profile``)
 
 With ``--rollback``, only this table: snapshot against replay rollback (``bebop.speculative.replay``)
 on two random 2-layer models whose layers are all recurrent, at the real widths of Qwen3.5's Gated
@@ -53,6 +55,7 @@ from bebop.mtp.train import TrainMtpConfig, train_mtp
 from bebop.speculative import SamplingParams, generate
 from bebop.speculative.target import Target
 from bench.rollout import Method, measure_costs, run_bebop, run_order
+from bench.step_profile import profile_table
 
 LOGIT_SCALE = 4.0  # lm_head multiplier: peaked next-token distributions (random init is near uniform)
 SEQUENCES = 96  # self-generated sequences each head trains on
@@ -268,6 +271,9 @@ def main(argv=None) -> None:
             print(f"| {batch} | {kind} | {ratios} | {c[1]['plain_s'] * 1e3:.1f} | {r['step_cost']:.2f} | "
                   f"{r['none']:.0f} | {r['rs']:.0f} | "
                   f"{r['speedup']:.2f}x [{r['low']:.2f}, {r['high']:.2f}] | {r['accept']:.2f} |")
+    for kind, model in models.items():  # where an rs step's time goes, phase by phase
+        print(f"\n{kind}:", profile_table(model, _Tokenizer(), heads[kind], lambda b: make_prompts(b, args.vocab),
+                                           args.batch_sizes, SPECULATE_K, 1.0, args.max_new_tokens, 2))
     print(f"\ntotal {time.perf_counter() - start:.0f} s")
 
 

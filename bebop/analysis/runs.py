@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from bebop.utils.errors import BebopError
-from bebop.utils.files import read_json, read_jsonl
+from bebop.utils.files import check_input_file, read_json, read_jsonl
 from bebop.utils.progress import say
 from bebop.utils.run_files import (
     CONFIG_FILE,
@@ -156,8 +156,8 @@ def run_inputs(run: Run) -> tuple[Path, ...]:
 def trl_state_file(run_dir: Path) -> Path | None:
     """The file holding a TRL output directory's log history, or None when it has none."""
     for name in TRL_STATE_FILES:
-        if (run_dir / name).is_file():
-            return run_dir / name
+        if (run_dir / name).exists():  # NOTE: a directory or a pipe of that name is refused as such
+            return check_input_file(run_dir / name, "TRL log history")
     checkpoints = [p for p in run_dir.glob("checkpoint-*/trainer_state.json") if p.parent.name[11:].isdigit()]
     return max(checkpoints, key=lambda p: int(p.parent.name[11:]), default=None)
 

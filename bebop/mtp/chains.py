@@ -6,7 +6,7 @@ predicts x_{t+j+1}. The two contexts differ only in which keys depth j >= 2 atte
 
 * ``unrolled`` (``MtpHead.unroll``): depth j runs over the whole sequence, so its query attends
   to the depth-j keys of positions <= t (entries the engine never computes);
-* ``served``: the keys the engine's draft sees (``bebop.speculative.engine._Runner._draft``, as in vLLM
+* ``served``: the keys the engine's draft sees (``bebop.speculative.drafter.Drafter.draft``, as in vLLM
   and SGLang): the committed depth-1 entries of positions 0..t, then the chain's own entries of
   depths 2..j. Depth 1 is the same in both.
 

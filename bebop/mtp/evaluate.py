@@ -10,6 +10,10 @@ Block verification (``bebop.speculative.block``) is scored on the same chains wi
 premise (p_j, q_j fixed along a chain, drafts ŷ_j ~ q_j): E[L] = sum_j E[w_j], exact while the
 V^(K-1) prefix weights of a chain fit ``block.EXACT_MAX_ATOMS``, else a Monte Carlo mean over
 ``block.MC_DRAWS`` draft chains per chain with a 95% normal interval (``accept_length_block_ci95``).
+
+Several drafts per row (``bebop.speculative.multidraft``) are scored on the same chains with the same
+premise: n i.i.d. first drafts accepted with the multi-round probability at depth 1, the kept chain's
+α at depths >= 2 (``accept_length_multi``, keyed by n).
 """
 
 from __future__ import annotations
@@ -18,20 +22,24 @@ import torch
 
 from bebop.losses import acceptance_stats
 from bebop.speculative import block
+from bebop.speculative.multidraft import multi_draft_expected_accepts
 from bebop.mtp.chains import check_chain_context, check_head_context
 from bebop.mtp.data import Sequences, chain_states, check_chain_args
 from bebop.speculative.attention import final_logits
 from bebop.utils import distributed
 
+MULTI_DRAFTS = (2, 4)  # drafts per row at depth 1 scored beside the one chain (n = 1 is accept_length_rs)
+
 
 @torch.no_grad()
 def evaluate_mtp(
     backbone, head, data: Sequences, speculate_k: int = 3, temperature: float = 1.0, batch_size: int = 32,
-    pad_id: int = 0, chain_context: str = "served",
+    pad_id: int = 0, chain_context: str = "served", num_drafts: tuple[int, ...] = MULTI_DRAFTS,
 ) -> dict:
     """Returns ``alpha_rs``/``alpha_to`` (lists of K), ``accept_length_rs``/``accept_length_to``,
     ``accept_length_block`` (rs with block verification; ``accept_length_block_ci95`` its 95% half-width,
     0 when ``accept_length_block_method`` is "exact"),
+    ``accept_length_multi`` ({n: rs accept length with n drafts at depth 1} for n in ``num_drafts``),
     ``target_entropy`` (mean nats over chain steps), ``num_positions`` (chains) and ``num_full_chains``;
     ``chain_context`` is the attention context of depths >= 2 (``bebop.mtp.chains``; "served" = the engine's).
 
@@ -44,11 +52,11 @@ def evaluate_mtp(
     device = next(backbone.parameters()).device
     starts = list(range(0, len(data), batch_size))
     mine = {i: _batch_sums(backbone, head, data, range(i, min(i + batch_size, len(data))), speculate_k, temperature,
-                           pad_id, chain_context, device)
+                           pad_id, chain_context, device, num_drafts)
             for n, i in enumerate(starts) if n % distributed.world_size() == distributed.rank()}
     parts = {i: sums for ranks in distributed.gather_objects(mine) for i, sums in ranks.items()}
     sums = {"rs": torch.zeros(speculate_k), "to": torch.zeros(speculate_k), "count": torch.zeros(speculate_k)}
-    el = {"rs": 0.0, "to": 0.0, "block": 0.0, "block_var": 0.0}
+    el = {"rs": 0.0, "to": 0.0, "block": 0.0, "block_var": 0.0, **{f"multi{n}": 0.0 for n in num_drafts}}
     entropy_sum, num_chains, num_full = 0.0, 0, 0
     for i in starts:  # NOTE: in batch order, as one process adds them
         part = parts[i]
@@ -68,6 +76,7 @@ def evaluate_mtp(
         "accept_length_to": 1.0 + el["to"] / max(num_full, 1),
         "accept_length_block": 1.0 + el["block"] / full,
         "accept_length_block_ci95": BLOCK_CI_Z * el["block_var"] ** 0.5 / full,
+        "accept_length_multi": {n: 1.0 + el[f"multi{n}"] / full for n in num_drafts},
         "accept_length_block_method": _block_method(backbone.get_output_embeddings().weight.shape[0], speculate_k),
         "target_entropy": entropy_sum / float(sums["count"].sum().clamp_min(1)),
         "num_positions": num_chains,
@@ -105,7 +114,7 @@ EVAL_CHUNK_ELEMENTS = 2**24
 
 
 def _batch_sums(backbone, head, data: Sequences, rows: range, speculate_k: int, temperature: float, pad_id: int,
-                chain_context: str, device: torch.device) -> dict:
+                chain_context: str, device: torch.device, num_drafts: tuple[int, ...] = MULTI_DRAFTS) -> dict:
     """One batch's sums over its chains (CPU tensors (K,) and floats): what ``evaluate_mtp`` adds up.
 
     The chains' lm_head inputs (N, K, D) are made once; their logits only ``EVAL_CHUNK_ELEMENTS`` at a
@@ -119,7 +128,7 @@ def _batch_sums(backbone, head, data: Sequences, rows: range, speculate_k: int, 
     generator = torch.Generator().manual_seed(rows[0])
     sums = {"rs": torch.zeros(speculate_k), "to": torch.zeros(speculate_k), "count": torch.zeros(speculate_k),
             "entropy": 0.0, "num_chains": mask.shape[0], "num_full": 0, "el_rs": 0.0, "el_to": 0.0, "el_block": 0.0,
-            "el_block_var": 0.0}
+            "el_block_var": 0.0, **{f"el_multi{n}": 0.0 for n in num_drafts}}
     for start in range(0, mask.shape[0], step):
         chunk = slice(start, start + step)
         # NOTE: the logits of chain_tensors: the draft's lm_head, the target's after the final soft-cap (if any)
@@ -128,6 +137,9 @@ def _batch_sums(backbone, head, data: Sequences, rows: range, speculate_k: int, 
         m, full = mask[chunk].float().cpu(), mask[chunk].all(1).cpu()
         block_sum, block_var = _block_sums(draft[full.to(draft.device)], target[full.to(draft.device)], temperature,
                                            generator)
+        p_1, q_1 = ((x[full.to(x.device), 0].float() / temperature).softmax(-1) for x in (target, draft))  # (F, V)
+        for n in num_drafts:
+            sums[f"el_multi{n}"] += float(multi_draft_expected_accepts(p_1, q_1, alpha_rs[full], n).sum())
         for key, value in (("rs", (alpha_rs * m).sum(0)), ("to", (alpha_to * m).sum(0)), ("count", m.sum(0)),
                            ("entropy", float((ent * m).sum())), ("num_full", int(full.sum())),
                            ("el_rs", float(alpha_rs[full].cumprod(1).sum())),
@@ -145,19 +157,25 @@ def _block_cell(result: dict) -> str:
     return f"{result['accept_length_block']:.3f}" + (f" ± {half:.3f}" if half else "")
 
 
+def _multi_cell(result: dict) -> str:
+    """"n=2 3.412, n=4 3.501": the accept length with n drafts at depth 1; "-" for results without it."""
+    multi = result.get("accept_length_multi") or {}
+    return ", ".join(f"n={n} {value:.3f}" for n, value in multi.items()) or "-"
+
+
 def acceptance_table(results: dict[str, dict]) -> str:
     """Markdown table of eval-mtp results: per-step RS/TO acceptance and accept lengths.
 
-    Example row: ``| e2e_tv | 0.912 0.871 0.830 | 0.901 0.850 0.805 | 3.366 | 3.391 | 3.283 | 0.450 |``.
+    Example row: ``| e2e_tv | 0.912 0.871 0.830 | 0.901 0.850 0.805 | 3.366 | 3.391 | n=2 3.412, n=4 3.501 | 3.283 | 0.450 |``.
     """
     lines = [
-        "| head | alpha_RS per step | alpha_TO per step | accept length RS | accept length RS block | accept length TO "
-        "| H(p) nats |",
-        "|---|---|---|---|---|---|---|",
+        "| head | alpha_RS per step | alpha_TO per step | accept length RS | accept length RS block "
+        "| accept length RS, n drafts | accept length TO | H(p) nats |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, r in results.items():
         rs = " ".join(f"{a:.3f}" for a in r["alpha_rs"])
         to = " ".join(f"{a:.3f}" for a in r["alpha_to"])
-        lines.append(f"| {name} | {rs} | {to} | {r['accept_length_rs']:.3f} | {_block_cell(r)} | "
+        lines.append(f"| {name} | {rs} | {to} | {r['accept_length_rs']:.3f} | {_block_cell(r)} | {_multi_cell(r)} | "
                      f"{r['accept_length_to']:.3f} | {r['target_entropy']:.3f} |")
     return "\n".join(lines)

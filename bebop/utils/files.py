@@ -124,10 +124,33 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
+def check_input_file(path: str | os.PathLike, what: str = "file") -> Path:
+    """``path`` (``~`` expanded) when it names a regular file; BebopError saying what it is otherwise.
+
+    A directory, a pipe, a device or standard input (``/dev/stdin`` on a terminal or a pipe) is
+    refused as such rather than as "not found": every input is read whole and checked before
+    anything is written, which a stream does not allow.
+
+    Example: check_input_file("/dev/stdin", "prompts file") on a terminal raises "prompts file
+    /dev/stdin is not a regular file (a pipe, a device or standard input): save it to a file and give that".
+    """
+    file = Path(path).expanduser()
+    if file.is_file():
+        return file
+    if file.is_dir():
+        raise BebopError(f"{what} {path} is a directory, not a file")
+    if file.exists():
+        raise BebopError(f"{what} {path} is not a regular file (a pipe, a device or standard input): save it to a "
+                         "file and give that")
+    raise BebopError(f"{what} not found: {path}")
+
+
 def read_text(path: str | os.PathLike, what: str = "file") -> str:
-    """The UTF-8 text of an input file; BebopError naming it (and the byte) when it is not UTF-8."""
+    """The UTF-8 text of an input file (``check_input_file``), without a byte-order mark (an editor's
+    marker, never text); BebopError naming it (and the byte) when it is not UTF-8."""
+    check_input_file(path, what)
     try:
-        return Path(path).read_text(encoding="utf-8")
+        return Path(path).expanduser().read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as e:
         line = Path(path).read_bytes()[:e.start].count(b"\n") + 1
         raise BebopError(f"{what} {path} is not UTF-8 text: line {line} has byte 0x{e.object[e.start]:02x}; "
@@ -148,9 +171,7 @@ def parse_json(text: str, where: str) -> Any:
 
 def read_json(path: str | os.PathLike, what: str = "file") -> Any:
     """Reads a JSON file, raising BebopError with one clear line when missing or corrupt."""
-    path = Path(path)
-    if not path.is_file():
-        raise BebopError(f"{what} not found: {path}")
+    path = check_input_file(path, what)
     return parse_json(read_text(path, what), f"{what} {path}")
 
 
@@ -163,9 +184,7 @@ def read_jsonl(path: str | os.PathLike, what: str = "file", torn_tail_ok: bool =
         torn_tail_ok: drop an unparsable *last* line (an append cut short by a kill or a full
             disk) instead of raising; an unparsable line anywhere else is still an error.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise BebopError(f"{what} not found: {path}")
+    path = check_input_file(path, what)
     lines = read_text(path, what).splitlines()
     last = max((i for i, line in enumerate(lines, start=1) if line.strip()), default=0)
     rows = []

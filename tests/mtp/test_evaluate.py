@@ -267,14 +267,15 @@ def test_acceptance_table_rounds_to_three_decimals():
         "e2e_tv": {"alpha_rs": [0.91249, 0.87151], "alpha_to": [0.90149, 0.8496], "accept_length_rs": 2.70919,
                    "accept_length_to": 2.6668, "target_entropy": 0.44951},
     }
-    results["e2e_tv"].update(accept_length_block=2.71251, accept_length_block_ci95=0.0021)
+    results["e2e_tv"].update(accept_length_block=2.71251, accept_length_block_ci95=0.0021,
+                             accept_length_multi={2: 2.80049, 4: 2.8512})
     lines = acceptance_table(results).splitlines()
     assert lines[0] == ("| head | alpha_RS per step | alpha_TO per step | accept length RS | accept length RS block "
-                        "| accept length TO | H(p) nats |")
-    assert lines[1] == "|---|---|---|---|---|---|---|"
+                        "| accept length RS, n drafts | accept length TO | H(p) nats |")
+    assert lines[1] == "|---|---|---|---|---|---|---|---|"
     assert lines[2:] == [
-        "| ce | 0.500 0.250 | 0.400 0.125 | 1.625 | - | 1.450 | 2.000 |",
-        "| e2e_tv | 0.912 0.872 | 0.901 0.850 | 2.709 | 2.713 ± 0.002 | 2.667 | 0.450 |",
+        "| ce | 0.500 0.250 | 0.400 0.125 | 1.625 | - | - | 1.450 | 2.000 |",
+        "| e2e_tv | 0.912 0.872 | 0.901 0.850 | 2.709 | 2.713 ± 0.002 | n=2 2.800, n=4 2.851 | 2.667 | 0.450 |",
     ]
 
 
@@ -286,8 +287,9 @@ def test_acceptance_table_of_an_evaluation(setup):
     assert cells[0] == "head"
     assert cells[1].split() == [f"{a:.3f}" for a in result["alpha_rs"]]
     assert cells[2].split() == [f"{a:.3f}" for a in result["alpha_to"]]
-    assert cells[3:] == [f"{result[k]:.3f}" for k in ("accept_length_rs", "accept_length_block", "accept_length_to",
-                                                      "target_entropy")]
+    assert cells[3:5] == [f"{result[k]:.3f}" for k in ("accept_length_rs", "accept_length_block")]
+    assert cells[5] == ", ".join(f"n={n} {v:.3f}" for n, v in result["accept_length_multi"].items())
+    assert cells[6:] == [f"{result[k]:.3f}" for k in ("accept_length_to", "target_entropy")]
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -321,3 +323,14 @@ def test_bad_input_is_one_clear_error(setup, overrides, message):
         evaluate_mtp(**kwargs)
     assert message in str(raised.value)
     assert "\n" not in str(raised.value)
+
+
+def test_multi_draft_accept_lengths_extend_the_chain(setup):
+    """One draft per row is the chain's own accept length; more drafts never accept less (exact, so
+    equality and monotonicity hold to float rounding)."""
+    model, head, data = setup
+    result = evaluate_mtp(model, head, data, speculate_k=K, num_drafts=(1, 2, 4))
+    multi = result["accept_length_multi"]
+    assert multi[1] == pytest.approx(result["accept_length_rs"], abs=ATOL)
+    assert multi[1] - ATOL <= multi[2] <= multi[4] + ATOL
+    assert multi[4] <= 1 + K
