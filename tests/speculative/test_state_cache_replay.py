@@ -9,7 +9,10 @@ What pins it:
     commit under replay is at most 1/8 of what it holds under snapshots;
   * auto picks replay exactly when the pass's snapshots would pass SNAPSHOT_BUDGET; a model whose
     recurrent layers have no replay is rolled back by snapshots under auto and refused under replay;
-  * a recurrent_rollback that is not a choice is refused with the settings' other problems.
+  * rs at T = 1 with one and with two chains per row (multi-draft lanes) samples the same tokens
+    under both rollbacks;
+  * a recurrent_rollback that is not a choice is refused with the settings' other problems, and
+    ``bebop generate --recurrent-rollback`` offers the choices.
 The engine-level checks (logits, greedy, batch invariance, lossless) run under both rollbacks in
 test_hybrid.py.
 """
@@ -102,3 +105,21 @@ def test_generate_offers_the_setting(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["generate", "--recurrent-rollback", "replays", "--out", "unused.jsonl"])
     assert exit_info.value.code == 2 and "choose from 'auto', 'snapshot', 'replay'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5_hybrid", "nemotron_h"])
+def test_sampled_rows_are_the_same_under_both_rollbacks(arch):
+    """rs at T = 1, one chain and two chains per row (each chain on its own copy of the row's states): the same
+    seeds give the same tokens under snapshots and replay (their states differ only in rounding)."""
+    from bebop.speculative.engine import SamplingParams, generate
+    from tests.helpers.engine import ToyTokenizer, perturbed_head, toy_prompts
+
+    model = hybrid_model(arch, vocab_size=32)
+    head, prompts = perturbed_head(model, 0.3), toy_prompts((5, 12, 2, 7), vocab=32)
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=16)
+    for num_drafts in (1, 2):
+        out = {rollback: generate(model, ToyTokenizer(), prompts, mtp=head, sampling=sampling,
+                                  spec=SpecConfig("rs", 3, num_drafts=num_drafts, recurrent_rollback=rollback))
+               for rollback in ("snapshot", "replay")}
+        assert out["snapshot"].token_ids == out["replay"].token_ids
+        assert 0 < out["replay"].stats.num_accepted_tokens < out["replay"].stats.num_draft_tokens
