@@ -54,6 +54,7 @@ from bebop.mtp.head import MtpHead
 from bebop.mtp.train import TrainMtpConfig, train_mtp
 from bebop.speculative import SamplingParams, generate
 from bebop.speculative.target import Target
+from bebop.utils.progress import stage
 from bench.rollout import Method, measure_costs, run_bebop, run_order
 from bench.step_profile import profile_table
 
@@ -84,7 +85,7 @@ class _Tokenizer:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     ap.add_argument("--hidden-size", type=int, default=256, help="width D of both models")
     ap.add_argument("--layers", type=int, default=8, help="decoder layers (a multiple of 4: the hybrid is 3:1)")
     ap.add_argument("--vocab", type=int, default=8192, help="vocabulary V")
@@ -227,7 +228,8 @@ def rollback_table(args) -> None:
     for family in ROLLBACK_WIDTHS:
         model = rollback_model(family, args.device)
         for batch in args.rollback_batch_sizes:
-            r = measure_rollback(model, batch, args.rollback_repeats, args.device)
+            with stage(f"bench/hybrid.py: {family}, snapshot and replay at B={batch}"):
+                r = measure_rollback(model, batch, args.rollback_repeats, args.device)
             (snap_b, snap_s), (rep_b, rep_s) = r["snapshot"], r["replay"]
             print(f"| {family} | {batch} | {snap_b / 2**20:,.1f} MiB | {rep_b / 2**20:,.1f} MiB | "
                   f"{rep_b / snap_b:.3f} | "
@@ -247,8 +249,9 @@ def main(argv=None) -> None:
         rollback_table(args)
         print(f"\ntotal {time.perf_counter() - start:.0f} s | load {os.getloadavg()[0]:.1f}")
         return
-    models = {kind: build_model(kind, args) for kind in ("hybrid", "full")}
-    heads = {kind: train_head(model, args) for kind, model in models.items()}
+    with stage("bench/hybrid.py: two random models and their heads"):
+        models = {kind: build_model(kind, args) for kind in ("hybrid", "full")}
+        heads = {kind: train_head(model, args) for kind, model in models.items()}
     print(f"torch {torch.__version__} | transformers {transformers.__version__} | device {args.device} | threads "
           f"{torch.get_num_threads()} | D={args.hidden_size}, {args.layers} layers, V={args.vocab} | head "
           f"{args.head_steps} CE steps | max_new_tokens {args.max_new_tokens} | repeats {args.repeats} | load "
@@ -263,8 +266,10 @@ def main(argv=None) -> None:
           "speedup [min, max] | accept len |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for batch in args.batch_sizes:
-        costs = {kind: measure_costs(model, heads[kind], batch, COST_KS, kv_len=32) for kind, model in models.items()}
-        rows = run_rollouts(models, heads, batch, args)
+        with stage(f"bench/hybrid.py: step costs and rollouts at B={batch}"):
+            costs = {kind: measure_costs(model, heads[kind], batch, COST_KS, kv_len=32)
+                     for kind, model in models.items()}
+            rows = run_rollouts(models, heads, batch, args)
         for kind in models:
             c, r = costs[kind], rows[kind]
             ratios = " | ".join(f"{c[k]['verify_over_plain']:.2f}" for k in COST_KS)

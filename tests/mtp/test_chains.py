@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from bebop.losses import acceptance_stats
-from bebop.mtp.chains import served_bias, unroll_served
+from bebop.mtp.chains import unroll_served
 from bebop.mtp.data import Sequences, chain_tensors
 from bebop.mtp.evaluate import evaluate_mtp
 from bebop.mtp.head import MtpHead
@@ -22,11 +22,6 @@ from tests.helpers.models import SLIDING_WINDOW_KWARGS, tiny_model
 
 K = 3
 Z_MAX = 4.42  # two-sided normal tail 1e-5 per depth: false-alarm odds <= 3e-5 for the K = 3 depths together
-
-
-def test_served_bias_blocks():
-    visible = served_bias(2, 2, torch.float32, torch.device("cpu"))[0, 0] == 0
-    assert visible.tolist() == [[True, False, True, False], [True, True, False, True]]
 
 
 def _spy_drafts(monkeypatch) -> list[tuple[int, int, torch.Tensor, torch.Tensor]]:
