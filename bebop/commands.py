@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import json
 import sys
+import time
 from pathlib import Path
 
 from bebop.config import DEFAULT_DRAFT_LOSS, flags_of, is_auto
@@ -242,7 +243,7 @@ def cmd_generate(args) -> None:
                               "give fewer prompts (--num-prompts, --prompts) or lower --max-new-tokens")
     prompts = prompts or _embedded_prompts(args.num_prompts)
     spec = SpecConfig(mode=args.mode, speculate_k=args.speculate_k, filter_drafts=args.filter_drafts,
-                      verify=args.verify)
+                      verify=args.verify, recurrent_rollback=args.recurrent_rollback)
     prompt_ids = [_encode(tok, prompt, where) for where, prompt in prompts]
     backend = make_backend(args.backend, model, tok, head, seed=args.seed)
     profile = _auto_profile(args, model, sampling, spec) if auto else None
@@ -250,10 +251,12 @@ def cmd_generate(args) -> None:
         backend.chooser = profiles.load(*profile)
         print(f"auto: profile {profile[0]}, call {backend.chooser.calls + 1}: " +
               ("probing" if backend.chooser.should_probe(spec) else "keeping the last probe's choice, no probe"))
+    start = time.perf_counter()
     try:
         result = backend.rollout(prompt_ids, sampling, spec, seed=args.seed)
     finally:
         backend.close()
+    seconds = time.perf_counter() - start  # NOTE: the tokens are on the host by now, so the device is done
     if profile is not None:
         profiles.save(*profile, backend.chooser)
     # NOTE: token_ids is the whole sequence and start its first completion index, so this file is
@@ -261,7 +264,7 @@ def cmd_generate(args) -> None:
     lines = [json.dumps({"prompt": p, "completion": c, "token_ids": i + t, "start": len(i), "finish_reason": f})
              for (_, p), c, i, t, f in zip(prompts, result.texts, prompt_ids, result.token_ids, result.finish_reasons)]
     atomic_write_text(args.out, "\n".join(lines) + "\n")
-    stats = result.spec_metrics()
+    stats = {**result.spec_metrics(), **generate_timing(result.token_ids, seconds)}
     if result.decision is not None:
         stats.update(result.decision.to_metrics(), **{"auto/measured_tok_s": result.decision.measured_tok_s,
                                                       "auto/predictions": result.decision.predictions})
@@ -273,7 +276,19 @@ def cmd_generate(args) -> None:
     accept = f"accept length {stats['spec/accept_length']:.3f}, " if args.mode != "none" else ""  # none drafts nothing
     entropy = stats["spec/target_entropy"]
     entropy = f"{entropy:.3f} nats" if entropy is not None else f"not measured by the {args.backend} backend"
-    print(f"wrote {len(lines)} completions to {args.out}; {accept}target entropy {entropy}")
+    print(f"wrote {len(lines)} completions to {args.out}: {sum(map(len, result.token_ids))} tokens in "
+          f"{seconds:.2f} s ({stats['generate/tok_s']:.1f} tok/s, model loading left out); {accept}target entropy "
+          f"{entropy}")
+
+
+def generate_timing(completions: list[list[int]], seconds: float) -> dict[str, float]:
+    """``generate``'s speed: the generation's wall time and its completion tokens per second (the tokens are
+    ``spec/num_generated_tokens``).
+
+    Example: generate_timing([[5, 6], [7]], 0.5) -> {"generate/seconds": 0.5, "generate/tok_s": 6.0}
+    """
+    num_tokens = sum(len(c) for c in completions)
+    return {"generate/seconds": seconds, "generate/tok_s": num_tokens / seconds if seconds > 0 else 0.0}
 
 
 def _check_input_file(path: str, what: str) -> None:
@@ -331,7 +346,7 @@ def cmd_check_lossless(args) -> int:
     from bebop.check.reference import run_reference_checks
     from bebop.rollout.base import backend_class
     from bebop.speculative.settings import verify_problem
-    from bebop.utils.progress import say
+    from bebop.utils.progress import say, stage
 
     if problem := verify_problem("rs", args.verify, args.backend):
         raise BebopError(problem)
@@ -350,7 +365,8 @@ def cmd_check_lossless(args) -> int:
                                      alpha=args.alpha, show_progress=True, configs=lossless_configs(args.verify),
                                      num_tested_prompts=num_tested)
         # Plain sampling against the model's own forward pass: catches defects plain and speculative share.
-        checks += run_reference_checks(model, tok, prompts, args.samples, args.seed, args.alpha, LOSSLESS_CONFIGS)
+        with stage("check-lossless: plain sampling against the model's own forward pass"):
+            checks += run_reference_checks(model, tok, prompts, args.samples, args.seed, args.alpha, LOSSLESS_CONFIGS)
     else:
         checks = _check_other_backend(args, model, tok, head, prompts, num_tested)
     print(format_lossless_table(checks, prompts, num_tested, seed=args.seed))

@@ -31,6 +31,7 @@ import scipy.stats
 from bebop.check.config import DEFAULT_ALPHA, DEFAULT_NUM_SAMPLES, DEFAULT_TESTED_PROMPTS
 from bebop.check.lossless import LOSSLESS_CONFIGS, run_lossless_checks
 from bebop.check.verdict import false_alarm_bound, false_alarm_odds, summarize_checks
+from bebop.utils.progress import stage
 from tests.check.samplers import BROKEN, ChainSampler, tiny_model
 from tests.helpers.engine import ToyTokenizer
 
@@ -130,7 +131,7 @@ def broken_part(num_seeds: int, samples: int, alpha: float) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--runs", type=int, default=200, help="seeds of the exact-sampler simulation (0: skip)")
     parser.add_argument("--engine-seeds", type=int, default=10, help="seeds of the tiny-model engine run (0: skip)")
     parser.add_argument("--broken-seeds", type=int, default=3, help="seeds per broken sampler (0: skip)")
@@ -147,7 +148,9 @@ def main(argv: list[str] | None = None) -> None:
              (args.broken_seeds, broken_part, args.samples)]
     for count, part, samples in parts:
         if count:
-            print("\n".join(part(count, samples, args.alpha)), flush=True)
+            with stage(f"bench/lossless_verdict.py: {part.__name__}, {count} seeds"):
+                lines = part(count, samples, args.alpha)
+            print("\n".join(lines), flush=True)
     print(f"load at the end {os.getloadavg()[0]:.1f}")
 
 

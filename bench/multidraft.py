@@ -31,6 +31,7 @@ from bebop.mtp.data import Sequences
 from bebop.mtp.evaluate import evaluate_mtp
 from bebop.mtp.head import MtpHead
 from bebop.speculative import SamplingParams, SpecConfig, generate
+from bebop.utils.progress import stage
 from bench.rollout import make_prompts, run_order
 
 SPECULATE_K = 3
@@ -91,7 +92,7 @@ def measured_speeds(model, tok, head, batches: list[int], temperature: float, re
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     ap.add_argument("--losses", nargs="+", default=["ce", "tv", "e2e_tv"], help="embedded heads (draft losses)")
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.7, 1.0, 1.3], help="sampling T > 0")
     ap.add_argument("--groups", type=int, default=8, help="groups of held-out sequences (the interval's samples)")
@@ -116,7 +117,8 @@ def main(argv: list[str] | None = None) -> None:
     for loss in args.losses:
         head = MtpHead.from_pretrained(ensure_embedded_head(loss, model, tok), model).eval()
         for temperature in args.temperatures:
-            r = accept_lengths(model, head, data, temperature, args.groups, tok.pad_token_id)
+            with stage(f"bench/multidraft.py: {loss} head at T={temperature:g}"):
+                r = accept_lengths(model, head, data, temperature, args.groups, tok.pad_token_id)
             print(f"| {loss} | {temperature:g} | {r['entropy']:.3f} | {r['chains']} | {r['n1']:.4f} | {r['n2']:.4f} | "
                   f"{r['n4']:.4f} | {r['gain2']:+.4f} ± {r['ci2']:.4f} | {r['gain4']:+.4f} ± {r['ci4']:.4f} |",
                   flush=True)
@@ -127,7 +129,8 @@ def main(argv: list[str] | None = None) -> None:
           f"{args.max_new_tokens} new tokens, {args.repeats} rounds | load {os.getloadavg()[0]:.1f}\n")
     print("| B | n=1 | n=2 | n=4 | n=2 / n=1 | n=4 / n=1 |")
     print("|---:|---:|---:|---:|---:|---:|", flush=True)
-    measured_speeds(model, tok, speed_head, args.batches, args.speed_temperature, args.repeats, args.max_new_tokens)
+    with stage("bench/multidraft.py: engine tokens/s"):
+        measured_speeds(model, tok, speed_head, args.batches, args.speed_temperature, args.repeats, args.max_new_tokens)
 
 
 if __name__ == "__main__":

@@ -70,6 +70,7 @@ from bebop.speculative import SamplingParams, SpecConfig, engine, generate
 from bebop.speculative.target import Target  # the engine's own verify forward, timed as the engine runs it
 from bebop.speculative.kv_cache import RaggedKVCache
 from bebop.task import arith
+from bebop.utils.progress import stage
 from bench.step_profile import profile_table
 
 PROMPT_SEED = 0  # problems drawn for the prompts
@@ -126,7 +127,7 @@ class Row:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     ap.add_argument("--model", default=None, help="HF model directory (default: the embedded model)")
     ap.add_argument("--mtp", default=None, help="MTP head directory (default: the embedded e2e_tv head)")
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64], help="rows B per call")
@@ -576,7 +577,8 @@ def main(argv: list[str] | None = None) -> None:
     start = time.perf_counter()
     for batch in args.batch_sizes:
         kv_len = max(len(tok.encode(p)) for p in make_prompts(batch)) + args.max_new_tokens // 2
-        costs[batch] = measure_costs(model, head, batch, args.ks, kv_len, args.stat)
+        with stage(f"bench/rollout.py: step costs at B={batch}"):
+            costs[batch] = measure_costs(model, head, batch, args.ks, kv_len, args.stat)
         methods = [Method("none")] + ([] if args.no_hf else [Method("hf")])
         skip = hf_mtp_skip_reason(model, batch)
         if skip is None and not args.no_hf:
@@ -586,13 +588,15 @@ def main(argv: list[str] | None = None) -> None:
         methods += [Method(mode, k) for mode in args.modes for k in args.ks]
         methods += [Method("rs", k, verify="block") for k in args.ks] if args.block else []
         for temperature in args.temperatures:
-            group = run_group(model, tok, head, methods, batch, temperature, args)
+            with stage(f"bench/rollout.py: {len(methods)} methods at B={batch} T={temperature:g}"):
+                group = run_group(model, tok, head, methods, batch, temperature, args)
             add_limits(group, costs[batch])
             rows += group
             print(f"[{time.perf_counter() - start:.0f}s] done B={batch} T={temperature:g}", file=sys.stderr, flush=True)
             if args.filtered and temperature > 0:
                 methods_f = [Method("none")] + [Method("rs", k, f) for k in args.ks for f in (False, True)]
-                rows += run_group(model, tok, head, methods_f, batch, temperature, args, FILTER_TOP_K, FILTER_TOP_P)
+                with stage(f"bench/rollout.py: filtered drafts at B={batch} T={temperature:g}"):
+                    rows += run_group(model, tok, head, methods_f, batch, temperature, args, FILTER_TOP_K, FILTER_TOP_P)
                 print(f"[{time.perf_counter() - start:.0f}s] done filtered B={batch} T={temperature:g}",
                       file=sys.stderr, flush=True)
     print(format_tables(rows, costs, args.stat))

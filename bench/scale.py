@@ -62,6 +62,7 @@ def build_model(vocab: int, layers: int, arch: str = "qwen3"):
     """A random causal LM at Qwen3-0.6B's width; arch "qwen3_5" gives Qwen3.5 text blocks (full attention)."""
     import torch
     import transformers
+    from bebop.utils.progress import stage
 
     torch.manual_seed(0)
     common = dict(vocab_size=vocab, hidden_size=1024, intermediate_size=3072, num_hidden_layers=layers,
@@ -474,7 +475,7 @@ def run_headline(point: dict, threads: int) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--quick", action="store_true", help="small sizes, no RL headline (see bench/README.md for times)")
     ap.add_argument("--only", nargs="+", default=None,
                     help="sections: rl train-mtp eval-mtp mtp-long generate check-lossless export versus-hf headline")
@@ -496,13 +497,16 @@ def main(argv: list[str] | None = None) -> None:
     start, summaries = time.time(), []
     for curve in curves(args.quick, args.layers):
         if curve["section"] in wanted and curve["values"]:
-            lines, summary = run_curve(curve, args.threads)
+            with stage(f"bench/scale.py: {curve['name']}"):
+                lines, summary = run_curve(curve, args.threads)
             print("\n".join(lines[-2:]), flush=True)
             summaries.append(summary)
     if "headline" in wanted:
-        print("\n".join(run_headline(headline(args.layers), args.threads)), flush=True)
+        with stage("bench/scale.py: headline"):
+            print("\n".join(run_headline(headline(args.layers), args.threads)), flush=True)
     if "versus-hf" in wanted:
-        run_versus_hf(versus_hf(args.quick, args.layers), args.threads)
+        with stage("bench/scale.py: versus-hf"):
+            run_versus_hf(versus_hf(args.quick, args.layers), args.threads)
     print("\n| core | grows with | sizes | time slope | extra memory slope | extra MB at the largest |")
     print("|---|---|---|---|---|---|")
     for s in summaries:

@@ -41,7 +41,7 @@ def test_eval_mtp_json(use_cache, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("mode", ["none", "to", "rs"])
-def test_generate(use_cache, tmp_path, mode):
+def test_generate(use_cache, tmp_path, mode, capsys):
     out, stats = tmp_path / "out.jsonl", tmp_path / "stats.json"
     argv = ["generate", "--mode", mode, "--num-prompts", "3", "--max-new-tokens", "6", "--out", str(out),
             "--stats-json", str(stats), "--seed", "1"]
@@ -51,6 +51,11 @@ def test_generate(use_cache, tmp_path, mode):
     assert all(1 <= len(r["token_ids"]) - r["start"] <= 6 for r in rows)  # token_ids: prompt + completion
     metrics = json.loads(stats.read_text())
     assert "spec/accept_length" in metrics
+    num_tokens = sum(len(r["token_ids"]) - r["start"] for r in rows)
+    assert metrics["generate/seconds"] > 0
+    assert metrics["generate/tok_s"] * metrics["generate/seconds"] == pytest.approx(num_tokens)
+    assert f"{num_tokens} tokens in {metrics['generate/seconds']:.2f} s ({metrics['generate/tok_s']:.1f} tok/s" \
+        in capsys.readouterr().out
 
 
 def test_generate_filter_drafts(use_cache, tmp_path):

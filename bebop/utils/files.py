@@ -2,7 +2,10 @@
 
 A write goes to a temporary file or directory beside its target and replaces it in one rename
 (``atomic_dir``, ``atomic_write_text``, ``write_json``), so a failed write leaves the previous contents
-intact; a full device while writing ends in one line naming the file (``no_space_left``). A reader
+intact; a full device while writing ends in one line naming the file (``no_space_left``). What is
+written gets the modes a plain ``open``/``mkdir`` gives under the process's umask (``shared_mode``), not
+the private 0600/0700 of a temporary file or directory, so a server running as another user can read
+a model directory Bebop wrote. A reader
 (``read_text``, ``read_json``, ``read_jsonl``) names the file, and the line or byte, that is missing,
 not UTF-8 or not JSON.
 """
@@ -67,13 +70,45 @@ def save_torch(obj: Any, path: str | os.PathLike) -> None:
     with open(path, "wb") as f:
         torch.save(obj, f)
 
+
+def umask() -> int:
+    """The process's umask. Read from /proc where Linux shows it: setting it to read it back (the only
+    portable way, used elsewhere) would leave another thread creating files under a wrong umask meanwhile."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def shared_mode(directory: bool = False) -> int:
+    """The mode ``open`` (0666) or ``mkdir`` (0777) gives under the umask, e.g. 0644 and 0755 under umask 022."""
+    return (0o777 if directory else 0o666) & ~umask()
+
+
+def share_tree(root: Path) -> None:
+    """Gives ``root`` and every folder and regular file under it ``shared_mode``: temporary directories are made
+    0700, and some writers (safetensors' ``save_file``, ``mkstemp``) create their files 0600. Symbolic links
+    are left alone (a chmod would follow them)."""
+    file_mode, dir_mode = shared_mode(False), shared_mode(True)
+    os.chmod(root, dir_mode)
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = os.path.join(folder, name)
+            if not os.path.islink(path):
+                os.chmod(path, dir_mode if name in dirs else file_mode)
+
+
 @contextlib.contextmanager
 def atomic_dir(final: str | os.PathLike) -> Iterator[Path]:
     """Yields a temporary directory beside ``final``; on success it replaces ``final`` in one rename.
 
     Nothing is left half-written: an exception removes the temporary directory and keeps any
     previous ``final`` intact (a full device is one BebopError line, ``no_space_left``). Concurrent
-    writers are safe: the last swap wins, nothing is left over.
+    writers are safe: the last swap wins, nothing is left over. ``final`` and what it holds get
+    ``shared_mode`` (``share_tree``).
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -82,6 +117,7 @@ def atomic_dir(final: str | os.PathLike) -> Iterator[Path]:
     try:
         with no_space_left(final):
             yield tmp
+        share_tree(tmp)
         old = None
         # NOTE: two renames are not one atomic step; the lock on the parent keeps two writers of
         # ``final`` from interleaving them (else "Directory not empty" and leftover .old- folders).
@@ -111,7 +147,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     try:
         with no_space_left(path), os.fdopen(fd, "w") as f:
             f.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are meant to be shared
+        os.chmod(tmp, shared_mode())  # NOTE: mkstemp makes 0600; results are meant to be shared
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

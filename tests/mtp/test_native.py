@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import stat
 
 import pytest
 import torch
@@ -165,6 +166,24 @@ def test_export_of_a_trained_head_onto_a_model_without_mtp_layer(tmp_path):
     assert json.loads((out / "config.json").read_text())["mtp_num_hidden_layers"] == 1
     again = import_mtp(out, model)
     assert all(torch.equal(v, again.state_dict()[k]) for k, v in head.state_dict().items())
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o027])
+def test_export_is_readable_like_a_plain_write(tmp_path, mask):
+    """Every file of the export, the MTP shard included (safetensors writes 0600), and the directory (a
+    temporary directory is 0700) get what open() and mkdir() give under the umask."""
+    model = tiny_backbone("qwen3_5")
+    model.save_pretrained(tmp_path / "model")
+    keep_architectures(model, tmp_path / "model")
+    MtpHead(model).save_pretrained(tmp_path / "head")
+    old = os.umask(mask)
+    try:
+        out = export_mtp(tmp_path / "model", tmp_path / "head", tmp_path / "served", fmt="qwen3_5")
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in [out, *out.iterdir()]}
+    assert MTP_SHARD in modes and modes.pop(out.name) == 0o777 & ~mask
+    assert set(modes.values()) == {0o666 & ~mask}, modes
 
 
 def test_a_model_without_native_layer_points_to_backbone_init(tmp_path):
