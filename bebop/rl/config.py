@@ -94,7 +94,8 @@ class RLConfig:
     """One GRPO run with speculative rollouts; defaults fit the embedded model on a CPU."""
 
     sampling: SamplingParams = group(SamplingParams(max_new_tokens=48), skip=("stop",))  # T > 0 (check_rl_config)
-    spec: SpecConfig = group(ROLLOUT_SPEC, skip=("draft_temperature", "filter_drafts", "num_drafts"))  # mode, K, verify
+    spec: SpecConfig = group(ROLLOUT_SPEC, skip=("draft_temperature", "filter_drafts", "num_drafts",
+                                                 "recurrent_rollback"))  # mode, K, verify
     auto_every: int = option(AUTO_EVERY,
                              "with mode or speculate_k auto: probe every this many steps (choose in between; "
                              "a setting chosen for the first time is confirmed by a probe in the next step)",

@@ -32,6 +32,7 @@ from bebop.utils.errors import BebopError
 MODES = ("none", "to", "rs")  # plain | target-only | rejection sampling (bebop.speculative)
 VERIFY_CHOICES = ("token", "block")  # token-wise rejection sampling | block verification (bebop.speculative.block)
 MAX_DRAFTS = 16  # chains per row: each costs a copy of the row's caches per verify step
+ROLLBACK_CHOICES = ("auto", "snapshot", "replay")  # how recurrent layers roll back a verify pass (state_cache)
 
 
 def _stop_strings(name: str, value: Any) -> str | None:
@@ -55,6 +56,10 @@ VERIFY = Setting("token", "how mode rs verifies a drafted chain: token (token-wi
                  "2024: exact, never fewer accepted drafts in expectation; engine backend only)", choices=VERIFY_CHOICES)
 NUM_DRAFTS = Setting(1, "n draft chains per row, verified together by bebop.speculative.multidraft (mode rs, "
                      "verify token)", check=integer_in(1, MAX_DRAFTS))
+RECURRENT_ROLLBACK = Setting("auto", "how a hybrid's recurrent layers roll back a verify pass: snapshot (keep the "
+                             "state after every position) | replay (keep their inputs, rerun the kept ones: less "
+                             "memory) | auto (replay when the snapshots would be large); exact either way",
+                             choices=ROLLBACK_CHOICES)
 TEMPERATURE = Setting(1.0, "sampling temperature; 0 = greedy decoding (not in rl, whose loss divides by it)",
                       check=lambda name, value: temperature_problem(value, greedy_ok=True, name=name))
 TOP_K = Setting(0, "top-k filter of the target's distribution; 0 = off", check=integer_in(0))
@@ -86,6 +91,7 @@ class SpecConfig:
     filter_drafts: bool = FILTER_DRAFTS.field()  # apply the sampling top-k/top-p to q too (drafts and verification)
     verify: str = VERIFY.field()  # token: token-wise rejection sampling | block: bebop.speculative.block (mode rs only)
     num_drafts: int = NUM_DRAFTS.field()  # n chains per row (bebop.speculative.multidraft; mode rs, verify token)
+    recurrent_rollback: str = RECURRENT_ROLLBACK.field()  # snapshot | replay | auto: how recurrent layers roll back
 
 
 # NOTE: the commands (generate, rl) and the TRL integration draft with the head unless told otherwise: rs is
@@ -159,13 +165,16 @@ def settings_problems(spec: SpecConfig | None, sampling: SamplingParams | None, 
     """
     problems = []
     if spec is not None:
-        # NOTE: mode none drafts nothing, so it ignores K; verify_problem names an unknown verify
-        problems += field_problems(spec, skip=("verify", "speculate_k") if spec.mode == "none" else ("verify",))
+        # NOTE: mode none drafts nothing, so it ignores K; an unknown verify or rollback is named below
+        problems += field_problems(spec, skip=("verify", "recurrent_rollback") + (
+            ("speculate_k",) if spec.mode == "none" else ()))
         if not auto_ok and spec.mode == AUTO:
             problems.append(f"unknown mode {spec.mode!r}; choose one of {', '.join(MODES)}")
         if not auto_ok and spec.mode != "none" and spec.speculate_k == AUTO:
             problems.append(speculate_k_problem(spec.speculate_k, auto_ok=False))
         problems += [verify_problem(spec.mode, spec.verify), num_drafts_problem(spec)]
+        if spec.recurrent_rollback not in ROLLBACK_CHOICES:
+            problems.append(f"recurrent_rollback {spec.recurrent_rollback!r} is not one of {', '.join(ROLLBACK_CHOICES)}")
     if sampling is not None:
         problems += [temperature_problem(sampling.temperature, greedy_ok)] + field_problems(sampling,
                                                                                                skip=("temperature",))
