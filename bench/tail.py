@@ -1,7 +1,7 @@
 """The tail of a GRPO rollout: tokens/s of none, rs and auto as the batch's rows finish.
 
-    PYTHONPATH=. .venv/bin/python bench/tail.py --quick --threads 1   # B = 16, up to 512 new tokens
-    PYTHONPATH=. .venv/bin/python bench/tail.py --threads 1           # B = 32 (4 prompts x 8), up to 2,048
+    PYTHONPATH=. .venv/bin/python bench/tail.py --quick --threads 1   # B = 16, V = 128, up to 512 new tokens
+    PYTHONPATH=. .venv/bin/python bench/tail.py --threads 1           # B = 32 (4 prompts x 8), V = 256, up to 1,024
 
 A random Qwen3 (nothing is downloaded) whose next-token distribution is nearly flat over its V tokens,
 one of them EOS: each row stops with probability about 1/V a token, so completion lengths are about
@@ -35,6 +35,7 @@ from bebop.speculative import SamplingParams, SpecConfig  # noqa: E402
 from bebop.speculative.auto import generate as auto_generate  # noqa: E402
 from bebop.speculative.auto.chooser import AutoChooser  # noqa: E402
 from bebop.speculative.engine import Decoder  # noqa: E402
+from bench.scale import IdTokenizer  # noqa: E402
 
 PROMPT_TOKENS = 16  # prompt length of every row
 EOS_ID = 1  # the token that ends a row
@@ -42,14 +43,10 @@ SPECULATE_K = 3  # rs's K; auto chooses among none, to and rs at K = 1..4
 MODES = ("none", "rs", "auto")
 
 
-class IdTokenizer:
-    """What the engine asks of a tokenizer: EOS, and ids written as text."""
+class EosTokenizer(IdTokenizer):
+    """``bench.scale``'s id tokenizer with an EOS."""
 
     eos_token_id = EOS_ID
-    pad_token_id = 0
-
-    def decode(self, ids, skip_special_tokens: bool = False) -> str:
-        return " ".join(map(str, ids))
 
 
 class RecordingDecoder(Decoder):
@@ -98,10 +95,10 @@ def decode_call(model, head, mode: str, rows: int, max_new: int, call: int, choo
 
     if mode == "auto":
         with mock.patch.object(auto_generate, "Decoder", record):
-            auto_generate.generate_auto(model, IdTokenizer(), prompts, mtp=head, sampling=sampling, seed=call,
+            auto_generate.generate_auto(model, EosTokenizer(), prompts, mtp=head, sampling=sampling, seed=call,
                                         chooser=chooser)
         return made[0]
-    decoder = record(model, IdTokenizer(), prompts, mtp=head if mode != "none" else None, sampling=sampling,
+    decoder = record(model, EosTokenizer(), prompts, mtp=head if mode != "none" else None, sampling=sampling,
                      spec=SpecConfig(mode, SPECULATE_K), seed=call)
     while decoder.num_active:
         decoder.step()
@@ -187,18 +184,18 @@ def report(results: dict[str, list[dict]], rows: int) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="B = 16, V = 256, up to 512 new tokens, 1 repeat")
+    ap.add_argument("--quick", action="store_true", help="B = 16, V = 128, up to 512 new tokens, 1 repeat")
     ap.add_argument("--rows", type=int, default=32, help="B, rows of a batch (GRPO: prompts x group size)")
-    ap.add_argument("--max-new-tokens", type=int, default=2048, help="completion length cap")
-    ap.add_argument("--vocab", type=int, default=1024, help="V: rows stop with probability about 1/V a token")
+    ap.add_argument("--max-new-tokens", type=int, default=1024, help="completion length cap")
+    ap.add_argument("--vocab", type=int, default=256, help="V: rows stop with probability about 1/V a token")
     ap.add_argument("--hidden-size", type=int, default=256, help="D of the random model")
     ap.add_argument("--layers", type=int, default=4, help="decoder layers of the random model")
     ap.add_argument("--calls", type=int, default=2, help="batches decoded per mode; the last is reported")
-    ap.add_argument("--repeats", type=int, default=3, help="times the three modes run in turn")
+    ap.add_argument("--repeats", type=int, default=2, help="times the three modes run in turn")
     ap.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
     args = ap.parse_args(argv)
     if args.quick:
-        args.rows, args.vocab, args.max_new_tokens, args.repeats = 16, 256, 512, 1
+        args.rows, args.vocab, args.max_new_tokens, args.repeats = 16, 128, 512, 1
     if args.threads:
         torch.set_num_threads(args.threads)
     model, head = build(args.vocab, args.hidden_size, args.layers, args.max_new_tokens)

@@ -3,8 +3,8 @@
 glibc's malloc serves a block above its mmap threshold with a mapping of its own, unmapped on
 ``free``; smaller blocks come from its heap, which keeps what is freed for reuse. The threshold
 starts at 128 KiB and, by default, rises to the size of every mapped block freed, up to 32 MiB. A
-decoding or RL step at a real vocabulary frees tensors of a few MiB to tens of MiB every step
-((rows, V) float32 logits are 19 MiB for 32 rows at V = 151,936), so after the first of them the
+decoding or RL step at a real vocabulary frees tensors of a few MB to tens of MB every step
+((rows, V) float32 logits are 19 MB for 32 rows at V = 151,936), so after the first of them the
 threshold has risen and later ones land in the heap, whose fragments it keeps: the process's peak
 grows with steps and with the torch build's allocation pattern, not with its live tensors.
 
