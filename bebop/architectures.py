@@ -46,8 +46,13 @@ def supported_families() -> str:
 
 def check_architecture(model) -> None:
     """Raises BebopError (one line) unless ``model``'s text config is of a supported model_type."""
-    model_type = getattr(model.config.get_text_config(), "model_type", "")
+    check_model_type(model.config, type(model).__name__)
+
+
+def check_model_type(config, name: str = "") -> None:
+    """Raises BebopError (one line) unless the HF ``config``'s text config is of a supported model_type
+    (checked before a model is built; ``name``: the model's class, when there is one)."""
+    model_type = getattr(config.get_text_config(), "model_type", "")
     if model_type not in SUPPORTED_MODEL_TYPES:
-        raise BebopError(
-            f"{type(model).__name__} (model_type {model_type!r}) is not supported; Bebop runs {supported_families()}"
-        )
+        what = name or next(iter(getattr(config, "architectures", None) or []), "the model")
+        raise BebopError(f"{what} (model_type {model_type!r}) is not supported; Bebop runs {supported_families()}")

@@ -70,8 +70,8 @@ COMMANDS = {
     "pretrain": Command("train the embedded default model on the embedded task", cmd_pretrain, (PretrainOptions,)),
     "train-mtp": Command("train an MTP draft head on a frozen model", cmd_train_mtp, (*MODEL, TrainMtpOptions),
                          skip=("mtp",), library=lambda: flags_of(TrainMtpConfig)),
-    "import-mtp": Command("save the MTP layer a checkpoint ships (Qwen3.5, Qwen3-Next, DeepSeek-V3, GLM-4.5, MiMo) "
-                          "as a Bebop head", cmd_import_mtp, (ImportMtpOptions, DeviceOptions)),
+    "import-mtp": Command("save the MTP layer a checkpoint ships (Qwen3.5, Qwen3-Next, DeepSeek-V3, GLM-4.5, MiMo, "
+                          "Nemotron-H) as a Bebop head", cmd_import_mtp, (ImportMtpOptions, DeviceOptions)),
     "export-mtp": Command("write a model directory with the head as its native MTP layer, for vLLM and SGLang",
                           cmd_export_mtp, (*MODEL, ExportMtpOptions)),
     "eval-mtp": Command("exact RS/TO acceptance of a head along teacher-forced chains (RS token-wise and with "
@@ -142,13 +142,27 @@ def _add_report_args(p: argparse.ArgumentParser) -> None:
                    help="`bebop eval-mtp --json` result for the head-evaluation section (repeatable)")
 
 
+class _SubcommandParser(argparse.ArgumentParser):
+    """A subcommand's parser: a flag it does not know is refused here, with this subcommand's usage
+    (argparse would hand it to the top-level parser, whose usage names no flag of the subcommand)."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The ``bebop`` parser. No parser takes an abbreviated flag (``allow_abbrev=False``): ``--max-new-tok``
+    would otherwise be taken as ``--max-new-tokens``, and a flag added later could change what it means."""
     parser = argparse.ArgumentParser(
-        prog="bebop", description="Faster RL rollouts for LLMs, exactly: MTP drafts verified by rejection sampling.")
+        prog="bebop", description="Faster RL rollouts for LLMs, exactly: MTP drafts verified by rejection sampling.",
+        allow_abbrev=False)
     parser.add_argument("--version", action="version", version=f"bebop {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_SubcommandParser)
     for name, command in COMMANDS.items():
-        p = sub.add_parser(name, help=command.help, description=command.help)
+        p = sub.add_parser(name, help=command.help, description=command.help, allow_abbrev=False)
         if name == "report":
             _add_report_args(p)
         if command.config_file:

@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import json
 import sys
+import time
 from pathlib import Path
 
 from bebop.config import DEFAULT_DRAFT_LOSS, flags_of, is_auto
@@ -32,7 +33,7 @@ def _load(args, need_mtp: bool, mtp_loss: str = DEFAULT_DRAFT_LOSS, split: str |
     # NOTE: the embedded model's cached heads and data are keyed by its float32 weights: they are found
     # (or built) on the float32 model, which is cast to --dtype after.
     model, tok = models.load_model(args.model, device=args.device,
-                                   dtype=dtype if args.model else embedded.CACHE_DTYPE)
+                                   dtype=dtype if args.model else embedded.CACHE_DTYPE, tokenizer=args.tokenizer)
     path = None
     if need_mtp:
         if getattr(args, "mtp", None):
@@ -105,9 +106,22 @@ def cmd_train_mtp(args) -> None:
     # NOTE: with --fsdp the model loads on the CPU; train_mtp moves it to the GPUs shard by shard
     model, tok, _, data = _load(argparse.Namespace(**{**vars(args), "device": "cpu"}) if args.fsdp else args,
                                 need_mtp=False, split="train")
+    _check_batch_memory(model, data, cfg.batch_size)
     train_mtp(model, data, out, cfg, pad_id=tok.pad_token_id, resume=args.resume, overwrite=args.overwrite,
               model_dir=args.model, fsdp=args.fsdp)
     print(f"saved head to {out}")
+
+
+def _check_batch_memory(model, data, batch_size: int) -> None:
+    """A train-mtp batch of ``batch_size`` rows (this process's share under torchrun) fits the device: the
+    backbone's forward pass over the batch, each row at least as long as the shortest sequence."""
+    from bebop.utils import distributed
+    from bebop.utils.memory import check_memory, forward_bytes
+
+    rows = -(-batch_size // distributed.world_size())
+    shortest = min((len(t) for t in data.token_ids), default=1)
+    check_memory(forward_bytes(model, rows, shortest), next(model.parameters()).device,
+                 f"batch_size={batch_size} rows of at least {shortest} tokens", "lower --batch-size")
 
 
 # ---------------------------------------------------------------------------------------------- import-mtp / export-mtp
@@ -120,7 +134,7 @@ def cmd_import_mtp(args) -> None:
     resolve_dtype(args.dtype, resolve_device(args.device))
     check_output_dir(args.out, overwrite=args.overwrite, what="head directory", inputs=args.inputs)
     native_layout(args.model)  # NOTE: checked before the (possibly large) model loads
-    model, _ = models.load_model(args.model, device=args.device, dtype=args.dtype)
+    model, _ = models.load_model(args.model, device=args.device, dtype=args.dtype, tokenizer=args.tokenizer)
     head = import_mtp(args.model, model)
     with output_dir(args.out, overwrite=args.overwrite, what="head directory", inputs=args.inputs):
         head.save_pretrained(args.out, extra={"imported_from": str(Path(args.model).resolve())})
@@ -135,13 +149,15 @@ def cmd_export_mtp(args) -> None:
     out = Path(args.out)
     check_output_dir(out, overwrite=args.overwrite, what="export directory", inputs=args.inputs)
     if args.model is None:
+        if args.tokenizer:
+            raise BebopError("--tokenizer needs --model: the embedded model has its own tokenizer")
         model_dir = embedded.ensure_embedded_model()
         head_dir = args.mtp or embedded.ensure_embedded_head(DEFAULT_DRAFT_LOSS)
     elif args.mtp is None:
         raise BebopError("--mtp is required with --model (a head trained by `bebop train-mtp --model ...`)")
     else:
         model_dir, head_dir = args.model, args.mtp
-    export_mtp(model_dir, head_dir, out, fmt=args.format, overwrite=args.overwrite)
+    export_mtp(model_dir, head_dir, out, fmt=args.format, overwrite=args.overwrite, tokenizer_dir=args.tokenizer)
     print(f"wrote {out}: serve it with vLLM (speculative method \"mtp\") or SGLang (NEXTN); see the README")
 
 
@@ -179,11 +195,27 @@ def _auto_profile(args, model, sampling, spec) -> tuple[Path, dict] | None:
     return path, key
 
 
-def _check_rollout_memory(model, num_rows: int, num_positions: int, what: str, fix: str) -> None:
-    """The KV cache of ``num_rows`` rows of ``num_positions`` tokens fits the model's device (engine backend)."""
-    from bebop.utils.memory import check_memory, kv_cache_bytes
+def _check_rollout_memory(model, num_rows: int, prompt_tokens: int, num_new: int, what: str, fix: str) -> None:
+    """A rollout of ``num_rows`` rows fits the model's device (engine backend): the prefill's forward pass
+    over ``prompt_tokens`` (a lower bound of the longest prompt) beside the KV cache of the whole rows
+    (``num_new`` more positions each)."""
+    from bebop.utils.memory import check_memory, forward_bytes, kv_cache_bytes
 
-    check_memory(kv_cache_bytes(model, num_rows, num_positions), next(model.parameters()).device, what, fix)
+    needed = kv_cache_bytes(model, num_rows, prompt_tokens + num_new) + forward_bytes(model, num_rows, prompt_tokens)
+    check_memory(needed, next(model.parameters()).device, what, fix)
+
+
+def _longest_prompt_tokens(tok, prompts: list) -> int:
+    """Tokens of the prompt with the longest text (a lower bound of the longest prompt's tokens, found
+    without encoding every prompt); 1 when there are none."""
+    from bebop.utils.tokens import encode_prompt
+
+    if not prompts:
+        return 1
+    try:
+        return max(1, len(encode_prompt(tok, max(prompts, key=lambda p: len(json.dumps(p))))))
+    except BebopError:
+        return 1  # NOTE: the prompt's own error is raised, with its file and line, where prompts are encoded
 
 
 def cmd_generate(args) -> None:
@@ -205,7 +237,8 @@ def cmd_generate(args) -> None:
     backend_class(args.backend)  # NOTE: a missing optional package fails here, before the model loads
     model, tok, head, _ = _load(args, need_mtp=needs_head(args.mode))
     if args.backend == "engine":  # NOTE: before the embedded task's prompts are made
-        _check_rollout_memory(model, len(prompts) if prompts else args.num_prompts, 1 + args.max_new_tokens,
+        _check_rollout_memory(model, len(prompts) if prompts else args.num_prompts,
+                              _longest_prompt_tokens(tok, [p for _, p in prompts or []]), args.max_new_tokens,
                               f"{len(prompts) if prompts else args.num_prompts} prompts",
                               "give fewer prompts (--num-prompts, --prompts) or lower --max-new-tokens")
     prompts = prompts or _embedded_prompts(args.num_prompts)
@@ -218,10 +251,12 @@ def cmd_generate(args) -> None:
         backend.chooser = profiles.load(*profile)
         print(f"auto: profile {profile[0]}, call {backend.chooser.calls + 1}: " +
               ("probing" if backend.chooser.should_probe(spec) else "keeping the last probe's choice, no probe"))
+    start = time.perf_counter()
     try:
         result = backend.rollout(prompt_ids, sampling, spec, seed=args.seed)
     finally:
         backend.close()
+    seconds = time.perf_counter() - start  # NOTE: the tokens are on the host by now, so the device is done
     if profile is not None:
         profiles.save(*profile, backend.chooser)
     # NOTE: token_ids is the whole sequence and start its first completion index, so this file is
@@ -229,7 +264,7 @@ def cmd_generate(args) -> None:
     lines = [json.dumps({"prompt": p, "completion": c, "token_ids": i + t, "start": len(i), "finish_reason": f})
              for (_, p), c, i, t, f in zip(prompts, result.texts, prompt_ids, result.token_ids, result.finish_reasons)]
     atomic_write_text(args.out, "\n".join(lines) + "\n")
-    stats = result.spec_metrics()
+    stats = {**result.spec_metrics(), **generate_timing(result.token_ids, seconds)}
     if result.decision is not None:
         stats.update(result.decision.to_metrics(), **{"auto/measured_tok_s": result.decision.measured_tok_s,
                                                       "auto/predictions": result.decision.predictions})
@@ -241,12 +276,25 @@ def cmd_generate(args) -> None:
     accept = f"accept length {stats['spec/accept_length']:.3f}, " if args.mode != "none" else ""  # none drafts nothing
     entropy = stats["spec/target_entropy"]
     entropy = f"{entropy:.3f} nats" if entropy is not None else f"not measured by the {args.backend} backend"
-    print(f"wrote {len(lines)} completions to {args.out}; {accept}target entropy {entropy}")
+    print(f"wrote {len(lines)} completions to {args.out}: {sum(map(len, result.token_ids))} tokens in "
+          f"{seconds:.2f} s ({stats['generate/tok_s']:.1f} tok/s, model loading left out); {accept}target entropy "
+          f"{entropy}")
+
+
+def generate_timing(completions: list[list[int]], seconds: float) -> dict[str, float]:
+    """``generate``'s speed: the generation's wall time and its completion tokens per second (the tokens are
+    ``spec/num_generated_tokens``).
+
+    Example: generate_timing([[5, 6], [7]], 0.5) -> {"generate/seconds": 0.5, "generate/tok_s": 6.0}
+    """
+    num_tokens = sum(len(c) for c in completions)
+    return {"generate/seconds": seconds, "generate/tok_s": num_tokens / seconds if seconds > 0 else 0.0}
 
 
 def _check_input_file(path: str, what: str) -> None:
-    if not Path(path).expanduser().is_file():
-        raise BebopError(f"{what} not found: {path}")
+    from bebop.utils.files import check_input_file
+
+    check_input_file(path, what)
 
 
 def _encode(tokenizer, prompt, where: str) -> list[int]:
@@ -254,9 +302,12 @@ def _encode(tokenizer, prompt, where: str) -> list[int]:
     from bebop.utils.tokens import encode_prompt
 
     try:
-        return encode_prompt(tokenizer, prompt)
+        ids = encode_prompt(tokenizer, prompt)
     except BebopError as e:
         raise BebopError(f"{where}: {e}") from None
+    if not ids:  # NOTE: nothing predicts the first token of an empty prompt; the engine would refuse it unnamed
+        raise BebopError(f"{where}: empty prompt: the tokenizer gives it no tokens (every prompt needs at least one)")
+    return ids
 
 
 def _embedded_prompts(num: int) -> list[tuple[str, str]]:
@@ -271,9 +322,9 @@ def _read_prompts(path: str) -> list[tuple[str, object]]:
     reads them) or a text file (one per line); ``where`` names the file and line for errors."""
     from bebop.rl.data import JSONL_SUFFIXES, PARQUET_SUFFIXES, load_prompt_rows
 
-    file = Path(path)
-    if not file.is_file():
-        raise BebopError(f"prompts file not found: {file}")
+    from bebop.utils.files import check_input_file
+
+    file = check_input_file(path, "prompts file")
     if file.suffix.lower() in JSONL_SUFFIXES + PARQUET_SUFFIXES:
         prompts = [(where, r["prompt"]) for where, r in load_prompt_rows(file)]
     else:
@@ -295,7 +346,7 @@ def cmd_check_lossless(args) -> int:
     from bebop.check.reference import run_reference_checks
     from bebop.rollout.base import backend_class
     from bebop.speculative.settings import verify_problem
-    from bebop.utils.progress import say
+    from bebop.utils.progress import say, stage
 
     if problem := verify_problem("rs", args.verify, args.backend):
         raise BebopError(problem)
@@ -314,10 +365,11 @@ def cmd_check_lossless(args) -> int:
                                      alpha=args.alpha, show_progress=True, configs=lossless_configs(args.verify),
                                      num_tested_prompts=num_tested)
         # Plain sampling against the model's own forward pass: catches defects plain and speculative share.
-        checks += run_reference_checks(model, tok, prompts, args.samples, args.seed, args.alpha, LOSSLESS_CONFIGS)
+        with stage("check-lossless: plain sampling against the model's own forward pass"):
+            checks += run_reference_checks(model, tok, prompts, args.samples, args.seed, args.alpha, LOSSLESS_CONFIGS)
     else:
         checks = _check_other_backend(args, model, tok, head, prompts, num_tested)
-    print(format_lossless_table(checks, prompts, num_tested))
+    print(format_lossless_table(checks, prompts, num_tested, seed=args.seed))
     return VERDICT_EXIT_CODES[summarize_checks(checks).verdict]
 
 
@@ -371,10 +423,15 @@ def cmd_rl(args) -> None:
         args.dtype = saved.get("dtype", "float32")
     model, tok, head, _ = _load(args, need_mtp=needs_head(cfg.mode, cfg.mtp.mtp_update), mtp_loss=cfg.mtp_loss)
     if cfg.backend == "engine":  # NOTE: a typed or received size is refused before the first rollout allocates it
-        rows = cfg.prompts_per_step * cfg.group_size
-        _check_rollout_memory(model, rows, 1 + cfg.max_new_tokens + max_speculate_k(cfg),
-                              f"prompts_per_step x group_size = {rows} rollout rows",
-                              "lower --prompts-per-step, --group-size or --max-new-tokens")
+        rows, k = cfg.prompts_per_step * cfg.group_size, max_speculate_k(cfg)
+        fix = "lower --prompts-per-step, --group-size or --max-new-tokens" + (" or --speculate-k" if
+                                                                             k > cfg.max_new_tokens else "")
+        if args.resume:  # NOTE: a resumed run keeps these sizes: no flag can lower them
+            fix = (f"they are the run's own (prompts_per_step={cfg.prompts_per_step}, group_size={cfg.group_size}, "
+                   f"max_new_tokens={cfg.max_new_tokens}, speculate_k={k} in {run_dir / 'config.json'}), which "
+                   "--resume keeps: start a new run with --out")
+        _check_rollout_memory(model, rows, _longest_prompt_tokens(tok, _rl_prompts(cfg)), cfg.max_new_tokens + k,
+                              f"prompts_per_step x group_size = {rows} rollout rows", fix)
     run_info = {key: _abs(getattr(args, key, None)) for key in RUN_PATHS}
     if dtype_name(model.dtype) != "float32":  # recorded, so a resume in another dtype is refused (float32 runs: none)
         run_info["dtype"] = dtype_name(model.dtype)
@@ -382,7 +439,19 @@ def cmd_rl(args) -> None:
     print(f"run written to {run_dir}")
 
 
-RUN_PATHS = ("model", "mtp")  # what a run directory records besides its config, so --resume needs nothing else
+def _rl_prompts(cfg) -> list:
+    """The prompts of an rl run's data file (none for the embedded task, whose prompts are made per step)."""
+    from bebop.rl.data import load_prompt_rows
+
+    if cfg.task != "math":
+        return []
+    try:
+        return [row["prompt"] for _, row in load_prompt_rows(cfg.data)]
+    except (ValueError, ImportError) as e:  # NOTE: as the run itself reports them (bebop.rl.prompts)
+        raise BebopError(str(e)) from None
+
+
+RUN_PATHS = ("model", "mtp", "tokenizer")  # what a run directory records besides its config: --resume needs no more
 
 
 def _abs(path: str | None) -> str | None:

@@ -15,6 +15,7 @@ Stages (each reuses what an earlier, possibly interrupted, run finished):
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from bebop.mtp.data import Sequences
 from bebop.mtp.evaluate import acceptance_table, evaluate_mtp
 from bebop.mtp.head import MtpHead
 from bebop.utils.files import read_json, read_jsonl, write_json
-from bebop.utils.progress import say
+from bebop.utils.progress import say, stage
 from bebop.utils.torch_utils import resolve_dtype
 
 LOSSES = DRAFT_LOSS_NAMES  # heads compared in the acceptance table: every draft loss
@@ -71,22 +72,35 @@ QUICK_TRAIN_SEQUENCES = 128  # self-generated training sequences for --quick
 
 
 def run_demo(cfg: DemoConfig) -> Path:
-    """Runs every stage and returns the report's path."""
+    """Runs every stage and returns the report's path. Each stage announces itself, says while it runs how
+    long it has run and which part it is on (``bebop.utils.progress.stage``), and says when it is done."""
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    model_dir = _model_dir(cfg, out)
-    model, tok = models.load_model(model_dir, device=cfg.device, dtype=embedded.CACHE_DTYPE)
-    train_data, eval_data = _data(cfg, out, model, tok)
-    head_dirs = {loss: _head(cfg, out, loss, model, tok, train_data) for loss in LOSSES}
+    with stage("demo: the embedded model"):
+        model_dir = _model_dir(cfg, out)
+        model, tok = models.load_model(model_dir, device=cfg.device, dtype=embedded.CACHE_DTYPE)
+    with stage("demo: self-generated training and held-out data"):
+        train_data, eval_data = _data(cfg, out, model, tok)
+    with stage(f"demo: heads ({len(LOSSES)} draft losses)", total=len(LOSSES)) as advance:
+        head_dirs = {}
+        for loss in LOSSES:
+            advance(f"{loss} head")
+            head_dirs[loss] = _head(cfg, out, loss, model, tok, train_data)
     model.to(resolve_dtype(cfg.dtype, model.device))
-    say(f"demo: heads ready ({time.time() - t0:.0f}s)")
-    head_evals = _head_evals(cfg, out, model, tok, head_dirs, eval_data)
-    sweep = _sweep(cfg, out, model, tok, head_dirs, eval_data)
-    say(f"demo: acceptance tables ready ({time.time() - t0:.0f}s)")
-    run_dirs = [_rl_run(cfg, out, model_dir, head_dirs, spec, seed) for spec in RL_RUNS for seed in _seeds(cfg, spec)]
-    say(f"demo: RL runs done ({time.time() - t0:.0f}s)")
-    report = _report(cfg, out, model_dir, head_evals, sweep, run_dirs)
+    with stage(f"demo: exact acceptance of each head ({len(LOSSES)} evaluations)", total=len(LOSSES)) as advance:
+        head_evals = _head_evals(cfg, out, model, tok, head_dirs, eval_data, advance)
+    num_sweep = len(SWEEP_LOSSES) * len(cfg.temperatures)
+    with stage(f"demo: temperature sweep ({num_sweep} evaluations)", total=num_sweep) as advance:
+        sweep = _sweep(cfg, out, model, tok, head_dirs, eval_data, advance)
+    runs = [(spec, seed) for spec in RL_RUNS for seed in _seeds(cfg, spec)]
+    with stage(f"demo: RL runs ({len(runs)} of {cfg.rl_steps} steps)", total=len(runs)) as advance:
+        run_dirs = []
+        for spec, seed in runs:
+            advance(spec[0] if seed == cfg.seed else f"{spec[0]} seed {seed}")
+            run_dirs.append(_rl_run(cfg, out, model_dir, head_dirs, spec, seed))
+    with stage("demo: report"):
+        report = _report(cfg, out, model_dir, head_evals, sweep, run_dirs)
     say(f"demo: report at {report} ({time.time() - t0:.0f}s in all)")
     return report
 
@@ -117,10 +131,12 @@ def _head(cfg: DemoConfig, out: Path, loss: str, model, tok, data: Sequences) ->
                                          steps=cfg.head_steps, data=data)
 
 
-def _head_evals(cfg, out: Path, model, tok, head_dirs: dict[str, Path], data: Sequences) -> dict[str, dict]:
-    """eval-mtp at K=3, T=1 for every head (cached as JSON)."""
+def _head_evals(cfg, out: Path, model, tok, head_dirs: dict[str, Path], data: Sequences,
+                advance: Callable[[str], None]) -> dict[str, dict]:
+    """eval-mtp at K=3, T=1 for every head (cached as JSON); ``advance`` names each evaluation as it starts."""
     evals = {}
     for loss, path in head_dirs.items():
+        advance(f"{loss} head")
         file = out / "evals" / f"{loss}.json"
         if not file.is_file():
             head = MtpHead.from_pretrained(path, model).eval()
@@ -129,8 +145,10 @@ def _head_evals(cfg, out: Path, model, tok, head_dirs: dict[str, Path], data: Se
     return evals
 
 
-def _sweep(cfg: DemoConfig, out: Path, model, tok, head_dirs: dict[str, Path], data: Sequences) -> list[dict]:
-    """Exact acceptance across sampling temperatures (p and q both at temperature tau)."""
+def _sweep(cfg: DemoConfig, out: Path, model, tok, head_dirs: dict[str, Path], data: Sequences,
+           advance: Callable[[str], None]) -> list[dict]:
+    """Exact acceptance across sampling temperatures (p and q both at temperature tau); ``advance`` names each
+    evaluation as it starts."""
     file = out / "evals" / "temperature_sweep.json"
     if file.is_file():
         return read_json(file)
@@ -138,6 +156,7 @@ def _sweep(cfg: DemoConfig, out: Path, model, tok, head_dirs: dict[str, Path], d
     for loss in SWEEP_LOSSES:
         head = MtpHead.from_pretrained(head_dirs[loss], model).eval()
         for tau in cfg.temperatures:
+            advance(f"{loss} head at T={tau:g}")
             rows.append({**evaluate_mtp(model, head, data, speculate_k=3, temperature=tau, pad_id=tok.pad_token_id),
                          "loss": loss})
     write_json(file, rows)

@@ -21,6 +21,7 @@ from bebop.config import (
     MODE,
     SEED,
     SPECULATE_K,
+    TOKENIZER,
     TOP_K,
     TOP_P,
     VERIFY,
@@ -64,6 +65,7 @@ class ModelOptions:
                                f"supported: {supported_families()}", parse=str, role="input")
     mtp: str | None = option(None, "MTP head directory (default: the embedded model's cached e2e_tv head)",
                              parse=str, role="input")
+    tokenizer: str | None = TOKENIZER.field()
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,7 @@ class ImportMtpOptions:
 
     model: str | None = option(None, "HF model directory with a native MTP layer", parse=str, required=True,
                                role="input")
+    tokenizer: str | None = TOKENIZER.field()
     out: str | None = option(None, "output head directory (weights in --dtype)", parse=str, required=True,
                              role="output_dir")
     overwrite: bool = option(False, OVERWRITE_HELP)

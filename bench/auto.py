@@ -54,6 +54,7 @@ import numpy as np
 
 from bebop.config import AUTO_EVERY
 from bebop.speculative.auto.chooser import AutoChooser, config_name
+from bebop.utils.progress import stage
 from bench.harness import (GRID, SETTINGS, ProfiledAuto, RlAuto, add_common, open_bench, pooled_tok_s, run_auto,
                            run_groups, save_jsonl, side_by_side)
 from bench.rollout import Method, Speedometer, corrected, make_prompts, run_bebop, run_order
@@ -68,16 +69,17 @@ AB_QUICK = {"batch_sizes": [16], "temperatures": [1.0], "calls": 3, "choosers": 
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     sub = ap.add_subparsers(dest="command", required=True)
-    grid = sub.add_parser("grid", help="auto against the best fixed setting: the bar")
+    grid = sub.add_parser("grid", help="auto against the best fixed setting: the bar", allow_abbrev=False)
     grid.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64], help="rows B per call")
     grid.add_argument("--temperatures", type=float, nargs="+", default=[0.3, 0.7, 1.0], help="T (> 0)")
     grid.add_argument("--repeats", type=int, default=80, help="timed calls per setting (more below 16 rows)")
     grid.add_argument("--out", default=None, help="JSONL, a line per group: every call's seconds and tokens, raw "
                                                   "and speed-corrected, the canary, each chooser's choices")
     grid.set_defaults(stat="median", quick_values=QUICK)
-    ab = sub.add_parser("ab", help="RL-style choosers of several kinds side by side with fixed settings")
+    ab = sub.add_parser("ab", help="RL-style choosers of several kinds side by side with fixed settings",
+                        allow_abbrev=False)
     ab.add_argument("--batch-sizes", type=int, nargs="+", default=[16, 64], help="rows B per call")
     ab.add_argument("--temperatures", type=float, nargs="+", default=[0.3, 1.0], help="T (> 0)")
     ab.add_argument("--settings", nargs="+", default=["none", "rs1", "rs2", "rs3", "rs4"], choices=GRID,
@@ -420,7 +422,8 @@ def main_ab(args: argparse.Namespace) -> None:
     for batch in args.batch_sizes:
         for temperature in args.temperatures:
             start = time.perf_counter()
-            group = run_ab_group(model, tok, head, batch, temperature, args)
+            with stage(f"bench.auto ab: B={batch} T={temperature:g}"):
+                group = run_ab_group(model, tok, head, batch, temperature, args)
             groups.append(group)
             print(format_group(group, args.arms) + f"\n  ({time.perf_counter() - start:.0f} s)", flush=True)
             if args.out:

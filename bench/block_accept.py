@@ -29,6 +29,7 @@ from bebop.speculative.engine import Decoder
 from bebop.speculative.sampling import acceptance_probs
 from bebop.speculative.verification import Verifier
 from bebop.task import arith
+from bebop.utils.progress import stage
 
 PROMPT_SEED = 1  # problems drawn for the prompts
 Z95 = 1.96  # normal quantile of a 95% interval
@@ -63,7 +64,7 @@ def measure(model, tok, head, k: int, temperature: float, rows: int, max_new: in
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     ap.add_argument("--losses", nargs="+", default=["ce", "e2e_tv"], help="embedded heads (draft losses)")
     ap.add_argument("--temperatures", type=float, nargs="+", default=[1.0, 0.7], help="sampling T > 0")
     ap.add_argument("--speculate-k", type=int, default=3, help="K, drafts per verify step")
@@ -82,7 +83,8 @@ def main(argv: list[str] | None = None) -> None:
     for loss in args.losses:
         head = MtpHead.from_pretrained(ensure_embedded_head(loss, model, tok), model).eval()
         for temperature in args.temperatures:
-            r = measure(model, tok, head, args.speculate_k, temperature, args.rows, args.max_new_tokens)
+            with stage(f"bench/block_accept.py: {loss} head at T={temperature:g}"):
+                r = measure(model, tok, head, args.speculate_k, temperature, args.rows, args.max_new_tokens)
             assert r["min_gain"] >= -1e-6, r  # block never expects fewer accepts, step by step
             print(f"| {loss} | {temperature:g} | {r['verify_steps']} | {r['token']:.4f} | {r['block']:.4f} | "
                   f"{r['gain']:+.4f} ± {r['gain_ci95']:.4f} | {r['block'] / r['token']:.4f} |", flush=True)

@@ -29,6 +29,8 @@ from pathlib import Path
 import torch
 import transformers
 
+from bebop.utils.progress import stage
+
 CONFIGS = [(1, 1), (1, 2), (2, 1)]  # (processes, threads per process)
 
 
@@ -73,7 +75,7 @@ def _run(work: Path, procs: int, threads: int, args, tag: str) -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--steps", type=int, default=8, help="optimizer steps per run (default 8)")
     p.add_argument("--repeats", type=int, default=2, help="rounds of the three configurations (default 2)")
     p.add_argument("--batch-size", type=int, default=16, help="global batch in sequences (default 16)")
@@ -90,7 +92,8 @@ def main() -> None:
         times: dict[tuple[int, int], list[float]] = {c: [] for c in CONFIGS}
         for r in range(args.repeats):
             for procs, threads in CONFIGS:
-                times[(procs, threads)].append(_run(work, procs, threads, args, f"r{r}-{procs}x{threads}"))
+                with stage(f"bench/ddp.py: repeat {r + 1}, {procs} process(es) x {threads} thread(s)"):
+                    times[(procs, threads)].append(_run(work, procs, threads, args, f"r{r}-{procs}x{threads}"))
     tokens = args.batch_size * args.seq_len
     print(f"train-mtp e2e_tv K={args.speculate_k}, Qwen3 hidden {args.hidden} x {args.layers} layers, V={args.vocab}, "
           f"global batch {args.batch_size} x {args.seq_len} tokens, {args.steps} steps x {args.repeats} repeats, "

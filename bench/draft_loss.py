@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from bebop.losses import draft_loss, draft_loss_from_hidden
+from bebop.utils.progress import stage
 
 # NOTE: with logits inputs (--hidden-size 0), --search on the 24 GiB, 2-core development machine
 # (other jobs running): plain survived N=512 (9.9 GB peak) and failed at N=1024 (~16.6 GB projected).
@@ -240,7 +241,7 @@ def print_table(rows: list[dict], device: str) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--n", type=int, nargs="+", default=DEFAULT_N, help="chain starts N")
     parser.add_argument("--search", action="store_true",
                         help="double N from --n-start until the plain version no longer fits")
@@ -273,10 +274,13 @@ def main(argv: list[str] | None = None) -> None:
     print(f"V={args.vocab} K={args.k} D={args.hidden_size or '- (logits inputs)'} device={args.device} "
           f"dtype={args.dtype} threads={torch.get_num_threads()} load={os.getloadavg()[0]:.1f} "
           f"losses={args.loss}; forward + backward, one fresh process each", flush=True)
+    rows = []
     if args.search:
-        rows = search_n(args)
-    else:
-        rows = [row for n in args.n for row in run_n(args, n)]
+        with stage("bench/draft_loss.py: searching the largest N that fits"):
+            rows = search_n(args)
+    for n in [] if args.search else args.n:
+        with stage(f"bench/draft_loss.py: N={n}"):
+            rows += run_n(args, n)
     print_table(rows, args.device)
 
 

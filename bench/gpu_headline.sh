@@ -3,7 +3,8 @@
 #
 # The paper's headline measured on a GPU, in one run, on the embedded model and its e2e_tv head (built in the
 # cache first when missing) or on GPU_HEADLINE_MODEL + GPU_HEADLINE_MTP:
-#   1. rollout tokens/s of rs (K=3) against plain decoding at B = 1, 16, 64, 256, T = 1 (bench/rollout.py)
+#   1. rollout tokens/s of rs (K=3) against plain decoding at B = 1, 16, 64, 256, T = 1 (bench/rollout.py), and
+#      an rs step phase by phase beside a plain step at each B (its --step-profile)
 #   2. an RL step with MTP (rs, the frozen head) and without (mode none): mean step and rollout seconds
 #   3. Bebop's engine against vLLM on the exported head (bebop export-mtp), plain and MTP, B = 64; skipped with
 #      one line when vLLM is not installed
@@ -166,7 +167,8 @@ section "model, head and their acceptance (eval-mtp, K=3, T=1)" "$CACHE_S" \
 
 section "rollout tokens/s, rs (K=3) vs plain, B = ${BATCHES[*]}" "$ROLLOUT_S" \
     "$PYTHON" bench/rollout.py "${MODEL_ARGS[@]}" --device "$DEVICE" --batch-sizes "${BATCHES[@]}" --ks 3 \
-    --temperatures 1 --modes rs --no-hf --max-new-tokens "$NEW" --repeats "$REPEATS" --json "$OUT/rollout.json"
+    --temperatures 1 --modes rs --no-hf --max-new-tokens "$NEW" --repeats "$REPEATS" --json "$OUT/rollout.json" \
+    --step-profile 3
 
 section "RL step with and without MTP ($RL_STEPS steps each)" "$RL_S" rl_runs
 

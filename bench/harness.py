@@ -20,6 +20,7 @@ from bebop.config import AUTO, AUTO_EVERY
 from bebop.speculative import SamplingParams, SpecConfig
 from bebop.speculative.auto.chooser import AutoChooser, candidates, config_name
 from bebop.speculative.auto.generate import generate_auto
+from bebop.utils.progress import stage
 from bench.rollout import Method, Speedometer, header, load, run_bebop, run_order, warn_if_busy
 
 SETTINGS = candidates(SpecConfig(AUTO, AUTO))  # none, to1..4, rs1..4
@@ -133,7 +134,8 @@ def run_groups(args: argparse.Namespace, run, note) -> tuple[list[dict], float]:
     start, groups = time.perf_counter(), []
     for batch in args.batch_sizes:
         for temperature in args.temperatures:
-            groups.append(run(batch, temperature))
+            with stage(f"B={batch} T={temperature:g}"):
+                groups.append(run(batch, temperature))
             print(f"[{time.perf_counter() - start:.0f}s] done B={batch} T={temperature:g}: {note(groups[-1])}",
                   file=sys.stderr, flush=True)
     return groups, start

@@ -23,6 +23,8 @@ a random order):
     tok/s           completion tokens per second of ``none`` and ``rs`` (K = 3, T = 1), medians
     speedup         median of the per-repeat ratios rs / none, [min, max] over repeats (the noise)
     accept len      1 + accepted drafts per verify step
+    step profile    an rs step's phases (draft, verify forward, sampling and verification, commit,
+                    bookkeeping) beside a plain step's, per model and B (``bench.step_profile``)
 """
 
 from __future__ import annotations
@@ -41,7 +43,9 @@ from bebop.mtp.head import MtpHead
 from bebop.mtp.train import TrainMtpConfig, train_mtp
 from bebop.speculative import SamplingParams, generate
 from bebop.speculative.target import Target
+from bebop.utils.progress import stage
 from bench.rollout import Method, measure_costs, run_bebop, run_order
+from bench.step_profile import profile_table
 
 LOGIT_SCALE = 4.0  # lm_head multiplier: peaked next-token distributions (random init is near uniform)
 SEQUENCES = 96  # self-generated sequences each head trains on
@@ -61,7 +65,7 @@ class _Tokenizer:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     ap.add_argument("--hidden-size", type=int, default=256, help="width D of both models")
     ap.add_argument("--layers", type=int, default=8, help="decoder layers (a multiple of 4: the hybrid is 3:1)")
     ap.add_argument("--vocab", type=int, default=8192, help="vocabulary V")
@@ -165,8 +169,9 @@ def main(argv=None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    models = {kind: build_model(kind, args) for kind in ("hybrid", "full")}
-    heads = {kind: train_head(model, args) for kind, model in models.items()}
+    with stage("bench/hybrid.py: two random models and their heads"):
+        models = {kind: build_model(kind, args) for kind in ("hybrid", "full")}
+        heads = {kind: train_head(model, args) for kind, model in models.items()}
     print(f"torch {torch.__version__} | transformers {transformers.__version__} | device {args.device} | threads "
           f"{torch.get_num_threads()} | D={args.hidden_size}, {args.layers} layers, V={args.vocab} | head "
           f"{args.head_steps} CE steps | max_new_tokens {args.max_new_tokens} | repeats {args.repeats} | load "
@@ -181,14 +186,19 @@ def main(argv=None) -> None:
           "speedup [min, max] | accept len |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for batch in args.batch_sizes:
-        costs = {kind: measure_costs(model, heads[kind], batch, COST_KS, kv_len=32) for kind, model in models.items()}
-        rows = run_rollouts(models, heads, batch, args)
+        with stage(f"bench/hybrid.py: step costs and rollouts at B={batch}"):
+            costs = {kind: measure_costs(model, heads[kind], batch, COST_KS, kv_len=32)
+                     for kind, model in models.items()}
+            rows = run_rollouts(models, heads, batch, args)
         for kind in models:
             c, r = costs[kind], rows[kind]
             ratios = " | ".join(f"{c[k]['verify_over_plain']:.2f}" for k in COST_KS)
             print(f"| {batch} | {kind} | {ratios} | {c[1]['plain_s'] * 1e3:.1f} | {r['step_cost']:.2f} | "
                   f"{r['none']:.0f} | {r['rs']:.0f} | "
                   f"{r['speedup']:.2f}x [{r['low']:.2f}, {r['high']:.2f}] | {r['accept']:.2f} |")
+    for kind, model in models.items():  # where an rs step's time goes, phase by phase
+        print(f"\n{kind}:", profile_table(model, _Tokenizer(), heads[kind], lambda b: make_prompts(b, args.vocab),
+                                           args.batch_sizes, SPECULATE_K, 1.0, args.max_new_tokens, 2))
     print(f"\ntotal {time.perf_counter() - start:.0f} s")
 
 

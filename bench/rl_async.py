@@ -17,6 +17,8 @@ import time
 
 import torch
 
+from bebop.utils.progress import stage
+
 
 def run_once(async_rollout: bool, steps: int, seed: int) -> list[float]:
     from bebop import embedded, models
@@ -33,7 +35,7 @@ def run_once(async_rollout: bool, steps: int, seed: int) -> list[float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--steps", type=int, default=6, help="RL steps per run (default 6)")
     parser.add_argument("--repeats", type=int, default=2, help="A/B pairs (default 2)")
     args = parser.parse_args()
@@ -42,7 +44,8 @@ def main() -> None:
     t0 = time.time()
     for rep in range(args.repeats):
         for mode in (False, True):
-            times[mode] += run_once(mode, args.steps, seed=rep)
+            with stage(f"bench/rl_async.py: repeat {rep + 1}, {'async' if mode else 'sync'}"):
+                times[mode] += run_once(mode, args.steps, seed=rep)
     sync, asyn = statistics.mean(times[False]), statistics.mean(times[True])
     print("| rollout | mean step s | steps measured |\n|---|---|---|")
     print(f"| sync | {sync:.3f} | {len(times[False])} |\n| async | {asyn:.3f} | {len(times[True])} |")

@@ -18,6 +18,8 @@ import time
 
 import torch
 
+from bebop.utils.progress import stage
+
 KEYS = ("step_s", "rollout_s", "train_s", "mtp_s", "sync_s")
 
 
@@ -35,7 +37,7 @@ def run_once(backend: str, mode: str, steps: int, seed: int) -> dict[str, list[f
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--steps", type=int, default=4, help="RL steps per run, the first excluded (default 4)")
     parser.add_argument("--repeats", type=int, default=1, help="interleaved rounds (default 1)")
     args = parser.parse_args()
@@ -45,8 +47,9 @@ def main() -> None:
     t0 = time.time()
     for rep in range(args.repeats):
         for run in runs:
-            for key, values in run_once(*run, args.steps, seed=rep).items():
-                times[run][key] += values
+            with stage(f"bench/rl_backends.py: repeat {rep + 1}, {run[0]} {run[1]}"):
+                for key, values in run_once(*run, args.steps, seed=rep).items():
+                    times[run][key] += values
     mean = {r: {k: statistics.mean(v) for k, v in t.items()} for r, t in times.items()}
     print("| backend | mode | step s | rollout s | policy update s | head s | weight sync s | tokens/step | steps |")
     print("|---|---|---|---|---|---|---|---|---|")

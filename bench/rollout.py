@@ -3,6 +3,8 @@
     PYTHONPATH=. .venv/bin/python bench/rollout.py --quick          # ~1-2 min on 2 quiet CPU cores
     PYTHONPATH=. .venv/bin/python bench/rollout.py                  # ~10 min: K 1-4, B 1/16/64, T 0/1
     PYTHONPATH=. .venv/bin/python bench/rollout.py --model DIR --mtp DIR --json rows.json
+    PYTHONPATH=. .venv/bin/python bench/rollout.py --modes --no-hf --batch-sizes 1 16 64 --step-profile 3
+                                                                    # + an rs K=3 step phase by phase
     PYTHONPATH=. .venv/bin/python bench/rollout.py --filtered --batch-sizes 16 --ks 3 --temperatures 1 --no-hf
                                                                     # + rs at top-k 20 / top-p 0.9, q filtered or not
     PYTHONPATH=. .venv/bin/python bench/rollout.py --block --modes rs --ks 3 --temperatures 1 0.7 --no-hf
@@ -34,7 +36,8 @@ Terms (K = speculation depth, B = batch rows, T = temperature):
                     so a call takes as many steps as its slowest row: at B > 1 the step gain is
                     below the accept length even before any cost is counted.
 Roughly, achieved/limit = (step gain / accept length) / (verify/plain) * (share of a step spent
-in the timed forwards); ``--profile`` shows where the rest goes.
+in the timed forwards); ``--step-profile`` shows where the rest goes, phase by phase, and ``--profile``
+function by function.
 
 Fairness: every configuration of a (B, T) group runs once per repeat, in alternating order
 (A B C, C B A, ...), so slow phases of a shared machine hit all of them alike; medians of repeats
@@ -67,6 +70,8 @@ from bebop.speculative import SamplingParams, SpecConfig, engine, generate
 from bebop.speculative.target import Target  # the engine's own verify forward, timed as the engine runs it
 from bebop.speculative.kv_cache import RaggedKVCache
 from bebop.task import arith
+from bebop.utils.progress import stage
+from bench.step_profile import profile_table
 
 PROMPT_SEED = 0  # problems drawn for the prompts
 SAMPLING_SEED = 0  # Bebop's row seeds and HF's torch.manual_seed: the same tokens every repeat
@@ -122,7 +127,7 @@ class Row:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     ap.add_argument("--model", default=None, help="HF model directory (default: the embedded model)")
     ap.add_argument("--mtp", default=None, help="MTP head directory (default: the embedded e2e_tv head)")
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64], help="rows B per call")
@@ -146,6 +151,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
     ap.add_argument("--device", default="cpu", help="cpu, cuda or auto")
     ap.add_argument("--json", default=None, metavar="OUT", help="write every row and cost to this JSON file")
+    ap.add_argument("--step-profile", type=int, default=0, metavar="K",
+                    help="also print an rs step at depth K (T = 1) phase by phase beside a plain step at each "
+                         "batch size (bench/step_profile.py)")
     ap.add_argument("--profile", default=None, metavar="MODE:K:B:T",
                     help="instead of the grid, cProfile one Bebop call (e.g. rs:3:16:1) and print the top costs")
     args = ap.parse_args(argv)
@@ -569,7 +577,8 @@ def main(argv: list[str] | None = None) -> None:
     start = time.perf_counter()
     for batch in args.batch_sizes:
         kv_len = max(len(tok.encode(p)) for p in make_prompts(batch)) + args.max_new_tokens // 2
-        costs[batch] = measure_costs(model, head, batch, args.ks, kv_len, args.stat)
+        with stage(f"bench/rollout.py: step costs at B={batch}"):
+            costs[batch] = measure_costs(model, head, batch, args.ks, kv_len, args.stat)
         methods = [Method("none")] + ([] if args.no_hf else [Method("hf")])
         skip = hf_mtp_skip_reason(model, batch)
         if skip is None and not args.no_hf:
@@ -579,16 +588,21 @@ def main(argv: list[str] | None = None) -> None:
         methods += [Method(mode, k) for mode in args.modes for k in args.ks]
         methods += [Method("rs", k, verify="block") for k in args.ks] if args.block else []
         for temperature in args.temperatures:
-            group = run_group(model, tok, head, methods, batch, temperature, args)
+            with stage(f"bench/rollout.py: {len(methods)} methods at B={batch} T={temperature:g}"):
+                group = run_group(model, tok, head, methods, batch, temperature, args)
             add_limits(group, costs[batch])
             rows += group
             print(f"[{time.perf_counter() - start:.0f}s] done B={batch} T={temperature:g}", file=sys.stderr, flush=True)
             if args.filtered and temperature > 0:
                 methods_f = [Method("none")] + [Method("rs", k, f) for k in args.ks for f in (False, True)]
-                rows += run_group(model, tok, head, methods_f, batch, temperature, args, FILTER_TOP_K, FILTER_TOP_P)
+                with stage(f"bench/rollout.py: filtered drafts at B={batch} T={temperature:g}"):
+                    rows += run_group(model, tok, head, methods_f, batch, temperature, args, FILTER_TOP_K, FILTER_TOP_P)
                 print(f"[{time.perf_counter() - start:.0f}s] done filtered B={batch} T={temperature:g}",
                       file=sys.stderr, flush=True)
     print(format_tables(rows, costs, args.stat))
+    if args.step_profile:
+        print("\n" + profile_table(model, tok, head, make_prompts, args.batch_sizes, args.step_profile, 1.0,
+                                   args.max_new_tokens, min(args.repeats, 3)))
     print("\n" + format_notes(rows, notes))
     print(f"\ntotal {time.perf_counter() - start:.0f}s, load {os.getloadavg()[0]:.1f} at the end")
     if args.json:

@@ -31,9 +31,9 @@ PROMPT_TOKENS = 32  # prompt length of every row
 SPECULATE_K = 3
 TINY_WIDTH = dict(hidden_size=64, intermediate_size=192, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
 TINY_VOCAB = 2_048  # the length curves' vocabulary: per-token costs are the sequence's, not the lm_head's
-LONG_LENGTHS_QUICK = [1_024, 4_096]  # new tokens of the length curves under --quick
-LONG_LENGTHS = [2_048, 4_096, 8_192, 16_384]  # decoding: 10-20 ms a token on 2 loaded cores, so 16k is minutes
-LONG_RL_LENGTHS = LONG_LENGTHS + [32_768]  # the RL step (one forward and backward) reaches further
+LENGTHS_QUICK = [1_024, 4_096]  # new tokens of the length curves under --quick
+LENGTHS = [2_048, 4_096, 8_192, 16_384]  # new tokens of the length curves (decoding: 16k is minutes)
+RL_LENGTHS = LENGTHS + [32_768]  # the RL step (one forward and backward) reaches further
 
 
 # ----------------------------------------------------------------------------- the worker (one point)
@@ -68,6 +68,7 @@ def build_model(vocab: int, layers: int, arch: str = "qwen3", tiny: bool = False
     ``positions`` positions; arch "qwen3_5" gives Qwen3.5 text blocks (full attention)."""
     import torch
     import transformers
+    from bebop.utils.progress import stage
 
     torch.manual_seed(0)
     width = TINY_WIDTH if tiny else dict(hidden_size=1024, intermediate_size=3072, num_attention_heads=16,
@@ -150,12 +151,81 @@ def _train_mtp_point(model, head, p: dict) -> dict:
 
 
 def _eval_mtp_point(model, head, p: dict) -> dict:
-    from bebop.mtp.evaluate import evaluate_mtp
+    """eval-mtp over the rows; ``block_s`` is the block estimate's share of the seconds, and ``float64_block_s`` the
+    time the float64-softmax estimator (``block.sampled_block_accepts``) takes on the same chains (not counted)."""
+    import torch
+
+    from bebop.mtp import evaluate
+    from bebop.speculative import block
 
     seqs, _ = _chains(p)
+    timed = {"block_s": 0.0, "float64_block_s": 0.0}
+    block_sums = evaluate._block_sums
+
+    def timed_block_sums(draft, target, temperature, generator):
+        start = time.perf_counter()
+        out = block_sums(draft, target, temperature, generator)
+        timed["block_s"] += time.perf_counter() - start
+        start = time.perf_counter()
+        q, p_ = ((x.double() / temperature).softmax(-1) for x in (draft, target))
+        block.sampled_block_accepts(p_, q, torch.Generator().manual_seed(0))
+        timed["float64_block_s"] += time.perf_counter() - start
+        return out
+
+    evaluate._block_sums = timed_block_sums
     start = time.perf_counter()
-    evaluate_mtp(model, head, seqs, speculate_k=SPECULATE_K, batch_size=p["rows"])
-    return {"seconds": time.perf_counter() - start}
+    evaluate.evaluate_mtp(model, head, seqs, speculate_k=SPECULATE_K, batch_size=p["rows"])
+    seconds = time.perf_counter() - start - timed["float64_block_s"]
+    return {"seconds": seconds, "tokens": p["rows"] * p["length"], **timed}
+
+
+LONG_KINDS = ("train-mtp-long", "eval-mtp-long", "online-long")  # the head's cores at tiny width, long positions
+LONG_VOCAB = 8_192  # their vocabulary: the lm_head's tiles are not what these curves measure
+
+
+def _long_point(p: dict) -> dict:
+    """One row of ``length`` tokens (K = 3) at tiny width (D = 64, 2 layers): train-mtp's step (served chains,
+    e2e_tv, AdamW), eval-mtp, or the online RL head step; base and extra MB as ``run_point``'s."""
+    import torch
+    import transformers
+
+    from bebop.mtp.head import MtpHead
+
+    torch.set_num_threads(p["threads"])
+    torch.manual_seed(0)
+    config = transformers.Qwen3Config(vocab_size=LONG_VOCAB, hidden_size=64, intermediate_size=128,
+                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                      tie_word_embeddings=True, max_position_embeddings=p["length"], pad_token_id=0,
+                                      eos_token_id=None, bos_token_id=None)
+    model = transformers.Qwen3ForCausalLM(config).eval()
+    head = MtpHead(model)
+    for param in model.parameters():
+        param.requires_grad_(False)
+    seqs, (ids, lengths, starts) = _chains({**p, "vocab": LONG_VOCAB})
+    _reset_peak()
+    base = _status_mb("VmRSS")
+    start = time.perf_counter()
+    if p["kind"] == "train-mtp-long":
+        from bebop.mtp.loss import chain_loss
+        from bebop.utils.optim import make_adamw
+
+        optimizer = make_adamw(head.parameters(), lr=1e-4, weight_decay=0.0)
+        loss, _, _ = chain_loss(model, head, ids, lengths, starts, SPECULATE_K, "served", "e2e_tv", 1.0)
+        loss.backward()
+        optimizer.step()
+    elif p["kind"] == "eval-mtp-long":
+        from bebop.mtp.evaluate import evaluate_mtp
+
+        evaluate_mtp(model, head, seqs, speculate_k=SPECULATE_K, batch_size=p["rows"])
+    else:
+        from bebop.rl.config import MtpUpdateConfig
+        from bebop.rl.online import make_head_optimizer, online_head_step
+
+        cfg = MtpUpdateConfig(mtp_update="online", mtp_speculate_k=SPECULATE_K)
+        online_head_step(model, head, make_head_optimizer(head, cfg), seqs, cfg, 1.0, 0)
+    weights = sum(q.numel() * q.element_size() for q in model.parameters()) / 2**20
+    return {"seconds": time.perf_counter() - start, "base_mb": base, "extra_mb": _status_mb("VmHWM") - base,
+            "weights_mb": weights}
 
 
 def _generate_point(model, head, p: dict) -> dict:
@@ -222,6 +292,8 @@ def run_point(p: dict) -> dict:
     from bebop.utils.allocator import return_large_blocks
 
     return_large_blocks()  # as the CLI does
+    if p["kind"] in LONG_KINDS:
+        return _long_point(p)
     torch.set_num_threads(p["threads"])
     positions = max(8192, PROMPT_TOKENS + p.get("new_tokens", 0) + 2 * SPECULATE_K)
     model = build_model(p["vocab"], p["layers"], "qwen3_5" if p["kind"] == "export" else "qwen3",
@@ -256,9 +328,9 @@ def curves(quick: bool, layers: int) -> list[dict]:
         return {"section": section, "name": name, "x": x, "values": quick_values if quick else full_values,
                 "size": size or (lambda p: p[x]), "fixed": {"vocab": QWEN3_VOCAB, "layers": layers, **fixed}}
 
-    def long(name, kind, lengths=LONG_LENGTHS, **fixed):  # one row of a tiny-width model, long completions
+    def length_curve(name, kind, lengths=LENGTHS, **fixed):  # one row of a tiny-width model, long completions
         return c("length", f"{name}: completion length (1 row, tiny width, V = {TINY_VOCAB:,})", "new_tokens",
-                 LONG_LENGTHS_QUICK, lengths, kind=kind, rows=1, tiny=True, vocab=TINY_VOCAB, per_token=True, **fixed)
+                 LENGTHS_QUICK, lengths, kind=kind, rows=1, tiny=True, vocab=TINY_VOCAB, per_token=True, **fixed)
 
     def rl_tokens(p):
         return p["rows"] * (PROMPT_TOKENS + p["new_tokens"])
@@ -281,6 +353,12 @@ def curves(quick: bool, layers: int) -> list[dict]:
           length=128),
         c("eval-mtp", "eval-mtp: tokens (1 row, K=3)", "length", [64, 128], [128, 256, 512], chain_tokens,
           kind="eval-mtp", rows=1),
+        c("mtp-long", "train-mtp step: tokens at tiny width (1 row, K=3, D=64, V=8,192)", "length", [2048, 4096],
+          [2048, 4096, 8192, 16384], chain_tokens, kind="train-mtp-long", rows=1, vocab=LONG_VOCAB),
+        c("mtp-long", "eval-mtp: tokens at tiny width (1 row, K=3, D=64, V=8,192)", "length", [2048, 4096],
+          [2048, 4096, 8192, 16384], chain_tokens, kind="eval-mtp-long", rows=1, vocab=LONG_VOCAB),
+        c("mtp-long", "online head step: tokens at tiny width (1 row, K=3, D=64, V=8,192)", "length", [2048, 4096],
+          [2048, 4096, 8192, 16384], chain_tokens, kind="online-long", rows=1, vocab=LONG_VOCAB),
         c("generate", "generate rs: rows (32 new tokens)", "rows", [1, 8], [1, 8, 64], kind="generate", mode="rs",
           new_tokens=32),
         c("generate", "generate rs: completion length (8 rows)", "new_tokens", [], [32, 64, 128], kind="generate",
@@ -288,9 +366,9 @@ def curves(quick: bool, layers: int) -> list[dict]:
         c("check-lossless", "check-lossless reference: samples", "samples", [25, 50], [50, 100, 200],
           kind="check-lossless"),
         c("export", "export-mtp + import-mtp: vocabulary (Qwen3.5 blocks)", "vocab", vocabs[::2], vocabs, kind="export"),
-        long("rl step", "rl", LONG_RL_LENGTHS),
-        long("generate rs", "generate", mode="rs"),
-        long("generate none", "generate", mode="none"),
+        length_curve("rl step", "rl", RL_LENGTHS),
+        length_curve("generate rs", "generate", mode="rs"),
+        length_curve("generate none", "generate", mode="none"),
     ]
 
 
@@ -337,6 +415,11 @@ def _notes(row: dict) -> str:
     if "logprobs_mb" in row:
         return (f"phases: old logprobs {row['logprobs_mb']:.0f}, loss+backward {row['backward_mb']:.0f}, "
                 f"AdamW step {row['adamw_step_mb']:.0f} MB")
+    if "block_s" in row:
+        per_token = {key: 1000 * row[key] / row["tokens"] for key in ("seconds", "block_s", "float64_block_s")}
+        rest = per_token["seconds"] - per_token["block_s"]
+        return (f"per token: block estimate {per_token['block_s']:.2f} ms, the rest {rest:.2f} ms (float64 "
+                f"estimator: {per_token['float64_block_s']:.2f} ms)")
     if "tokens" in row:
         accept = row.get("accept_length")
         return f"{row['tokens'] / row['seconds']:.1f} tok/s" + (f", accept length {accept:.2f}" if accept else "")
@@ -415,10 +498,11 @@ def run_headline(point: dict, threads: int) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--quick", action="store_true", help="small sizes, no RL headline (see bench/README.md for times)")
     ap.add_argument("--only", nargs="+", default=None,
-                    help="sections: rl train-mtp eval-mtp generate check-lossless export length versus-hf headline")
+                    help="sections: rl train-mtp eval-mtp mtp-long generate check-lossless export length versus-hf "
+                         "headline")
     ap.add_argument("--layers", type=int, default=2, help="decoder layers of the model (2: 187 M parameters)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per point")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -429,8 +513,8 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     import transformers
 
-    wanted = set(args.only or ["rl", "train-mtp", "eval-mtp", "generate", "check-lossless", "export", "length",
-                               "versus-hf"]
+    wanted = set(args.only or ["rl", "train-mtp", "eval-mtp", "mtp-long", "generate", "check-lossless", "export",
+                               "length", "versus-hf"]
                  + ([] if args.quick or args.only else ["headline"]))
     print(f"# bench/scale.py{' --quick' if args.quick else ''} | torch {torch.__version__} | transformers "
           f"{transformers.__version__} | {args.threads} thread(s) per point | load {os.getloadavg()[0]:.1f} on "
@@ -438,13 +522,16 @@ def main(argv: list[str] | None = None) -> None:
     start, summaries = time.time(), []
     for curve in curves(args.quick, args.layers):
         if curve["section"] in wanted and curve["values"]:
-            lines, summary = run_curve(curve, args.threads)
+            with stage(f"bench/scale.py: {curve['name']}"):
+                lines, summary = run_curve(curve, args.threads)
             print("\n".join(lines[-2:]), flush=True)
             summaries.append(summary)
     if "headline" in wanted:
-        print("\n".join(run_headline(headline(args.layers), args.threads)), flush=True)
+        with stage("bench/scale.py: headline"):
+            print("\n".join(run_headline(headline(args.layers), args.threads)), flush=True)
     if "versus-hf" in wanted:
-        run_versus_hf(versus_hf(args.quick, args.layers), args.threads)
+        with stage("bench/scale.py: versus-hf"):
+            run_versus_hf(versus_hf(args.quick, args.layers), args.threads)
     print("\n| core | grows with | sizes | time slope | extra memory slope | extra MB at the largest |")
     print("|---|---|---|---|---|---|")
     for s in summaries:

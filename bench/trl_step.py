@@ -32,11 +32,13 @@ import time
 
 import torch
 
+from bebop.utils.progress import stage
+
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--steps", type=int, default=3, help="GRPO steps per run (the first is left out)")
     p.add_argument("--repeats", type=int, default=3, help="runs of each arm, interleaved")
     p.add_argument("--mode", default="rs", help="Bebop's mode: rs | to | none")
@@ -114,7 +116,8 @@ def main(argv=None) -> None:
         for r in range(args.repeats):
             order = ("trl", "bebop") if r % 2 == 0 else ("bebop", "trl")
             for arm in order:
-                step_s, rollout_s, accept = run_arm(arm, model, tok, head_dir, args, dataset, tmp)
+                with stage(f"bench/trl_step.py: repeat {r + 1}, {arm}"):
+                    step_s, rollout_s, accept = run_arm(arm, model, tok, head_dir, args, dataset, tmp)
                 results[arm].append((step_s, rollout_s, accept))
                 print(f"repeat {r + 1} {arm:5s}  step {statistics.fmean(step_s):.2f}s  "
                       f"rollout {statistics.fmean(rollout_s):.2f}s", flush=True)

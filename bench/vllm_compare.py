@@ -34,6 +34,7 @@ from bebop.rollout import vllm_cpu_fix, vllm_process  # noqa: E402
 from bebop.rollout.vllm import spec_counters  # noqa: E402
 from bebop.speculative import SamplingParams, SpecConfig, generate  # noqa: E402
 from bebop.task import arith  # noqa: E402
+from bebop.utils.progress import stage  # noqa: E402
 
 
 def _vllm_engine(model_dir: Path, k: int | None):
@@ -69,7 +70,7 @@ def _run_bebop(model, tok, head, prompts, temperature, max_tokens, seed, k):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--rows", type=int, default=32, help="prompts per call (default 32)")
     parser.add_argument("--max-new-tokens", type=int, default=48, help="token budget per row (default 48)")
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1)")
@@ -97,13 +98,15 @@ def main() -> None:
         "vllm plain": lambda s: _run_vllm(engines["vllm plain"], prompts, args.temperature, args.max_new_tokens, s),
         "vllm rs": lambda s: _run_vllm(engines["vllm rs"], prompts, args.temperature, args.max_new_tokens, s),
     }
-    for run in runs.values():  # warm-up, untimed
-        run(999)
+    with stage("bench/vllm_compare.py: warm-up"):
+        for run in runs.values():  # untimed
+            run(999)
     results = {name: [] for name in runs}
     order = list(runs)
     for r in range(args.repeats):
         for name in order if r % 2 == 0 else order[::-1]:
-            results[name].append(runs[name](r))
+            with stage(f"bench/vllm_compare.py: repeat {r + 1}, {name}"):
+                results[name].append(runs[name](r))
     med = {name: (statistics.median(tps for tps, _ in rows), statistics.median(acc for _, acc in rows))
            for name, rows in results.items()}
     print(f"\nB={args.rows}, max_new_tokens={args.max_new_tokens}, T={args.temperature}, K={args.speculate_k}, "

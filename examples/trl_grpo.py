@@ -36,7 +36,7 @@ def build_dataset(num: int, seed: int):
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--max-steps", type=int, default=20, help="GRPO steps")
     p.add_argument("--output-dir", default="runs/trl-grpo", help="where TRL writes its state and Bebop its stats")
     p.add_argument("--mode", default="rs", help="Bebop rollout mode: rs | to | none | auto")
@@ -82,7 +82,7 @@ def main(argv=None) -> Path:
     torch.manual_seed(args.seed)
     trainer.train()
     out = Path(args.output_dir)
-    trainer.state.save_to_json(str(out / "trainer_state.json"))
+    trainer.save_state()  # NOTE: with save_strategy="no" TRL writes no trainer_state.json, which bebop report reads
     for r in trainer.state.log_history:
         if "spec/rollout_seconds" in r:
             print(step_line(r))

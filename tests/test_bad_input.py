@@ -101,6 +101,11 @@ def workdir(tmp_path_factory):
     for name, content in rows.items():
         (root / name).write_text("".join(json.dumps(r) + "\n" for r in content))
     (root / "surrogate.jsonl").write_text('{"prompt": "a b"}\n{"prompt": "c \\ud800 d"}\n')
+    save_model_dir(root / "no-bos", model, add_bos=False)  # "" encodes to no tokens
+    (root / "prompts-dir.jsonl").mkdir()
+    os.mkfifo(root / "prompts.fifo")
+    (root / "empty-prompt.jsonl").write_text('{"prompt": "a b"}\n{"prompt": ""}\n')
+    (root / "twice.yaml").write_text("# bebop rl --config twice.yaml\nsteps: 1\ngroup_size: 2\nsteps: 5\n")
     (root / "surrogate-data.jsonl").write_text('{"prompt": "a b", "completion": "c \\udc00"}\n')
     return root
 
@@ -229,6 +234,22 @@ TABLE = {  # case (command): argv, the error line it must give (regex)
                                            r"data file text-number.jsonl line 2: 'text' must be a string, got int 12345"),
     "token ids that are not integers (train-mtp)": ([*TRAIN[:3], "--data", "float-ids.jsonl", *TRAIN[5:]],
                                                     r"float-ids.jsonl line 1: 'token_ids' must be a list of integers"),
+    "--prompts naming a directory (generate; it said \"not found\")": (
+        [*GEN[:6], "prompts-dir.jsonl", "--model", "model"],
+        r"prompts file prompts-dir.jsonl is a directory, not a file"),
+    "--prompts naming a FIFO (generate; reading it would block)": (
+        [*GEN[:6], "prompts.fifo", "--model", "model"],
+        r"prompts file prompts.fifo is not a regular file \(a pipe, a device or standard input\): save it to a file"),
+    "--data naming a directory (rl)": ([*RL[:3], "--data", "prompts-dir.jsonl", *RL[5:]],
+                                      r"prompt file prompts-dir.jsonl is a directory, not a file"),
+    "--config naming a FIFO (rl)": ([*RL, "--config", "prompts.fifo"],
+                                    r"config file prompts.fifo is not a regular file"),
+    "an empty prompt names its file and line (generate; the engine's error named neither)": (
+        [*GEN[:6], "empty-prompt.jsonl", "--model", "no-bos"],
+        r"empty-prompt.jsonl:2: empty prompt: the tokenizer gives it no tokens"),
+    "a key given twice in a YAML --config (the last one was taken silently)": (
+        [*RL, "--config", "twice.yaml"], r"cannot parse config file twice.yaml: key 'steps' is given twice \(again on "
+                                         r"line 4\)"),
     "train-mtp --log-every 0": ([*TRAIN, "--log-every", "0"], r"log_every must be an integer in \[1, "),
     "generate --temperature 1e-45 (blamed the head)": ([*GEN[:2], "rs", *GEN[3:], "--model", "model", "--mtp", "head",
                                                         "--temperature", "1e-45"],
@@ -260,6 +281,28 @@ def test_bad_input_is_one_line(case, workdir, monkeypatch, capsys):
     assert re.search(message, err[-1]), err[-1]
     assert not (workdir / "new-head").exists() and not (workdir / "out.jsonl").exists()  # nothing half-written
     assert not (workdir / "run").exists()  # an rl run whose first step failed leaves no run directory
+
+
+def test_prompts_from_standard_input_are_named_as_such(workdir, monkeypatch, capsys):
+    """/dev/stdin on a terminal, a pipe or /dev/null is not a file Bebop can check before the model loads
+    (it said "not found"); redirected from a file it is one, and reads as one."""
+    if Path("/dev/stdin").is_file() or not Path("/dev/stdin").exists():
+        pytest.skip("standard input is a regular file (or absent) here")
+    monkeypatch.chdir(workdir)
+    assert main([*GEN[:6], "/dev/stdin", "--model", "model"]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line == ("bebop: error: prompts file /dev/stdin is not a regular file (a pipe, a device or standard input): "
+                    "save it to a file and give that")
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_prompt(workdir, monkeypatch):
+    """A text prompts file saved with a BOM (Windows editors) kept U+FEFF in its first prompt."""
+    monkeypatch.chdir(workdir)
+    (workdir / "bom.txt").write_bytes("\ufeffa b\nc d\n".encode("utf-8"))
+    assert main([*GEN[:4], "bom-out.jsonl", "--prompts", "bom.txt", "--model", "model", "--max-new-tokens", "1"]) == 0
+    rows = [json.loads(line) for line in (workdir / "bom-out.jsonl").read_text().splitlines()]
+    assert [r["prompt"] for r in rows] == ["a b", "c d"]
+    assert rows[0]["token_ids"][:3] == [1, 4, 5]  # BOS a b: nothing unknown before "a"
 
 
 EVIL_REWARD = """import pathlib

@@ -28,7 +28,12 @@ def test_eval_mtp_json(use_cache, tmp_path, capsys):
     for key in ("alpha_rs", "alpha_to", "accept_length_rs", "accept_length_to", "target_entropy", "num_positions"):
         assert key in result
     assert len(result["alpha_rs"]) == 3 and 1.0 <= result["accept_length_rs"] <= 4.0
-    assert "alpha_RS per step" in capsys.readouterr().out
+    printed = capsys.readouterr().out.splitlines()
+    assert "alpha_RS per step" in printed[0] and printed[0].endswith("| rows |")
+    # The rows evaluated and the accept lengths' 95% intervals over rows are printed and saved.
+    assert result["num_rows"] == 4 and result["accept_length_rs_ci95"] > 0 and result["accept_length_to_ci95"] > 0
+    assert f"{result['accept_length_rs']:.3f} ± {result['accept_length_rs_ci95']:.3f}" in printed[2]
+    assert printed[2].endswith("| 4 |")
     assert result["chain_context"] == "served"  # the default: what the engine drafts from
     assert main(["eval-mtp", "--num-sequences", "4", "--chain-context", "unrolled", "--json", str(out)]) == 0
     unrolled = json.loads(out.read_text())
@@ -36,7 +41,7 @@ def test_eval_mtp_json(use_cache, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("mode", ["none", "to", "rs"])
-def test_generate(use_cache, tmp_path, mode):
+def test_generate(use_cache, tmp_path, mode, capsys):
     out, stats = tmp_path / "out.jsonl", tmp_path / "stats.json"
     argv = ["generate", "--mode", mode, "--num-prompts", "3", "--max-new-tokens", "6", "--out", str(out),
             "--stats-json", str(stats), "--seed", "1"]
@@ -46,6 +51,11 @@ def test_generate(use_cache, tmp_path, mode):
     assert all(1 <= len(r["token_ids"]) - r["start"] <= 6 for r in rows)  # token_ids: prompt + completion
     metrics = json.loads(stats.read_text())
     assert "spec/accept_length" in metrics
+    num_tokens = sum(len(r["token_ids"]) - r["start"] for r in rows)
+    assert metrics["generate/seconds"] > 0
+    assert metrics["generate/tok_s"] * metrics["generate/seconds"] == pytest.approx(num_tokens)
+    assert f"{num_tokens} tokens in {metrics['generate/seconds']:.2f} s ({metrics['generate/tok_s']:.1f} tok/s" \
+        in capsys.readouterr().out
 
 
 def test_generate_filter_drafts(use_cache, tmp_path):

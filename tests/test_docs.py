@@ -79,6 +79,8 @@ FLAGS_ONLY = {  # (file, first line's start) -> why the benchmark is not run
     ("bench/README.md", "PYTHONPATH=. .venv/bin/python -m bench.auto grid --threads 1"):
         "27 minutes for the bar; `--quick` about 1 minute",
     ("bench/README.md", "PYTHONPATH=. .venv/bin/python bench/trl_step.py"): "about 3 minutes of TRL steps",
+    ("bench/README.md", "PYTHONPATH=. .venv/bin/python bench/lossless_verdict.py"):
+        "hundreds of check-lossless runs: 15-60 minutes on 2 shared cores",
     ("bench/README.md", "PYTHONPATH=. .venv/bin/python bench/hybrid.py --quick"):
         "3-6 minutes: two heads trained, then timed calls; one line needs CUDA",
     ("bench/README.md", "PYTHONPATH=. .venv/bin/python bench/scale.py --quick"):

@@ -44,14 +44,52 @@ def test_a_size_beyond_the_machine_is_one_line(case, workdir, monkeypatch, capsy
 
 
 def test_a_group_size_the_free_memory_cannot_hold_is_refused(workdir, monkeypatch, capsys):
-    """--group-size 1e6 hung; on this tiny model its KV cache needs about 1.9 GiB: refused when less is free."""
+    """--group-size 1e6 passed a preflight that counted only the KV cache (1.91 GiB here) and died in the
+    prefill: its forward pass over the longest prompt is counted too, so 4 GiB free is not enough."""
+    from bebop.models import load_model
+
     monkeypatch.chdir(workdir)
-    monkeypatch.setattr(memory, "available_memory", lambda device: memory.GIB)
+    monkeypatch.setattr(memory, "available_memory", lambda device: 4 * memory.GIB)
     assert main([*RL, "--group-size", "1000000"]) == 2
     line = capsys.readouterr().err.strip().splitlines()[-1]
-    assert line == ("bebop: error: prompts_per_step x group_size = 2000000 rollout rows need at least 1.91 GiB of "
-                    "memory; cpu has 1 GiB free: lower --prompts-per-step, --group-size or --max-new-tokens")
+    model, _ = load_model("model", device="cpu")
+    rows, prompt = 2_000_000, 3  # BOS + "a b", then 3 new tokens (mode none: no verify slots)
+    need = memory.kv_cache_bytes(model, rows, prompt + 3) + memory.forward_bytes(model, rows, prompt)
+    assert memory.kv_cache_bytes(model, rows, 1 + 3) < 2 * memory.GIB < 4 * memory.GIB < need
+    assert line == (f"bebop: error: prompts_per_step x group_size = 2000000 rollout rows need at least "
+                    f"{need / memory.GIB:.3g} GiB of memory; cpu has 4 GiB free: lower --prompts-per-step, "
+                    "--group-size or --max-new-tokens")
     assert not (workdir / "run").exists()
+
+
+def test_train_mtp_checks_its_batch_against_the_memory_before_it_allocates(workdir, monkeypatch, capsys):
+    """train-mtp --batch-size 1e9 died in the allocator (no preflight); refused in one line, nothing written."""
+    monkeypatch.chdir(workdir)
+    (workdir / "data.jsonl").write_text('{"token_ids": [1, 4, 5, 6, 7, 8, 9, 10], "start": 2}\n' * 4)
+    argv = ["train-mtp", "--model", "model", "--data", "data.jsonl", "--out", "new-head", "--threads", "1"]
+    assert main([*argv, "--batch-size", "1000000000"]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("bebop: error: batch_size=1000000000 rows of at least 8 tokens need at least ") and \
+        line.endswith(": lower --batch-size"), line
+    assert not (workdir / "new-head").exists()
+
+
+def test_forward_bytes_counts_the_residual_stream_the_mlp_and_the_last_logits():
+    dense = tiny_model("llama", vocab_size=16)  # hidden 32, intermediate 64, float32
+    assert memory.forward_bytes(dense, rows=1000, positions=3) == 1000 * (3 * (32 + 64) * 4 + 16 * 4)
+    moe = tiny_model("mixtral", vocab_size=16)  # experts run over their own tokens: the residual stream only
+    assert memory.forward_bytes(moe, rows=1000, positions=3) == 1000 * (3 * 32 * 4 + 16 * 4)
+
+
+def test_a_model_larger_than_the_free_memory_is_refused_before_it_is_built(workdir, monkeypatch, capsys):
+    """The weights a received config.json describes are checked against the device's free memory first."""
+    monkeypatch.chdir(workdir)
+    monkeypatch.setattr(memory, "available_memory", lambda device: 1000)
+    assert main(["generate", *MODEL, "--mode", "none", "--out", "out.jsonl", "--prompts", "prompts.jsonl"]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("bebop: error: the 19,616 parameters of model need at least ") and \
+        line.endswith("cpu has 9.31e-07 GiB free: use a device with more free memory or --dtype bfloat16"), line
+    assert not (workdir / "out.jsonl").exists()
 
 
 def test_kv_cache_bytes_counts_every_attention_layer_s_keys_and_values():

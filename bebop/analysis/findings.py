@@ -345,7 +345,7 @@ def _speedup_finding(runs: Sequence[Run]) -> Finding:
     """Finding 7: the RL step is 1.5–1.8x faster with a frozen e2e-TV head and RS than with no MTP."""
     low, high = PAPER_SPEEDUP
     args = (7, "RL step speed-up of MTP + RS over no MTP", f"{low}–{high}× per step (Fig. 7)")
-    base, frozen = none_runs(runs), runs_with(runs, "rs", TV_LOSS)
+    base, frozen = none_runs(runs, async_rollout=False), runs_with(runs, "rs", TV_LOSS)  # NOTE: synchronous runs
     missing = [name for name, rs in (("none", base), ("rs+e2e_tv (frozen)", frozen)) if not rs]
     if missing:
         return Finding(*args, MISSING, NOT_COMPARABLE, f"no {' or '.join(missing)} run")

@@ -27,11 +27,10 @@ from typing import NamedTuple
 import numpy as np
 from matplotlib.figure import Figure
 
-from bebop.utils.files import no_space_left
+from bebop.utils.files import no_space_left, shared_mode
 
 FIG_DPI = 120  # sharp enough for a report, small enough to keep PNGs around 50 kB
 PANEL_INCHES = (6.4, 4.2)  # width, height of one panel
-PNG_MODE = 0o644  # mkstemp creates 0600 files; reports are meant to be shared
 LINE_STYLES = ("-", "--", ":", "-.")  # told apart within a "group / variant" family of series
 ACCEPT_LENGTH_LABEL = "accept length (tokens per verify pass, incl. bonus)"
 
@@ -44,7 +43,7 @@ def _save(fig: Figure, path: str | os.PathLike) -> Path:
     try:
         with no_space_left(path), os.fdopen(fd, "wb") as f:
             fig.savefig(f, format="png", dpi=FIG_DPI, bbox_inches="tight")
-        os.chmod(tmp, PNG_MODE)
+        os.chmod(tmp, shared_mode())  # NOTE: mkstemp creates 0600 files; reports are meant to be shared
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

@@ -12,7 +12,8 @@ figure. The paper's findings follow, only those the runs can answer (``findings`
 Conventions (besides those of ``summary``: start/end windows, NaN for missing metrics, warm-up
 steps left out of step times):
 
-1. The speed-up of a run is (mean step time of the first ``none`` run) / (its mean step time).
+1. The speed-up of a run is (mean step time of its baseline, the first ``none`` run as synchronous or
+   asynchronous as it, else the first other ``none`` run) / (its mean step time).
 2. Slope intervals come from ``bootstrap``: a block bootstrap over RL steps, and at token level a
    bootstrap over completions (token statistics' ``row``), never over single tokens.
 """
@@ -33,6 +34,7 @@ from bebop.analysis.bootstrap import Interval
 from bebop.analysis.answer import answer_section
 from bebop.analysis.findings import compute_findings, findings_section
 from bebop.analysis.markdown import MISSING, markdown_table
+from bebop.analysis.roles import baseline_runs, is_async, none_runs
 from bebop.analysis.runs import TOKEN_STATS_FILE, Run, as_float, load_run, metric_column
 from bebop.analysis.slopes import MIN_ENTROPY_RANGE, MIN_POINTS
 from bebop.analysis.summary import WINDOW_FRAC, describe_speedup, per_position, step_speedup, summarize_run
@@ -92,7 +94,7 @@ def _unique_labels(runs: Sequence[Run]) -> list[str]:
 
 
 def _run_row(run: Run, s: dict, base: Run | None) -> list[str]:
-    """One row of the runs table; ``base`` is the first ``none`` run, if any."""
+    """One row of the runs table; ``base`` is its baseline ``none`` run (``_baseline``), if any."""
     speculative = s["mode"] != "none"
     speedup = MISSING if base is None else "1.00× (the baseline)" if run is base else (
         describe_speedup(step_speedup([base], [run])[0]))
@@ -101,7 +103,7 @@ def _run_row(run: Run, s: dict, base: Run | None) -> list[str]:
         update = f"online ({s['online_loss']})"
     return [
         s["label"],
-        s["mode"],
+        s["mode"] + (" (async)" if is_async(run) else ""),
         (s["mtp_loss"] or MISSING) if speculative else MISSING,
         update if speculative else MISSING,
         _fmt(s["step_s"]),
@@ -120,17 +122,17 @@ RUNS_HEADER = ("run", "mode", "head loss", "update", "step (s)", "speed-up vs no
 
 
 def _runs_section(runs: Sequence[Run], summaries: Sequence[dict]) -> str:
-    base = next((r for r, s in zip(runs, summaries) if s["mode"] == "none"), None)
     notes = (
         f"Start and end are means over the first and last {WINDOW_FRAC:.0%} of the steps; intervals are 95%, "
         "block bootstrap over RL steps. Entropy is the mean H(p) per completion token. Accept length is tokens per "
-        "verify pass including the bonus token. Speed-up is the first `none` run's mean step time over the run's "
+        "verify pass including the bonus token. Speed-up is the mean step time of the first `none` run with "
+        "rollouts as synchronous or asynchronous as the run's (else of the first other `none` run) over the run's "
         f"(first step of each run left out). A slope needs {MIN_POINTS} or more steps whose entropies span "
         f"{MIN_ENTROPY_RANGE} nats or more."
     )
-    if base is None:
+    if not none_runs(runs):
         notes += " No `none` run was given, so speed-ups are not computed."
-    rows = [_run_row(r, s, base) for r, s in zip(runs, summaries)]
+    rows = [_run_row(r, s, next(iter(baseline_runs(runs, [r])), None)) for r, s in zip(runs, summaries)]
     return "## Runs\n\n" + markdown_table(RUNS_HEADER, rows) + "\n\n" + notes
 
 

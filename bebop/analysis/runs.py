@@ -18,6 +18,7 @@ from an earlier checkpoint): the later row is kept. Strings a received file supp
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -28,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from bebop.utils.errors import BebopError
-from bebop.utils.files import read_json, read_jsonl
+from bebop.utils.files import check_input_file, read_json, read_jsonl
 from bebop.utils.progress import say
 from bebop.utils.run_files import (
     CONFIG_FILE,
@@ -65,20 +66,24 @@ class Run:
 
 
 def run_label(config: Mapping[str, Any]) -> str:
-    """Returns ``config["label"]`` or builds one from mode, head loss and update.
+    """Returns ``config["label"]`` or builds one from mode, head loss, update and asynchronous rollouts.
 
     Example:
         >>> run_label({"mode": "to", "mtp_loss": "ce", "mtp_update": "online", "online_loss": "ce"})
         'to+ce+online-ce'
+        >>> run_label({"mode": "none", "async_rollout": True})
+        'none+async'
     """
     if config.get("label"):
         return str(config["label"])
     mode = str(config.get("mode") or "none")
-    if mode == "none":
-        return "none"
-    parts = [mode, str(config.get("mtp_loss") or "head")]
-    if config.get("mtp_update") == "online":
-        parts.append(f"online-{config.get('online_loss') or 'ce'}")
+    parts = [mode]
+    if mode != "none":
+        parts.append(str(config.get("mtp_loss") or "head"))
+        if config.get("mtp_update") == "online":
+            parts.append(f"online-{config.get('online_loss') or 'ce'}")
+    if config.get("async_rollout") is True:
+        parts.append("async")
     return "+".join(parts)
 
 
@@ -135,8 +140,11 @@ def load_run(run_dir: str | os.PathLike) -> Run:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise BebopError(f"run directory not found: {run_dir}")
-    if not (run_dir / METRICS_FILE).exists() and trl_state_file(run_dir) is not None:
-        return load_trl_run(run_dir)
+    if not (run_dir / METRICS_FILE).exists():
+        if trl_state_file(run_dir) is not None:
+            return load_trl_run(run_dir)
+        if not _is_run_config(run_dir / CONFIG_FILE):
+            raise BebopError(no_log_history(run_dir))
     config = read_json(run_dir / CONFIG_FILE, "run config")
     if not isinstance(config, dict):
         raise BebopError(f"run config {run_dir / CONFIG_FILE} is not a JSON object")
@@ -153,11 +161,29 @@ def run_inputs(run: Run) -> tuple[Path, ...]:
     return tuple(p for p in sorted(run.path.iterdir()) if p.name != REPORT_DIR)
 
 
+def _is_run_config(path: Path) -> bool:
+    """Whether ``path`` is there and is not a model's config.json (``trainer.save_model()`` leaves one in a TRL
+    output directory; a `bebop rl` run's config names no ``model_type``)."""
+    if not path.exists():
+        return False
+    with contextlib.suppress(BebopError):
+        config = read_json(path, "run config")
+        return not (isinstance(config, dict) and "model_type" in config)
+    return True  # NOTE: a broken file is read again by the caller, which names what is wrong with it
+
+
+def no_log_history(run_dir: Path) -> str:
+    """The one line for a directory with neither a `bebop rl` run's files nor TRL's log history."""
+    return (f"{run_dir} holds no run log: neither a `bebop rl` run's {METRICS_FILE} nor TRL's {TRL_STATE_FILES[0]}, "
+            f"which TRL writes only at a checkpoint; with save_strategy=\"no\", call trainer.save_state() after "
+            f"trainer.train() (it writes {run_dir / TRL_STATE_FILES[0]})")
+
+
 def trl_state_file(run_dir: Path) -> Path | None:
     """The file holding a TRL output directory's log history, or None when it has none."""
     for name in TRL_STATE_FILES:
-        if (run_dir / name).is_file():
-            return run_dir / name
+        if (run_dir / name).exists():  # NOTE: a directory or a pipe of that name is refused as such
+            return check_input_file(run_dir / name, "TRL log history")
     checkpoints = [p for p in run_dir.glob("checkpoint-*/trainer_state.json") if p.parent.name[11:].isdigit()]
     return max(checkpoints, key=lambda p: int(p.parent.name[11:]), default=None)
 
@@ -195,7 +221,7 @@ def load_trl_run(run_dir: str | os.PathLike) -> Run:
     run_dir = Path(run_dir)
     path = trl_state_file(run_dir)
     if path is None:
-        raise BebopError(f"{run_dir} holds no TRL log history ({', '.join(TRL_STATE_FILES)})")
+        raise BebopError(no_log_history(run_dir))
     state = read_json(path, "TRL log history")
     history = state.get("log_history") if isinstance(state, dict) else state
     if not isinstance(history, list) or not all(isinstance(r, dict) for r in history):

@@ -21,24 +21,24 @@ comparison is one more entry):
   bonus token) and lies inside or across later steps otherwise.
 
 A check whose tokens all fall in one cell after pooling (dof 0) compared nothing: it is reported
-as "uninformative", not as a pass. The verdict (``LosslessSummary.verdict``, the command's exit
-code ``VERDICT_EXIT_CODES``) is "not lossless" when an informative check fails, "inconclusive"
-when none fails but fewer than half the checks are informative (the prompts' continuations are
-too nearly deterministic to test anything), and "lossless" otherwise. The default prompts are five-term problems of the embedded task, whose
-completions choose an opener, which term to add next, a connective and a verb, so most of the
-first 3K+3 tokens have several likely values.
+as "uninformative", not as a pass. The checks against one plain sample are one event; an event
+that fails is retested on fresh samples under another seed, and the verdict
+(``bebop.check.verdict``: lossless, not lossless or inconclusive, the command's exit code
+``VERDICT_EXIT_CODES``) counts only an event that fails twice. The default prompts are five-term
+problems of the embedded task, whose completions choose an opener, which term to add next, a
+connective and a verb, so most of the first 3K+3 tokens have several likely values.
 
 False-alarm odds: each informative check fails by chance with probability ``alpha`` when the
-sampler is exact, so with m informative checks the chance of at least one false alarm is
-1 - (1 - alpha)^m (at most m * alpha by the union bound, which holds although checks share
-samples). With the defaults, alpha = 3e-4 and at most m = 73 checks per tested prompt (12 marginals +
-1 joint for each K = 3 setting, 6 + 1 for each K = 1 setting): at most 2.2% for one prompt, 6.4% for three. With ``verify="block"``
-(``BLOCK_LOSSLESS_CONFIGS``, block verification in mode rs) at most m = 49 checks: at most 1.5%. A failing check is evidence only
-if it fails again with another seed or if its p-value is far below alpha (a broken sampler
-typically gives p < 1e-10).
+sampler is exact; with the defaults (alpha = 3e-4, per tested prompt 3 events of 26, 27 and 20
+checks; 12 marginals + 1 joint for each K = 3 setting, 6 + 1 for each K = 1 setting) an exact
+sampler fails some first check in about 6% of runs over three tested prompts, and fails an event
+twice with odds at most sum_e (alpha * n_e)^2 = 0.05% (``false_alarm_bound``); bench/lossless_verdict.py
+measures both by simulation. With ``verify="block"`` (``BLOCK_LOSSLESS_CONFIGS``, block verification
+in mode rs) every setting has a plain sample of its own.
 
 Runtime: 11 * num_samples rows per tested prompt (3 plain references, 7 speculative settings, two of
 which add a half-size share of other prompts' rows) of up to 3K+3 = 12 tokens; cost grows with rows x tokens.
+A retest redraws a failed event's plain sample and failing settings only (at most 4 runs).
 Power: at the default a check has even odds of catching a total-variation shift of about 3%
 spread evenly over 10 cells (sqrt(9 / num_samples)); shifts concentrated on rare tokens are
 caught sooner.
@@ -64,6 +64,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from bebop.check.chi2 import MIN_EXPECTED, chi2_sf, pool_rare_cells, two_sample_chi2  # noqa: F401 (re-exported)
 from bebop.check.config import ALPHA_CHECK, DEFAULT_ALPHA, DEFAULT_NUM_SAMPLES, NUM_SAMPLES_CHECK, TESTED_PROMPTS_CHECK
 from bebop.check.verdict import (  # noqa: F401 (re-exported: the harness's results)
@@ -73,6 +75,8 @@ from bebop.check.verdict import (  # noqa: F401 (re-exported: the harness's resu
     describe_prompt,
     false_alarm_odds,
     format_lossless_table,
+    events_to_retest,
+    retest_seed,
     summarize_checks,
 )
 from bebop.speculative.settings import SamplingParams, SpecConfig, head_problem, settings_problems
@@ -100,6 +104,7 @@ class LosslessConfig:
     top_p: float = 1.0  # 1 = off
     batch_mix: bool = False  # interleave the tested prompt's rows with rows of the other prompts
     verify: str = "token"  # token | block (bebop.speculative.block; mode rs only)
+    num_drafts: int = 1  # chains per row (bebop.speculative.multidraft; mode rs, verify token)
 
     @property
     def sampling_key(self) -> tuple[float, int, float]:
@@ -132,6 +137,12 @@ BLOCK_LOSSLESS_CONFIGS = (
     LosslessConfig("rs", 3, 1.0, top_k=20, top_p=0.9, batch_mix=True, verify="block"),
     LosslessConfig("rs", 2, 0.7, top_k=20, top_p=0.9, verify="block"),
 )
+# Several chains per row (``SpecConfig.num_drafts``) are rs with token-wise verification: n = 2 and 3, both
+# temperatures, top-k/top-p, a batch mix.
+MULTI_DRAFT_LOSSLESS_CONFIGS = (
+    LosslessConfig("rs", 3, 1.0, num_drafts=2),
+    LosslessConfig("rs", 2, 0.7, top_k=20, top_p=0.9, batch_mix=True, num_drafts=3),
+)
 # Another engine (``--backend vllm``) runs one K per engine start, so its settings share K = 3 and
 # group by mode: three engine starts (plain, rs, to) cover all of them.
 BACKEND_LOSSLESS_CONFIGS = (
@@ -146,10 +157,17 @@ BACKEND_LOSSLESS_CONFIGS = (
 # ----------------------------------------------------------------------------- sampling
 
 
-def _leading_tokens(completion: list[int], num: int) -> tuple[int, ...]:
-    """The first ``num`` tokens, ENDED after an EOS (the engine stops a row there)."""
-    tokens = list(completion[:num])
-    return tuple(tokens + [ENDED] * (num - len(tokens)))
+def _leading_tokens(completions: list[list[int]], num: int) -> np.ndarray:  # (N, num)
+    """The first ``num`` tokens of each completion, ENDED after an EOS (the engine stops a row there).
+
+    Example: _leading_tokens([[4, 1], [4, 1, 5, 6]], 3) -> [[4, 1, ENDED], [4, 1, 5]].
+    """
+    if all(len(c) >= num for c in completions):
+        return np.array([c[:num] for c in completions], dtype=np.int64).reshape(len(completions), num)
+    out = np.full((len(completions), num), ENDED, dtype=np.int64)
+    for r, completion in enumerate(completions):
+        out[r, : min(len(completion), num)] = completion[:num]
+    return out
 
 
 def _batch_rows(tested, others: list, num_samples: int, batch_mix: bool) -> tuple[list, list[bool]]:
@@ -169,7 +187,7 @@ def _batch_rows(tested, others: list, num_samples: int, batch_mix: bool) -> tupl
 
 
 def _sample_leading_tokens(backend, rows: list, is_tested: list[bool], sampling: SamplingParams,
-                           spec: SpecConfig, seed: int, step: int) -> list[tuple[int, ...]]:
+                           spec: SpecConfig, seed: int, step: int) -> np.ndarray:  # (num tested rows, max_new_tokens)
     """Generates every row (in chunks) with a rollout backend; the leading ``max_new_tokens`` tokens of tested rows.
 
     NOTE: row ids are positions in the whole run, so chunking does not change any row's randomness,
@@ -179,10 +197,9 @@ def _sample_leading_tokens(backend, rows: list, is_tested: list[bool], sampling:
     for start in range(0, len(rows), CHUNK_ROWS):
         chunk = rows[start : start + CHUNK_ROWS]
         result = backend.rollout(chunk, sampling, spec, seed=seed, step=step, first_row=start)
-        for tested, completion in zip(is_tested[start : start + CHUNK_ROWS], result.token_ids):
-            if tested:
-                out.append(_leading_tokens(completion, sampling.max_new_tokens))
-    return out
+        tested = [c for t, c in zip(is_tested[start : start + CHUNK_ROWS], result.token_ids) if t]
+        out.append(_leading_tokens(tested, sampling.max_new_tokens))
+    return np.concatenate(out)
 
 
 # ----------------------------------------------------------------------------- check kinds
@@ -193,12 +210,13 @@ class CheckInputs:
     """What a check kind compares: one speculative setting's samples and the plain samples at its sampling."""
 
     config: LosslessConfig
-    spec: list[tuple[int, ...]]  # (num_samples,) leading tokens of the speculative rows, config.num_tokens each
-    plain: list[tuple[int, ...]]  # (num_samples,) leading tokens of plain rows, at least config.num_tokens each
+    spec: np.ndarray  # (num_samples, config.num_tokens) leading tokens of the speculative rows
+    plain: np.ndarray  # (num_samples, >= config.num_tokens) leading tokens of plain rows
     alpha: float  # false-alarm odds per check
     reference: str = ""  # which plain sampler ``plain`` came from, when there are several (e.g. "vLLM plain")
     prompt: int = 0  # the tested prompt's index; named in the check when several are tested
     num_tested: int = 1  # tested prompts in the run
+    retest: bool = False  # fresh samples of an event that failed on its first ones
 
 
 def _chi2_check(inputs: CheckInputs, kind: str, tokens: tuple[int, ...], spec: Counter, plain: Counter,
@@ -211,23 +229,31 @@ def _chi2_check(inputs: CheckInputs, kind: str, tokens: tuple[int, ...], spec: C
         name=f"{_config_name(c)}{against}{which}, {label}", mode=c.mode, speculate_k=c.speculate_k,
         temperature=c.temperature, top_k=c.top_k, top_p=c.top_p, statistic=statistic, dof=dof, p_value=p_value,
         passed=p_value > inputs.alpha, token=tokens[0], batch_mix=c.batch_mix, alpha=inputs.alpha, kind=kind,
-        tokens=tokens, prompt=inputs.prompt,
+        tokens=tokens, prompt=inputs.prompt, reference=inputs.reference, retest=inputs.retest,
     )
+
+
+def _counts(values: np.ndarray) -> Counter:
+    """How often each value occurs. Example: _counts(np.array([3, 1, 3])) -> Counter({3: 2, 1: 1})."""
+    cells, counts = np.unique(values, return_counts=True)
+    return Counter(dict(zip(cells.tolist(), counts.tolist())))
 
 
 def marginal_checks(inputs: CheckInputs) -> list[LosslessCheck]:
     """The marginal of each generated token 1 .. 3K+3."""
-    return [_chi2_check(inputs, "marginal", (i,), Counter(s[i - 1] for s in inputs.spec),
-                        Counter(s[i - 1] for s in inputs.plain), f"token {i}")
-            for i in range(1, inputs.config.num_tokens + 1)]
+    return [_chi2_check(inputs, "marginal", (i,), _counts(inputs.spec[:, i - 1]), _counts(inputs.plain[:, i - 1]),
+                        f"token {i}") for i in range(1, inputs.config.num_tokens + 1)]
 
 
 def joint_checks(inputs: CheckInputs) -> list[LosslessCheck]:
     """The joint of tokens (K+2, K+3), which straddle the first verify boundary on fully accepted rows."""
     i, j = inputs.config.joint_pair
-    spec = Counter((s[i - 1], s[j - 1]) for s in inputs.spec)
-    plain = Counter((s[i - 1], s[j - 1]) for s in inputs.plain)
-    return [_chi2_check(inputs, "joint", (i, j), spec, plain, f"tokens {i} & {j} (joint)")]
+    base = int(max(inputs.spec[:, j - 1].max(), inputs.plain[:, j - 1].max())) + 2  # NOTE: ENDED (-1) maps to 0
+
+    def pairs(samples: np.ndarray) -> Counter:  # one integer per (token i, token j) pair
+        return _counts((samples[:, i - 1] + 1) * base + samples[:, j - 1] + 1)
+
+    return [_chi2_check(inputs, "joint", (i, j), pairs(inputs.spec), pairs(inputs.plain), f"tokens {i} & {j} (joint)")]
 
 
 CHECK_KINDS: dict[str, Callable[[CheckInputs], list[LosslessCheck]]] = {
@@ -243,6 +269,8 @@ def lossless_configs(verify: str = "token") -> tuple[LosslessConfig, ...]:
 
 def _config_name(config: LosslessConfig) -> str:
     name = f"{config.mode}{' block' if config.verify == 'block' else ''} K={config.speculate_k} T={config.temperature:g}"
+    if config.num_drafts > 1:
+        name += f" n={config.num_drafts}"
     if config.top_k:
         name += f" top-k={config.top_k}"
     if config.top_p < 1:
@@ -298,7 +326,7 @@ def _check_inputs(head, prompts, num_samples: int, alpha: float, configs, num_te
     if any(c.batch_mix for c in configs) and len(prompts) < 2:
         raise BebopError("batch-mix checks need at least two prompts: the first is tested, the rest are mixed in")
     for c in configs:
-        problems = settings_problems(SpecConfig(c.mode, c.speculate_k, verify=c.verify),
+        problems = settings_problems(SpecConfig(c.mode, c.speculate_k, verify=c.verify, num_drafts=c.num_drafts),
                                      SamplingParams(c.temperature, c.top_k, c.top_p), greedy_ok=False, auto_ok=False)
         if c.mode == "none":
             problems.insert(0, "mode must be to or rs (the check compares them with plain sampling)")
@@ -363,14 +391,41 @@ def run_lossless_checks(
         backend = EngineBackend(model, tokenizer, head)
     references = {label: sampler or backend for label, sampler in references.items()}
     runs = _runs(configs, list(references), plain_keys, num_tested)
-    plain: dict[tuple, list[tuple[int, ...]]] = {}
+    checks = _sample_and_check(runs, prompts, num_samples, alpha, kinds, backend, references, seed, num_tested,
+                               desc="check-lossless", show_progress=show_progress)
+    if failed := events_to_retest(checks):  # NOTE: only a failure costs a retest
+        again = [(step, run) for step, run in runs if _in_retest(run, failed)]
+        checks += _sample_and_check(again, prompts, num_samples, alpha, kinds, backend, references,
+                                    retest_seed(seed), num_tested, desc="check-lossless retest",
+                                    show_progress=show_progress)
+    return checks
+
+
+def _in_retest(run: tuple, failed: dict[tuple, set[str]]) -> bool:
+    """Whether a run is redrawn: the plain sample of a failed event, or a setting that failed in one."""
+    index, key, config, _, label = run
+    if config is None:
+        return (index, label, *key) in failed
+    return any(e[0] == index and e[2:] == key and _config_name(config) in names for e, names in failed.items())
+
+
+def _sample_and_check(runs: list[tuple], prompts: list, num_samples: int, alpha: float, kinds: tuple[str, ...],
+                      backend, references: dict, seed: int, num_tested: int, desc: str,
+                      show_progress: bool) -> list[LosslessCheck]:
+    """Draws every run's rows under ``seed`` and checks each speculative run against the plain runs drawn here.
+
+    NOTE: a run keeps its step number in a retest, so a retest is the first run redrawn under another seed.
+    """
+    retest = desc.endswith("retest")
+    plain: dict[tuple, np.ndarray] = {}
     checks: list[LosslessCheck] = []
-    for step, (index, key, config, num_tokens, label) in enumerate(
-            progress(runs, total=len(runs), desc="check-lossless", enabled=show_progress)):
+    for step, (index, key, config, num_tokens, label) in progress(runs, total=len(runs), desc=desc,
+                                                                  enabled=show_progress):
         temperature, top_k, top_p = key
         sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_new_tokens=num_tokens)
         spec = SpecConfig(mode="none") if config is None else SpecConfig(mode=config.mode, speculate_k=config.speculate_k,
-                                                                          verify=config.verify)
+                                                                          verify=config.verify,
+                                                                          num_drafts=config.num_drafts)
         others = prompts[:index] + prompts[index + 1:]
         rows, is_tested = _batch_rows(prompts[index], others, num_samples, config is not None and config.batch_mix)
         sampler = references[label] if config is None else backend
@@ -387,20 +442,21 @@ def run_lossless_checks(
             plain[index, label, key] = samples
             continue
         for ref in references:
-            inputs = CheckInputs(config, samples, plain[index, ref, key], alpha, ref, index, num_tested)
-            for kind in kinds:
-                checks.extend(CHECK_KINDS[kind](inputs))
+            if (index, ref, key) in plain:
+                inputs = CheckInputs(config, samples, plain[index, ref, key], alpha, ref, index, num_tested, retest)
+                for kind in kinds:
+                    checks.extend(CHECK_KINDS[kind](inputs))
     return checks
 
 
 def _runs(configs, labels: list[str], plain_keys: list[tuple], num_tested: int) -> list[tuple]:
-    """(tested prompt, sampling key, config or None for a plain reference, tokens, reference label) of every
-    generation, in order: per tested prompt, its plain references, then its speculative settings. A plain
+    """(step, (tested prompt, sampling key, config or None for a plain reference, tokens, reference label)) of
+    every generation, in order: per tested prompt, its plain references, then its speculative settings. A plain
     reference generates as many tokens as the deepest setting at its temperature/top-k/top-p needs."""
     runs = [(key, None, max(c.num_tokens for c in configs if c.sampling_key == key), label)
             for label in labels for key in plain_keys]
     runs += [(c.sampling_key, c, c.num_tokens, None) for c in configs]
-    return [(index, *run) for index in range(num_tested) for run in runs]
+    return list(enumerate((index, *run) for index in range(num_tested) for run in runs))
 
 
 def _crash_check(config: LosslessConfig, error: Exception, alpha: float) -> LosslessCheck:

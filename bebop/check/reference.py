@@ -20,7 +20,8 @@ prompt that puts every generated token two windows past its start (``reference_p
 window the engine ignored changes the sampled distribution. Its rows are capped at
 LONG_PROMPT_TOKENS prompt tokens per check (200 rows at least), so long windows stay affordable.
 
-False-alarm odds: alpha per check, like every lossless check (see ``false_alarm_odds``).
+False-alarm odds: alpha per check, like every lossless check; each check is an event of its own, and
+a failing one is retested on fresh samples (``bebop.check.verdict``).
 Temperatures: those of the lossless configs without top-k/top-p (top-k/top-p cut the support at
 ties, which the engine's and HF's rounding may break differently); they are pinned by unit tests.
 """
@@ -32,6 +33,7 @@ import torch
 from bebop.speculative import attention
 from bebop.speculative.engine import SamplingParams, SpecConfig, generate
 from bebop.check.lossless import CHUNK_ROWS, MIN_EXPECTED, LosslessCheck, LosslessConfig, chi2_sf
+from bebop.check.verdict import retest_seed
 
 REF_TOKENS = 6  # generated tokens per row compared with the model's forward pass
 LONG_PROMPT_WINDOWS = 2  # the long prompt spans this many windows: later tokens see only the last window
@@ -149,7 +151,8 @@ def reference_prompts(model, tokenizer, prompts: list, seed: int = 0) -> list[li
 
 def run_reference_checks(model, tokenizer, prompts: list, num_samples: int, seed: int, alpha: float,
                          configs: tuple[LosslessConfig, ...]) -> list[LosslessCheck]:
-    """Compares Bebop's plain sampling with the model's own forward pass; one check per (prompt, temperature).
+    """Compares Bebop's plain sampling with the model's own forward pass; one check per (prompt, temperature),
+    and a failing check once more on fresh samples (``retest_seed``): each is an event of its own.
 
     Args:
         model, tokenizer: the target and its tokenizer (as for ``run_lossless_checks``).
@@ -160,31 +163,38 @@ def run_reference_checks(model, tokenizer, prompts: list, num_samples: int, seed
         configs: the lossless configs; their temperatures without top-k/top-p are checked.
 
     Returns:
-        ``LosslessCheck``s with mode "none" and k = 0, named "plain vs model forward ...".
+        ``LosslessCheck``s with mode "none" and k = 0, named "plain vs model forward ...", retests last.
     """
     temperatures = sorted({c.temperature for c in configs if not c.top_k and c.top_p >= 1}, reverse=True)
-    checks = []
-    for p_index, prompt in enumerate(reference_prompts(model, tokenizer, prompts, seed)):
-        for t_index, temperature in enumerate(temperatures):
-            sampling = SamplingParams(temperature=temperature, max_new_tokens=REF_TOKENS)
-            num_rows = num_samples if p_index == 0 else min(num_samples, max(200, LONG_PROMPT_TOKENS // len(prompt)))
-            completions = []
-            for start in range(0, num_rows, CHUNK_ROWS):
-                rows = min(CHUNK_ROWS, num_rows - start)
-                result = generate(model, tokenizer, [prompt] * rows, sampling=sampling, spec=SpecConfig("none"),
-                                  seed=seed, step=1000 + 10 * p_index + t_index,
-                                  row_ids=list(range(start, start + rows)))
-                completions += result.token_ids
-            statistic, dof = 0.0, 0
-            for draws in _reduced_draws(model, completions, prompt, temperature):
-                if draws is not None:  # rows that had not ended by this position
-                    s, d = conditional_chi2(*draws)
-                    statistic, dof = statistic + s, dof + d
-            p_value = chi2_sf(statistic, dof) if dof else 1.0
-            which = "tested prompt" if p_index == 0 else f"long prompt ({len(prompt)} tokens, past the window)"
-            checks.append(LosslessCheck(
-                name=f"plain vs model forward, {which}, T={temperature:g}, tokens 1-{REF_TOKENS}", mode="none",
-                speculate_k=0, temperature=temperature, top_k=0, top_p=1.0, statistic=statistic, dof=dof, p_value=p_value,
-                passed=p_value > alpha, token=REF_TOKENS, alpha=alpha,
-            ))
+    cases = [(p_index, prompt, t_index, temperature)
+             for p_index, prompt in enumerate(reference_prompts(model, tokenizer, prompts, seed))
+             for t_index, temperature in enumerate(temperatures)]
+    checks = [_reference_check(model, tokenizer, *case, num_samples, seed, alpha) for case in cases]
+    checks += [_reference_check(model, tokenizer, *case, num_samples, retest_seed(seed), alpha, retest=True)
+               for case, check in zip(cases, checks) if check.failed]
     return checks
+
+
+def _reference_check(model, tokenizer, p_index: int, prompt: list[int], t_index: int, temperature: float,
+                     num_samples: int, seed: int, alpha: float, retest: bool = False) -> LosslessCheck:
+    """One prompt's plain sampling at one temperature against the model's forward (tokens 1..REF_TOKENS)."""
+    sampling = SamplingParams(temperature=temperature, max_new_tokens=REF_TOKENS)
+    num_rows = num_samples if p_index == 0 else min(num_samples, max(200, LONG_PROMPT_TOKENS // len(prompt)))
+    completions = []
+    for start in range(0, num_rows, CHUNK_ROWS):
+        rows = min(CHUNK_ROWS, num_rows - start)
+        result = generate(model, tokenizer, [prompt] * rows, sampling=sampling, spec=SpecConfig("none"),
+                          seed=seed, step=1000 + 10 * p_index + t_index, row_ids=list(range(start, start + rows)))
+        completions += result.token_ids
+    statistic, dof = 0.0, 0
+    for draws in _reduced_draws(model, completions, prompt, temperature):
+        if draws is not None:  # rows that had not ended by this position
+            s, d = conditional_chi2(*draws)
+            statistic, dof = statistic + s, dof + d
+    p_value = chi2_sf(statistic, dof) if dof else 1.0
+    which = "tested prompt" if p_index == 0 else f"long prompt ({len(prompt)} tokens, past the window)"
+    return LosslessCheck(
+        name=f"plain vs model forward, {which}, T={temperature:g}, tokens 1-{REF_TOKENS}", mode="none",
+        speculate_k=0, temperature=temperature, top_k=0, top_p=1.0, statistic=statistic, dof=dof, p_value=p_value,
+        passed=p_value > alpha, token=REF_TOKENS, alpha=alpha, reference=f"model forward, {which}", retest=retest,
+    )

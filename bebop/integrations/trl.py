@@ -66,6 +66,7 @@ from bebop.config import temperature_problem
 from bebop.rollout.base import backend_problem, make_backend
 from bebop.rollout.logprobs import policy_logprobs
 from bebop.rollout.runner import gather_completions
+from bebop.rollout.spec_guard import check_lossless_verification
 from bebop.speculative.completions import ABSENT_WITHOUT_TOKEN_STATS, Completions
 from bebop.speculative.settings import MODES, SamplingParams, SpecConfig, check_settings, head_problem
 from bebop.utils.errors import BebopError
@@ -327,11 +328,12 @@ def sampling_params(trainer, model) -> tuple[SamplingParams, set[int]]:
 
     Raises BebopError (one line naming what to remove) for any setting Bebop cannot reproduce exactly.
     """
+    check_lossless_verification(trainer.args, "GRPOConfig")  # NOTE: a lossy verifier is refused before all else
     if getattr(trainer, "use_vllm", False):
         raise BebopError("bebop_rollout_func samples on the trainer's own model: set use_vllm=False in GRPOConfig")
-    if temperature_problem(trainer.temperature, greedy_ok=False):
-        raise BebopError(f"GRPOConfig temperature={trainer.temperature!r}: TRL's loss divides the policy's logits by "
-                         "it, so it must be > 0 (for greedy rollouts set generation_kwargs={'do_sample': False})")
+    if problem := temperature_problem(trainer.temperature, greedy_ok=False, name="GRPOConfig temperature"):
+        raise BebopError(f"{problem}: TRL's loss divides the policy's logits by it (for greedy rollouts set "
+                         "generation_kwargs={'do_sample': False})")
     from transformers import GenerationConfig
 
     config = generation_config(trainer, model)
@@ -355,10 +357,11 @@ def _distribution(config) -> SamplingParams:
         return SamplingParams(temperature=0.0, max_new_tokens=config.max_new_tokens)
     temperature, top_k, top_p = config.temperature, config.top_k, config.top_p
     # NOTE: transformers leaves a warper out at its "off" value and refuses the rest, as TRL's generate would
-    refused = not isinstance(temperature, float) or temperature_problem(temperature, greedy_ok=False)
-    if temperature not in (None, 1.0) and refused:
-        raise BebopError(f"temperature={temperature!r} with do_sample=True: TRL's generate refuses it (a float > 0); "
-                         "for greedy rollouts set generation_kwargs={'do_sample': False}")
+    if temperature not in (None, 1.0) and (problem := temperature_problem(temperature, greedy_ok=False)):
+        trl_refuses = not isinstance(temperature, float) or not 0 < temperature < float("inf")
+        why = "TRL's generate refuses it (a float > 0)" if trl_refuses else problem
+        raise BebopError(f"temperature={temperature!r} with do_sample=True: {why}; for greedy rollouts set "
+                         "generation_kwargs={'do_sample': False}")
     if top_k not in (None, 0) and not (isinstance(top_k, int) and top_k > 0):
         raise BebopError(f"top_k={top_k!r}: TRL's generate refuses it (0 = off, else an int > 0)")
     if top_p is not None and top_p < 0:

@@ -6,57 +6,22 @@ predicts x_{t+j+1}. The two contexts differ only in which keys depth j >= 2 atte
 
 * ``unrolled`` (``MtpHead.unroll``): depth j runs over the whole sequence, so its query attends
   to the depth-j keys of positions <= t (entries the engine never computes);
-* ``served``: the keys the engine's draft sees (``bebop.speculative.engine._Runner._draft``, as in vLLM
+* ``served``: the keys the engine's draft sees (``bebop.speculative.drafter.Drafter.draft``, as in vLLM
   and SGLang): the committed depth-1 entries of positions 0..t, then the chain's own entries of
   depths 2..j. Depth 1 is the same in both.
 
-Both run every position of a batch at once. ``served`` keeps every depth's keys and values
-(``_ServedCache``) and masks them with ``served_bias``: depth j's attention reads j blocks of T keys.
+Both run every position of a batch at once, through ``bebop.mtp.chain_attention`` (no (T, j*T) mask:
+memory grows as T*K). ``served`` keeps every depth's keys and values in its ``ChainMask``: depth j's
+query at t reads depth 1's keys 0..t and its own chain's entries of depths 2..j.
 """
 
 from __future__ import annotations
 
 import torch
 
+from bebop.mtp.chain_attention import ChainMask
 from bebop.mtp.config import CHAIN_CONTEXTS
 from bebop.utils.errors import BebopError
-
-
-
-class _ServedCache:
-    """The one cache method HF attention calls: ``update`` stores a depth's keys/values (B, H, T, d)
-    and returns every depth's so far, concatenated along the key axis: (B, H, depth * T, d)."""
-
-    def __init__(self):
-        self.keys: list[torch.Tensor] = []
-        self.values: list[torch.Tensor] = []
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
-        self.keys.append(key_states)
-        self.values.append(value_states)
-        return torch.cat(self.keys, dim=2), torch.cat(self.values, dim=2)
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return 0
-
-    def __len__(self) -> int:
-        return 1
-
-
-def served_bias(length: int, depth: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """(1, 1, T, depth * T) additive mask of depth ``depth`` in the served context.
-
-    Key block 0 holds depth 1 (query t sees keys 0..t); block i >= 1 holds depth i + 1, of which
-    query t sees only its own chain's entry (key t).
-
-    Example: length 2, depth 2 -> visible [[1, 0, 1, 0], [1, 1, 0, 1]].
-    """
-    query = torch.arange(length, device=device)[:, None]
-    key = torch.arange(length, device=device)[None, :]
-    visible = torch.cat([key <= query] + [key == query] * (depth - 1), dim=1)  # (T, depth * T)
-    bias = torch.zeros(visible.shape, dtype=dtype, device=device)
-    # NOTE: finfo.min, not -inf: padded queries stay finite (as the engine's masks).
-    return bias.masked_fill_(~visible, torch.finfo(dtype).min)[None, None]
 
 
 def unroll_served(head, hidden: torch.Tensor, input_ids: torch.Tensor, k: int,
@@ -77,11 +42,10 @@ def unroll_served(head, hidden: torch.Tensor, input_ids: torch.Tensor, k: int,
     check_head_context(head, "served")
     b, t = input_ids.shape
     positions = torch.arange(t, device=input_ids.device).expand(b, t)
-    cache, out, g = _ServedCache(), [], hidden
+    mask, out, g = ChainMask(served=True), [], hidden  # NOTE: one mask for the K steps: it keeps their keys
     for j in range(1, k + 1):
         tokens = torch.nn.functional.pad(input_ids[:, j:], (0, min(j, t)), value=0)  # x_{t+j}
-        bias = served_bias(t, j, hidden.dtype, input_ids.device)
-        g = head.forward_step(g, tokens, positions + (j - 1), step=j - 1, attention_bias=bias, cache=cache)
+        g = head.forward_step(g, tokens, positions + (j - 1), step=j - 1, attention_bias=mask)
         out.append(head.lm_head_input(g, step=j - 1) if lm_head_inputs else head.logits(g, step=j - 1))
     return out
 

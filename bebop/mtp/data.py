@@ -171,12 +171,21 @@ def _gather_chains(drafts: list[torch.Tensor], target_all: torch.Tensor, ids: to
                    starts: torch.Tensor, k: int):
     """(draft (N, K, X), target (N, K, X), mask (N, K)) at every chain start from K per-depth draft tensors
     (B, T, X) and the target's (B, T, X) (X = V or D)."""
-    t = torch.arange(ids.shape[1], device=ids.device)
-    is_start = (t[None, :] >= (starts[:, None] - 1).clamp_min(0)) & (t[None, :] + 2 < lengths[:, None])
-    b_idx, t_idx = is_start.nonzero(as_tuple=True)  # (N,), (N,)
+    b_idx, t_idx = chain_starts(ids.shape[1], lengths, starts)
     steps = torch.arange(1, k + 1, device=ids.device)
     mask = (t_idx[:, None] + steps[None, :] + 1) < lengths[b_idx][:, None]  # (N, K)
     target_pos = (t_idx[:, None] + steps[None, :]).clamp_max(ids.shape[1] - 1)
     target = target_all[b_idx[:, None], target_pos]  # (N, K, X)
     draft = torch.stack([d[b_idx, t_idx] for d in drafts], dim=1)  # (N, K, X)
     return draft, target, mask
+
+
+def chain_starts(width: int, lengths: torch.Tensor, starts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row (N,), position (N,)) of every chain of a padded batch of ``width`` columns, row by row: the chain
+    order of ``chain_tensors`` and ``chain_states``.
+
+    Example: lengths [5], starts [2] -> rows [0, 0], positions [1, 2] (chains with one verified step or more).
+    """
+    t = torch.arange(width, device=lengths.device)
+    is_start = (t[None, :] >= (starts[:, None] - 1).clamp_min(0)) & (t[None, :] + 2 < lengths[:, None])
+    return is_start.nonzero(as_tuple=True)  # (N,), (N,)

@@ -11,8 +11,16 @@ family that ships a native MTP layer:
    state the first step reads and which state the next step receives.
 
 Facts come from vLLM's model files (``qwen3_5_mtp``, ``qwen3_next_mtp``, ``deepseek_mtp``,
-``glm4_moe_mtp``, ``mimo_mtp``) and ../shared/vllm-cpu.md; the tests build a tiny checkpoint of
-each family and check the head against an independent reference of each family's computation.
+``glm4_moe_mtp``, ``mimo_mtp``, ``nemotron_h_mtp``) and ../shared/vllm-cpu.md; the tests build a tiny
+checkpoint of each family and check the head against an independent reference of each family's
+computation.
+
+Nemotron-H's MTP layer is one draft step of several blocks, listed by the config
+(``mtp_layers_block_type`` in transformers, ``mtp_hybrid_override_pattern`` in vLLM and NVIDIA's
+checkpoints, default attention then MoE): vLLM puts the projection (enorm, hnorm, eh_proj) on the
+step's first block and ``final_layernorm`` on its last, under ``mtp.layers.{block}``, and serves one
+step (``num_nextn_predict_layers`` 1). A Bebop head's draft step is one attention block, so it maps
+onto a step of exactly one attention block (pattern ``*``); a step of other blocks is refused.
 """
 
 from __future__ import annotations
@@ -43,6 +51,8 @@ class Family:
     conventions: MtpConventions = MtpConventions()
     architectures: tuple[str, ...] = ()  # config.architectures that select the family over model_type
     shared_projection: bool = False  # one fc/norm set for the whole MTP stack (Qwen3.5/Qwen3-Next): 1 layer only
+    mtp_step: tuple[str, ...] = ()  # block types of the one MTP step a head maps onto, where a config lists them
+    # (Nemotron-H: its step is a sequence of blocks; a Bebop draft step is one attention block); () = not listed
 
     def prefix(self, num_hidden_layers: int, i: int) -> str:
         return self.layer_prefix.format(n=num_hidden_layers + i, i=i)
@@ -96,6 +106,9 @@ FAMILIES: dict[str, Family] = {
                 ("post_norm", "final_layernorm")), "", MtpConventions(hidden_first=True, zero_first_embedding=True,
                                                                      target_prenorm=True),
                architectures=("MiMoForCausalLM",)),
+        Family("nemotron_h", ("nemotron_h",), "num_nextn_predict_layers", "mtp.layers.{i}.",
+               (("enorm", "enorm"), ("hnorm", "hnorm"), ("eh_proj", "eh_proj"), ("post_norm", "final_layernorm")), "",
+               mtp_step=("full_attention",)),
     )
 }
 

@@ -26,6 +26,7 @@ Conventions (vLLM's, so a head trained here behaves the same when exported):
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import json
@@ -39,6 +40,7 @@ from torch import nn
 from transformers.modeling_layers import MtpLayer
 
 from bebop.architectures import check_architecture
+from bebop.mtp.chain_attention import ChainMask, chain_attention
 from bebop.mtp.families import FAMILIES, MtpConventions, detect_family
 from bebop.speculative import attention
 from bebop.speculative.target import decoder_of, final_norm
@@ -162,23 +164,27 @@ class MtpHead(nn.Module):
         input_ids: torch.Tensor,  # (B, S) the next tokens x_{t+1}
         position_ids: torch.Tensor,  # (B, S)
         step: int = 0,
-        attention_bias: torch.Tensor | None = None,  # (B, 1, S, L) additive; None = causal over S
+        attention_bias: torch.Tensor | ChainMask | None = None,  # (B, 1, S, L) additive; None = causal over S
         cache=None,  # a RaggedKVCache with num_layers entries, or None
     ) -> torch.Tensor:
-        """One draft step; returns the state (B, S, D) that the next step receives (give it to ``logits``)."""
+        """One draft step; returns the state (B, S, D) that the next step receives (give it to ``logits``).
+
+        A ``ChainMask`` (None is ``ChainMask()``, causal over S) runs the attention through
+        ``bebop.mtp.chain_attention`` (memory linear in S); the engine passes its own masks.
+        """
         layer = self.layers[step % len(self.layers)]
         embeds = self._shared["embed"](input_ids)
         if self.config.zero_first_embedding:
             embeds = embeds.masked_fill((position_ids == 0)[..., None], 0.0)
-        if attention_bias is None:
-            attention_bias = causal_bias(input_ids.shape[1], embeds.dtype, embeds.device)
+        attention_bias = ChainMask() if attention_bias is None else attention_bias
         pos_emb = self._rotary(embeds, position_ids)
         pair = [layer.enorm(embeds), layer.hnorm(hidden)]
         x = layer.eh_proj(torch.cat(pair[::-1] if self.config.hidden_first else pair, dim=-1))
-        x = layer.mtp_block(
-            x, attention_mask=attention_bias, position_embeddings=pos_emb, position_ids=position_ids,
-            **cache_kwargs(layer.mtp_block, cache),
-        )
+        with chain_attention(self) if isinstance(attention_bias, ChainMask) else contextlib.nullcontext():
+            x = layer.mtp_block(
+                x, attention_mask=attention_bias, position_embeddings=pos_emb, position_ids=position_ids,
+                **cache_kwargs(layer.mtp_block, cache),
+            )
         return x if self.config.chain_prenorm else layer.post_norm(x)
 
     def _rotary(self, embeds: torch.Tensor, position_ids: torch.Tensor):
@@ -208,7 +214,8 @@ class MtpHead(nn.Module):
 
         Depth j (1-based) at position t reads token x_{t+j} and predicts x_{t+j+1}, the token the
         backbone predicts at position t+j. Inputs past the end are padding; their outputs are
-        garbage and must be masked by the caller.
+        garbage and must be masked by the caller. Depth j attends causally to its own keys
+        (``bebop.mtp.chain_attention``: memory linear in T).
 
         Args:
             hidden: (B, T, D) backbone final hidden states.
@@ -342,8 +349,3 @@ def check_finite_weights(state: dict[str, torch.Tensor], where: str) -> None:
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             raise BebopError(f"{where}: weight {name} holds NaN or inf; the head cannot draft exactly")
 
-
-def causal_bias(length: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """(1, 1, S, S) additive causal mask that works for both eager and SDPA attention."""
-    bias = torch.full((length, length), torch.finfo(dtype).min, dtype=dtype, device=device).triu_(1)
-    return bias[None, None]

@@ -1,7 +1,8 @@
 """Native MTP layers in and out of HF checkpoints.
 
 ``import_mtp`` builds an ``MtpHead`` from the MTP layer a checkpoint ships (Qwen3.5, Qwen3-Next,
-DeepSeek-V3, GLM-4.5, MiMo), reading its tensors straight from the safetensors shards:
+DeepSeek-V3, GLM-4.5, MiMo, Nemotron-H with a one-attention-block step), reading its tensors straight
+from the safetensors shards:
 transformers drops them when it loads the model. ``export_mtp`` writes a model directory that
 vLLM and SGLang serve as is: the backbone's config with the family's MTP field, copies of its
 weight files (copy-on-write where the file system shares blocks), its other regular files
@@ -15,7 +16,10 @@ Deviations from a plain copy of the checkpoint:
     1) a backbone shard that holds an old MTP layer is rewritten without it (a shard that holds
        nothing else is dropped), so the engine never sees two versions of one tensor;
     2) Qwen3.5 and Qwen3-Next keep one fc/norm set for the whole MTP stack, so only one-layer
-       heads map onto them (the layer is applied recurrently, as vLLM does).
+       heads map onto them (the layer is applied recurrently, as vLLM does);
+    3) Nemotron-H: vLLM serves one MTP step, so only one-layer heads map onto it, and the export
+       declares the step as one attention block (``mtp_layers_block_type`` and
+       ``mtp_hybrid_override_pattern``, ``bebop.mtp.families``).
 """
 
 from __future__ import annotations
@@ -56,13 +60,49 @@ def _text_config(config: dict) -> dict:
     return config.get("text_config") or config
 
 
+def _num_hidden_layers(config: dict) -> int:
+    """The backbone's decoder layers: ``num_hidden_layers``, or the length of the block list of a config
+    that derives it (Nemotron-H's ``layers_block_type`` or ``hybrid_override_pattern``)."""
+    text = _text_config(config)
+    if isinstance(text.get("num_hidden_layers"), int):
+        return text["num_hidden_layers"]
+    blocks = text.get("layers_block_type") or text.get("layer_types") or text.get("hybrid_override_pattern") or ()
+    return len(blocks)
+
+
+def _declared_count(family: Family, config: dict) -> int:
+    return int(_text_config(config).get(family.count_field) or config.get(family.count_field) or 0)
+
+
 def native_layer_count(config: dict) -> int:
-    """Number of native MTP layers the config declares (0 when it declares none)."""
+    """Number of native MTP layers the config declares that a head maps onto (0 when it declares none, or
+    a Nemotron-H step of other blocks than the one a head maps onto: ``declared_step``)."""
     family = detect_family(config)
     if not family:
         return 0
-    field = FAMILIES[family].count_field
-    return int(_text_config(config).get(field) or config.get(field) or 0)
+    count = _declared_count(FAMILIES[family], config)
+    mapped = not FAMILIES[family].mtp_step or declared_step(_text_config(config)) == FAMILIES[family].mtp_step
+    return count if mapped else 0
+
+
+STEP_PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}  # Nemotron-H's
+# mtp_hybrid_override_pattern characters -> its block types (mtp_layers_block_type)
+DEFAULT_STEP = ("full_attention", "moe")  # transformers' NemotronHConfig default when the config lists none
+
+
+def declared_step(text: dict) -> tuple[str, ...]:
+    """The block types of the Nemotron-H MTP step a (text) config.json declares: ``mtp_layers_block_type``,
+    else ``mtp_hybrid_override_pattern``, else transformers' default.
+
+    Example: {"mtp_hybrid_override_pattern": "*E"} -> ("full_attention", "moe").
+    """
+    listed = text.get("mtp_layers_block_type")
+    if isinstance(listed, list):
+        return tuple(str(t) for t in listed)
+    pattern = text.get("mtp_hybrid_override_pattern")
+    if isinstance(pattern, str):
+        return tuple(STEP_PATTERN.get(c, c) for c in pattern)
+    return DEFAULT_STEP
 
 
 def weight_map(model_dir: str | os.PathLike) -> dict[str, str]:
@@ -109,6 +149,9 @@ def _check_layer_count(family: Family, count: int, where: str) -> None:
             f"{where}: {family.name} keeps one fc/norm set for its MTP stack, so only one MTP layer maps onto it "
             f"(got {count})"
         )
+    if family.mtp_step and count != 1:
+        raise BebopError(f"{where}: vLLM serves one {family.name} MTP layer, so only a one-layer head maps onto it "
+                         f"(got {count})")
 
 
 def native_layout(model_dir: str | os.PathLike, config: dict | None = None) -> tuple[Family, int]:
@@ -116,6 +159,14 @@ def native_layout(model_dir: str | os.PathLike, config: dict | None = None) -> t
     config = read_config(model_dir) if config is None else config
     family_name = detect_family(config)
     count = native_layer_count(config)
+    family = FAMILIES.get(family_name)
+    if family is not None and family.mtp_step and count < 1 and _declared_count(family, config) > 0:
+        step = declared_step(_text_config(config))
+        raise BebopError(
+            f"model {model_dir} has a {family.name} MTP step of {len(step)} blocks ({', '.join(step)}), which a head "
+            f"cannot import: a Bebop draft step is one attention block (a step of {', '.join(family.mtp_step)}); "
+            "start a head from the backbone instead: bebop train-mtp --init backbone"
+        )
     if not family_name or count < 1:
         field = FAMILIES[family_name].count_field if family_name else "mtp_num_hidden_layers/num_nextn_predict_layers"
         raise BebopError(
@@ -143,7 +194,7 @@ def import_mtp(model_dir: str | os.PathLike, backbone) -> MtpHead:
     family, count = native_layout(model_dir, config)
     head = MtpHead(backbone, num_layers=count, family=family.name, warm_start=False)
     expected = head.state_dict()
-    names = _native_names(family, _text_config(config)["num_hidden_layers"], list(expected))
+    names = _native_names(family, _num_hidden_layers(config), list(expected))
     files = weight_map(model_dir)
     missing = [native for native in names.values() if native not in files]
     if len(missing) == len(names):
@@ -212,13 +263,13 @@ def _check_head_layout(model_dir: Path, config: dict, head: MtpConfig, state: di
     from transformers import AutoConfig, AutoModelForCausalLM
 
     try:
-        hf_config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+        hf_config = AutoConfig.from_pretrained(model_dir, local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError) as e:
         raise BebopError(f"cannot read the model config of {model_dir}: {str(e).splitlines()[0]}") from None
     with torch.device("meta"):
-        backbone = AutoModelForCausalLM.from_config(hf_config)
+        backbone = AutoModelForCausalLM.from_config(hf_config, trust_remote_code=False)
         expected = MtpHead(backbone, num_layers=head.num_layers, family=family.name, warm_start=False).state_dict()
-    names = _native_names(family, _text_config(config)["num_hidden_layers"], list(expected))
+    names = _native_names(family, _num_hidden_layers(config), list(expected))
     missing = sorted(set(expected) - set(state))
     if missing:
         raise BebopError(f"the head lacks {names[missing[0]]} ({missing[0]}), which a {family.name} MTP layer holds")
@@ -233,9 +284,10 @@ def _check_head_layout(model_dir: Path, config: dict, head: MtpConfig, state: di
 
 def export_mtp(
     model_dir: str | os.PathLike, head_dir: str | os.PathLike, out_dir: str | os.PathLike, fmt: str = "auto",
-    overwrite: bool = False,
+    overwrite: bool = False, tokenizer_dir: str | os.PathLike | None = None,
 ) -> Path:
-    """Writes ``out_dir``: the model at ``model_dir`` with the head at ``head_dir`` as its native MTP layer.
+    """Writes ``out_dir``: the model at ``model_dir`` with the head at ``head_dir`` as its native MTP layer,
+    and the tokenizer files of ``tokenizer_dir`` (when given) in place of the model directory's.
 
     Everything is checked before ``out_dir`` changes: the family, every head tensor's name and shape
     (``_check_head_layout``), finite weights, and ``out_dir`` itself (``bebop.utils.outputs.output_dir``:
@@ -243,15 +295,15 @@ def export_mtp(
     Atomic: the directory appears complete or not at all. Returns ``out_dir``.
     """
     model_dir, head_dir, out_dir = Path(model_dir), Path(head_dir), Path(out_dir)
-    what, inputs = "export directory", (model_dir, head_dir)
+    what, inputs = "export directory", (model_dir, head_dir, *([Path(tokenizer_dir)] if tokenizer_dir else []))
     config = read_config(model_dir)
     head, state = read_head_files(head_dir)
     family = _export_family(config, head, fmt, model_dir)
     _check_head_layout(model_dir, config, head, state, family)
     files = weight_map(model_dir)
     text = _text_config(config)
-    new_names = _native_names(family, text["num_hidden_layers"], list(state))
-    old_mtp = {name for name in files if family.is_mtp_tensor(name, text["num_hidden_layers"])}
+    new_names = _native_names(family, _num_hidden_layers(config), list(state))
+    old_mtp = {name for name in files if family.is_mtp_tensor(name, _num_hidden_layers(config))}
     with output_dir(out_dir, overwrite=overwrite, what=what, inputs=inputs, announce=say), atomic_dir(out_dir) as tmp:
         mapping = _write_backbone_shards(model_dir, tmp, files, old_mtp)
         save_file({new_names[k]: v.contiguous() for k, v in state.items()}, str(tmp / MTP_SHARD),
@@ -259,8 +311,14 @@ def export_mtp(
         mapping.update({name: MTP_SHARD for name in new_names.values()})
         write_json(tmp / INDEX_NAME, {"metadata": {}, "weight_map": dict(sorted(mapping.items()))})
         _copy_other_files(model_dir, tmp)
+        if tokenizer_dir is not None:
+            _copy_other_files(Path(tokenizer_dir), tmp)
         target = config["text_config"] if "text_config" in config else config
         target[family.count_field] = head.num_layers
+        if family.mtp_step:  # NOTE: both spellings: transformers reads the list, vLLM's own config the pattern
+            target["mtp_layers_block_type"] = list(family.mtp_step)
+            target["mtp_hybrid_override_pattern"] = "".join(
+                next(c for c, t in STEP_PATTERN.items() if t == block) for block in family.mtp_step)
         write_json(tmp / "config.json", config)
         write_json(tmp / "bebop_export.json", {"format": family.name, "head": str(head_dir.resolve()),
                                                "model": str(model_dir.resolve())})

@@ -108,7 +108,9 @@ def _check_config(saved: dict[str, Any], config: dict[str, Any], may_change: tup
     changed = sorted(k for k in set(saved) | set(config) if k not in may_change and saved.get(k) != config.get(k))
     if changed:
         details = ", ".join(f"{k}: {saved.get(k)!r} -> {config.get(k)!r}" for k in changed)
-        raise BebopError(f"cannot resume from {where}: the config changed ({details}); only {may_change} may")
+        allowed = f"only {', '.join(may_change)}" if may_change else "no setting"
+        raise BebopError(f"cannot resume from {where}: the config changed ({details}); a resumed run may change "
+                         f"{allowed} (for other settings start a new run: --overwrite or another run directory)")
 
 
 def load_checkpoint(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bebop.utils.files import parse_json, read_text
+from bebop.utils.files import check_input_file, parse_json, read_text
 
 PROMPT_FIELD = "prompt"  # the one field every row must have
 JSONL_SUFFIXES = (".jsonl", ".ndjson")  # one JSON object per line
@@ -68,7 +68,7 @@ def load_prompts(path: str | Path) -> list[dict]:
         One dict per row, in file order, each with a ``prompt``.
 
     Raises:
-        FileNotFoundError: no such file.
+        BebopError: no such file, or not a regular file (a directory, a pipe).
         ValueError: unknown suffix, a row without ``prompt``, or no rows.
         BebopError: bad JSON, or JSON nested deeper than the parser recurses (with its line).
         ImportError: a parquet file but pyarrow is not installed.
@@ -78,9 +78,7 @@ def load_prompts(path: str | Path) -> list[dict]:
 
 def load_prompt_rows(path: str | Path) -> list[tuple[str, dict]]:
     """``load_prompts`` with where each row came from (``"file:line"`` or ``"file: row i"``) for errors."""
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(f"prompt file not found: {path}")
+    path = check_input_file(path, "prompt file")
     suffix = path.suffix.lower()
     if suffix in JSONL_SUFFIXES:
         rows = _read_jsonl(path)

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING
 
 from bebop.rollout import vllm_process
 from bebop.rollout.base import RolloutBackend, repeat_prompts
+from bebop.rollout.spec_guard import check_lossless_verification
 from bebop.speculative.settings import head_problem, needs_head
 from bebop.utils.errors import BebopError
 from bebop.utils.progress import say
@@ -239,6 +240,7 @@ class VllmBackend(RolloutBackend):
             if spec.mode == "rs":
                 speculative["draft_sample_method"] = "probabilistic"
         kv_bytes = cpu_kv_cache_bytes(self.memory_fraction) if self.device_type == "cpu" else None
+        check_lossless_verification({**self.options, "speculative_config": speculative}, "vLLM engine options")
         try:
             llm = self.vllm.LLM(model=str(model_dir), max_model_len=self.max_model_len,
                                 enforce_eager=self.device_type != "cuda", gpu_memory_utilization=self.memory_fraction,

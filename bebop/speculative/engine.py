@@ -3,7 +3,8 @@ rejection sampling (``rs``), exact for any batch mix.
 
 One verify step of a row (``to``/``rs``)::
 
-    draft:   d_1..d_K from the MTP head, chained (step j feeds step j-1's hidden state and d_{j-1})
+    draft:   d_1..d_K from the MTP head, chained (step j feeds step j-1's hidden state and d_{j-1}):
+             ``bebop.speculative.drafter``, which owns the head's cache and its pending inputs
     verify:  one target forward over [last token, d_1..d_K] -> p_1..p_{K+1}
     accept:  the run's verifier (``VERIFIERS[SpecConfig.verify]``, chosen once): token-wise rejection sampling
              (RS, q = the draft's distribution) or target-only (q one-hot); or, RS only, block verification
@@ -19,6 +20,8 @@ dropped from the batch, their KV entries and states with them. A row's randomnes
 depend on which other rows share the batch.
 Statistics (``Completions.stats``) count only the tokens the completions keep (see
 ``bebop.speculative.stats``): each step is logged first and trimmed once every row's end is known.
+A decode step reads the device once (its tokens, with a verify step's counts and q's finiteness), so on
+a GPU the host waits for the queue once per step.
 
 Deviations from a textbook implementation:
     1) The MTP head's own KV cache holds one entry per committed position (step-1 inputs); the
@@ -51,14 +54,15 @@ import torch
 from bebop.config import is_auto
 from bebop.speculative import rng
 from bebop.speculative.completions import Completions
-from bebop.speculative.kv_cache import RaggedKVCache, fill_order
+from bebop.speculative.drafter import Drafter
+from bebop.speculative.kv_cache import fill_order
+from bebop.speculative.multidraft import verify_multi_draft_from_noise
 from bebop.speculative.sampling import logits_to_probs, sample_from_probs
 from bebop.speculative.settings import MODES, SamplingParams, SpecConfig, check_settings, head_problem
 from bebop.speculative.stats import EmissionLog, entropy
 from bebop.speculative.target import Target
 from bebop.speculative.verification import (
     VERIFIERS,
-    draw_draft_noise,
     draw_verify_noise,
     finite_at_drafts,
     greedy_verify,
@@ -76,17 +80,11 @@ class _Rows:
     keys: torch.Tensor  # (R, 2 + K) int64 rng stream keys: accept, resample, draft step 0..K-1
     counters: torch.Tensor  # (R,) int64, tokens emitted so far (the rng counter)
     last_token: torch.Tensor  # (R,) newest emitted token, not yet fed to the target
-    pend_hidden: torch.Tensor | None = None  # (R, C, D) target/MTP hidden states not yet fed to the head
-    pend_tokens: torch.Tensor | None = None  # (R, C) the token after each pending hidden state
-    pend_count: list[int] | None = None  # valid pending pairs per row
 
     def select(self, keep: list[int]) -> None:
         idx = torch.tensor(keep, dtype=torch.long, device=self.keys.device)
         self.index = [self.index[i] for i in keep]
         self.keys, self.counters, self.last_token = self.keys[idx], self.counters[idx], self.last_token[idx]
-        if self.pend_hidden is not None:
-            self.pend_hidden, self.pend_tokens = self.pend_hidden[idx], self.pend_tokens[idx]
-            self.pend_count = [self.pend_count[i] for i in keep]
 
 
 def generate(
@@ -190,7 +188,7 @@ class Decoder:
         """Decodes the next steps at ``spec`` (mode and K; its other fields must stay the same)."""
         k = spec.speculate_k if spec.mode != "none" else 0
         old = self.runner.spec
-        if spec.mode not in MODES or k > self.max_speculate_k or (k and old.mode == "none" and self.runner.mtp_cache is None) \
+        if spec.mode not in MODES or k > self.max_speculate_k or (k and self.runner.drafter is None) \
                 or replace(spec, mode=old.mode, speculate_k=old.speculate_k) != old:  # the rest is fixed per run
             raise ValueError(f"cannot switch from {old} to {spec} (max_speculate_k={self.max_speculate_k})")
         self.runner.spec, self.runner.k = spec, k
@@ -227,21 +225,21 @@ def _check_args(model, mtp, prompts, sampling: SamplingParams, spec: SpecConfig)
 
 
 class _Runner:
-    """The decode loop's state and steps (prefill, plain step, speculative step)."""
+    """The decode loop's state and steps (prefill, plain step, speculative step); drafting is the ``Drafter``'s."""
 
     def __init__(self, model, tokenizer, mtp, sampling, spec, batch, capacity, device, max_speculate_k):
-        self.mtp, self.sampling, self.spec = mtp, sampling, spec
+        self.sampling, self.spec = sampling, spec
         self.k = spec.speculate_k if spec.mode != "none" else 0
         self.verifier = VERIFIERS[spec.verify]  # token-wise or block, chosen once per run
         self.greedy = sampling.temperature == 0
-        self.draft_temperature = spec.draft_temperature or sampling.temperature or 1.0
         self.eos = tokenizer.eos_token_id
         self.tokenizer = tokenizer
         self.target = Target(model, batch, capacity, head_reads_prenorm=bool(mtp and mtp.config.target_prenorm))
-        self.mtp_cache = None  # NOTE: present whenever a step may draft; then every step feeds the head's inputs
+        self.drafter = None  # NOTE: present whenever a step may draft; then every step feeds the head's inputs
         if max_speculate_k:
-            param = next(model.parameters())
-            self.mtp_cache = RaggedKVCache(len(mtp.layers), batch, capacity, device, param.dtype)
+            filtered = (sampling.top_k, sampling.top_p) if spec.filter_drafts else (None, None)
+            self.drafter = Drafter(mtp, batch, capacity, device, next(model.parameters()).dtype,
+                                   spec.draft_temperature or sampling.temperature or 1.0, *filtered)
         self.outputs: list[list[int]] = [[] for _ in range(batch)]
         self.finish = [""] * batch
         self.log = EmissionLog(max_speculate_k)  # turned into SpecStats once the completions' ends are known
@@ -280,31 +278,14 @@ class _Runner:
         lengths = [len(p) for p in prompts]
         ids = torch.tensor([p + [0] * (lengths[0] - len(p)) for p in prompts], dtype=torch.long,
                            device=rows.keys.device)
-        feed = self._head_feeder(ids, lengths) if self.mtp_cache is not None else None
+        feed = self.drafter.prefill_feeder(ids, lengths) if self.drafter is not None else None
         logits, hidden = self.target.prefill(ids, lengths, feed)  # (B, V), (B, D) at each row's last prompt token
         if not bool(torch.isfinite(logits).all()):  # NOTE: one host sync per generate call
             raise BebopError("the model produces NaN or infinite logits; check its weights and dtype")
         first = self._sample(logits, rows)
-        if self.mtp_cache is not None:  # the head's input pair at the last prompt position waits for the first token
-            rows.pend_hidden, rows.pend_tokens, rows.pend_count = hidden[:, None], first[:, None], [1] * len(lengths)
-        self._emit(rows, first[:, None], [0] * len(lengths))
-
-    def _head_feeder(self, ids: torch.Tensor, lengths: list[int]):
-        """The prefill's chunk callback that feeds the MTP head its first input pairs (h_t, x_{t+1}) for every
-        prompt position t but the last (whose x_{t+1} is the first sampled token), chunk by chunk."""
-        cache, head, device = self.mtp_cache, self.mtp, ids.device
-        padded = torch.nn.functional.pad(ids, (0, 1))  # (B, W + 1): x_{t+1} for t = W - 1 is padding
-
-        def feed(start: int, hidden: torch.Tensor) -> None:  # hidden (R, S, D) at positions start ..
-            num_rows, width = hidden.shape[:2]
-            counts = [max(0, min(width, n - 1 - start)) for n in lengths[:num_rows]]
-            positions = cache.begin(width, num_rows)
-            valid = torch.arange(width, device=device)[None, :] < torch.tensor(counts, device=device)[:, None]
-            head.forward_step(hidden, padded[:num_rows, start + 1: start + 1 + width], positions, step=0,
-                              attention_bias=cache.attention_bias(valid), cache=cache)
-            cache.commit(counts + [0] * (len(lengths) - num_rows))
-
-        return feed
+        if self.drafter is not None:  # the head's input pair at the last prompt position waits for the first token
+            self.drafter.push(hidden, first)
+        self._emit(rows, first, 1, [[t] for t in first.tolist()])  # NOTE: a host sync: the tokens
 
     def decode_step(self, rows: _Rows) -> None:
         if self.k:
@@ -313,67 +294,16 @@ class _Runner:
             logits, hidden = self.target.forward(rows.last_token[:, None])
             self.target.cache.shift_all(1)
             token = self._sample(logits[:, 0], rows)
-            if self.mtp_cache is not None:  # a later step may draft: the head's input pair (h_t, x_{t+1}) waits
-                self._pend_one(rows, hidden[:, 0], token)
-            self._emit(rows, token[:, None], [0] * len(rows.index))
-
-    @staticmethod
-    def _pend_one(rows: _Rows, hidden: torch.Tensor, token: torch.Tensor) -> None:
-        """Appends one (hidden (R, D), token (R,)) pair to each row's pending head inputs."""
-        count = torch.tensor(rows.pend_count, device=token.device)
-        grow = max(rows.pend_count) + 1 - rows.pend_tokens.shape[1]
-        if grow > 0:
-            rows.pend_hidden = torch.nn.functional.pad(rows.pend_hidden, (0, 0, 0, grow))
-            rows.pend_tokens = torch.nn.functional.pad(rows.pend_tokens, (0, grow))
-        arange = torch.arange(len(rows.pend_count), device=token.device)
-        rows.pend_hidden[arange, count] = hidden.to(rows.pend_hidden.dtype)
-        rows.pend_tokens[arange, count] = token
-        rows.pend_count = [c + 1 for c in rows.pend_count]
-
-    def _draft(self, rows: _Rows) -> tuple[torch.Tensor, torch.Tensor]:
-        """K chained MTP steps -> drafts (R, K) and the draft distributions q (R, K, V)."""
-        cache, head = self.mtp_cache, self.mtp
-        num = len(rows.index)
-        count = torch.tensor(rows.pend_count, device=rows.keys.device)
-        width = rows.pend_tokens.shape[1]
-        positions = cache.begin(width)
-        valid = torch.arange(width, device=count.device)[None, :] < count[:, None]
-        g = head.forward_step(rows.pend_hidden, rows.pend_tokens, positions, step=0,
-                              attention_bias=cache.attention_bias(valid), cache=cache)
-        g = g[torch.arange(num, device=count.device), count - 1]  # (R, D) output at the frontier pair
-        cache.commit(rows.pend_count)
-        tokens, probs = [], []
-        sampled = self.spec.mode == "rs" and not self.greedy
-        noise = None
-        for j in range(self.k):
-            if j > 0:
-                positions = cache.begin(1)
-                g = head.forward_step(g[:, None], tokens[-1][:, None], positions, step=j,
-                                      attention_bias=cache.attention_bias(), cache=cache)[:, 0]
-                cache.shift_all(1)
-            logits = head.logits(g, step=j)
-            q = self._draft_probs(logits)
-            if sampled:
-                if noise is None:  # every draft step's noise in one pass, at the block's counter
-                    noise = draw_draft_noise(rows.keys, rows.counters, self.k, q.shape[-1])
-                token = sample_from_probs(q, noise[:, j])
-            else:
-                token = logits.argmax(-1)
-            tokens.append(token)
-            probs.append(q)
-        if self.k > 1:
-            cache.rollback(self.k - 1)  # the chained steps' entries were speculative
-        return torch.stack(tokens, 1), torch.stack(probs, 1)
-
-    def _draft_probs(self, logits: torch.Tensor) -> torch.Tensor:
-        """q (R, V) from draft logits (R, V): the draft temperature, then (``filter_drafts``) the target's top-k/top-p."""
-        if self.spec.filter_drafts:
-            return logits_to_probs(logits, self.draft_temperature, self.sampling.top_k, self.sampling.top_p)
-        return torch.softmax(logits.float() / self.draft_temperature, dim=-1)
+            if self.drafter is not None:  # a later step may draft: the head's input pair (h_t, x_{t+1}) waits
+                self.drafter.push(hidden[:, 0], token)
+            self._emit(rows, token, 1, [[t] for t in token.tolist()])  # NOTE: the step's one host sync
 
     def _speculative_step(self, rows: _Rows) -> None:
+        if self.spec.num_drafts > 1 and not self.greedy:  # NOTE: at T = 0 the n argmax chains would be one
+            self._multi_draft_step(rows)
+            return
         start = time.perf_counter()
-        drafts, q = self._draft(rows)
+        drafts, q = self.drafter.draft(rows, self.k, sampled=self.spec.mode == "rs" and not self.greedy)
         if self.time_drafts:
             if drafts.is_cuda:  # NOTE: a host sync, only when asked: the drafts' kernels must have run
                 torch.cuda.synchronize(drafts.device)
@@ -388,32 +318,65 @@ class _Runner:
             out, accepted = verify_from_noise(self.verifier, p, drafts, q_verify, coins, race, validate=False)
         p_draft = p[:, : self.k]
         alpha_to = p_draft.gather(-1, q.argmax(-1, keepdim=True))[..., 0]
-        # NOTE: host sync 1 of 2 per step: the counts (they drive the host-side bookkeeping) carry q's finiteness
-        # along (``finite_at_drafts``: R flags read at the drafts), so the check costs no sync of its own
-        num_accepted, finite = torch.stack([accepted, finite_at_drafts(q, drafts).long()]).tolist()
-        if not all(finite):  # verification against a NaN q is not exact: no token of this step is kept
+        # NOTE: the step's one host sync: each row's tokens with its count (they drive the host-side bookkeeping)
+        # and q's finiteness (``finite_at_drafts``: R flags read at the drafts), so the check costs no sync of its own
+        host = torch.cat([out, accepted[:, None], finite_at_drafts(q, drafts)[:, None].long()], 1).tolist()
+        if not all(h[-1] for h in host):  # verification against a NaN q is not exact: no token of this step is kept
             raise BebopError("the MTP head drafted NaN or infinite probabilities; check its weights and --dtype")
-        kept = [n + 1 for n in num_accepted]
+        kept = [h[-2] + 1 for h in host]
         token_entropy = entropy(p)  # (R, K+1)
         self._log_block(rows, kept, token_entropy,
                         (token_entropy[:, : self.k], torch.minimum(p_draft, q).sum(-1), alpha_to))
         self.target.cache.commit(kept)
-        # The head's next inputs: (hidden at each fed position, the token emitted after it).
-        rows.pend_hidden, rows.pend_tokens, rows.pend_count = hidden, out.clamp_min(0), kept
-        self._emit(rows, out, num_accepted)
+        self.drafter.accept(hidden, out, kept)  # the head's next inputs: each kept position's (h, emitted token)
+        last = out.gather(1, accepted[:, None])[:, 0]
+        self._emit(rows, last, accepted + 1, [h[:n] for h, n in zip(host, kept)])
+
+    def _multi_draft_step(self, rows: _Rows) -> None:
+        """n chains per row (``bebop.speculative.multidraft``): the target verifies every chain on its own copy of
+        the row's cache (lane r * n + c), the kept chain's lane becomes the row, the other lanes are dropped."""
+        n, k = self.spec.num_drafts, self.k
+        start = time.perf_counter()
+        drafts, q = self.drafter.draft_lanes(rows, k, n)  # (R, n, K), (R, n, K, V)
+        if self.time_drafts:
+            if drafts.is_cuda:  # NOTE: a host sync, only when asked: the drafts' kernels must have run
+                torch.cuda.synchronize(drafts.device)
+            self.draft_seconds = time.perf_counter() - start
+        num, vocab = drafts.shape[0], q.shape[-1]
+        self.target.cache.select_rows([r for r in range(num) for _ in range(n)])
+        lane_drafts = drafts.view(num * n, k)
+        logits, hidden = self.target.forward(torch.cat([rows.last_token.repeat_interleave(n)[:, None], lane_drafts], 1))
+        p = self._probs(logits).view(num, n, k + 1, vocab)
+        coins, race = draw_verify_noise(rows.keys, rows.counters, n + k - 1, vocab)
+        chain, out, accepted = verify_multi_draft_from_noise(p, drafts, q, coins, race)
+        finite = finite_at_drafts(q.view(num * n, k, vocab), lane_drafts).view(num, n).all(1)
+        # NOTE: the step's one host sync, as in the one-chain step, with the kept chains beside the counts
+        host = torch.cat([out, accepted[:, None], chain[:, None], finite[:, None].long()], 1).tolist()
+        if not all(h[-1] for h in host):  # verification against a NaN q is not exact: no token of this step is kept
+            raise BebopError("the MTP head drafted NaN or infinite probabilities; check its weights and --dtype")
+        kept, kept_chain = [h[-3] + 1 for h in host], [h[-2] for h in host]
+        self.target.cache.commit([kept[lane // n] for lane in range(num * n)])
+        self.target.cache.select_rows([r * n + c for r, c in enumerate(kept_chain)])
+        rows_index = torch.arange(num, device=chain.device)
+        p_kept, q_kept = p[rows_index, chain], q[rows_index, chain]  # (R, K+1, V), (R, K, V)
+        p_draft = p_kept[:, :k]
+        token_entropy = entropy(p_kept)  # (R, K+1)
+        alpha_to = p_draft.gather(-1, q_kept.argmax(-1, keepdim=True))[..., 0]
+        self._log_block(rows, kept, token_entropy,
+                        (token_entropy[:, :k], torch.minimum(p_draft, q_kept).sum(-1), alpha_to))
+        self.drafter.accept(hidden.view(num, n, k + 1, -1)[rows_index, chain], out, kept)
+        self._emit(rows, out.gather(1, accepted[:, None])[:, 0], accepted + 1, [h[:m] for h, m in zip(host, kept)])
 
     # ------------------------------------------------------------------ bookkeeping
-    def _emit(self, rows: _Rows, out: torch.Tensor, num_accepted: list[int]) -> None:
-        """Appends each row's new tokens, ends rows at EOS/length/stop, drops finished rows."""
+    def _emit(self, rows: _Rows, last_token: torch.Tensor, num_new: torch.Tensor | int, new: list[list[int]]) -> None:
+        """Appends each row's new tokens (host lists; ``last_token`` (R,) the last of them, ``num_new`` (R,) or an
+        int their count, on the device), ends rows at EOS/length/stop, drops finished rows."""
         num = len(rows.index)
-        arange = torch.arange(num, device=out.device)
-        accepted = torch.tensor(num_accepted, device=out.device)
-        rows.last_token = out[arange, accepted]
-        rows.counters = rows.counters + accepted + 1
+        rows.last_token = last_token
+        rows.counters = rows.counters + num_new
         keep = []
-        for i, (row, new) in enumerate(zip(rows.index, out.tolist())):  # sync 2 of 2: tokens to host lists
-            new = new[: num_accepted[i] + 1]
-            reason = self._append(row, new)
+        for i, (row, tokens) in enumerate(zip(rows.index, new)):
+            reason = self._append(row, tokens)
             if reason:
                 self.finish[row] = reason
             else:
@@ -422,8 +385,8 @@ class _Runner:
             keep = fill_order(keep)  # NOTE: the rows' order is free (each row's randomness is its own)
             rows.select(keep)
             self.target.cache.select_rows(keep)
-            if self.mtp_cache is not None:
-                self.mtp_cache.select_rows(keep)
+            if self.drafter is not None:
+                self.drafter.select_rows(keep)
 
     def _append(self, row: int, new: list[int]) -> str:
         """Adds tokens to a row's completion; returns why it finished, or "" if it goes on."""

@@ -44,6 +44,7 @@ class SpecConfig:
     draft_temperature: float | None = None  # temperature of q; None = the sampling temperature
     filter_drafts: bool = False  # apply the sampling top-k/top-p to q too (drafts and verification)
     verify: str = "token"  # token: token-wise rejection sampling | block: bebop.speculative.block (mode rs only)
+    num_drafts: int = 1  # n chains per row, verified by bebop.speculative.multidraft (mode rs, verify token)
 
 
 def distribution_problems(temperature: float, top_k: int, top_p: float, greedy_ok: bool) -> list[str]:
@@ -104,7 +105,25 @@ def _spec_problems(spec: SpecConfig, auto_ok: bool) -> list[str]:
         problem = temperature_problem(spec.draft_temperature, greedy_ok=False)
         problems.append(problem and "draft_" + problem)
     problems.append(verify_problem(spec.mode, spec.verify))
+    problems.append(num_drafts_problem(spec))
     return problems
+
+
+MAX_DRAFTS = 16  # chains per row: each costs a copy of the row's caches per verify step
+
+
+def num_drafts_problem(spec: SpecConfig) -> str | None:
+    """The one-line reason ``spec.num_drafts`` cannot run, or None.
+
+    Example: SpecConfig("to", 3, num_drafts=2) -> "num_drafts 2 needs mode rs and verify token (...)".
+    """
+    n = spec.num_drafts
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_DRAFTS:
+        return f"num_drafts must be an integer in [1, {MAX_DRAFTS}], got {n!r}"
+    if n > 1 and (spec.mode != "rs" or spec.verify != "token"):
+        return (f"num_drafts {n} needs mode rs and verify token (multi-draft verification tests drafts "
+                f"against the draft's q, chain by chain), got mode {spec.mode}, verify {spec.verify}")
+    return None
 
 
 def settings_problems(spec: SpecConfig | None, sampling: SamplingParams | None, greedy_ok: bool = True,

@@ -15,6 +15,8 @@ from bebop.utils.errors import BebopError
 GIB = 2**30
 PYTHON_INT_SLOT_BYTES = 8  # a reference in a list or tuple (small ints themselves are shared)
 PYTHON_TUPLE_BYTES = 40  # a tuple's header
+MOE_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts")  # a config field that makes the MLP a mixture
+FLOAT32_BYTES = 4  # logits and sampling probabilities are float32 whatever the weights' dtype
 
 
 def available_memory(device) -> int:
@@ -62,6 +64,22 @@ def kv_cache_bytes(model, rows: int, positions: int) -> int:
     num_attention = sum(t != "linear_attention" for t in layer_types) if layer_types else config.num_hidden_layers
     itemsize = next(model.parameters()).element_size()
     return rows * positions * num_attention * 2 * kv_heads * head_dim * itemsize
+
+
+def forward_bytes(model, rows: int, positions: int) -> int:
+    """Bytes one forward pass over ``rows`` sequences of ``positions`` tokens keeps alive at once (a lower
+    bound): the residual stream and, in a dense model, the MLP's up projection at every position, in the
+    weights' dtype, and the float32 logits of each row's last position. (A mixture of experts runs each
+    expert over its own tokens, so only the residual stream is counted there.)
+
+    Example: hidden 32, intermediate 64, vocabulary 16, float32: forward_bytes(model, 1000, 3) =
+    1000 * (3 * (32 + 64) * 4 + 16 * 4) = 1_216_000.
+    """
+    config = model.config.get_text_config()
+    moe = any(getattr(config, name, None) for name in MOE_FIELDS)
+    width = config.hidden_size + (0 if moe else getattr(config, "intermediate_size", None) or 0)
+    itemsize = next(model.parameters()).element_size()
+    return rows * (positions * width * itemsize + config.vocab_size * FLOAT32_BYTES)
 
 
 def samples_bytes(num_rows: int, num_tokens: int) -> int:

@@ -1,16 +1,24 @@
-"""Progress bars with ETA (tqdm) on a terminal, progress lines in a log file, and fixed-format per-step lines."""
+"""Progress bars with ETA (tqdm) on a terminal, progress lines in a log file, stages that announce
+themselves, and fixed-format per-step lines.
+
+No long piece of work is silent for a minute: in a log file a loop's progress line comes every
+``LOG_PROGRESS_SECONDS`` from a timer, also while one item takes longer than that; a stage that is no
+loop (``stage``) says when it starts and ends and, while it runs, how long it has been running.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
 
 from tqdm.auto import tqdm
 
 T = TypeVar("T")
-LOG_PROGRESS_SECONDS = 30.0  # in a log file, one progress line at most this often
+LOG_PROGRESS_SECONDS = 30.0  # in a log file, a loop's progress line this often; a running stage's line too
 
 
 def progress(items: Iterable[T], total: int | None = None, desc: str = "", enabled: bool = True) -> Iterator[T]:
@@ -28,13 +36,60 @@ def progress(items: Iterable[T], total: int | None = None, desc: str = "", enabl
 
 
 def _progress_lines(items: Iterable[T], total: int | None, desc: str) -> Iterator[T]:
-    start = last = time.monotonic()
-    for done, item in enumerate(items, start=1):
-        yield item
-        now = time.monotonic()
-        if now - last >= LOG_PROGRESS_SECONDS:
-            last = now
-            say(progress_line(desc, done, total, now - start))
+    """``items``, with a ``progress_line`` every LOG_PROGRESS_SECONDS (``ticking``) until the loop ends."""
+    start, done = time.monotonic(), 0
+    with ticking(lambda: progress_line(desc, done, total, time.monotonic() - start), LOG_PROGRESS_SECONDS):
+        for item in items:
+            yield item
+            done += 1
+
+
+@contextlib.contextmanager
+def ticking(line: Callable[[], str], every: float) -> Iterator[None]:
+    """Says ``line()`` every ``every`` seconds from a daemon thread while the block runs, so a step of the block
+    that takes minutes still shows the work is alive (the main thread cannot print in the middle of it)."""
+    stop = threading.Event()
+
+    def tick() -> None:
+        while not stop.wait(every):
+            say(line())
+
+    thread = threading.Thread(target=tick, name="bebop-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+@contextlib.contextmanager
+def stage(desc: str, total: int | None = None) -> Iterator[Callable[[str], None]]:
+    """A stage of a long command announced in lines: ``desc ...`` at its start, ``desc: done in 12 s`` at its end,
+    and while it runs, every LOG_PROGRESS_SECONDS, its running time and the part it is on. Yields ``advance``:
+    ``advance("ce head at T=0.5")`` starts the next of ``total`` parts and names it.
+
+    Example (a log file, one part taking 70 s):
+        demo: temperature sweep (12 evaluations) ...
+        demo: temperature sweep: 30 s, on 1/12 (ce head at T=0.1)
+        demo: temperature sweep: 60 s, on 1/12 (ce head at T=0.1)
+        ...
+        demo: temperature sweep: done in 840 s
+    """
+    start, part = time.monotonic(), [0, ""]  # (parts started, the current part's name)
+
+    def advance(what: str = "") -> None:
+        part[:] = [part[0] + 1, what]
+
+    def running() -> str:
+        of = f"/{total}" if total else ""
+        on = f", on {part[0]}{of}" + (f" ({part[1]})" if part[1] else "") if part[0] else ""
+        return f"{desc}: {time.monotonic() - start:.0f} s{on}"
+
+    say(f"{desc} ...")
+    with ticking(running, LOG_PROGRESS_SECONDS):
+        yield advance
+    say(f"{desc}: done in {time.monotonic() - start:.0f} s")
 
 
 def progress_line(desc: str, done: int, total: int | None, elapsed: float) -> str:

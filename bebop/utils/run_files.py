@@ -129,13 +129,15 @@ def listed_metrics(row: Mapping[str, Any]) -> dict:
 
 
 def shown_text(value: Any) -> Any:
-    """Strings of a received file made safe to show in markdown: HTML escaped, line breaks as spaces
-    (recursively through lists and dicts; other values as they are).
+    """Strings of a received file made safe to show in markdown: HTML escaped, square brackets escaped
+    (so no link or image forms, e.g. one to ``javascript:``), line breaks as spaces (recursively
+    through lists and dicts; other values as they are).
 
-    Example: "<b>rs</b>" -> "&lt;b&gt;rs&lt;/b&gt;".
+    Example: "<b>rs</b>" -> "&lt;b&gt;rs&lt;/b&gt;"; "[x](javascript:f())" -> "\\[x\\](javascript:f())".
     """
     if isinstance(value, str):
-        return html.escape(value, quote=False).replace("\r", " ").replace("\n", " ")
+        text = html.escape(value, quote=False).replace("\r", " ").replace("\n", " ")
+        return text.replace("[", "\\[").replace("]", "\\]")
     if isinstance(value, dict):
         return {shown_text(k): shown_text(v) for k, v in value.items()}
     if isinstance(value, list):

@@ -24,6 +24,7 @@ from matplotlib.figure import Figure
 from bebop.analysis import plots
 from bebop.analysis.fit import linear_fit
 from bebop.analysis.plots import FittedSeries
+from bebop.utils.files import shared_mode
 from tests.helpers.analysis import NUM_STEPS, PNG_MAGIC, K, fake_head_evals, fake_metrics, fake_sweep
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -283,7 +284,7 @@ def test_save_makes_missing_folders_and_shareable_png(tmp_path):
     path = tmp_path / "a" / "b" / "fig.png"
     assert plots._save(_small_figure(), str(path)) == path
     assert path.read_bytes().startswith(PNG_MAGIC)
-    assert stat.S_IMODE(path.stat().st_mode) == plots.PNG_MODE
+    assert stat.S_IMODE(path.stat().st_mode) == shared_mode()  # what open() makes under the umask
     assert os.listdir(path.parent) == ["fig.png"]  # no temporary file left
 
 

@@ -122,3 +122,33 @@ def test_report_of_a_trl_directory_goes_inside_it_by_default_and_escapes_html(tm
     assert "is the input" in capsys.readouterr().err  # --overwrite never moves a part of the run aside
     assert (run_dir / "checkpoint-2" / "model.safetensors").read_text() == "weights"
     assert main(["report", str(run_dir), "--overwrite"]) == 0  # an earlier report is not part of the run
+
+
+def test_a_trl_directory_without_its_log_history_names_trainer_state_and_save_state(tmp_path, capsys):
+    """save_strategy="no" leaves no trainer_state.json: one line naming it and trainer.save_state(), not "run
+    config not found" (trainer.save_model() leaves the model's config.json there); nothing is written."""
+    from bebop.cli import main
+
+    run_dir = tmp_path / "out"
+    run_dir.mkdir()
+    (run_dir / "bebop_rollout.json").write_text(json.dumps({"mode": "rs", "speculate_k": 3, "mtp_loss": "e2e_tv"}))
+    (run_dir / "token_stats.jsonl").write_text(_stats_row(1))
+    (run_dir / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"}))
+    (tmp_path / "empty").mkdir()
+    for where in (run_dir, tmp_path / "empty"):
+        assert main(["report", str(where)]) == 2
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == 1 and "not found" not in err
+        assert "TRL's trainer_state.json" in err and "call trainer.save_state() after trainer.train()" in err
+        assert not (where / "report").exists()
+    (run_dir / "trainer_state.json").mkdir()
+    assert main(["report", str(run_dir)]) == 2
+    assert "trainer_state.json is a directory, not a file" in capsys.readouterr().err
+
+
+def test_a_bebop_run_without_its_metrics_is_still_named_so(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text(json.dumps({"mode": "rs", "mtp_loss": "e2e_tv"}))
+    with pytest.raises(BebopError, match="metrics not found"):
+        load_run(run_dir)

@@ -1,12 +1,13 @@
 """Tests for bebop.check.lossless: the harness passes an exact engine and catches broken ones.
 
 The harness's own statistics: ``chi2_sf`` and ``two_sample_chi2`` against scipy, the pooling of
-rare cells by hand. End to end on a tiny model (V = 8): with alpha = 3e-4 and the 73 default checks,
-an exact engine fails ``test_exact_engine_passes`` with odds 1 - (1 - 3e-4)^73 ~= 2.2% for a seed
-picked at random; the seed is fixed, so a given checkout passes or fails deterministically. The
-broken sampler (recovered tokens drawn from p instead of max(0, p - q)) and the broken rollback (a
-rejected draft's KV entry kept from the second verify step on) must give p-values below
-BROKEN_P_VALUE, which an exact sampler reaches with odds 1e-12 per check.
+rare cells by hand. End to end on a tiny model (V = 8): with alpha = 3e-4, the 73 default checks in
+3 events and the retest, an exact engine fails ``test_exact_engine_passes`` with odds at most
+``false_alarm_bound`` ~= 1.6e-4 for a seed picked at random; the seed is fixed, so a given checkout
+passes or fails deterministically. Every broken sampler of ``tests.check.samplers.BROKEN`` must be
+called not lossless, its retest giving p-values below BROKEN_P_VALUE, which an exact sampler reaches
+with odds 1e-12 per check. The retest procedure itself is pinned on ``ChainSampler``, an exact sampler
+cheap enough to run it hundreds of times.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import pytest
 import scipy.stats
 import torch
 
-from bebop.speculative import sampling, target
+from bebop.check.config import DEFAULT_NUM_SAMPLES
+from bebop.check.verdict import false_alarm_bound, false_alarm_odds, retest_seed
 from bebop.check import lossless
 from bebop.check.lossless import (
     BLOCK_LOSSLESS_CONFIGS,
@@ -27,7 +29,6 @@ from bebop.check.lossless import (
     LOSSLESS_CONFIGS,
     LosslessConfig,
     chi2_sf,
-    false_alarm_odds,
     format_lossless_table,
     pool_rare_cells,
     run_lossless_checks,
@@ -35,18 +36,26 @@ from bebop.check.lossless import (
     two_sample_chi2,
 )
 from bebop.utils.errors import BebopError
-from tests.helpers.engine import ToyTokenizer, peaked_model, perturbed_head
+from tests.check.samplers import (
+    BROKEN,
+    CHAIN_VOCAB,
+    ChainSampler,
+    block_without_correction,
+    break_rollback,
+    context_model,
+    recover_from_p,
+    tiny_model,
+)
+from tests.helpers.engine import ToyTokenizer
 
 NUM_SAMPLES = 3000  # rows per sample on the tiny model: ~33k rows of up to 12 tokens for the 7 default configs
-NUM_SAMPLES_BROKEN = 10_000  # one config: 2 runs; enough that a broken sampler gives p < 1e-12
+NUM_SAMPLES_BROKEN = DEFAULT_NUM_SAMPLES  # the default: every broken sampler must be caught at it
 PROMPTS = [[3], [5, 1], [2, 2, 7, 4]]  # the first is tested; the others have other lengths (padding)
 BROKEN_P_VALUE = 1e-12  # a broken sampler must be this clear, far below any alpha
-LEAK_ROOM = 64  # extra cache positions for the leaked entries of the broken-rollback engine
 
 
 def _tiny():
-    model = peaked_model(vocab_size=8, hidden_size=16, num_layers=1)
-    return model, perturbed_head(model, 0.3)
+    return tiny_model()
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -104,8 +113,8 @@ def test_batch_rows_interleave_other_prompts():
 
 
 def test_leading_tokens_mark_ended_rows():
-    assert lossless._leading_tokens([4, 1], 3) == (4, 1, ENDED)
-    assert lossless._leading_tokens([4, 1, 5, 6], 3) == (4, 1, 5)
+    assert lossless._leading_tokens([[4, 1], [4, 1, 5, 6]], 3).tolist() == [[4, 1, ENDED], [4, 1, 5]]
+    assert lossless._leading_tokens([[4, 1, 5, 6]], 3).tolist() == [[4, 1, 5]]
 
 
 def test_configs_reach_the_third_verify_step():
@@ -132,64 +141,27 @@ def test_exact_engine_passes():
     assert any(c.batch_mix for c in checks)
 
 
-def _recover_from_p(target_probs, draft_tokens, draft_probs=None):
-    """A broken verifier: the token after a rejection is drawn from p, not from max(0, p - q)."""
-    return target_probs.to(sampling.compute_dtype(target_probs, draft_probs))
-
-
 @pytest.mark.parametrize("config", [LosslessConfig("rs", 3, 1.0), LosslessConfig("to", 1, 0.7, batch_mix=True)])
 def test_broken_sampler_fails(config, monkeypatch):
-    monkeypatch.setattr(sampling, "recovery_weights", _recover_from_p)
+    recover_from_p(monkeypatch)
     model, head = _tiny()
     checks = run_lossless_checks(model, ToyTokenizer(), head, num_samples=NUM_SAMPLES_BROKEN, seed=0,
                                  prompts=PROMPTS, configs=(config,))
-    table = format_lossless_table(checks)
-    assert [c.tokens for c in checks] == [(i,) for i in range(1, config.num_tokens + 1)] + [config.joint_pair]
-    assert checks[0].passed, table  # token 1 never goes through verification
-    assert min(c.p_value for c in checks[1:]) < BROKEN_P_VALUE, table
+    table, first = format_lossless_table(checks), [c for c in checks if not c.retest]
+    assert [c.tokens for c in first] == [(i,) for i in range(1, config.num_tokens + 1)] + [config.joint_pair]
+    assert first[0].passed, table  # token 1 never goes through verification
+    assert min(c.p_value for c in first[1:]) < BROKEN_P_VALUE, table
     assert "FAIL" in table and not summarize_checks(checks).passed
-
-
-def _context_model():
-    """The tiny model with attention weights drawn at std 0.6, so p depends on the whole context: at the
-    default init (std 0.02) the model is nearly a Markov chain and a stale KV entry changes nothing."""
-    model, head = _tiny()
-    g = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for name, weight in model.named_parameters():
-            if "self_attn" in name and weight.dim() == 2:
-                weight.copy_(0.6 * torch.randn(weight.shape, generator=g))
-    return model, head
-
-
-def _break_rollback(monkeypatch):
-    """From the second verify step on, a row that rejected a draft keeps that draft's KV entry in the
-    target's cache (one more committed position than it emitted), as a faulty rollback would."""
-    init = target.Target.__init__
-
-    def patched(self, model, batch_size, max_len, **kwargs):
-        init(self, model, batch_size, max_len + LEAK_ROOM, **kwargs)
-        cache, commit, calls = self.cache, self.cache.commit, []
-
-        def leaky_commit(num_kept):
-            calls.append(num_kept)
-            if len(calls) >= 3:  # 1 = prefill, 2 = the first verify step (left intact)
-                num_kept = [min(n + 1, cache._write_index.shape[1]) for n in num_kept]
-            commit(num_kept)
-
-        cache.commit = leaky_commit
-
-    monkeypatch.setattr(target.Target, "__init__", patched)
 
 
 @pytest.mark.parametrize("broken", [False, True])
 @pytest.mark.parametrize("config", [LosslessConfig("to", 1, 0.7), LosslessConfig("rs", 1, 0.7)])
 def test_rollback_defect_shows_only_past_the_first_three_tokens(config, broken, monkeypatch):
     """The broken engine passes every check on tokens 1-3 (all the old harness compared) and fails the
-    deeper ones; the real engine passes them all (false-alarm odds 1 - (1 - 3e-4)^7 = 0.2% per config)."""
+    deeper ones; the real engine passes them all (false-alarm odds (7 * 3e-4)^2 = 4.4e-6 per config, retest included)."""
     if broken:
-        _break_rollback(monkeypatch)
-    model, head = _context_model()
+        break_rollback(monkeypatch)
+    model, head = context_model()
     checks = run_lossless_checks(model, ToyTokenizer(), head, num_samples=NUM_SAMPLES_BROKEN, seed=0,
                                  prompts=PROMPTS, configs=(config,))
     table = format_lossless_table(checks)
@@ -203,20 +175,104 @@ def test_rollback_defect_shows_only_past_the_first_three_tokens(config, broken, 
 
 
 def test_block_verification_passes_and_a_broken_block_verifier_fails(monkeypatch):
-    """``--verify block``: the exact engine passes BLOCK_LOSSLESS_CONFIGS (false-alarm odds 1 - (1 - 3e-4)^49
-    = 1.5% for a seed picked at random); the block correction dropped from the residual (thresholds and
+    """``--verify block``: the exact engine passes BLOCK_LOSSLESS_CONFIGS (false-alarm odds at most
+    sum_e (3e-4 n_e)^2 = 5.4e-5 over its 4 events, retest included, for a seed picked at random); the block correction dropped from the residual (thresholds and
     emitted token) fails with p below BROKEN_P_VALUE."""
-    from bebop.speculative import block
-
     model, head = _tiny()
     checks = run_lossless_checks(model, ToyTokenizer(), head, num_samples=NUM_SAMPLES, seed=0, prompts=PROMPTS,
                                  configs=BLOCK_LOSSLESS_CONFIGS)
     assert len(checks) == 49 and all(" block " in c.name for c in checks)
     assert summarize_checks(checks).passed, format_lossless_table(checks)
-    monkeypatch.setattr(block, "block_residual", lambda p, q, w: (p.double() - q.double()).clamp_min(0.0))
+    block_without_correction(monkeypatch)
     broken = run_lossless_checks(model, ToyTokenizer(), head, num_samples=NUM_SAMPLES_BROKEN, seed=0,
                                  prompts=PROMPTS, configs=BLOCK_LOSSLESS_CONFIGS[:1])
     assert min(c.p_value for c in broken) < BROKEN_P_VALUE, format_lossless_table(broken)
+
+
+# ----------------------------------------------------------------------------- the retest procedure
+
+COVERED_ABOVE = ("wrong residual (recovered from p)", "wrong block residual", "off-by-one KV rollback",
+                 "stale recurrent state")  # pinned by the tests above and tests/speculative/test_hybrid.py
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in COVERED_ABOVE else n
+                                  for n in BROKEN])
+def test_every_broken_sampler_is_caught_at_the_default_sample_count(name, monkeypatch):
+    """Each broken sampler fails on its first samples and again on the retest's: the verdict is not lossless."""
+    broken = BROKEN[name]
+    broken.patch(monkeypatch)
+    model, head = broken.model()
+    checks = run_lossless_checks(model, ToyTokenizer(), head, num_samples=DEFAULT_NUM_SAMPLES, seed=0,
+                                 prompts=PROMPTS, configs=broken.configs)
+    table = format_lossless_table(checks)
+    assert summarize_checks(checks).verdict == "not lossless", table
+    assert min(c.p_value for c in checks if c.retest) < BROKEN_P_VALUE, table
+
+
+class _BrokenUnder(ChainSampler):
+    """The exact chain sampler, except that speculative rows at T = 1 drawn under ``seeds`` have their second
+    token shifted by one: a failure where and when the test wants it."""
+
+    def __init__(self, seeds: set[int]):
+        super().__init__()
+        self.seeds, self.calls = seeds, []
+
+    def rollout(self, prompts, sampling, spec, group_size=1, seed=0, step=0, first_row=0):
+        self.calls.append((spec.mode, sampling.temperature, seed))
+        out = super().rollout(prompts, sampling, spec, group_size, seed, step, first_row)
+        if spec.mode != "none" and sampling.temperature == 1.0 and seed in self.seeds:
+            for row in out.token_ids:
+                row[1] = (row[1] + 1) % CHAIN_VOCAB
+        return out
+
+
+RETEST_CONFIGS = (LosslessConfig("rs", 1, 1.0), LosslessConfig("to", 1, 1.0), LosslessConfig("rs", 1, 0.7))
+
+
+def _chain_checks(sampler, seed: int = 0, **kwargs):
+    return run_lossless_checks(None, None, object(), num_samples=2000, seed=seed, prompts=[[3]], backend=sampler,
+                               **{"configs": RETEST_CONFIGS} | kwargs)
+
+
+def test_a_failure_then_a_pass_on_the_retest_is_lossless():
+    """Both T = 1 settings fail against their shared plain sample: one event, retested once, under another seed;
+    the T = 0.7 event passed and is not redrawn."""
+    sampler = _BrokenUnder({0})
+    checks = _chain_checks(sampler)
+    summary = summarize_checks(checks)
+    assert summary.verdict == "lossless" and summary.cleared == ("rs K=1 T=1", "to K=1 T=1"), format_lossless_table(checks)
+    assert sampler.calls[-3:] == [("none", 1.0, retest_seed(0)), ("rs", 1.0, retest_seed(0)), ("to", 1.0, retest_seed(0))]
+    assert len(sampler.calls) == 5 + 3 and {c.temperature for c in checks if c.retest} == {1.0}
+    assert all(c.passed for c in checks if c.retest) and len([c for c in checks if c.retest]) == 14
+
+
+def test_two_failures_are_not_lossless():
+    checks = _chain_checks(_BrokenUnder({0, retest_seed(0)}))
+    summary = summarize_checks(checks)
+    assert summary.verdict == "not lossless" and summary.failing == ("rs K=1 T=1", "to K=1 T=1")
+    assert format_lossless_table(checks, seed=0).splitlines()[1].startswith("What it means:")
+
+
+SIM_RUNS = 300  # runs of the procedure on an exact sampler
+SIM_ALPHA = 0.02  # per check: high, so first failures are common and the retest's effect is measurable
+SIM_CONFIGS = (LosslessConfig("rs", 1, 1.0), LosslessConfig("to", 1, 1.0))  # one event of 14 checks
+SIM_QUANTILE = 1 - 1e-4  # a binomial count above this quantile of its bound fails the test (odds 1e-4 if it holds)
+
+
+def test_the_false_alarm_rate_is_bounded_by_simulation():
+    """On an exact sampler, runs with a first failure stay within 1 - (1 - alpha)^m and false verdicts within
+    sum_e (alpha n_e)^2, each up to its binomial 1 - 1e-4 quantile over SIM_RUNS runs; the retest clears most
+    first failures (a retest that reused the first samples would clear none)."""
+    first = false = 0
+    for seed in range(SIM_RUNS):
+        summary = summarize_checks(run_lossless_checks(None, None, object(), num_samples=300, seed=seed, prompts=[[3]],
+                                                       alpha=SIM_ALPHA, configs=SIM_CONFIGS, backend=ChainSampler()))
+        first += summary.num_failed > 0
+        false += summary.verdict == "not lossless"
+    assert summary.event_sizes == (14,)
+    assert first <= scipy.stats.binom.ppf(SIM_QUANTILE, SIM_RUNS, false_alarm_odds(SIM_ALPHA, 14))
+    assert false <= scipy.stats.binom.ppf(SIM_QUANTILE, SIM_RUNS, false_alarm_bound(SIM_ALPHA, [14]))
+    assert false <= first / 4, (first, false)
 
 
 # ----------------------------------------------------------------------------- report and errors

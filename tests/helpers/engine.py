@@ -117,10 +117,9 @@ def record_blocks(monkeypatch) -> list[tuple[int, list[int]]]:
     blocks: list[tuple[int, list[int]]] = []
     emit = engine._Runner._emit
 
-    def spy(self, rows, out, num_accepted):
-        for row, new, n in zip(rows.index, out.tolist(), num_accepted):
-            blocks.append((row, new[: n + 1]))
-        return emit(self, rows, out, num_accepted)
+    def spy(self, rows, last_token, num_new, new):
+        blocks.extend((row, list(tokens)) for row, tokens in zip(rows.index, new))
+        return emit(self, rows, last_token, num_new, new)
 
     monkeypatch.setattr(engine._Runner, "_emit", spy)
     return blocks

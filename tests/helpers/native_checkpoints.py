@@ -1,4 +1,4 @@
-"""Tiny native-MTP checkpoints of each family (Qwen3.5, Qwen3-Next, DeepSeek-V3, GLM-4.5, MiMo) for the
+"""Tiny native-MTP checkpoints of each family (Qwen3.5, Qwen3-Next, DeepSeek-V3, GLM-4.5, MiMo, Nemotron-H) for the
 import/export tests: backbones, their MTP tensors saved as the family ships them, a tokenizer."""
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from transformers import (
     DeepseekV3ForCausalLM,
     Glm4MoeConfig,
     Glm4MoeForCausalLM,
+    NemotronHConfig,
+    NemotronHForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen3_5ForCausalLM,
@@ -66,6 +68,15 @@ FAMILIES = {
         fc="model.mtp_layers.0.input_proj.weight", out="model.mtp_layers.0.final_layernorm.weight",
         block="model.mtp_layers.0.", zero_centered=False, hidden_first=True, zero0=True, prenorm=False,
         target_prenorm=True),
+    "nemotron_h": dict(  # a Mamba2 block, then attention; its MTP step is one attention block (pattern "*")
+        build=lambda: NemotronHForCausalLM(NemotronHConfig(
+            **{k: v for k, v in _COMMON.items() if k != "num_hidden_layers"}, layer_types=["linear_attention",
+                                                                                       "full_attention"],
+            mamba_num_heads=4, mamba_head_dim=8, ssm_state_size=8, n_groups=2, conv_kernel=4, chunk_size=8,
+            num_nextn_predict_layers=1, mtp_layers_block_type=["full_attention"])),
+        e="mtp.layers.0.enorm.weight", h="mtp.layers.0.hnorm.weight", fc="mtp.layers.0.eh_proj.weight",
+        out="mtp.layers.0.final_layernorm.weight", block="mtp.layers.0.", zero_centered=False, hidden_first=False,
+        zero0=False, prenorm=False),
 }
 FAMILIES_ARCH = {"qwen2": ["MiMoForCausalLM"]}  # the tiny qwen2 checkpoints here are MiMo checkpoints
 OWN_PREFIXES = ("enorm.", "hnorm.", "eh_proj.", "shared_head.", "embed_tokens.", "token_layernorm.", "hidden_layernorm.",

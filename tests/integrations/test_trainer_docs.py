@@ -50,3 +50,17 @@ def test_vllm_speculative_configs_validate():
         assert set(config) <= fields
         assert config["method"] in typing.get_args(speculative.MTPModelTypes)
         assert config["draft_sample_method"] in typing.get_args(speculative.DraftSampleMethod)
+
+
+def test_every_trl_snippet_saves_the_state_bebop_report_reads():
+    """TRL writes trainer_state.json only with a checkpoint: every documented TRL training, and the example
+    script, saves it after training, so `bebop report` on its output directory finds the log history."""
+    from tests.helpers.doc_blocks import DOC_FILES, fenced_blocks
+
+    trains = [b for path in DOC_FILES for b in fenced_blocks(path) if b.language == "python" and ".train()" in b.body]
+    assert len(trains) >= 2  # README's "Your trainer" and docs/trainers.md's "Use it from TRL"
+    for block in trains:
+        lines = [line.split("#")[0].strip() for line in block.body.splitlines()]
+        assert "trainer.save_state()" in lines[lines.index("trainer.train()"):], f"{block.path}:{block.line}"
+    example = (DOC.parents[1] / "examples" / "trl_grpo.py").read_text()
+    assert re.search(r"^\s+trainer\.save_state\(\)", example, flags=re.M)

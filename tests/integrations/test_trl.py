@@ -274,6 +274,10 @@ def test_sampling_params_are_what_transformers_applies(tmp_path, config):
      "stop_strings=['b'], no_repeat_ngram_size=2"),
     ({"generation_kwargs": {"temperature": 0.0}}, "temperature=0.0 with do_sample=True: TRL's generate refuses it"),
     ({"temperature": 0.0}, "TRL's loss divides the policy's logits by it"),
+    ({"temperature": 1e-9}, "GRPOConfig temperature must be at least 0.01 (below it logits / T overflow float32), "
+                            "got 1e-09: TRL's loss divides"),
+    ({"generation_kwargs": {"temperature": 1e-9}}, "temperature=1e-09 with do_sample=True: temperature must be at "
+                                                   "least 0.01"),
     ({"generation_kwargs": {"top_k": -1}}, "top_k=-1: TRL's generate refuses it"),
 ])
 def test_refuses_settings_it_cannot_reproduce_before_sampling(tmp_path, config, message):

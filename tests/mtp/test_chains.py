@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from bebop.losses import acceptance_stats
-from bebop.mtp.chains import served_bias, unroll_served
+from bebop.mtp.chains import unroll_served
 from bebop.mtp.data import Sequences, chain_tensors
 from bebop.mtp.evaluate import evaluate_mtp
 from bebop.mtp.head import MtpHead
 from bebop.mtp.train import TrainMtpConfig, saved_config, train_mtp
-from bebop.speculative import engine
+from bebop.speculative.drafter import Drafter
 from bebop.speculative.engine import SamplingParams, SpecConfig, generate
 from bebop.utils.errors import BebopError
 from tests.helpers.engine import MTP_ATOL, VOCAB, ToyTokenizer, peaked_model, perturbed_head, toy_prompts
@@ -24,37 +24,39 @@ K = 3
 Z_MAX = 4.42  # two-sided normal tail 1e-5 per depth: false-alarm odds <= 3e-5 for the K = 3 depths together
 
 
-def test_served_bias_blocks():
-    visible = served_bias(2, 2, torch.float32, torch.device("cpu"))[0, 0] == 0
-    assert visible.tolist() == [[True, False, True, False], [True, True, False, True]]
-
-
-def _spy_drafts(monkeypatch, prompts) -> list[tuple[int, list[int], torch.Tensor, torch.Tensor]]:
-    """Records, per verify step and row: (row, committed sequence, drafts (K,), draft logits (K, V))."""
+def _spy_drafts(monkeypatch) -> list[tuple[int, int, torch.Tensor, torch.Tensor]]:
+    """Records, per verify step and row: (row, tokens it had emitted, drafts (K,), draft logits (K, V));
+    ``_committed`` turns the count into the committed sequence once the completions are known."""
     records = []
-    draft = engine._Runner._draft
+    draft = Drafter.draft
 
-    def spy(self, rows):
+    def spy(self, rows, k, sampled):
         seen: list[torch.Tensor] = []
-        real_logits = self.mtp.logits
+        real_logits = self.head.logits
 
         def record(hidden, step=0):
             logits = real_logits(hidden, step=step)
             seen.append(logits.clone())
             return logits
 
-        self.mtp.logits = record
+        self.head.logits = record
         try:
-            tokens, q = draft(self, rows)
+            tokens, q = draft(self, rows, k, sampled)
         finally:
-            del self.mtp.logits
+            del self.head.logits
         logits = torch.stack(seen, 1)  # (R, K, V)
-        for i, r in enumerate(rows.index):
-            records.append((r, prompts[r] + list(self.outputs[r]), tokens[i], logits[i]))
+        for i, (r, n) in enumerate(zip(rows.index, rows.counters.tolist())):
+            records.append((r, n, tokens[i], logits[i]))
         return tokens, q
 
-    monkeypatch.setattr(engine._Runner, "_draft", spy)
+    monkeypatch.setattr(Drafter, "draft", spy)
     return records
+
+
+def _committed(records, prompts, completions) -> list[tuple[int, list[int], torch.Tensor, torch.Tensor]]:
+    """(row, committed sequence, drafts, logits): a row that had emitted n tokens had committed its prompt
+    and the first n tokens of its final completion (completions only grow while a row decodes)."""
+    return [(r, prompts[r] + completions[r][:n], tokens, logits) for r, n, tokens, logits in records]
 
 
 def _peaked(arch: str):
@@ -77,9 +79,10 @@ def test_served_logits_equal_engine_drafts(arch, mode, monkeypatch):
     model = _peaked(arch)
     head = perturbed_head(model, 0.1)
     prompts = toy_prompts((2, 5, 9))
-    records = _spy_drafts(monkeypatch, prompts)
+    records = _spy_drafts(monkeypatch)
     sampling = SamplingParams(temperature=1.0, max_new_tokens=10)
-    generate(model, ToyTokenizer(), prompts, mtp=head, sampling=sampling, spec=SpecConfig(mode, K), seed=0)
+    out = generate(model, ToyTokenizer(), prompts, mtp=head, sampling=sampling, spec=SpecConfig(mode, K), seed=0)
+    records = _committed(records, prompts, out.token_ids)
     assert len(records) > 2 * len(prompts)
     unrolled_gap = 0.0
     for _, committed, drafts, logits in records:
@@ -107,9 +110,10 @@ def test_served_alpha_matches_engine_acceptance(monkeypatch):
     head = perturbed_head(model, 0.3)
     prompts = toy_prompts(tuple([3] * 160), seed=2)
     max_new = 24
-    records = _spy_drafts(monkeypatch, prompts)
+    records = _spy_drafts(monkeypatch)
     out = generate(model, ToyTokenizer(), prompts, mtp=head, sampling=SamplingParams(1.0, max_new_tokens=max_new),
                    spec=SpecConfig("rs", K), seed=3)
+    records = _committed(records, prompts, out.token_ids)
     seqs = [p + c for p, c in zip(prompts, out.token_ids)]
     assert all(len(c) == max_new for c in out.token_ids)  # no EOS: every row runs to its length
     data = Sequences(seqs, [len(p) for p in prompts])

@@ -165,6 +165,51 @@ def test_evaluate_equals_brute_force_per_chain(setup, chain_context):
     assert gaps[0] < ATOL and max(gaps[1:]) > 1000 * ATOL
 
 
+def test_row_interval_clusters_the_chains_of_each_row(setup):
+    """The accept lengths' 95% half-widths are the ratio estimator's over rows, from each row's own evaluation
+    (S_r = its summed E[L], N_r its full chains), whatever the batching; one row has none."""
+    model, head, data = setup
+    alone = [evaluate_mtp(model, head, Sequences([ids], [start]), speculate_k=K)
+             for ids, start in zip(data.token_ids, data.starts) if len(ids) - 1 - max(start, 1) >= K]  # others: N = 0
+    assert len(alone) == 4
+    result = evaluate_mtp(model, head, data, speculate_k=K, batch_size=2)
+    assert result["num_rows"] == len(data)
+    for key in ("rs", "to"):
+        rows = [(r[f"accept_length_{key}"] - 1) * r["num_full_chains"] for r in alone], \
+            [r["num_full_chains"] for r in alone]
+        pairs = [(s, n) for s, n in zip(*rows) if n > 0]
+        ratio = sum(s for s, _ in pairs) / sum(n for _, n in pairs)
+        spread = sum((s - ratio * n) ** 2 for s, n in pairs) * len(pairs) / (len(pairs) - 1)
+        half = 1.96 * math.sqrt(spread) / sum(n for _, n in pairs)
+        assert result[f"accept_length_{key}_ci95"] == pytest.approx(half, rel=1e-5)
+        assert half > 0.01
+    assert alone[0]["accept_length_rs_ci95"] is None and alone[0]["num_rows"] == 1
+
+
+def test_row_interval_by_hand():
+    from bebop.mtp.evaluate import _row_ci95
+
+    # Two rows, S = (2, 4), N = (1, 1): R = 3, sum (S - R N)^2 = 2, times n / (n - 1) = 2 -> 4, over (sum N)^2 = 4.
+    rows = {"rows_n": 2, "rows_nn": 2.0, "rows_rs_ss": 20.0, "rows_rs_sn": 6.0}
+    assert _row_ci95(rows, "rs", 6.0, 2) == pytest.approx(1.96)
+
+
+def test_sampled_block_estimate_agrees_with_the_exact_one(setup, monkeypatch):
+    """Forced to Monte Carlo, the block accept length is within 5 of its standard errors of the exact value
+    (false-alarm odds about 6e-7), and says how it was sampled."""
+    from bebop.speculative import block
+
+    model, head, data = setup
+    exact = evaluate_mtp(model, head, data, speculate_k=K)
+    monkeypatch.setattr(block, "EXACT_MAX_ATOMS", 0)
+    sampled = evaluate_mtp(model, head, data, speculate_k=K)
+    se = sampled["accept_length_block_ci95"] / 1.96
+    assert 0 < se < 0.05
+    assert abs(sampled["accept_length_block"] - exact["accept_length_block"]) < 5 * se
+    assert sampled["accept_length_block_method"] == f"monte carlo, {block.MC_DRAWS} draft chains per chain"
+    assert sampled["accept_length_rs"] == exact["accept_length_rs"]
+
+
 # ----------------------------------------------------------------------------- invariances
 
 
@@ -267,14 +312,17 @@ def test_acceptance_table_rounds_to_three_decimals():
         "e2e_tv": {"alpha_rs": [0.91249, 0.87151], "alpha_to": [0.90149, 0.8496], "accept_length_rs": 2.70919,
                    "accept_length_to": 2.6668, "target_entropy": 0.44951},
     }
-    results["e2e_tv"].update(accept_length_block=2.71251, accept_length_block_ci95=0.0021)
+    results["e2e_tv"].update(accept_length_block=2.71251, accept_length_block_ci95=0.0021,
+                             accept_length_multi={2: 2.80049, 4: 2.8512})
+    results["e2e_tv"].update(accept_length_rs_ci95=0.04149, accept_length_to_ci95=None, num_rows=256)
     lines = acceptance_table(results).splitlines()
     assert lines[0] == ("| head | alpha_RS per step | alpha_TO per step | accept length RS | accept length RS block "
-                        "| accept length TO | H(p) nats |")
-    assert lines[1] == "|---|---|---|---|---|---|---|"
+                        "| accept length RS, n drafts | accept length TO | H(p) nats | rows |")
+    assert lines[1] == "|---|---|---|---|---|---|---|---|---|"
     assert lines[2:] == [
-        "| ce | 0.500 0.250 | 0.400 0.125 | 1.625 | - | 1.450 | 2.000 |",
-        "| e2e_tv | 0.912 0.872 | 0.901 0.850 | 2.709 | 2.713 ± 0.002 | 2.667 | 0.450 |",
+        "| ce | 0.500 0.250 | 0.400 0.125 | 1.625 | - | - | 1.450 | 2.000 | - |",
+        "| e2e_tv | 0.912 0.872 | 0.901 0.850 | 2.709 ± 0.041 | 2.713 ± 0.002 | n=2 2.800, n=4 2.851 | 2.667 | 0.450 "
+        "| 256 |",
     ]
 
 
@@ -286,8 +334,11 @@ def test_acceptance_table_of_an_evaluation(setup):
     assert cells[0] == "head"
     assert cells[1].split() == [f"{a:.3f}" for a in result["alpha_rs"]]
     assert cells[2].split() == [f"{a:.3f}" for a in result["alpha_to"]]
-    assert cells[3:] == [f"{result[k]:.3f}" for k in ("accept_length_rs", "accept_length_block", "accept_length_to",
-                                                      "target_entropy")]
+    assert cells[3:5] == [f"{result['accept_length_rs']:.3f} ± {result['accept_length_rs_ci95']:.3f}",
+                          f"{result['accept_length_block']:.3f}"]
+    assert cells[5] == ", ".join(f"n={n} {v:.3f}" for n, v in result["accept_length_multi"].items())
+    assert cells[6:] == [f"{result['accept_length_to']:.3f} ± {result['accept_length_to_ci95']:.3f}",
+                         f"{result['target_entropy']:.3f}", str(len(data))]
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -321,3 +372,14 @@ def test_bad_input_is_one_clear_error(setup, overrides, message):
         evaluate_mtp(**kwargs)
     assert message in str(raised.value)
     assert "\n" not in str(raised.value)
+
+
+def test_multi_draft_accept_lengths_extend_the_chain(setup):
+    """One draft per row is the chain's own accept length; more drafts never accept less (exact, so
+    equality and monotonicity hold to float rounding)."""
+    model, head, data = setup
+    result = evaluate_mtp(model, head, data, speculate_k=K, num_drafts=(1, 2, 4))
+    multi = result["accept_length_multi"]
+    assert multi[1] == pytest.approx(result["accept_length_rs"], abs=ATOL)
+    assert multi[1] - ATOL <= multi[2] <= multi[4] + ATOL
+    assert multi[4] <= 1 + K

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import stat
 
 import pytest
 import torch
@@ -36,7 +37,8 @@ def _rms(x, w, zero_centered, eps):
 def _reference_logits(family: str, model, tensors, ids, num_steps):
     """The family's MTP chain written out from the checkpoint tensors (the block is the family's layer class)."""
     spec = FAMILIES[family]
-    norm = functools.partial(_rms, zero_centered=spec["zero_centered"], eps=model.config.rms_norm_eps)
+    eps = getattr(model.config, "rms_norm_eps", None) or model.config.layer_norm_epsilon  # NemotronH names it so
+    norm = functools.partial(_rms, zero_centered=spec["zero_centered"], eps=eps)
     block = MtpHead(model, warm_start=False).layers[0].mtp_block  # a fresh block of the family's layer class
     block.load_state_dict({k[len(spec["block"]):]: v for k, v in tensors.items()
                            if k.startswith(spec["block"]) and not k[len(spec["block"]):].startswith(OWN_PREFIXES)})
@@ -58,7 +60,8 @@ def _reference_logits(family: str, model, tensors, ids, num_steps):
             emb = emb * (positions != 0)[..., None]
         e, h = norm(emb, tensors[spec["e"]]), norm(state, tensors[spec["h"]])
         x = torch.cat([h, e] if spec["hidden_first"] else [e, h], -1) @ tensors[spec["fc"]].T
-        x = block(x, attention_mask=mask, position_embeddings=decoder.rotary_emb(x, positions), position_ids=positions)
+        rotary = decoder.rotary_emb(x, positions) if hasattr(decoder, "rotary_emb") else None  # NemotronH: none
+        x = block(x, attention_mask=mask, position_embeddings=rotary, position_ids=positions)
         normed = norm(x, tensors[spec["out"]])
         out.append(model.get_output_embeddings()(normed))
         state = x if spec["prenorm"] else normed
@@ -109,13 +112,47 @@ def test_export_then_import_is_bit_identical(family, tmp_path):
     assert all(files[name] == MTP_SHARD for name in new_names)
     assert not (out / "model-native-mtp.safetensors").exists()
     # Backbone shards are copies, not hard links; small files come along; the config declares the layer.
-    shard = files["model.embed_tokens.weight"]
+    shard = files[next(n for n in sorted(files) if n.endswith(("embed_tokens.weight", "embeddings.weight")))]
     assert (out / shard).read_bytes() == (tmp_path / "native" / shard).read_bytes()
     assert os.stat(out / shard).st_ino != os.stat(tmp_path / "native" / shard).st_ino
     assert os.stat(out / shard).st_nlink == 1
     assert (out / "tokenizer_config.json").is_file()
     config = json.loads((out / "config.json").read_text())
     assert config.get("mtp_num_hidden_layers", config.get("num_nextn_predict_layers")) == 1
+    if family == "nemotron_h":  # the step vLLM builds: one attention block, in transformers' and vLLM's spelling
+        assert config["mtp_layers_block_type"] == ["full_attention"] and config["mtp_hybrid_override_pattern"] == "*"
+
+
+@pytest.mark.parametrize("step", [{}, {"mtp_layers_block_type": ["full_attention", "moe"]},
+                                  {"mtp_hybrid_override_pattern": "*E"}], ids=["default", "listed", "pattern"])
+def test_a_nemotron_h_mtp_step_of_several_blocks_is_refused_naming_why(step, tmp_path, capsys):
+    """NVIDIA's Nemotron-H checkpoints ship an MTP step of attention then MoE (vLLM serves it); a Bebop draft
+    step is one attention block: import-mtp refuses in one line, train-mtp --init auto starts from the backbone."""
+    from bebop.cli import main
+    from bebop.mtp.native import native_layer_count, read_config
+
+    model = tiny_backbone("nemotron_h")
+    save_native_checkpoint("nemotron_h", model, tmp_path / "native")
+    save_word_tokenizer(tmp_path / "native")
+    config = json.loads((tmp_path / "native" / "config.json").read_text())
+    config.pop("mtp_layers_block_type")
+    (tmp_path / "native" / "config.json").write_text(json.dumps({**config, **step}))
+    assert native_layer_count(read_config(tmp_path / "native")) == 0
+    assert main(["import-mtp", "--model", str(tmp_path / "native"), "--out", str(tmp_path / "head")]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "has a nemotron_h MTP step of 2 blocks (full_attention, moe), which a head cannot import: a Bebop draft " \
+           "step is one attention block" in line and not (tmp_path / "head").exists()
+
+
+def test_export_takes_the_tokenizer_of_tokenizer_dir(tmp_path):
+    """A model directory without tokenizer files is served with the one --tokenizer names."""
+    model = tiny_backbone("qwen3_5")
+    save_native_checkpoint("qwen3_5", model, tmp_path / "native")
+    save_word_tokenizer(tmp_path / "tokenizer")
+    MtpHead(model).save_pretrained(tmp_path / "head")
+    out = export_mtp(tmp_path / "native", tmp_path / "head", tmp_path / "served", tokenizer_dir=tmp_path / "tokenizer")
+    for file in (tmp_path / "tokenizer").iterdir():
+        assert (out / file.name).read_bytes() == file.read_bytes(), file.name
 
 
 def test_export_of_a_trained_head_onto_a_model_without_mtp_layer(tmp_path):
@@ -129,6 +166,24 @@ def test_export_of_a_trained_head_onto_a_model_without_mtp_layer(tmp_path):
     assert json.loads((out / "config.json").read_text())["mtp_num_hidden_layers"] == 1
     again = import_mtp(out, model)
     assert all(torch.equal(v, again.state_dict()[k]) for k, v in head.state_dict().items())
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o027])
+def test_export_is_readable_like_a_plain_write(tmp_path, mask):
+    """Every file of the export, the MTP shard included (safetensors writes 0600), and the directory (a
+    temporary directory is 0700) get what open() and mkdir() give under the umask."""
+    model = tiny_backbone("qwen3_5")
+    model.save_pretrained(tmp_path / "model")
+    keep_architectures(model, tmp_path / "model")
+    MtpHead(model).save_pretrained(tmp_path / "head")
+    old = os.umask(mask)
+    try:
+        out = export_mtp(tmp_path / "model", tmp_path / "head", tmp_path / "served", fmt="qwen3_5")
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in [out, *out.iterdir()]}
+    assert MTP_SHARD in modes and modes.pop(out.name) == 0o777 & ~mask
+    assert set(modes.values()) == {0o666 & ~mask}, modes
 
 
 def test_a_model_without_native_layer_points_to_backbone_init(tmp_path):

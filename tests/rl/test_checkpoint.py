@@ -78,8 +78,10 @@ def test_torn_line_in_the_middle_is_an_error(tmp_path):
 
 def test_resume_refuses_a_changed_config(tmp_path):
     _run(tmp_path, steps=2, mode="rs")
-    with pytest.raises(BebopError, match="lr"):
+    with pytest.raises(BebopError, match="lr") as refused:
         _run(tmp_path, resume=True, steps=4, mode="rs", lr=5e-4)
+    message = str(refused.value)  # a whole sentence: what may change, and what to do for the rest
+    assert "may change only steps, save_every" in message and message.endswith("or another run directory)")
 
 
 def test_resume_without_checkpoint_starts_over(tmp_path):

@@ -1,6 +1,7 @@
 """Tests for bebop.rl.data.load_prompts."""
 
 import json
+import os
 import sys
 
 import pytest
@@ -32,8 +33,17 @@ def test_jsonl_skips_blank_lines(tmp_path):
 
 
 def test_missing_file(tmp_path):
-    with pytest.raises(FileNotFoundError, match="prompt file not found"):
+    with pytest.raises(BebopError, match="prompt file not found"):
         load_prompts(tmp_path / "nope.jsonl")
+
+
+def test_a_directory_or_a_pipe_is_named_as_such_not_as_missing(tmp_path):
+    (tmp_path / "dir.jsonl").mkdir()
+    os.mkfifo(tmp_path / "fifo.jsonl")
+    with pytest.raises(BebopError, match=r"prompt file .*dir.jsonl is a directory, not a file"):
+        load_prompts(tmp_path / "dir.jsonl")
+    with pytest.raises(BebopError, match=r"fifo.jsonl is not a regular file \(a pipe, a device or standard input\)"):
+        load_prompts(tmp_path / "fifo.jsonl")  # NOTE: refused before it is opened: reading it would block
 
 
 def test_bad_json_names_the_line(tmp_path):

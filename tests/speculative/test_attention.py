@@ -18,8 +18,9 @@ import torch
 import transformers
 
 from bebop.mtp import MtpHead
-from bebop.speculative import attention, engine
+from bebop.speculative import attention
 from bebop.speculative.engine import SamplingParams, SpecConfig, generate
+from bebop.speculative.kv_cache import RaggedKVCache
 from bebop.speculative.target import Target
 from bebop.utils.errors import BebopError
 from bebop.architectures import SUPPORTED_MODEL_TYPES
@@ -152,12 +153,12 @@ def test_mtp_head_is_full_attention_in_training_and_engine(arch):
         logits = head.unroll(hidden, ids, 1)[0]
         positions = torch.arange(ids.shape[1])[None]
         tokens = torch.nn.functional.pad(ids[:, 1:], (0, 1))
-        windowed = engine.RaggedKVCache(1, 1, ids.shape[1], ids.device, hidden.dtype)
+        windowed = RaggedKVCache(1, 1, ids.shape[1], ids.device, hidden.dtype)
         windowed.begin(ids.shape[1])
         bias = windowed.attention_bias(window=WINDOW)
         sliding = head.logits(head.forward_step(hidden, tokens, positions, attention_bias=bias))
     assert not torch.allclose(logits, sliding)  # the window would matter here
-    full = engine.RaggedKVCache(1, 1, ids.shape[1], ids.device, hidden.dtype)
+    full = RaggedKVCache(1, 1, ids.shape[1], ids.device, hidden.dtype)
     full.begin(ids.shape[1])
     with torch.no_grad():
         again = head.logits(head.forward_step(hidden, tokens, positions, attention_bias=full.attention_bias()))

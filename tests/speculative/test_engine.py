@@ -23,6 +23,7 @@ import torch
 
 from bebop.mtp import MtpHead
 from bebop.speculative import engine
+from bebop.speculative.drafter import Drafter
 from bebop.speculative.engine import SamplingParams, SpecConfig, generate
 from bebop.utils.errors import BebopError
 from tests.helpers.engine import (
@@ -227,12 +228,13 @@ def _record_depth1_drafts(monkeypatch, prompts: list[list[int]]) -> list[tuple[i
     """Spies on the engine's draft blocks; returns the list it fills with (row, frontier position t,
     depth-1 draft logits (V,)) for every row of every verify step."""
     records: list[tuple[int, int, torch.Tensor]] = []
-    draft = engine._Runner._draft
+    draft = Drafter.draft
 
-    def spy(self, rows):
-        # The target has committed prompt + completion[:-1]; the frontier pair is (h_t, last token).
-        frontier = [len(prompts[r]) + len(self.outputs[r]) - 2 for r in rows.index]
-        real_logits, seen = self.mtp.logits, []
+    def spy(self, rows, k, sampled):
+        # The target has committed prompt + completion[:-1]; the frontier pair is (h_t, last token), and a
+        # row's counter is the number of tokens it has emitted.
+        frontier = [len(prompts[r]) + n - 2 for r, n in zip(rows.index, rows.counters.tolist())]
+        real_logits, seen = self.head.logits, []
 
         def record(hidden, step=0):
             logits = real_logits(hidden, step=step)
@@ -240,15 +242,15 @@ def _record_depth1_drafts(monkeypatch, prompts: list[list[int]]) -> list[tuple[i
                 seen.append(logits.clone())
             return logits
 
-        self.mtp.logits = record
+        self.head.logits = record
         try:
-            result = draft(self, rows)
+            result = draft(self, rows, k, sampled)
         finally:
-            del self.mtp.logits
+            del self.head.logits
         records.extend(zip(rows.index, frontier, seen[0]))
         return result
 
-    monkeypatch.setattr(engine._Runner, "_draft", spy)
+    monkeypatch.setattr(Drafter, "draft", spy)
     return records
 
 

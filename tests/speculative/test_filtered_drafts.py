@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from bebop.speculative import engine
+from bebop.speculative.drafter import Drafter
 from bebop.speculative.engine import SamplingParams, SpecConfig, generate
 from bebop.speculative.sampling import logits_to_probs
 from bebop.speculative.verification import VERIFIERS
@@ -67,14 +67,14 @@ def test_filtered_q_is_the_target_filter_of_the_draft_logits(monkeypatch):
     head = perturbed_head(model, 0.3)
     sampling = SamplingParams(temperature=0.7, top_k=5, top_p=0.8, max_new_tokens=6)
     seen = []
-    real = engine._Runner._draft_probs
+    real = Drafter.probs
 
     def spy(self, logits):
         q = real(self, logits)
         seen.append((logits.clone(), q))
         return q
 
-    monkeypatch.setattr(engine._Runner, "_draft_probs", spy)
+    monkeypatch.setattr(Drafter, "probs", spy)
     generate(model, ToyTokenizer(), toy_prompts((4,)), mtp=head, sampling=sampling,
              spec=SpecConfig("rs", 2, filter_drafts=True), seed=0)
     assert seen

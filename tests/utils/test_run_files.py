@@ -63,3 +63,5 @@ def test_last_of_each_step_keeps_the_resumed_runs_rows():
 def test_shown_text_escapes_html_of_a_received_file():
     assert shown_text({"mtp_loss": "<img src=x onerror=alert(1)>", "k": [3, "a\nb"]}) == {
         "mtp_loss": "&lt;img src=x onerror=alert(1)&gt;", "k": [3, "a b"]}
+    links = "[x](javascript:alert(1)) ![i](javascript:f)"  # no link or image may form in the report
+    assert shown_text(links) == r"\[x\](javascript:alert(1)) !\[i\](javascript:f)"
