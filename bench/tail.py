@@ -35,6 +35,7 @@ from bebop.speculative import SamplingParams, SpecConfig  # noqa: E402
 from bebop.speculative.auto import generate as auto_generate  # noqa: E402
 from bebop.speculative.auto.chooser import AutoChooser  # noqa: E402
 from bebop.speculative.engine import Decoder  # noqa: E402
+from bebop.utils.progress import stage  # noqa: E402
 from bench.scale import IdTokenizer  # noqa: E402
 
 PROMPT_TOKENS = 16  # prompt length of every row
@@ -130,9 +131,10 @@ def run(model, head, args) -> dict[str, list[dict]]:
         for mode in MODES:
             chooser = AutoChooser() if mode == "auto" else None
             for call in range(args.calls):
-                start = time.perf_counter()
-                decoder = decode_call(model, head, mode, args.rows, args.max_new_tokens, call, chooser)
-                seconds = time.perf_counter() - start
+                with stage(f"bench/tail.py: repeat {repeat + 1}, {mode}, batch {call + 1}/{args.calls}"):
+                    start = time.perf_counter()
+                    decoder = decode_call(model, head, mode, args.rows, args.max_new_tokens, call, chooser)
+                    seconds = time.perf_counter() - start
             stats = decoder.result().spec_metrics()
             out[mode].append({"phases": phases(decoder, args.rows), "seconds": seconds,
                               "tokens": decoder.num_tokens(), "accept": stats.get("spec/accept_length"),
@@ -183,7 +185,7 @@ def report(results: dict[str, list[dict]], rows: int) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--quick", action="store_true", help="B = 16, V = 128, up to 512 new tokens, 1 repeat")
     ap.add_argument("--rows", type=int, default=32, help="B, rows of a batch (GRPO: prompts x group size)")
     ap.add_argument("--max-new-tokens", type=int, default=1024, help="completion length cap")
