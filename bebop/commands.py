@@ -243,7 +243,7 @@ def cmd_generate(args) -> None:
                               "give fewer prompts (--num-prompts, --prompts) or lower --max-new-tokens")
     prompts = prompts or _embedded_prompts(args.num_prompts)
     spec = SpecConfig(mode=args.mode, speculate_k=args.speculate_k, filter_drafts=args.filter_drafts,
-                      verify=args.verify)
+                      verify=args.verify, recurrent_rollback=args.recurrent_rollback)
     prompt_ids = [_encode(tok, prompt, where) for where, prompt in prompts]
     backend = make_backend(args.backend, model, tok, head, seed=args.seed)
     profile = _auto_profile(args, model, sampling, spec) if auto else None

@@ -30,6 +30,7 @@ AUTO = "auto"  # the value of mode / speculate_k that asks bebop.speculative.aut
 AUTO_MAX_K = 4  # deepest K that speculate_k auto considers
 AUTO_EVERY = 10  # auto probes every this many calls (rl steps, or generate calls sharing a profile)
 VERIFY_CHOICES = ("token", "block")  # token-wise rejection sampling | block verification (bebop.speculative.block)
+ROLLBACK_CHOICES = ("auto", "snapshot", "replay")  # how recurrent layers roll back a verify pass (state_cache)
 BACKEND_NAMES = ("engine", "vllm")  # the keys of bebop.rollout.base.BACKENDS, without importing them (--help)
 DRAFT_LOSS_NAMES = ("ce", "fkl", "rkl", "tv", "e2e_tv")  # the keys of bebop.losses.DRAFT_LOSSES, without torch (--help)
 DEFAULT_DRAFT_LOSS = "e2e_tv"  # the paper's recommended loss: every command's default head
@@ -364,6 +365,10 @@ SPECULATE_K = Setting(3, f"K, drafts verified per target forward, or auto (1-{AU
                       parse=parse_speculate_k)
 VERIFY = Setting("token", "how mode rs verifies a drafted chain: token (token-wise) | block (jointly, Sun et al. "
                  "2024: exact, never fewer accepted drafts in expectation; engine backend only)", choices=VERIFY_CHOICES)
+RECURRENT_ROLLBACK = Setting("auto", "how a hybrid's recurrent layers roll back a verify pass: snapshot (keep the "
+                             "state after every position) | replay (keep their inputs, rerun the kept ones: less "
+                             "memory) | auto (replay when the snapshots would be large); exact either way",
+                             choices=ROLLBACK_CHOICES)
 BACKEND = Setting("engine", "rollout engine: engine (Bebop's: exact, seeded, per-token stats) | vllm (the vllm "
                   "extra; check-lossless judges it against vLLM's own plain sampling and Bebop's)", choices=BACKEND_NAMES)
 TOP_K = Setting(0, "top-k filter of the target's distribution; 0 = off", check=integer_in(0))

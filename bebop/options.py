@@ -19,6 +19,7 @@ from bebop.config import (
     DRAFT_LOSS_NAMES,
     MAX_NEW_TOKENS,
     MODE,
+    RECURRENT_ROLLBACK,
     SEED,
     SPECULATE_K,
     TOKENIZER,
@@ -164,6 +165,7 @@ class GenerateOptions:
     top_k: int = TOP_K.field()
     top_p: float = TOP_P.field()
     verify: str = VERIFY.field()
+    recurrent_rollback: str = RECURRENT_ROLLBACK.field()
     filter_drafts: bool = option(False, "apply --top-k/--top-p to the draft distribution q too (drafts and "
                                  "verification; exact)")
     max_new_tokens: int = MAX_NEW_TOKENS.field()

@@ -3,6 +3,7 @@
     PYTHONPATH=. .venv/bin/python bench/hybrid.py --quick --threads 1   # 3-6 min on 2 shared CPU cores
     PYTHONPATH=. .venv/bin/python bench/hybrid.py --threads 1           # wider models, more repeats
     PYTHONPATH=. .venv/bin/python bench/hybrid.py --device cuda --hidden-size 1024 --layers 8 --vocab 32768
+    PYTHONPATH=. .venv/bin/python bench/hybrid.py --rollback --threads 1  # snapshot vs replay, real widths
 
 Two Qwen3.5 text models of one size are built here with random weights: ``hybrid`` (the family's
 default layer_types: three Gated DeltaNet layers to one full-attention layer) and ``full`` (every
@@ -25,6 +26,16 @@ a random order):
     accept len      1 + accepted drafts per verify step
     step profile    an rs step's phases (draft, verify forward, sampling and verification, commit,
                     bookkeeping) beside a plain step's, per model and B (``bench.step_profile``)
+
+With ``--rollback``, only this table: snapshot against replay rollback (``bebop.speculative.replay``)
+on two random 2-layer models whose layers are all recurrent, at the real widths of Qwen3.5's Gated
+DeltaNet (D 4,096; 32 value and 16 key heads of 128) and Nemotron-H's Mamba2 (D 4,096; 128 heads of
+64, state 128, 8 groups), MLPs and vocabulary small (they are not what differs). Per B, after a
+prefill of 8 tokens, verify passes of K + 1 = 4 tokens whose rows keep 1..4, each followed by its commit:
+    held            bytes the pass holds until its commit beyond the committed state: every position's
+                    state and the conv inputs (snapshot), the conv inputs and recorded projections (replay)
+    ms              the pass and its commit, median of the repeats (the two modes alternate)
+    replay/snapshot the ratios of the two
 """
 
 from __future__ import annotations
@@ -52,6 +63,15 @@ SEQUENCES = 96  # self-generated sequences each head trains on
 PROMPT_SEED = 0
 SPECULATE_K = 3  # rs's K in the tok/s rows; verify/plain covers 1..4
 COST_KS = [1, 2, 3, 4]
+ROLLBACK_WIDTHS = {  # family -> (config class, model class, config fields): 2 recurrent layers at real widths
+    "Qwen3.5 Gated DeltaNet": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", {
+        "linear_num_value_heads": 32, "linear_num_key_heads": 16, "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4}),
+    "Nemotron-H Mamba2": ("NemotronHConfig", "NemotronHForCausalLM", {
+        "mamba_num_heads": 128, "mamba_head_dim": 64, "ssm_state_size": 128, "n_groups": 8, "conv_kernel": 4,
+        "chunk_size": 128}),
+}
+ROLLBACK_HIDDEN = 4096  # D of both families' real models
 QUICK = {"hidden_size": 128, "layers": 4, "vocab": 2048, "head_steps": 100, "repeats": 5, "max_new_tokens": 32}
 
 
@@ -77,6 +97,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="D 128, 4 layers, V 2048, 100 head steps, 5 repeats, 32 tokens")
     ap.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--rollback", action="store_true", help="only the snapshot vs replay table (real widths)")
+    ap.add_argument("--rollback-batch-sizes", type=int, nargs="+", default=[1, 16, 64], help="rows B, --rollback")
+    ap.add_argument("--rollback-repeats", type=int, default=3, help="timed passes per mode and B, --rollback")
     args = ap.parse_args(argv)
     if args.quick:
         for key, value in QUICK.items():
@@ -127,7 +150,7 @@ def train_head(model, args) -> MtpHead:
 @torch.no_grad()
 def state_bytes(model, args) -> tuple[int, int]:
     """(bytes of recurrent state per row, bytes a verify pass of K + 1 tokens holds per row until its commit)."""
-    target = Target(model, 1, 64)
+    target = Target(model, 1, 64, recurrent_rollback="snapshot")
     ids = torch.tensor(make_prompts(1, args.vocab), device=args.device)
     target.prefill(ids, [ids.shape[1]])
     kept = target.cache.row_states.nbytes()
@@ -164,11 +187,68 @@ def run_rollouts(models: dict, heads: dict, batch: int, args) -> dict:
     return rows
 
 
+def rollback_model(family: str, device: str) -> torch.nn.Module:
+    config_name, model_name, fields = ROLLBACK_WIDTHS[family]
+    config = getattr(transformers, config_name)(
+        vocab_size=256, hidden_size=ROLLBACK_HIDDEN, intermediate_size=256, num_hidden_layers=2,
+        layer_types=["linear_attention"] * 2, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+        pad_token_id=0, eos_token_id=None, **fields)
+    torch.manual_seed(0)
+    return getattr(transformers, model_name)(config).to(device).eval()
+
+
+@torch.no_grad()
+def measure_rollback(model, batch: int, repeats: int, device: str) -> dict:
+    """{mode: (held bytes, median seconds of a verify pass and its commit)} at B = ``batch``."""
+    capacity = 8 + (repeats + 1) * (SPECULATE_K + 1)
+    targets = {mode: Target(model, batch, capacity, recurrent_rollback=mode) for mode in ("snapshot", "replay")}
+    g = torch.Generator().manual_seed(0)
+    for target in targets.values():
+        target.prefill(torch.randint(1, 256, (batch, 8), generator=g).to(device), [8] * batch)
+    held, seconds = {}, {mode: [] for mode in targets}
+    for repeat in range(repeats + 1):  # repeat 0 warms up
+        block = torch.randint(1, 256, (batch, SPECULATE_K + 1), generator=g).to(device)
+        kept = [1 + (b + repeat) % (SPECULATE_K + 1) for b in range(batch)]
+        for mode in run_order(list(targets), repeat):
+            target = targets[mode]
+            start = time.perf_counter()
+            target.forward(block)
+            held[mode] = target.cache.row_states.pending_nbytes()
+            target.cache.commit(kept)
+            if device == "cuda":
+                torch.cuda.synchronize()  # NOTE: one sync per timed pass
+            if repeat:
+                seconds[mode].append(time.perf_counter() - start)
+    return {mode: (held[mode], statistics.median(seconds[mode])) for mode in targets}
+
+
+def rollback_table(args) -> None:
+    print("\n| family | B | held: snapshot | replay | replay/snapshot | ms: snapshot | replay | replay/snapshot |")
+    print("|---|---|---|---|---|---|---|---|")
+    for family in ROLLBACK_WIDTHS:
+        model = rollback_model(family, args.device)
+        for batch in args.rollback_batch_sizes:
+            with stage(f"bench/hybrid.py: {family}, snapshot and replay at B={batch}"):
+                r = measure_rollback(model, batch, args.rollback_repeats, args.device)
+            (snap_b, snap_s), (rep_b, rep_s) = r["snapshot"], r["replay"]
+            print(f"| {family} | {batch} | {snap_b / 2**20:,.1f} MiB | {rep_b / 2**20:,.1f} MiB | "
+                  f"{rep_b / snap_b:.3f} | "
+                  f"{snap_s * 1e3:,.0f} | {rep_s * 1e3:,.0f} | {rep_s / snap_s:.2f} |", flush=True)
+        del model
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     start = time.perf_counter()
+    if args.rollback:
+        print(f"torch {torch.__version__} | transformers {transformers.__version__} | device {args.device} | threads "
+              f"{torch.get_num_threads()} | repeats {args.rollback_repeats} | load {os.getloadavg()[0]:.1f} on "
+              f"{os.cpu_count()} CPUs")
+        rollback_table(args)
+        print(f"\ntotal {time.perf_counter() - start:.0f} s | load {os.getloadavg()[0]:.1f}")
+        return
     with stage("bench/hybrid.py: two random models and their heads"):
         models = {kind: build_model(kind, args) for kind in ("hybrid", "full")}
         heads = {kind: train_head(model, args) for kind, model in models.items()}

@@ -170,7 +170,8 @@ class Drafter:
         return g[torch.arange(len(self.count), device=count.device), count - 1]  # output at the frontier pair
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
-        """q (R, V) from draft logits (R, V): the draft temperature, then (``filter_drafts``) the target's top-k/top-p."""
+        """q (R, V) from draft logits (R, V): the draft temperature, then (``filter_drafts``) the target's
+        top-k/top-p."""
         if self.filter is not None:
             return logits_to_probs(logits, self.temperature, *self.filter)
         return torch.softmax(logits.float() / self.temperature, dim=-1)

@@ -12,10 +12,10 @@ One verify step of a row (``to``/``rs``)::
              recovered/bonus token is the next "last token"
 
 Rows accept different numbers of tokens in the same step; a ragged cache (one per model) keeps a
-length per row, so a rollback costs nothing and nothing is recomputed: KV entries past a row's
-length are ignored, and a recurrent layer's state is the snapshot the verify pass took at the row's
-kept length (``bebop.speculative.target``, ``bebop.speculative.state_cache``). Finished rows are
-dropped from the batch, their KV entries and states with them. A row's randomness comes from
+length per row, so a rollback costs nothing: KV entries past a row's length are ignored, and a
+recurrent layer's state is the one at the row's kept length, a snapshot the verify pass took or its
+kept prefix replayed (``bebop.speculative.target``, ``bebop.speculative.state_cache``). Finished
+rows are dropped from the batch, their KV entries and states with them. A row's randomness comes from
 ``bebop.speculative.rng`` keyed by (its seed, its number of emitted tokens), so its output does not
 depend on which other rows share the batch.
 Statistics (``Completions.stats``) count only the tokens the completions keep (see
@@ -37,8 +37,10 @@ Deviations from a textbook implementation:
        ``bebop.speculative.attention``, which refuses, in one line, any pattern it cannot reproduce exactly).
        The MTP head's layers are full-attention layers, in training and here.
     4) Recurrent layers (Gated DeltaNet, Mamba2) run a verify pass position by position with their
-       sequential recurrence, keeping the state after each position, as a plain step runs them;
-       prefill chunks end at every row's prompt end, so no recurrent layer ever sees padding.
+       sequential recurrence, keeping the state after each position, as a plain step runs them, or
+       (``SpecConfig.recurrent_rollback``, replay) in their chunked form, each row's kept prefix run
+       again at the commit; prefill chunks end at every row's prompt end, so no recurrent layer ever
+       sees padding.
     5) The prefill runs in chunks under a fixed mask budget, rows ordered longest prompt first, and
        computes logits only at each row's last prompt position; the MTP head reads its first input
        pairs chunk by chunk alongside (``bebop.speculative.target``).
@@ -234,7 +236,8 @@ class _Runner:
         self.greedy = sampling.temperature == 0
         self.eos = tokenizer.eos_token_id
         self.tokenizer = tokenizer
-        self.target = Target(model, batch, capacity, head_reads_prenorm=bool(mtp and mtp.config.target_prenorm))
+        self.target = Target(model, batch, capacity, head_reads_prenorm=bool(mtp and mtp.config.target_prenorm),
+                             recurrent_rollback=spec.recurrent_rollback)
         self.drafter = None  # NOTE: present whenever a step may draft; then every step feeds the head's inputs
         if max_speculate_k:
             filtered = (sampling.top_k, sampling.top_p) if spec.filter_drafts else (None, None)

@@ -15,6 +15,7 @@ from bebop.config import (
     AUTO,
     MAX_NEW_TOKENS,
     MODES,
+    ROLLBACK_CHOICES,
     TOP_K,
     TOP_P,
     VERIFY_CHOICES,
@@ -45,6 +46,7 @@ class SpecConfig:
     filter_drafts: bool = False  # apply the sampling top-k/top-p to q too (drafts and verification)
     verify: str = "token"  # token: token-wise rejection sampling | block: bebop.speculative.block (mode rs only)
     num_drafts: int = 1  # n chains per row, verified by bebop.speculative.multidraft (mode rs, verify token)
+    recurrent_rollback: str = "auto"  # snapshot | replay | auto: how recurrent layers roll back (state_cache)
 
 
 def distribution_problems(temperature: float, top_k: int, top_p: float, greedy_ok: bool) -> list[str]:
@@ -106,6 +108,8 @@ def _spec_problems(spec: SpecConfig, auto_ok: bool) -> list[str]:
         problems.append(problem and "draft_" + problem)
     problems.append(verify_problem(spec.mode, spec.verify))
     problems.append(num_drafts_problem(spec))
+    if spec.recurrent_rollback not in ROLLBACK_CHOICES:
+        problems.append(f"recurrent_rollback {spec.recurrent_rollback!r} is not one of {', '.join(ROLLBACK_CHOICES)}")
     return problems
 
 

@@ -16,6 +16,12 @@ its way to the end. ``RowStates`` keeps it by snapshots:
 Cost per row and recurrent layer: a verify pass holds S recurrent states (S - 1 more than a plain
 step) and S more window columns until its commit; the commit copies one state per row.
 
+Or by replay (``bebop.speculative.replay``): the verify pass runs the layer's chunked form, keeps no
+per-position state (the committed state stays as each row's checkpoint) and holds the conv inputs and
+the recurrence's other per-position inputs; ``commit(kept)`` runs each layer's recurrence once over
+all rows from their checkpoints, the positions past a row's kept length made identity steps.
+``rollback`` auto picks replay for a pass whose snapshots would pass SNAPSHOT_BUDGET.
+
 It implements the cache methods transformers' recurrent layers call (``get_conv_state``,
 ``update_conv_state``, ``get_recurrent_state``, ``update_recurrent_state``, ``is_recording_past``,
 ``get_recurrent_states_to_keep``, ``increase_count``), keyed by (layer, state index), so every layer
@@ -29,9 +35,11 @@ from __future__ import annotations
 import torch
 
 from bebop.speculative.kv_cache import take_rows
+from bebop.speculative.replay import LayerReplay
 from bebop.utils.errors import BebopError
 
 Key = tuple[int, int]  # (layer index, state index within the layer)
+SNAPSHOT_BUDGET = 256 * 2**20  # bytes: auto replays a pass whose snapshots would hold more (less memory, slower on CPU)
 
 
 def check_state_protocol() -> None:
@@ -57,11 +65,17 @@ class RowStates:
     Args:
         batch_size: rows B.
         device: of the buffers (allocated on a layer's first write, when their shapes are known).
+        rollback: snapshot | replay | auto (``choose_rollback``, per verify pass).
+        replays: layer index -> its ``LayerReplay`` (every recurrent layer's, for replay).
     """
 
-    def __init__(self, batch_size: int, device: torch.device):
+    def __init__(self, batch_size: int, device: torch.device, rollback: str = "snapshot",
+                 replays: dict[int, LayerReplay] | None = None):
         self.batch_size = batch_size
         self.device = device
+        self.rollback = rollback
+        self.replays = replays or {}
+        self.replaying = False  # the pending forward is a verify pass rolled back by replay
         self.windows: dict[Key, torch.Tensor] = {}  # (B, C, kernel) each: the last ``kernel`` conv inputs
         self.states: dict[Key, torch.Tensor] = {}  # (B, ...) each: the recurrent state
         self._rows = batch_size  # R: the pending forward runs rows [0, R)
@@ -73,6 +87,15 @@ class RowStates:
         """Prepares a forward of ``num_new`` positions over rows [0, num_rows); ``record``: a verify pass."""
         self._rows, self._record = num_rows, num_new if record else 0
         self._inputs, self._snapshots = {}, {}
+        self.replaying = bool(record) and self.choose_rollback(num_new, num_rows) == "replay"
+
+    def choose_rollback(self, num_new: int, num_rows: int) -> str:
+        """How a verify pass of ``num_new`` positions over ``num_rows`` rows is rolled back (``rollback``, or for
+        auto: replay when its snapshots, num_new states per row and layer, would pass SNAPSHOT_BUDGET)."""
+        if self.rollback != "auto":
+            return self.rollback
+        state_bytes = sum(t[0].numel() * t.element_size() for t in self.states.values())
+        return "replay" if num_new * num_rows * state_bytes > SNAPSHOT_BUDGET else "snapshot"
 
     # ------------------------------------------------------------------ transformers' interface
     def get_conv_state(self, layer_idx: int, state_idx: int = 0) -> torch.Tensor | None:
@@ -106,9 +129,17 @@ class RowStates:
 
     def update_recurrent_state(self, recurrent_states: torch.Tensor | list[torch.Tensor], layer_idx: int,
                                state_idx: int = 0, **kwargs) -> torch.Tensor:
-        """Takes the state after the forward (R, ...), or (verify pass) the states after each of its S positions."""
+        """Takes the state after the forward (R, ...), or (verify pass) the states after each of its S positions.
+
+        A verify pass rolled back by replay hands over its last state only, which is not kept: the committed
+        state stays as the rows' checkpoint.
+        """
         key = (layer_idx, state_idx)
         snapshots = [recurrent_states] if isinstance(recurrent_states, torch.Tensor) else list(recurrent_states)
+        if self.replaying:
+            if key not in self.states:  # the layer started from zeros: so does the replay
+                self.states[key] = snapshots[-1].new_zeros(self.batch_size, *snapshots[-1].shape[1:])
+            return snapshots[-1]
         if self._record:
             if len(snapshots) != self._record:  # NOTE: without every position's state there is no exact rollback
                 raise ValueError(f"layer {layer_idx} returned {len(snapshots)} states for a verify pass of "
@@ -126,8 +157,9 @@ class RowStates:
         return True
 
     def get_recurrent_states_to_keep(self, layer_idx: int | None = None) -> int:
-        """S in a verify pass (the layer returns the state after every position), else 0 (the last state only)."""
-        return self._record
+        """S in a verify pass rolled back by snapshots (the layer returns the state after every position), else 0
+        (the last state only: the layer runs its chunked form)."""
+        return 0 if self.replaying else self._record
 
     def increase_count(self, layer_idx: int, state_idx: int = 0) -> None:
         """Positions are counted by the KV cache's lengths; nothing to do."""
@@ -149,14 +181,25 @@ class RowStates:
             # Row b's window: its inputs kept[b] .. kept[b] + kernel - 1 of [old window, S new inputs].
             index = kept[:, None] + torch.arange(width, device=self.device)  # (R, kernel)
             window[: self._rows] = inputs.gather(2, index[:, None, :].expand(-1, inputs.shape[1], -1))
+        if self.replaying:
+            self._replay(kept)
         groups = {n: torch.tensor([b for b, m in enumerate(num_kept) if m == n], device=self.device)
                   for n in set(num_kept)}  # rows by kept length: one copy per group and layer
         for key, snapshots in self._snapshots.items():
             state = self.states[key]
             for n, rows in groups.items():
                 state.index_copy_(0, rows, snapshots[n - 1].index_select(0, rows).to(state.dtype))
-        self._record = 0
+        self._record, self.replaying = 0, False
         self._inputs, self._snapshots = {}, {}
+
+    def _replay(self, kept: torch.Tensor) -> None:
+        """Each layer's state after its rows' kept positions, run from the checkpoints: one call per layer."""
+        keep = torch.arange(self._record, device=self.device)[None, :] < kept[:, None]  # (R, S)
+        for (layer_idx, state_idx), inputs in self._inputs.items():
+            state = self.states[(layer_idx, state_idx)]
+            replay = self.replays[layer_idx]
+            state[: self._rows] = replay.replay(state[: self._rows], inputs, keep).to(state.dtype)
+            replay.recorded = {}
 
     def select_rows(self, rows: list[int]) -> None:
         """Keeps only ``rows`` of the batch, in that order (as ``RaggedKVCache.select_rows``)."""
@@ -169,6 +212,8 @@ class RowStates:
         return sum(t.numel() * t.element_size() for d in (self.windows, self.states) for t in d.values())
 
     def pending_nbytes(self) -> int:
-        """Bytes a verify pass holds until its commit: every position's state and the windows with its inputs."""
+        """Bytes a verify pass holds until its commit: the windows with its inputs, and every position's state
+        (snapshots) or the recurrence's recorded inputs (replay)."""
         tensors = [t for snaps in self._snapshots.values() for t in snaps] + list(self._inputs.values())
-        return sum(t.numel() * t.element_size() for t in tensors)
+        recorded = sum(r.nbytes() for r in self.replays.values()) if self.replaying else 0
+        return recorded + sum(t.numel() * t.element_size() for t in tensors)

@@ -5,7 +5,8 @@ layers (``RaggedKVCache``) and per-row conv and recurrent state for its recurren
 (``RowStates``: Gated DeltaNet, Mamba2), with the masks of ``bebop.speculative.attention``. A
 forward over S > 1 new tokens after the prefill is a verify pass: the recurrent layers keep the
 state after each of its positions, and the cache's ``commit`` gives each row the one at its kept
-length (``bebop.speculative.state_cache``).
+length, or (replay) keep their inputs, and the commit runs each row's kept prefix again from its
+state before the pass (``bebop.speculative.state_cache``, ``bebop.speculative.replay``).
 
 The prefill (``Target.prefill``) takes rows ordered longest prompt first, so the rows still inside
 their prompts at any position are a prefix of the batch, and runs positions in chunks
@@ -26,12 +27,14 @@ engine owns the target's forward; the MTP head's training reads the same states 
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 
 import torch
 from torch import nn
 
 from bebop.speculative import attention
 from bebop.speculative.kv_cache import RaggedKVCache
+from bebop.speculative.replay import layer_replays, recording
 from bebop.speculative.state_cache import RowStates, check_state_protocol
 from bebop.utils.errors import BebopError
 from bebop.utils.torch_utils import cache_kwargs
@@ -79,9 +82,10 @@ class TargetCache(RaggedKVCache):
     ``select_rows`` move both parts together.
     """
 
-    def __init__(self, num_layers: int, batch_size: int, max_len: int, device: torch.device, dtype: torch.dtype):
+    def __init__(self, num_layers: int, batch_size: int, max_len: int, device: torch.device, dtype: torch.dtype,
+                 row_states: RowStates | None = None):
         super().__init__(num_layers, batch_size, max_len, device, dtype)
-        self.row_states = RowStates(batch_size, device)
+        self.row_states = row_states or RowStates(batch_size, device)
 
     def begin(self, num_new: int, num_rows: int | None = None, record: bool = False) -> torch.Tensor:
         positions = super().begin(num_new, num_rows)
@@ -130,9 +134,12 @@ class Target:
         model: an HF causal LM (eval mode).
         batch_size, max_len: rows and positions per row of the cache.
         head_reads_prenorm: the MTP head reads the state before the final norm (MiMo).
+        recurrent_rollback: how recurrent layers roll back a verify pass: snapshot | replay | auto
+            (``bebop.speculative.state_cache``).
     """
 
-    def __init__(self, model, batch_size: int, max_len: int, head_reads_prenorm: bool = False):
+    def __init__(self, model, batch_size: int, max_len: int, head_reads_prenorm: bool = False,
+                 recurrent_rollback: str = "auto"):
         self.model = model
         self.head_reads_prenorm = head_reads_prenorm
         self.lm_head = model.get_output_embeddings()
@@ -144,7 +151,9 @@ class Target:
         self.type_windows = attention.layer_type_windows(self.config)
         attention.check_logits(self.config)
         param = next(model.parameters())
-        self.cache = TargetCache(self.config.num_hidden_layers, batch_size, max_len, param.device, param.dtype)
+        row_states = RowStates(batch_size, param.device, *_rollback(model, self.config, recurrent_rollback))
+        self.cache = TargetCache(self.config.num_hidden_layers, batch_size, max_len, param.device, param.dtype,
+                                 row_states)
 
     def forward(self, input_ids: torch.Tensor):
         """A decode step (S = 1) or a verify pass (S > 1) of every row: input_ids (R, S) -> logits (R, S, V),
@@ -168,11 +177,13 @@ class Target:
         else:
             mask = {kind: self.cache.attention_bias(valid, window=w) if kind in attention.ATTENTION else None
                     for kind, w in self.type_windows.items()}
-        out, state = decoder_states(
-            self.model, self.head_reads_prenorm,
-            input_ids=input_ids, position_ids=positions, attention_mask=mask, use_cache=True,
-            **cache_kwargs(self.model.get_decoder(), self.cache),
-        )
+        row_states = self.cache.row_states
+        with recording(row_states.replays) if row_states.replaying else nullcontext():
+            out, state = decoder_states(
+                self.model, self.head_reads_prenorm,
+                input_ids=input_ids, position_ids=positions, attention_mask=mask, use_cache=True,
+                **cache_kwargs(self.model.get_decoder(), self.cache),
+            )
         return out.last_hidden_state, state
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -212,6 +223,19 @@ class Target:
             if each_chunk is not None:
                 each_chunk(start, state)
         return self.logits(last_out), last_state
+
+
+def _rollback(model, config, rollback: str):
+    """(rollback, replays) of the model's ``RowStates``: replay needs a ``LayerReplay`` for every recurrent layer;
+    without one, auto rolls back by snapshots and a forced replay is refused in one line."""
+    recurrent = {i for i, kind in enumerate(getattr(config, "layer_types", None) or []) if kind == attention.RECURRENT}
+    replays = layer_replays(model) if recurrent else {}
+    if set(replays) != recurrent:
+        if rollback == "replay":
+            raise BebopError(f"recurrent_rollback replay: Bebop cannot replay the recurrent layers of "
+                             f"{config.model_type}; use snapshot")
+        rollback, replays = "snapshot", {}
+    return rollback, replays
 
 
 def prefill_chunks(lengths: list[int], cut_at_ends: bool, mask_budget: int,

@@ -1,20 +1,29 @@
 """Tests for the engine on hybrid models: recurrent layers' state is rolled back exactly
-(bebop.speculative.state_cache).
+(bebop.speculative.state_cache), by snapshots and by replay (bebop.speculative.replay).
+
+Every engine test runs under both rollbacks (the ``rollback`` fixture: auto with SNAPSHOT_BUDGET set
+so that every verify pass takes the one named).
 
 What pins it, on tiny models of each hybrid family (Qwen3.5, Qwen3.5-MoE and Qwen3-Next: Gated DeltaNet
 and full attention, 3:1; NemotronH: Mamba2, attention and MLP blocks):
   * the engine's target logits over a ragged prefill, verify passes whose rows keep 1..4 tokens, and a
-    plain step equal the model's own forward (test_attention.py's check, run on every supported family);
+    plain step equal the model's own forward (test_attention.py's check, run on every supported family,
+    here again with every pass replayed);
   * at temperature 0, ``to``, ``rs`` and ``rs`` with block verification give plain greedy's tokens, which
     are HF ``generate(do_sample=False)``'s;
-  * a wrong rollback (each row's state left at the end of the verify pass) fails both checks;
+  * a wrong rollback (each row's state and window left at the end of the verify pass) fails both
+    checks; a wrong replay (every position of the pass replayed, the windows kept right) fails the
+    logits check;
   * a row's sampled tokens do not depend on the rows beside it, which end and leave the batch (their
     states move), and switching mode and K between steps (auto mode) keeps greedy's tokens;
   * ``RowStates`` by hand: each row's window and state after a verify pass are the ones at its kept length;
   * statistical: the lossless checks (``bebop.check.lossless``: speculative against plain
     sampling, rs token-wise and block, T = 1 and 0.7) pass on each family (23 checks at alpha = 3e-4: a
     correct engine fails one family with odds 0.7% for a seed picked at random; the seeds are fixed), and
-    fail, with a p-value below 1e-12, when the rollback leaves each row's state at the pass's end.
+    fail, with a p-value below 1e-12, when the rollback leaves each row's state and window at the pass's
+    end (under replay: the replay runs every position). A wrong replay of the state alone moves the
+    distribution too little for these sample sizes (p = 0.014 at 4,000 samples on the Qwen3.5 one): the
+    logits check is its test.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ import torch
 from bebop.mtp import MtpHead
 from bebop.check.lossless import LosslessConfig, run_lossless_checks, summarize_checks
 from bebop.speculative.engine import Decoder, SamplingParams, SpecConfig, generate
+from bebop.speculative import state_cache
 from bebop.speculative.state_cache import RowStates
 from tests.helpers.models import HYBRIDS, tiny_model
 from tests.helpers.engine import VOCAB, ToyTokenizer, perturbed_head, toy_prompts
@@ -37,6 +47,30 @@ BROKEN_SAMPLES = 4000  # enough that the wrong rollback gives p < BROKEN_P_VALUE
 STAT_PROMPTS = [[3], [5, 1], [2, 2, 7, 4]]  # the first is tested; the others are mixed into its batch
 STAT_CONFIGS = (LosslessConfig("rs", 3, 1.0, batch_mix=True), LosslessConfig("rs", 2, 0.7, verify="block"))
 BROKEN_P_VALUE = 1e-12  # a broken rollback must be this clear, far below any alpha
+
+
+ROLLBACKS = ["snapshot", "replay"]
+
+
+@pytest.fixture(params=ROLLBACKS)
+def rollback(request, monkeypatch):
+    """The rollback every verify pass of the test takes: auto's SNAPSHOT_BUDGET set to always or never pass."""
+    monkeypatch.setattr(state_cache, "SNAPSHOT_BUDGET", 0 if request.param == "replay" else 2**62)
+    return request.param
+
+
+def hybrid_model(arch: str, **kwargs):
+    """``tiny_model`` whose recurrent state moves its logits: a tiny NemotronH's Mamba2 state is ~1e-6 at the
+    family's initialisation (dt_bias from dt in [0.001, 0.1], small in_proj weights), too small for the
+    logits checks to see a wrong state, so it gets dt_bias 1 (the mixer's own default) and 10x in_proj weights."""
+    model = tiny_model(arch, **kwargs)
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            if name.endswith("mixer.dt_bias"):
+                weight.fill_(1.0)
+            elif ".mixer.in_proj." in name:
+                weight.mul_(10.0)
+    return model
 
 
 def _greedy(model, prompts, head=None, spec=SpecConfig(), eos=None, max_new_tokens=NEW_TOKENS):
@@ -56,9 +90,18 @@ def _last_state_commit(monkeypatch) -> None:
     monkeypatch.setattr(RowStates, "commit", lambda self, kept: commit(self, [self._record or n for n in kept]))
 
 
+def _replay_past_kept(monkeypatch) -> None:
+    """A wrong replay: every row's state is replayed over all positions of the pass (its window stays right)."""
+    replay = RowStates._replay
+    monkeypatch.setattr(RowStates, "_replay", lambda self, kept: replay(self, torch.full_like(kept, self._record)))
+
+
+WRONG_ROLLBACKS = {"snapshot": [_last_state_commit], "replay": [_last_state_commit, _replay_past_kept]}
+
+
 @pytest.mark.parametrize("arch", HYBRIDS)
-def test_greedy_speculative_equals_plain_and_hf(arch):
-    model = tiny_model(arch, vocab_size=VOCAB)
+def test_greedy_speculative_equals_plain_and_hf(arch, rollback):
+    model = hybrid_model(arch, vocab_size=VOCAB)
     head = MtpHead(model)
     prompts = toy_prompts(PROMPT_LENGTHS)
     plain = _greedy(model, prompts)
@@ -71,21 +114,40 @@ def test_greedy_speculative_equals_plain_and_hf(arch):
 
 
 @pytest.mark.parametrize("arch", HYBRIDS)
-def test_a_wrong_rollback_fails_these_checks(arch, monkeypatch):
-    model = tiny_model(arch, vocab_size=VOCAB)
+def test_the_engine_logits_equal_the_models_forward_under_replay(arch, monkeypatch):
+    """test_attention.py's check (there under snapshots, auto's choice at these sizes), every pass replayed."""
+    monkeypatch.setattr(state_cache, "SNAPSHOT_BUDGET", 0)
+    assert target_logits_match(hybrid_model(arch, vocab_size=VOCAB))
+
+
+@pytest.mark.parametrize("arch", HYBRIDS)
+def test_a_forced_replay_gives_greedy_tokens(arch):
+    model = hybrid_model(arch, vocab_size=VOCAB)
+    prompts = toy_prompts(PROMPT_LENGTHS)
+    out = _greedy(model, prompts, MtpHead(model), SpecConfig("rs", 3, recurrent_rollback="replay"))
+    assert out.token_ids == _greedy(model, prompts).token_ids
+
+
+@pytest.mark.parametrize("arch", HYBRIDS)
+def test_a_wrong_rollback_fails_these_checks(arch, rollback):
+    model = hybrid_model(arch, vocab_size=VOCAB)
     head = MtpHead(model)
     prompts = toy_prompts(PROMPT_LENGTHS + (7,))
     plain = _greedy(model, prompts, max_new_tokens=24)
-    _last_state_commit(monkeypatch)
-    assert not target_logits_match(model)
-    assert _greedy(model, prompts, head, SpecConfig("rs", 3), max_new_tokens=24).token_ids != plain.token_ids
+    for wrong in WRONG_ROLLBACKS[rollback]:
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            wrong(monkeypatch)
+            assert not target_logits_match(model), wrong.__name__
+            if wrong is _last_state_commit:  # NOTE: a wrong state alone moves too few of Qwen3-Next's argmaxes
+                out = _greedy(model, prompts, head, SpecConfig("rs", 3), max_new_tokens=24)
+                assert out.token_ids != plain.token_ids
 
 
 @pytest.mark.parametrize("arch", ["qwen3_5_hybrid", "nemotron_h"])
-def test_row_output_does_not_depend_on_its_batch(arch):
+def test_row_output_does_not_depend_on_its_batch(arch, rollback):
     """Row id 5, sampled at T = 1 with rs, gives the same tokens alone and among 7 rows that end at EOS
     earlier (the batch shrinks and rows, states included, move into the finished rows' places)."""
-    model = tiny_model(arch, vocab_size=VOCAB)
+    model = hybrid_model(arch, vocab_size=VOCAB)
     head = MtpHead(model)
     sampling = SamplingParams(temperature=1.0, max_new_tokens=24)
     prompt, others = toy_prompts((4,), seed=1)[0], toy_prompts((1, 6, 3, 9, 2, 5, 7), seed=2)
@@ -99,8 +161,8 @@ def test_row_output_does_not_depend_on_its_batch(arch):
 
 
 @pytest.mark.parametrize("arch", ["qwen3_next_hybrid", "nemotron_h"])
-def test_switching_mode_and_k_between_steps_keeps_greedy_tokens(arch):
-    model = tiny_model(arch, vocab_size=VOCAB)
+def test_switching_mode_and_k_between_steps_keeps_greedy_tokens(arch, rollback):
+    model = hybrid_model(arch, vocab_size=VOCAB)
     head = MtpHead(model)
     prompts = toy_prompts(PROMPT_LENGTHS)
     sampling = SamplingParams(temperature=0.0, max_new_tokens=NEW_TOKENS)
@@ -157,7 +219,7 @@ def test_a_transformers_without_per_position_states_is_refused_in_one_line(monke
 def _stat_hybrid(arch: str):
     """A 2-layer hybrid (a recurrent layer, then full attention) with V = 8 whose p is peaked and depends on
     the recurrent state (its recurrent layer's weights have std 0.6), and a jittered head: rejections are common."""
-    model = tiny_model(arch, vocab_size=8, hidden_size=16, layer_types=["linear_attention", "full_attention"])
+    model = hybrid_model(arch, vocab_size=8, hidden_size=16, layer_types=["linear_attention", "full_attention"])
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for module, std in ((model.get_input_embeddings(), 1.0), (model.get_output_embeddings(), 0.3)):
@@ -169,7 +231,7 @@ def _stat_hybrid(arch: str):
 
 
 @pytest.mark.parametrize("arch", [pytest.param(a, marks=pytest.mark.slow) if a != "nemotron_h" else a for a in HYBRIDS])
-def test_sampling_is_lossless_on_each_family(arch):
+def test_sampling_is_lossless_on_each_family(arch, rollback):
     """About 10 s per Gated DeltaNet family (slow), 4 s for NemotronH."""
     model, head = _stat_hybrid(arch)
     checks = run_lossless_checks(model, ToyTokenizer(), head, num_samples=STAT_SAMPLES, seed=0, prompts=STAT_PROMPTS,
@@ -177,7 +239,7 @@ def test_sampling_is_lossless_on_each_family(arch):
     assert len(checks) == 23 and summarize_checks(checks).passed
 
 
-def test_a_wrong_rollback_fails_the_lossless_checks(monkeypatch):
+def test_a_wrong_rollback_fails_the_lossless_checks(rollback, monkeypatch):
     model, head = _stat_hybrid("nemotron_h")
     _last_state_commit(monkeypatch)
     checks = run_lossless_checks(model, ToyTokenizer(), head, num_samples=BROKEN_SAMPLES, seed=0,

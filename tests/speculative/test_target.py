@@ -5,7 +5,8 @@ What pins it:
     order; a chunk's rows are those still inside their prompts; with recurrent layers every prompt
     ends at a chunk's end; no chunk's mask or token count passes its budget (unless one position does);
   * with budgets so small that every prompt runs in many chunks, the engine's logits still equal the
-    model's own forward (attention with a sliding window, and a hybrid whose state crosses chunks);
+    model's own forward (attention with a sliding window, and hybrids whose state crosses chunks, their
+    verify passes rolled back by snapshots and by replay);
   * a 16,384-token prompt decodes, no mask larger than MASK_BUDGET is built, and the logits after it
     equal the model's forward (slow: about 25 s on one CPU core).
 """
@@ -18,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bebop.mtp import MtpHead
-from bebop.speculative import kv_cache, target
+from bebop.speculative import kv_cache, state_cache, target
 from bebop.speculative.engine import SamplingParams, SpecConfig, generate
 from bebop.speculative.target import Target, prefill_chunks
 from tests.helpers.engine import ToyTokenizer
@@ -53,8 +54,11 @@ def test_prefill_chunks_cover_every_position_within_budget(lengths, cut, mask, t
         assert set(lengths) <= {end for _, end, _ in chunks}
 
 
-@pytest.mark.parametrize("arch", ["gemma2", "qwen3_5_hybrid", "nemotron_h"])
-def test_logits_equal_model_forward_in_small_chunks(arch, monkeypatch):
+@pytest.mark.parametrize(("arch", "rollback"), [("gemma2", "snapshot"), ("qwen3_5_hybrid", "snapshot"),
+                                               ("qwen3_5_hybrid", "replay"), ("nemotron_h", "snapshot"),
+                                               ("nemotron_h", "replay")])
+def test_logits_equal_model_forward_in_small_chunks(arch, rollback, monkeypatch):
+    monkeypatch.setattr(state_cache, "SNAPSHOT_BUDGET", 0 if rollback == "replay" else 2**62)  # auto takes it
     monkeypatch.setattr(target, "MASK_BUDGET", 40)  # a few positions per chunk
     monkeypatch.setattr(target, "PREFILL_TOKENS", 3)
     model = tiny_model(arch, vocab_size=32, sliding_window=WINDOW if arch == "gemma2" else None)
