@@ -1,6 +1,6 @@
 """Several drafts per row against one chain: exact accept lengths, and what the extra width costs.
 
-    PYTHONPATH=. .venv/bin/python bench/multidraft.py --threads 1                  # ~5 min on 2 CPU cores
+    PYTHONPATH=. .venv/bin/python bench/multidraft.py --threads 1     # ~20 min on 2 loaded CPU cores
     PYTHONPATH=. .venv/bin/python bench/multidraft.py --losses e2e_tv --temperatures 1 --batches 1 16
 
 Accept lengths (``bebop.mtp.evaluate``, teacher-forced held-out embedded data, K = 3): one chain, and
@@ -59,6 +59,12 @@ def accept_lengths(model, head, data, temperature: float, groups: int, pad_id: i
     return out
 
 
+def _sync(model) -> None:
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def measured_speeds(model, tok, head, batches: list[int], temperature: float, repeats: int, max_new: int) -> list[dict]:
     """Engine tokens/s of one chain (n = 1) and n chains, side by side: per batch size, ``repeats`` rounds
     of one call each in a random order (``bench.rollout.run_order``); medians, and the per-round ratio
@@ -74,9 +80,11 @@ def measured_speeds(model, tok, head, batches: list[int], temperature: float, re
             generate(model, tok, prompts[:1], mtp=head, sampling=sampling, spec=SpecConfig("rs", SPECULATE_K, num_drafts=n))
         for repeat in range(repeats):
             for n in run_order(list(ns), repeat):
+                _sync(model)
                 start = time.perf_counter()
                 out = generate(model, tok, prompts, mtp=head, sampling=sampling,
                                spec=SpecConfig("rs", SPECULATE_K, num_drafts=n), seed=repeat)
+                _sync(model)
                 tok_s[n].append(sum(out.lengths) / (time.perf_counter() - start))
                 accept[n].append(out.stats.accept_length)
         row = {"batch": batch}
@@ -102,12 +110,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=5, help="timed rounds per batch size")
     ap.add_argument("--max-new-tokens", type=int, default=48, help="completion tokens per row in the speed table")
     ap.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
+    ap.add_argument("--device", default="cpu", help="cpu, cuda or auto")
     args = ap.parse_args(argv)
     if args.groups < 2:
         ap.error("--groups must be >= 2 (the interval needs two groups)")
     if args.threads:
         torch.set_num_threads(args.threads)
-    model, tok = load_model(str(ensure_embedded_model()), device="cpu")
+    model, tok = load_model(str(ensure_embedded_model()), device=args.device)
     data = embedded_data("eval", model, tok)
     print(f"# bench/multidraft.py | embedded model | K={SPECULATE_K} | {len(data)} held-out sequences in "
           f"{args.groups} groups | exact accept lengths, gains paired over groups\n", flush=True)
