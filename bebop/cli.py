@@ -49,6 +49,7 @@ from bebop.options import (
     TrainMtpOptions,
 )
 from bebop.rl.config import config_fields
+from bebop.utils.allocator import return_large_blocks
 from bebop.utils.errors import BebopError
 from bebop.utils.outputs import check_output_file
 
@@ -248,6 +249,7 @@ def _error_prefix() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    return_large_blocks()  # NOTE: before any large tensor; the C allocator's heap otherwise keeps them
     args = build_parser().parse_args(argv)
     if not sys.stderr.isatty():  # NOTE: in a log file, no library's bar either (transformers' "Loading weights")
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")

@@ -29,6 +29,11 @@ REPO = Path(__file__).resolve().parents[1]
 QWEN3_VOCAB, QWEN3_5_VOCAB = 151_936, 248_320
 PROMPT_TOKENS = 32  # prompt length of every row
 SPECULATE_K = 3
+TINY_WIDTH = dict(hidden_size=64, intermediate_size=192, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+TINY_VOCAB = 2_048  # the length curves' vocabulary: per-token costs are the sequence's, not the lm_head's
+LENGTHS_QUICK = [1_024, 4_096]  # new tokens of the length curves under --quick
+LENGTHS = [2_048, 4_096, 8_192, 16_384]  # new tokens of the length curves (decoding: 16k is minutes)
+RL_LENGTHS = LENGTHS + [32_768]  # the RL step (one forward and backward) reaches further
 
 
 # ----------------------------------------------------------------------------- the worker (one point)
@@ -58,16 +63,18 @@ class IdTokenizer:
         return " ".join(map(str, ids))
 
 
-def build_model(vocab: int, layers: int, arch: str = "qwen3"):
-    """A random causal LM at Qwen3-0.6B's width; arch "qwen3_5" gives Qwen3.5 text blocks (full attention)."""
+def build_model(vocab: int, layers: int, arch: str = "qwen3", tiny: bool = False, positions: int = 8192):
+    """A random causal LM at Qwen3-0.6B's width (``tiny``: ``TINY_WIDTH``, for long sequences), with
+    ``positions`` positions; arch "qwen3_5" gives Qwen3.5 text blocks (full attention)."""
     import torch
     import transformers
     from bebop.utils.progress import stage
 
     torch.manual_seed(0)
-    common = dict(vocab_size=vocab, hidden_size=1024, intermediate_size=3072, num_hidden_layers=layers,
-                  num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
-                  max_position_embeddings=8192, pad_token_id=0, eos_token_id=None, bos_token_id=None)
+    width = TINY_WIDTH if tiny else dict(hidden_size=1024, intermediate_size=3072, num_attention_heads=16,
+                                          num_key_value_heads=8, head_dim=128)
+    common = dict(vocab_size=vocab, num_hidden_layers=layers, tie_word_embeddings=True, **width,
+                  max_position_embeddings=positions, pad_token_id=0, eos_token_id=None, bos_token_id=None)
     if arch == "qwen3_5":
         config = transformers.Qwen3_5TextConfig(**common, layer_types=["full_attention"] * layers)
         return transformers.Qwen3_5ForCausalLM(config).eval()
@@ -282,11 +289,15 @@ def run_point(p: dict) -> dict:
     import torch
 
     from bebop.mtp.head import MtpHead
+    from bebop.utils.allocator import return_large_blocks
 
+    return_large_blocks()  # as the CLI does
     if p["kind"] in LONG_KINDS:
         return _long_point(p)
     torch.set_num_threads(p["threads"])
-    model = build_model(p["vocab"], p["layers"], "qwen3_5" if p["kind"] == "export" else "qwen3")
+    positions = max(8192, PROMPT_TOKENS + p.get("new_tokens", 0) + 2 * SPECULATE_K)
+    model = build_model(p["vocab"], p["layers"], "qwen3_5" if p["kind"] == "export" else "qwen3",
+                        tiny=p.get("tiny", False), positions=positions)
     needs_head = p["kind"] in ("train-mtp", "eval-mtp", "export") or p.get("mode") == "rs"
     head = MtpHead(model) if needs_head else None
     for param in model.parameters():
@@ -316,6 +327,10 @@ def curves(quick: bool, layers: int) -> list[dict]:
     def c(section, name, x, quick_values, full_values, size=None, **fixed):
         return {"section": section, "name": name, "x": x, "values": quick_values if quick else full_values,
                 "size": size or (lambda p: p[x]), "fixed": {"vocab": QWEN3_VOCAB, "layers": layers, **fixed}}
+
+    def length_curve(name, kind, lengths=LENGTHS, **fixed):  # one row of a tiny-width model, long completions
+        return c("length", f"{name}: completion length (1 row, tiny width, V = {TINY_VOCAB:,})", "new_tokens",
+                 LENGTHS_QUICK, lengths, kind=kind, rows=1, tiny=True, vocab=TINY_VOCAB, per_token=True, **fixed)
 
     def rl_tokens(p):
         return p["rows"] * (PROMPT_TOKENS + p["new_tokens"])
@@ -351,6 +366,9 @@ def curves(quick: bool, layers: int) -> list[dict]:
         c("check-lossless", "check-lossless reference: samples", "samples", [25, 50], [50, 100, 200],
           kind="check-lossless"),
         c("export", "export-mtp + import-mtp: vocabulary (Qwen3.5 blocks)", "vocab", vocabs[::2], vocabs, kind="export"),
+        length_curve("rl step", "rl", RL_LENGTHS),
+        length_curve("generate rs", "generate", mode="rs"),
+        length_curve("generate none", "generate", mode="none"),
     ]
 
 
@@ -423,8 +441,13 @@ def run_curve(curve: dict, threads: int) -> tuple[list[str], dict]:
         point = {**curve["fixed"], curve["x"]: value}
         row = spawn(point, threads)
         ok = "error" not in row
+        notes = _notes(row)
+        if ok and point.get("per_token"):
+            size = curve["size"](point)
+            notes = (f"per token: {1e3 * row['seconds'] / size:.2f} ms, {1024 * row['extra_mb'] / size:.1f} KB; "
+                     + notes).rstrip("; ")
         lines.append(f"| {value:,} | {_fmt(row.get('seconds'))} | {_fmt(row.get('extra_mb'), '.0f')} | "
-                     f"{_fmt(row.get('base_mb'), '.0f')} | {_notes(row)} |")
+                     f"{_fmt(row.get('base_mb'), '.0f')} | {notes} |")
         print(lines[-1], flush=True)
         if ok:
             xs.append(curve["size"](point))
@@ -478,7 +501,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--quick", action="store_true", help="small sizes, no RL headline (see bench/README.md for times)")
     ap.add_argument("--only", nargs="+", default=None,
-                    help="sections: rl train-mtp eval-mtp mtp-long generate check-lossless export versus-hf headline")
+                    help="sections: rl train-mtp eval-mtp mtp-long generate check-lossless export length versus-hf "
+                         "headline")
     ap.add_argument("--layers", type=int, default=2, help="decoder layers of the model (2: 187 M parameters)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per point")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -489,7 +513,8 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     import transformers
 
-    wanted = set(args.only or ["rl", "train-mtp", "eval-mtp", "mtp-long", "generate", "check-lossless", "export", "versus-hf"]
+    wanted = set(args.only or ["rl", "train-mtp", "eval-mtp", "mtp-long", "generate", "check-lossless", "export",
+                               "length", "versus-hf"]
                  + ([] if args.quick or args.only else ["headline"]))
     print(f"# bench/scale.py{' --quick' if args.quick else ''} | torch {torch.__version__} | transformers "
           f"{transformers.__version__} | {args.threads} thread(s) per point | load {os.getloadavg()[0]:.1f} on "

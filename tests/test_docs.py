@@ -87,6 +87,8 @@ FLAGS_ONLY = {  # (file, first line's start) -> why the benchmark is not run
         "3-6 minutes: two heads trained, then timed calls; one line needs CUDA",
     ("bench/README.md", "PYTHONPATH=. .venv/bin/python bench/scale.py --quick"):
         "a 187 M-parameter model in a fresh process per point: 12 minutes for --quick, about an hour in full",
+    ("bench/README.md", "PYTHONPATH=. .venv/bin/python bench/tail.py --quick"):
+        "three modes decoding batches of hundreds of tokens a row: minutes for --quick, half an hour in full",
 }
 NOT_RUN = {  # (file, first line's start) -> why the block cannot run here
     ("README.md", "make demo"): "`make demo` is `bebop demo` (13 minutes; tests/test_demo.py runs `bebop demo "
