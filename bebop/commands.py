@@ -221,13 +221,13 @@ def _longest_prompt_tokens(tok, prompts: list) -> int:
 def cmd_generate(args) -> None:
     from bebop.rollout.base import backend_class, backend_problem, make_backend
     from bebop.speculative.auto import profile as profiles
-    from bebop.speculative.settings import needs_head, verify_problem
+    from bebop.speculative.settings import needs_head, num_drafts_problem, verify_problem
     from bebop.utils.files import atomic_write_text, write_json
 
     sampling, spec = args.sampling, args.spec  # resolved and checked (bebop.cli.resolve_args)
     auto = is_auto(spec.mode, spec.speculate_k)
     if problem := backend_problem(args.backend, spec.mode, spec.speculate_k) or \
-            verify_problem(spec.mode, spec.verify, args.backend):
+            verify_problem(spec.mode, spec.verify, args.backend) or num_drafts_problem(spec, args.backend):
         raise BebopError(problem)
     if args.auto_profile and not auto:
         raise BebopError("--auto-profile needs --mode auto or --speculate-k auto")

@@ -147,7 +147,7 @@ class GenerateOptions:
                                  "reads it), or a text file with one prompt per line", parse=str, role="input")
     num_prompts: int = option(16, "embedded-task prompts when --prompts is not given", check=integer_in(1))
     sampling: SamplingParams = group(SamplingParams())  # temperature, top-k, top-p, max new tokens, stop
-    spec: SpecConfig = group(ROLLOUT_SPEC, skip=("draft_temperature", "num_drafts"))  # mode, K, filter drafts, verify
+    spec: SpecConfig = group(ROLLOUT_SPEC, skip=("draft_temperature",))  # mode, K, filter drafts, verify, chains
     seed: int = SEED.field()
     out: str | None = option(None, "output JSONL, one line per completion (prompt, completion, token_ids = prompt + "
                              "completion ids, start): train-mtp --data as is", parse=str, required=True,

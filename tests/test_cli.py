@@ -65,6 +65,19 @@ def test_generate_filter_drafts(use_cache, tmp_path):
     assert len(out.read_text().splitlines()) == 2 and "spec/alpha_rs" in json.loads(stats.read_text())
 
 
+def test_generate_num_drafts(use_cache, tmp_path, capsys):
+    out = tmp_path / "out.jsonl"
+    assert main(["generate", "--mode", "rs", "--num-drafts", "2", "--num-prompts", "2", "--max-new-tokens", "6",
+                 "--out", str(out)]) == 0
+    assert len(out.read_text().splitlines()) == 2
+    for extra, message in ((["--mode", "to"], "needs mode rs and verify token"),
+                           (["--backend", "vllm"], "needs backend engine")):
+        assert main(["generate", "--num-drafts", "2", *extra, "--num-prompts", "2", "--out",
+                     str(tmp_path / "refused.jsonl")]) != 0
+        assert message in error_line(capsys)
+    assert not (tmp_path / "refused.jsonl").exists()
+
+
 def test_train_mtp_other_loss_and_resume(use_cache, tmp_path):
     out = tmp_path / "head"
     assert main(["train-mtp", "--loss", "rkl", "--steps", "2", "--batch-size", "4", "--out", str(out)]) == 0

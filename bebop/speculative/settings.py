@@ -55,7 +55,8 @@ FILTER_DRAFTS = Setting(False, "apply --top-k/--top-p to the draft distribution 
 VERIFY = Setting("token", "how mode rs verifies a drafted chain: token (token-wise) | block (jointly, Sun et al. "
                  "2024: exact, never fewer accepted drafts in expectation; engine backend only)", choices=VERIFY_CHOICES)
 NUM_DRAFTS = Setting(1, "n draft chains per row, verified together by bebop.speculative.multidraft (mode rs, "
-                     "verify token)", check=integer_in(1, MAX_DRAFTS))
+                     "verify token, engine backend; more accepted drafts, but on a CPU each chain costs its own "
+                     "rows: docs/multidraft.md)", check=integer_in(1, MAX_DRAFTS))
 RECURRENT_ROLLBACK = Setting("auto", "how a hybrid's recurrent layers roll back a verify pass: snapshot (keep the "
                              "state after every position) | replay (keep their inputs, rerun the kept ones: less "
                              "memory) | auto (replay when the snapshots would be large); exact either way",
@@ -138,16 +139,20 @@ def head_problem(mode: str, has_head: bool, mtp_update: str = "frozen", given_by
     return f"mode {mode!r}{online} needs an MTP head ({given_by})"
 
 
-def num_drafts_problem(spec: SpecConfig) -> str | None:
-    """The one-line reason a usable ``spec.num_drafts`` (``NUM_DRAFTS``' check) cannot run with the spec's mode
-    and verify, or None.
+def num_drafts_problem(spec: SpecConfig, backend: str = "engine") -> str | None:
+    """The one-line reason a usable ``spec.num_drafts`` (``NUM_DRAFTS``' check) cannot run with the spec's mode,
+    verify and ``backend``, or None.
 
     Example: SpecConfig("to", 3, num_drafts=2) -> "num_drafts 2 needs mode rs and verify token (...)".
     """
     n = spec.num_drafts
-    if NUM_DRAFTS.check("num_drafts", n) is None and n > 1 and (spec.mode != "rs" or spec.verify != "token"):
+    if NUM_DRAFTS.check("num_drafts", n) is not None or n == 1:
+        return None
+    if spec.mode != "rs" or spec.verify != "token":
         return (f"num_drafts {n} needs mode rs and verify token (multi-draft verification tests drafts "
                 f"against the draft's q, chain by chain), got mode {spec.mode}, verify {spec.verify}")
+    if backend != "engine":
+        return f"num_drafts {n} needs backend engine: {backend} verifies one drafted chain per row"
     return None
 
 
