@@ -341,10 +341,11 @@ def cmd_check_lossless(args) -> int:
     )
     from bebop.check.reference import run_reference_checks
     from bebop.rollout.base import backend_class
-    from bebop.speculative.settings import verify_problem
+    from bebop.speculative.settings import SpecConfig, num_drafts_problem, verify_problem
     from bebop.utils.progress import say, stage
 
-    if problem := verify_problem("rs", args.verify, args.backend):
+    if problem := verify_problem("rs", args.verify, args.backend) or num_drafts_problem(
+            SpecConfig("rs", verify=args.verify, num_drafts=args.num_drafts), args.backend):
         raise BebopError(problem)
     backend_class(args.backend)  # NOTE: a missing optional package fails here, before the model loads
     model, tok, head, _ = _load(args, need_mtp=True)
@@ -358,7 +359,8 @@ def cmd_check_lossless(args) -> int:
         "batches" + ("" if args.prompts else " (the embedded task's; --prompts gives your own)"))
     if args.backend == "engine":
         checks = run_lossless_checks(model, tok, head, num_samples=args.samples, seed=args.seed, prompts=prompts,
-                                     alpha=args.alpha, show_progress=True, configs=lossless_configs(args.verify),
+                                     alpha=args.alpha, show_progress=True,
+                                     configs=lossless_configs(args.verify, args.num_drafts),
                                      num_tested_prompts=num_tested)
         # Plain sampling against the model's own forward pass: catches defects plain and speculative share.
         with stage("check-lossless: plain sampling against the model's own forward pass"):

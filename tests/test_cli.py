@@ -76,6 +76,10 @@ def test_generate_num_drafts(use_cache, tmp_path, capsys):
                      str(tmp_path / "refused.jsonl")]) != 0
         assert message in error_line(capsys)
     assert not (tmp_path / "refused.jsonl").exists()
+    assert main(["check-lossless", "--num-drafts", "2", "--verify", "block"]) == 2
+    assert "needs mode rs and verify token" in error_line(capsys)
+    status = main(["check-lossless", "--num-drafts", "2", "--samples", "300", "--tested-prompts", "1"])
+    assert status in (0, 1, 3) and "| rs K=3 T=1 n=2, token 12 |" in capsys.readouterr().out
 
 
 def test_train_mtp_other_loss_and_resume(use_cache, tmp_path):

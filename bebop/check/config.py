@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bebop.config import BACKEND, SEED, integer_in, number_in, option
-from bebop.speculative.settings import VERIFY
+from bebop.speculative.settings import NUM_DRAFTS, VERIFY
 
 DEFAULT_NUM_SAMPLES = 10_000  # rows per sample (plain and speculative each)
 MIN_NUM_SAMPLES = 100  # fewer rows leave almost every cell below the chi-square test's expected count
@@ -35,4 +35,5 @@ class LosslessOptions:
     alpha: float = option(DEFAULT_ALPHA, "false-alarm probability of each check", check=ALPHA_CHECK)
     seed: int = SEED.field()
     verify: str = VERIFY.field()
+    num_drafts: int = NUM_DRAFTS.field()
     backend: str = BACKEND.field()

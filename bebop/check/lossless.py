@@ -62,7 +62,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -262,8 +262,11 @@ CHECK_KINDS: dict[str, Callable[[CheckInputs], list[LosslessCheck]]] = {
 }
 
 
-def lossless_configs(verify: str = "token") -> tuple[LosslessConfig, ...]:
-    """The engine's default settings for a verifier: LOSSLESS_CONFIGS (token) or BLOCK_LOSSLESS_CONFIGS (block)."""
+def lossless_configs(verify: str = "token", num_drafts: int = 1) -> tuple[LosslessConfig, ...]:
+    """The engine's default settings for a verifier: LOSSLESS_CONFIGS (token), BLOCK_LOSSLESS_CONFIGS (block), or
+    with ``num_drafts`` > 1 MULTI_DRAFT_LOSSLESS_CONFIGS, each at that many chains per row."""
+    if num_drafts > 1:
+        return tuple(replace(c, num_drafts=num_drafts) for c in MULTI_DRAFT_LOSSLESS_CONFIGS)
     return BLOCK_LOSSLESS_CONFIGS if verify == "block" else LOSSLESS_CONFIGS
 
 
