@@ -1,8 +1,8 @@
 """What each ``bebop`` subcommand does once its flags are parsed: build configs, call the library.
 
-One function per subcommand (``cmd_*``, set as the parser's ``func`` in ``bebop.cli``) and the
-helpers they share: loading the model and head, reading prompt and sequence files, a run
-directory's saved paths. Heavy imports (torch, transformers) happen inside the functions, so
+One function per subcommand (``cmd_*``, set as the parser's ``func`` in ``bebop.cli``) and a
+run directory's saved paths; what they read before working (the model and head, prompt and
+sequence files, memory preflights) is ``bebop.command_inputs``. Heavy imports (torch, transformers) happen inside the functions, so
 ``bebop --help`` stays light.
 """
 
@@ -16,53 +16,12 @@ import sys
 import time
 from pathlib import Path
 
+from bebop import command_inputs as inputs
 from bebop.config import DEFAULT_DRAFT_LOSS, flags_of, is_auto
 from bebop.mtp.config import TrainMtpConfig
 from bebop.rl.config import config_fields
 from bebop.utils.errors import BebopError
-
-
-def _load(args, need_mtp: bool, mtp_loss: str = DEFAULT_DRAFT_LOSS, split: str | None = None):
-    """(model, tokenizer, head or None, sequences or None) from --model/--mtp/--data (``split`` of the
-    embedded data when it is given), or the embedded defaults; on --device in --dtype."""
-    from bebop import embedded, models
-    from bebop.mtp import MtpHead
-    from bebop.utils.torch_utils import resolve_device, resolve_dtype
-
-    dtype = resolve_dtype(args.dtype, resolve_device(args.device))  # NOTE: before anything loads or pretrains
-    # NOTE: the embedded model's cached heads and data are keyed by its float32 weights: they are found
-    # (or built) on the float32 model, which is cast to --dtype after.
-    model, tok = models.load_model(args.model, device=args.device,
-                                   dtype=dtype if args.model else embedded.CACHE_DTYPE, tokenizer=args.tokenizer)
-    path = None
-    if need_mtp:
-        if getattr(args, "mtp", None):
-            path = Path(args.mtp)
-        elif args.model is None:
-            path = embedded.ensure_embedded_head(mtp_loss, model, tok)
-        else:
-            raise BebopError("--mtp is required with --model (train one with `bebop train-mtp --model ...`)")
-    data = _sequences(args, model, tok, split) if split else None
-    model.to(dtype)
-    head = None
-    if path is not None:
-        head = MtpHead.from_pretrained(path, model).eval()
-        for p in head.parameters():
-            p.requires_grad_(False)
-    return model, tok, head, data
-
-
-def _sequences(args, model, tok, split: str):
-    """--data as MTP sequences, or the embedded model's self-generated ``split`` when no --model is given."""
-    from bebop import embedded
-    from bebop.mtp.data import load_sequences
-
-    if args.data:
-        return load_sequences(args.data, tok, vocab_size=model.get_input_embeddings().num_embeddings,
-                              max_positions=getattr(model.config.get_text_config(), "max_position_embeddings", None))
-    if args.model is None:
-        return embedded.embedded_data(split, model, tok, num=args.num_sequences)
-    raise BebopError("--data is required with --model (a JSONL of text or prompt/completion rows)")
+from bebop.utils.files import check_input_file
 
 
 # ---------------------------------------------------------------------------------------------- pretrain
@@ -101,27 +60,15 @@ def cmd_train_mtp(args) -> None:
         cfg = resolve(TrainMtpConfig, None, {**saved_config(out), **{k: v for k, v in given.items() if v is not None}})
     check_output_dir(out, resume=args.resume, overwrite=args.overwrite, what="head directory", inputs=args.inputs)
     if args.data:
-        _check_input_file(args.data, "data file")
+        check_input_file(args.data, "data file")
     print("resolved config: " + json.dumps(dataclasses.asdict(cfg)), file=sys.stderr)
     # NOTE: with --fsdp the model loads on the CPU; train_mtp moves it to the GPUs shard by shard
-    model, tok, _, data = _load(argparse.Namespace(**{**vars(args), "device": "cpu"}) if args.fsdp else args,
-                                need_mtp=False, split="train")
-    _check_batch_memory(model, data, cfg.batch_size)
+    model, tok, _, data = inputs.load_inputs(argparse.Namespace(**{**vars(args), "device": "cpu"}) if args.fsdp
+                                             else args, need_mtp=False, split="train")
+    inputs.check_batch_memory(model, data, cfg.batch_size)
     train_mtp(model, data, out, cfg, pad_id=tok.pad_token_id, resume=args.resume, overwrite=args.overwrite,
               model_dir=args.model, fsdp=args.fsdp)
     print(f"saved head to {out}")
-
-
-def _check_batch_memory(model, data, batch_size: int) -> None:
-    """A train-mtp batch of ``batch_size`` rows (this process's share under torchrun) fits the device: the
-    backbone's forward pass over the batch, each row at least as long as the shortest sequence."""
-    from bebop.utils import distributed
-    from bebop.utils.memory import check_memory, forward_bytes
-
-    rows = -(-batch_size // distributed.world_size())
-    shortest = min((len(t) for t in data.token_ids), default=1)
-    check_memory(forward_bytes(model, rows, shortest), next(model.parameters()).device,
-                 f"batch_size={batch_size} rows of at least {shortest} tokens", "lower --batch-size")
 
 
 # ---------------------------------------------------------------------------------------------- import-mtp / export-mtp
@@ -167,8 +114,8 @@ def cmd_eval_mtp(args) -> None:
     from bebop.utils.files import write_json
 
     if args.data:
-        _check_input_file(args.data, "data file")
-    model, tok, head, data = _load(args, need_mtp=True, mtp_loss=args.loss, split="eval")
+        check_input_file(args.data, "data file")
+    model, tok, head, data = inputs.load_inputs(args, need_mtp=True, mtp_loss=args.loss, split="eval")
     result = evaluate_mtp(model, head, data, speculate_k=args.speculate_k, temperature=args.temperature,
                           pad_id=tok.pad_token_id, chain_context=args.chain_context)
     print(acceptance_table({args.mtp or args.loss: result}))
@@ -195,29 +142,6 @@ def _auto_profile(args, model, sampling, spec) -> tuple[Path, dict] | None:
     return path, key
 
 
-def _check_rollout_memory(model, num_rows: int, prompt_tokens: int, num_new: int, what: str, fix: str) -> None:
-    """A rollout of ``num_rows`` rows fits the model's device (engine backend): the prefill's forward pass
-    over ``prompt_tokens`` (a lower bound of the longest prompt) beside the KV cache of the whole rows
-    (``num_new`` more positions each)."""
-    from bebop.utils.memory import check_memory, forward_bytes, kv_cache_bytes
-
-    needed = kv_cache_bytes(model, num_rows, prompt_tokens + num_new) + forward_bytes(model, num_rows, prompt_tokens)
-    check_memory(needed, next(model.parameters()).device, what, fix)
-
-
-def _longest_prompt_tokens(tok, prompts: list) -> int:
-    """Tokens of the prompt with the longest text (a lower bound of the longest prompt's tokens, found
-    without encoding every prompt); 1 when there are none."""
-    from bebop.utils.tokens import encode_prompt
-
-    if not prompts:
-        return 1
-    try:
-        return max(1, len(encode_prompt(tok, max(prompts, key=lambda p: len(json.dumps(p))))))
-    except BebopError:
-        return 1  # NOTE: the prompt's own error is raised, with its file and line, where prompts are encoded
-
-
 def cmd_generate(args) -> None:
     from bebop.rollout.base import backend_class, backend_problem, make_backend
     from bebop.speculative.auto import profile as profiles
@@ -231,16 +155,16 @@ def cmd_generate(args) -> None:
         raise BebopError(problem)
     if args.auto_profile and not auto:
         raise BebopError("--auto-profile needs --mode auto or --speculate-k auto")
-    prompts = _read_prompts(args.prompts) if args.prompts else None
+    prompts = inputs.read_prompts(args.prompts) if args.prompts else None
     backend_class(args.backend)  # NOTE: a missing optional package fails here, before the model loads
-    model, tok, head, _ = _load(args, need_mtp=needs_head(spec.mode))
+    model, tok, head, _ = inputs.load_inputs(args, need_mtp=needs_head(spec.mode))
     if args.backend == "engine":  # NOTE: before the embedded task's prompts are made
-        _check_rollout_memory(model, len(prompts) if prompts else args.num_prompts,
-                              _longest_prompt_tokens(tok, [p for _, p in prompts or []]), sampling.max_new_tokens,
-                              f"{len(prompts) if prompts else args.num_prompts} prompts",
-                              "give fewer prompts (--num-prompts, --prompts) or lower --max-new-tokens")
-    prompts = prompts or _embedded_prompts(args.num_prompts)
-    prompt_ids = [_encode(tok, prompt, where) for where, prompt in prompts]
+        inputs.check_rollout_memory(model, len(prompts) if prompts else args.num_prompts,
+                                    inputs.longest_prompt_tokens(tok, [p for _, p in prompts or []]),
+                                    sampling.max_new_tokens, f"{len(prompts) if prompts else args.num_prompts} prompts",
+                                    "give fewer prompts (--num-prompts, --prompts) or lower --max-new-tokens")
+    prompts = prompts or inputs.embedded_prompts(args.num_prompts)
+    prompt_ids = [inputs.encode(tok, prompt, where) for where, prompt in prompts]
     backend = make_backend(args.backend, model, tok, head, seed=args.seed)
     profile = _auto_profile(args, model, sampling, spec) if auto else None
     if profile is not None:
@@ -287,52 +211,6 @@ def generate_timing(completions: list[list[int]], seconds: float) -> dict[str, f
     return {"generate/seconds": seconds, "generate/tok_s": num_tokens / seconds if seconds > 0 else 0.0}
 
 
-def _check_input_file(path: str, what: str) -> None:
-    from bebop.utils.files import check_input_file
-
-    check_input_file(path, what)
-
-
-def _encode(tokenizer, prompt, where: str) -> list[int]:
-    """``encode_prompt``, with the prompt's file and line in its error."""
-    from bebop.utils.tokens import encode_prompt
-
-    try:
-        ids = encode_prompt(tokenizer, prompt)
-    except BebopError as e:
-        raise BebopError(f"{where}: {e}") from None
-    if not ids:  # NOTE: nothing predicts the first token of an empty prompt; the engine would refuse it unnamed
-        raise BebopError(f"{where}: empty prompt: the tokenizer gives it no tokens (every prompt needs at least one)")
-    return ids
-
-
-def _embedded_prompts(num: int) -> list[tuple[str, str]]:
-    """(where, prompt) of ``num`` embedded-task prompts."""
-    from bebop.task import arith
-
-    return [(f"embedded task prompt {i + 1}", p.prompt) for i, p in enumerate(arith.make_problems(num, seed=12345))]
-
-
-def _read_prompts(path: str) -> list[tuple[str, object]]:
-    """(where, prompt) of a JSONL/parquet file (``{"prompt"}``: a string or chat messages, as ``rl --data``
-    reads them) or a text file (one per line); ``where`` names the file and line for errors."""
-    from bebop.rl.data import JSONL_SUFFIXES, PARQUET_SUFFIXES, load_prompt_rows
-
-    from bebop.utils.files import check_input_file
-
-    file = check_input_file(path, "prompts file")
-    if file.suffix.lower() in JSONL_SUFFIXES + PARQUET_SUFFIXES:
-        prompts = [(where, r["prompt"]) for where, r in load_prompt_rows(file)]
-    else:
-        from bebop.utils.files import read_text
-
-        prompts = [(f"{file}:{n}", line) for n, line in enumerate(read_text(file, "prompts file").splitlines(), 1)
-                   if line.strip()]
-    if not prompts:
-        raise BebopError(f"prompts file {file} holds no prompt")
-    return prompts
-
-
 # ---------------------------------------------------------------------------------------------- check-lossless
 def cmd_check_lossless(args) -> int:
     from bebop.check.lossless import (
@@ -348,11 +226,11 @@ def cmd_check_lossless(args) -> int:
             SpecConfig("rs", verify=args.verify, num_drafts=args.num_drafts), args.backend):
         raise BebopError(problem)
     backend_class(args.backend)  # NOTE: a missing optional package fails here, before the model loads
-    model, tok, head, _ = _load(args, need_mtp=True)
-    texts = _read_prompts(args.prompts) if args.prompts else [(f"task prompt {i + 1}", p)
+    model, tok, head, _ = inputs.load_inputs(args, need_mtp=True)
+    texts = inputs.read_prompts(args.prompts) if args.prompts else [(f"task prompt {i + 1}", p)
                                                               for i, p in enumerate(default_prompts())]
     num_tested = min(args.tested_prompts, len(texts))
-    prompts = [_encode(tok, p, where) for where, p in texts] if args.prompts else [p for _, p in texts]
+    prompts = [inputs.encode(tok, p, where) for where, p in texts] if args.prompts else [p for _, p in texts]
     for _, text in texts[:num_tested]:
         check_prompt_known(tok, text, defaults=not args.prompts)
     say(f"check-lossless: testing {num_tested} prompt(s), with {len(texts) - num_tested} other(s) only mixed into "
@@ -416,10 +294,11 @@ def cmd_rl(args) -> None:
     check_output_dir(run_dir, resume=bool(args.resume), overwrite=args.overwrite, what="run directory",
                      inputs=args.inputs)
     if cfg.task == "math":
-        _check_input_file(cfg.data, "prompt file")
+        check_input_file(cfg.data, "prompt file")
     if args.resume and args.dtype == "auto":  # NOTE: a resumed run keeps its dtype (float32 before --dtype existed)
         args.dtype = saved.get("dtype", "float32")
-    model, tok, head, _ = _load(args, need_mtp=needs_head(cfg.spec.mode, cfg.mtp.mtp_update), mtp_loss=cfg.mtp_loss)
+    model, tok, head, _ = inputs.load_inputs(args, need_mtp=needs_head(cfg.spec.mode, cfg.mtp.mtp_update),
+                                             mtp_loss=cfg.mtp_loss)
     if cfg.backend == "engine":  # NOTE: a typed or received size is refused before the first rollout allocates it
         rows, k = cfg.prompts_per_step * cfg.group_size, max_speculate_k(cfg)
         fix = "lower --prompts-per-step, --group-size or --max-new-tokens" + (" or --speculate-k" if
@@ -428,8 +307,9 @@ def cmd_rl(args) -> None:
             fix = (f"they are the run's own (prompts_per_step={cfg.prompts_per_step}, group_size={cfg.group_size}, "
                    f"max_new_tokens={cfg.sampling.max_new_tokens}, speculate_k={k} in {run_dir / 'config.json'}), "
                    "which --resume keeps: start a new run with --out")
-        _check_rollout_memory(model, rows, _longest_prompt_tokens(tok, _rl_prompts(cfg)),
-                              cfg.sampling.max_new_tokens + k, f"prompts_per_step x group_size = {rows} rollout rows", fix)
+        inputs.check_rollout_memory(model, rows, inputs.longest_prompt_tokens(tok, _rl_prompts(cfg)),
+                                    cfg.sampling.max_new_tokens + k,
+                                    f"prompts_per_step x group_size = {rows} rollout rows", fix)
     run_info = {key: _abs(getattr(args, key, None)) for key in RUN_PATHS}
     if dtype_name(model.dtype) != "float32":  # recorded, so a resume in another dtype is refused (float32 runs: none)
         run_info["dtype"] = dtype_name(model.dtype)

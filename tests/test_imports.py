@@ -9,9 +9,9 @@ is not counted as an edge to `bebop.a`, although Python runs that `__init__` fir
 
 Floors, lowest first (``LAYERS``): utils < config, task < architectures, losses, speculative (the core:
 verification and the engine) < pretrained, speculative.auto (the chooser wing) < mtp (the head drafts for
-the engine) < embedded, rollout < models < the wings: analysis, check, integrations, rl < demo, options <
-commands < cli < __main__. A module imports only from its own unit or from a lower floor; units on one
-floor do not import each other.
+the engine) < embedded, rollout < models < the wings: analysis, check, integrations, rl < demo, options,
+command_inputs < commands < cli < __main__. A module imports only from its own unit or from a lower floor;
+units on one floor do not import each other.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ LAYERS = (  # floors of units (a package below bebop, or a top-level module), lo
     ("embedded", "rollout"),  # the tiny default model; rollout backends over the engine and vLLM
     ("models",),  # a user's model or the embedded one
     ("analysis", "check", "integrations", "rl"),  # the wings
-    ("demo", "options"),  # the demo's pipeline; the settings of each command
+    ("demo", "options", "command_inputs"),  # the demo's pipeline; the settings of each command; what commands read
     ("commands",),  # one function per subcommand
     ("cli",),  # argument parsing
     ("__main__",),  # python -m bebop
