@@ -226,6 +226,35 @@ def _check_args(model, mtp, prompts, sampling: SamplingParams, spec: SpecConfig)
         raise BebopError("no prompts given")
 
 
+@dataclass(frozen=True)
+class _Stops:
+    """When a completion ends: at EOS, at max_new_tokens, or right after a stop string (cut token-aligned)."""
+
+    eos: int | None
+    max_new_tokens: int
+    stop: tuple[str, ...]
+    tokenizer: object  # decodes a completion to look for the stop strings
+
+    def append(self, out: list[int], new: list[int]) -> str:
+        """Adds tokens to a completion ``out``; returns why it finished ("eos", "length", "stop"), or ""."""
+        for token in new:
+            out.append(token)
+            if token == self.eos:
+                return "eos"
+            if len(out) >= self.max_new_tokens:
+                return "length"
+        return self._cut_at_stop(out) if self.stop else ""
+
+    def _cut_at_stop(self, out: list[int]) -> str:
+        if not any(s in self.tokenizer.decode(out, skip_special_tokens=True) for s in self.stop):
+            return ""
+        for end in range(1, len(out) + 1):
+            if any(s in self.tokenizer.decode(out[:end], skip_special_tokens=True) for s in self.stop):
+                del out[end:]
+                return "stop"
+        return ""
+
+
 class _Runner:
     """The decode loop's state and steps (prefill, plain step, speculative step); drafting is the ``Drafter``'s."""
 
@@ -234,8 +263,7 @@ class _Runner:
         self.k = drafted_k(spec.mode, spec.speculate_k)
         self.verifier = VERIFIERS[spec.verify]  # token-wise or block, chosen once per run
         self.greedy = sampling.temperature == 0
-        self.eos = tokenizer.eos_token_id
-        self.tokenizer = tokenizer
+        self.stops = _Stops(tokenizer.eos_token_id, sampling.max_new_tokens, tuple(sampling.stop), tokenizer)
         self.target = Target(model, batch, capacity, head_reads_prenorm=bool(mtp and mtp.config.target_prenorm),
                              recurrent_rollback=spec.recurrent_rollback)
         self.drafter = None  # NOTE: present whenever a step may draft; then every step feeds the head's inputs
@@ -305,12 +333,7 @@ class _Runner:
         if self.spec.num_drafts > 1 and not self.greedy:  # NOTE: at T = 0 the n argmax chains would be one
             self._multi_draft_step(rows)
             return
-        start = time.perf_counter()
-        drafts, q = self.drafter.draft(rows, self.k, sampled=self.spec.mode == "rs" and not self.greedy)
-        if self.time_drafts:
-            if drafts.is_cuda:  # NOTE: a host sync, only when asked: the drafts' kernels must have run
-                torch.cuda.synchronize(drafts.device)
-            self.draft_seconds = time.perf_counter() - start
+        drafts, q = self._timed(self.drafter.draft, rows, self.k, sampled=self.spec.mode == "rs" and not self.greedy)
         logits, hidden = self.target.forward(torch.cat([rows.last_token[:, None], drafts], 1))
         p = self._probs(logits)  # (R, K+1, V)
         if self.greedy:
@@ -319,32 +342,16 @@ class _Runner:
             q_verify = q if self.spec.mode == "rs" else None
             coins, race = draw_verify_noise(rows.keys, rows.counters, self.k, p.shape[-1])
             out, accepted = verify_from_noise(self.verifier, p, drafts, q_verify, coins, race, validate=False)
-        p_draft = p[:, : self.k]
-        alpha_to = p_draft.gather(-1, q.argmax(-1, keepdim=True))[..., 0]
-        # NOTE: the step's one host sync: each row's tokens with its count (they drive the host-side bookkeeping)
-        # and q's finiteness (``finite_at_drafts``: R flags read at the drafts), so the check costs no sync of its own
-        host = torch.cat([out, accepted[:, None], finite_at_drafts(q, drafts)[:, None].long()], 1).tolist()
-        if not all(h[-1] for h in host):  # verification against a NaN q is not exact: no token of this step is kept
-            raise BebopError("the MTP head drafted NaN or infinite probabilities; check its weights and --dtype")
+        host = self._read(out, accepted, finite_at_drafts(q, drafts))
         kept = [h[-2] + 1 for h in host]
-        token_entropy = entropy(p)  # (R, K+1)
-        self._log_block(rows, kept, token_entropy,
-                        (token_entropy[:, : self.k], torch.minimum(p_draft, q).sum(-1), alpha_to))
         self.target.cache.commit(kept)
-        self.drafter.accept(hidden, out, kept)  # the head's next inputs: each kept position's (h, emitted token)
-        last = out.gather(1, accepted[:, None])[:, 0]
-        self._emit(rows, last, accepted + 1, [h[:n] for h, n in zip(host, kept)])
+        self._close(rows, p, q, hidden, out, accepted, host, kept)
 
     def _multi_draft_step(self, rows: _Rows) -> None:
         """n chains per row (``bebop.speculative.multidraft``): the target verifies every chain on its own copy of
         the row's cache (lane r * n + c), the kept chain's lane becomes the row, the other lanes are dropped."""
         n, k = self.spec.num_drafts, self.k
-        start = time.perf_counter()
-        drafts, q = self.drafter.draft_lanes(rows, k, n)  # (R, n, K), (R, n, K, V)
-        if self.time_drafts:
-            if drafts.is_cuda:  # NOTE: a host sync, only when asked: the drafts' kernels must have run
-                torch.cuda.synchronize(drafts.device)
-            self.draft_seconds = time.perf_counter() - start
+        drafts, q = self._timed(self.drafter.draft_lanes, rows, k, n)  # (R, n, K), (R, n, K, V)
         num, vocab = drafts.shape[0], q.shape[-1]
         self.target.cache.select_rows([r for r in range(num) for _ in range(n)])
         lane_drafts = drafts.view(num * n, k)
@@ -353,22 +360,44 @@ class _Runner:
         coins, race = draw_verify_noise(rows.keys, rows.counters, n + k - 1, vocab)
         chain, out, accepted = verify_multi_draft_from_noise(p, drafts, q, coins, race)
         finite = finite_at_drafts(q.view(num * n, k, vocab), lane_drafts).view(num, n).all(1)
-        # NOTE: the step's one host sync, as in the one-chain step, with the kept chains beside the counts
-        host = torch.cat([out, accepted[:, None], chain[:, None], finite[:, None].long()], 1).tolist()
-        if not all(h[-1] for h in host):  # verification against a NaN q is not exact: no token of this step is kept
-            raise BebopError("the MTP head drafted NaN or infinite probabilities; check its weights and --dtype")
-        kept, kept_chain = [h[-3] + 1 for h in host], [h[-2] for h in host]
+        host = self._read(out, accepted, finite, chain)  # NOTE: the kept chains come with the step's one host read
+        kept, kept_chain = [h[-2] + 1 for h in host], [h[-3] for h in host]
         self.target.cache.commit([kept[lane // n] for lane in range(num * n)])
         self.target.cache.select_rows([r * n + c for r, c in enumerate(kept_chain)])
         rows_index = torch.arange(num, device=chain.device)
-        p_kept, q_kept = p[rows_index, chain], q[rows_index, chain]  # (R, K+1, V), (R, K, V)
-        p_draft = p_kept[:, :k]
-        token_entropy = entropy(p_kept)  # (R, K+1)
-        alpha_to = p_draft.gather(-1, q_kept.argmax(-1, keepdim=True))[..., 0]
+        self._close(rows, p[rows_index, chain], q[rows_index, chain], hidden.view(num, n, k + 1, -1)[rows_index, chain],
+                    out, accepted, host, kept)
+
+    def _timed(self, draft, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        """``draft(*args, **kwargs)``, its seconds in ``draft_seconds`` when ``time_drafts`` asks for them."""
+        start = time.perf_counter()
+        drafts, q = draft(*args, **kwargs)
+        if self.time_drafts:
+            if drafts.is_cuda:  # NOTE: a host sync, only when asked: the drafts' kernels must have run
+                torch.cuda.synchronize(drafts.device)
+            self.draft_seconds = time.perf_counter() - start
+        return drafts, q
+
+    @staticmethod
+    def _read(out: torch.Tensor, accepted: torch.Tensor, finite: torch.Tensor, *extra: torch.Tensor) -> list[list[int]]:
+        """The step's one host sync: per row its output tokens (K+1), then ``extra`` values, its count and q's
+        finiteness (``finite_at_drafts``, read at the drafts), so the check costs no sync of its own."""
+        host = torch.cat([out, *(e[:, None] for e in extra), accepted[:, None], finite[:, None].long()], 1).tolist()
+        if not all(h[-1] for h in host):  # verification against a NaN q is not exact: no token of this step is kept
+            raise BebopError("the MTP head drafted NaN or infinite probabilities; check its weights and --dtype")
+        return host
+
+    def _close(self, rows: _Rows, p: torch.Tensor, q: torch.Tensor, hidden: torch.Tensor, out: torch.Tensor,
+               accepted: torch.Tensor, host: list[list[int]], kept: list[int]) -> None:
+        """After the target's cache kept each row's tokens: the step's statistics along the kept chain (p (R, K+1, V),
+        q (R, K, V)), the head's next inputs (hidden (R, K+1, D) at each fed position) and the emitted tokens."""
+        p_draft = p[:, : self.k]
+        alpha_to = p_draft.gather(-1, q.argmax(-1, keepdim=True))[..., 0]
+        token_entropy = entropy(p)  # (R, K+1)
         self._log_block(rows, kept, token_entropy,
-                        (token_entropy[:, :k], torch.minimum(p_draft, q_kept).sum(-1), alpha_to))
-        self.drafter.accept(hidden.view(num, n, k + 1, -1)[rows_index, chain], out, kept)
-        self._emit(rows, out.gather(1, accepted[:, None])[:, 0], accepted + 1, [h[:m] for h, m in zip(host, kept)])
+                        (token_entropy[:, : self.k], torch.minimum(p_draft, q).sum(-1), alpha_to))
+        self.drafter.accept(hidden, out, kept)  # the head's next inputs: each kept position's (h, emitted token)
+        self._emit(rows, out.gather(1, accepted[:, None])[:, 0], accepted + 1, [h[:n] for h, n in zip(host, kept)])
 
     # ------------------------------------------------------------------ bookkeeping
     def _emit(self, rows: _Rows, last_token: torch.Tensor, num_new: torch.Tensor | int, new: list[list[int]]) -> None:
@@ -379,7 +408,7 @@ class _Runner:
         rows.counters = rows.counters + num_new
         keep = []
         for i, (row, tokens) in enumerate(zip(rows.index, new)):
-            reason = self._append(row, tokens)
+            reason = self.stops.append(self.outputs[row], tokens)
             if reason:
                 self.finish[row] = reason
             else:
@@ -390,30 +419,3 @@ class _Runner:
             self.target.cache.select_rows(keep)
             if self.drafter is not None:
                 self.drafter.select_rows(keep)
-
-    def _append(self, row: int, new: list[int]) -> str:
-        """Adds tokens to a row's completion; returns why it finished, or "" if it goes on."""
-        out = self.outputs[row]
-        limit = self.sampling.max_new_tokens
-        for token in new:
-            out.append(token)
-            if token == self.eos:
-                return "eos"
-            if len(out) >= limit:
-                return "length"
-        if self.sampling.stop:
-            return self._check_stop(row)
-        return ""
-
-    def _check_stop(self, row: int) -> str:
-        """Cuts the completion right after the first stop string, token-aligned."""
-        out = self.outputs[row]
-        text = self.tokenizer.decode(out, skip_special_tokens=True)
-        if not any(s in text for s in self.sampling.stop):
-            return ""
-        for end in range(1, len(out) + 1):
-            prefix = self.tokenizer.decode(out[:end], skip_special_tokens=True)
-            if any(s in prefix for s in self.sampling.stop):
-                del out[end:]
-                return "stop"
-        return ""
