@@ -342,7 +342,7 @@ class _Runner:
             q_verify = q if self.spec.mode == "rs" else None
             coins, race = draw_verify_noise(rows.keys, rows.counters, self.k, p.shape[-1])
             out, accepted = verify_from_noise(self.verifier, p, drafts, q_verify, coins, race, validate=False)
-        host = self._read(out, accepted, finite_at_drafts(q, drafts))
+        host = _read_step(out, accepted, finite_at_drafts(q, drafts))
         kept = [h[-2] + 1 for h in host]
         self.target.cache.commit(kept)
         self._close(rows, p, q, hidden, out, accepted, host, kept)
@@ -360,7 +360,7 @@ class _Runner:
         coins, race = draw_verify_noise(rows.keys, rows.counters, n + k - 1, vocab)
         chain, out, accepted = verify_multi_draft_from_noise(p, drafts, q, coins, race)
         finite = finite_at_drafts(q.view(num * n, k, vocab), lane_drafts).view(num, n).all(1)
-        host = self._read(out, accepted, finite, chain)  # NOTE: the kept chains come with the step's one host read
+        host = _read_step(out, accepted, finite, chain)  # NOTE: the kept chains come with the step's one host read
         kept, kept_chain = [h[-2] + 1 for h in host], [h[-3] for h in host]
         self.target.cache.commit([kept[lane // n] for lane in range(num * n)])
         self.target.cache.select_rows([r * n + c for r, c in enumerate(kept_chain)])
@@ -377,15 +377,6 @@ class _Runner:
                 torch.cuda.synchronize(drafts.device)
             self.draft_seconds = time.perf_counter() - start
         return drafts, q
-
-    @staticmethod
-    def _read(out: torch.Tensor, accepted: torch.Tensor, finite: torch.Tensor, *extra: torch.Tensor) -> list[list[int]]:
-        """The step's one host sync: per row its output tokens (K+1), then ``extra`` values, its count and q's
-        finiteness (``finite_at_drafts``, read at the drafts), so the check costs no sync of its own."""
-        host = torch.cat([out, *(e[:, None] for e in extra), accepted[:, None], finite[:, None].long()], 1).tolist()
-        if not all(h[-1] for h in host):  # verification against a NaN q is not exact: no token of this step is kept
-            raise BebopError("the MTP head drafted NaN or infinite probabilities; check its weights and --dtype")
-        return host
 
     def _close(self, rows: _Rows, p: torch.Tensor, q: torch.Tensor, hidden: torch.Tensor, out: torch.Tensor,
                accepted: torch.Tensor, host: list[list[int]], kept: list[int]) -> None:
@@ -419,3 +410,12 @@ class _Runner:
             self.target.cache.select_rows(keep)
             if self.drafter is not None:
                 self.drafter.select_rows(keep)
+
+
+def _read_step(out: torch.Tensor, accepted: torch.Tensor, finite: torch.Tensor, *extra: torch.Tensor) -> list[list[int]]:
+    """The step's one host sync: per row its output tokens (K+1), then ``extra`` values, its count and q's
+    finiteness (``finite_at_drafts``, read at the drafts), so the check costs no sync of its own."""
+    host = torch.cat([out, *(e[:, None] for e in extra), accepted[:, None], finite[:, None].long()], 1).tolist()
+    if not all(h[-1] for h in host):  # verification against a NaN q is not exact: no token of this step is kept
+        raise BebopError("the MTP head drafted NaN or infinite probabilities; check its weights and --dtype")
+    return host
