@@ -2,6 +2,7 @@
 
     PYTHONPATH=. .venv/bin/python bench/multidraft.py --threads 1     # ~20 min on 2 loaded CPU cores
     PYTHONPATH=. .venv/bin/python bench/multidraft.py --losses e2e_tv --temperatures 1 --batches 1 16
+    PYTHONPATH=. .venv/bin/python bench/multidraft.py --hybrid --threads 1 --batches 1 16   # ~3 min
 
 Accept lengths (``bebop.mtp.evaluate``, teacher-forced held-out embedded data, K = 3): one chain, and
 n = 2 and 4 i.i.d. first drafts verified by multi-round rejection (``bebop.speculative.multidraft``),
@@ -12,6 +13,10 @@ chains).
 Speed: engine tokens/s of rs at K = 3 with one chain and with n chains, on the embedded prompts at each
 --batches size, --repeats rounds of one call per setting in a random order; medians, and the per-round
 ratio to one chain as median [min, max] (the noise).
+
+With ``--hybrid``, only the speed table, on ``bench/hybrid.py``'s random Qwen3.5 hybrid (three Gated
+DeltaNet layers to one attention layer, its ``--quick`` sizes) with an MTP head CE-trained on the
+model's own samples as that script trains it; every lane copies the row's recurrent states too.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import math
 import os
 import statistics
 import time
+from collections.abc import Callable
 
 import scipy.stats
 import torch
@@ -32,7 +38,9 @@ from bebop.mtp.evaluate import evaluate_mtp
 from bebop.mtp.head import MtpHead
 from bebop.speculative import SamplingParams, SpecConfig, generate
 from bebop.utils.progress import stage
+from bench import hybrid
 from bench.rollout import make_prompts, run_order
+from bench.scale import IdTokenizer
 
 SPECULATE_K = 3
 NUM_DRAFTS = (2, 4)
@@ -65,7 +73,8 @@ def _sync(model) -> None:
         torch.cuda.synchronize(device)
 
 
-def measured_speeds(model, tok, head, batches: list[int], temperature: float, repeats: int, max_new: int) -> list[dict]:
+def measured_speeds(model, tok, head, batches: list[int], temperature: float, repeats: int, max_new: int,
+                    prompts_for: Callable[[int], list] = make_prompts) -> list[dict]:
     """Engine tokens/s of one chain (n = 1) and n chains, side by side: per batch size, ``repeats`` rounds
     of one call each in a random order (``bench.rollout.run_order``); medians, and the per-round ratio
     n / one chain as median [min, max]."""
@@ -73,7 +82,7 @@ def measured_speeds(model, tok, head, batches: list[int], temperature: float, re
     ns = (1,) + NUM_DRAFTS
     rows = []
     for batch in batches:
-        prompts = make_prompts(batch)
+        prompts = prompts_for(batch)
         tok_s = {n: [] for n in ns}
         accept = {n: [] for n in ns}
         for n in ns:  # warmup
@@ -111,11 +120,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-new-tokens", type=int, default=48, help="completion tokens per row in the speed table")
     ap.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
     ap.add_argument("--device", default="cpu", help="cpu, cuda or auto")
+    ap.add_argument("--hybrid", action="store_true", help="only the speed table, on a random Qwen3.5 hybrid "
+                    "(bench/hybrid.py --quick's model and head)")
     args = ap.parse_args(argv)
     if args.groups < 2:
         ap.error("--groups must be >= 2 (the interval needs two groups)")
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.hybrid:
+        return hybrid_speeds(args)
     model, tok = load_model(str(ensure_embedded_model()), device=args.device)
     data = embedded_data("eval", model, tok)
     print(f"# bench/multidraft.py | embedded model | K={SPECULATE_K} | {len(data)} held-out sequences in "
@@ -134,12 +147,32 @@ def main(argv: list[str] | None = None) -> None:
         speed_head = head
     if not args.batches:
         return
-    print(f"\nengine tokens/s (accept length), rs K={SPECULATE_K}, T={args.speed_temperature:g}, {args.losses[-1]} head, "
+    speed_table(model, tok, speed_head, f"{args.losses[-1]} head", args, make_prompts)
+
+
+def speed_table(model, tok, head, what: str, args, prompts_for: Callable[[int], list]) -> None:
+    print(f"\nengine tokens/s (accept length), rs K={SPECULATE_K}, T={args.speed_temperature:g}, {what}, "
           f"{args.max_new_tokens} new tokens, {args.repeats} rounds | load {os.getloadavg()[0]:.1f}\n")
     print("| B | n=1 | n=2 | n=4 | n=2 / n=1 | n=4 / n=1 |")
     print("|---:|---:|---:|---:|---:|---:|", flush=True)
     with stage("bench/multidraft.py: engine tokens/s"):
-        measured_speeds(model, tok, speed_head, args.batches, args.speed_temperature, args.repeats, args.max_new_tokens)
+        measured_speeds(model, tok, head, args.batches, args.speed_temperature, args.repeats, args.max_new_tokens,
+                        prompts_for)
+    print(f"\nload {os.getloadavg()[0]:.1f} at the end", flush=True)
+
+
+def hybrid_speeds(args) -> None:
+    """The speed table on bench/hybrid.py's --quick hybrid and its briefly trained CE head."""
+    sizes = hybrid.parse_args(["--quick", "--device", args.device])
+    with stage("bench/multidraft.py: a random Qwen3.5 hybrid and its head"):
+        model = hybrid.build_model("hybrid", sizes)
+        head = hybrid.train_head(model, sizes)
+    print(f"# bench/multidraft.py --hybrid | random Qwen3.5 hybrid (3 Gated DeltaNet : 1 attention), D="
+          f"{sizes.hidden_size}, {sizes.layers} layers, V={sizes.vocab} | {torch.get_num_threads()} thread(s) | "
+          f"{os.cpu_count()} CPUs")
+    if args.batches:
+        speed_table(model, IdTokenizer(), head, f"CE head ({sizes.head_steps} steps)", args,
+                    lambda batch: hybrid.make_prompts(batch, sizes.vocab))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
     PYTHONPATH=. .venv/bin/python bench/tail.py --quick --threads 1   # B = 16, V = 128, up to 512 new tokens
     PYTHONPATH=. .venv/bin/python bench/tail.py --threads 1           # B = 32 (4 prompts x 8), V = 256, up to 1,024
+    PYTHONPATH=. .venv/bin/python bench/tail.py --quick --threads 1 --num-drafts 2   # + rs with 2 chains a row
 
 A random Qwen3 (nothing is downloaded) whose next-token distribution is nearly flat over its V tokens,
 one of them EOS: each row stops with probability about 1/V a token, so completion lengths are about
@@ -13,6 +14,8 @@ learnt, completion lengths included, from one call to the next); the last call i
 steps are grouped by how many rows were still active (B, B/2, ..., 1): each group's tokens/s is its
 tokens over its seconds, and the mode auto ran in those steps is named. Modes run in turn, repeated
 ``--repeats`` times; the table gives the median tok/s and rs/none with [min, max] over the repeats.
+``--num-drafts n`` adds the mode ``rs n=n`` (rs with n drafted chains a row, ``SpecConfig(num_drafts=n)``),
+reported the same way, over none and over rs (one chain).
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ PROMPT_TOKENS = 16  # prompt length of every row
 EOS_ID = 1  # the token that ends a row
 SPECULATE_K = 3  # rs's K; auto chooses among none, to and rs at K = 1..4
 MODES = ("none", "rs", "auto")
+DEFAULTS = {"rows": 32, "vocab": 256, "max_new_tokens": 1024, "repeats": 2}
+QUICK = {"rows": 16, "vocab": 128, "max_new_tokens": 512, "repeats": 1}
 
 
 class EosTokenizer(IdTokenizer):
@@ -99,8 +104,9 @@ def decode_call(model, head, mode: str, rows: int, max_new: int, call: int, choo
             auto_generate.generate_auto(model, EosTokenizer(), prompts, mtp=head, sampling=sampling, seed=call,
                                         chooser=chooser)
         return made[0]
+    drafts = int(mode.split("n=")[1]) if "n=" in mode else 1  # "rs n=2": rs with 2 chains a row
     decoder = record(model, EosTokenizer(), prompts, mtp=head if mode != "none" else None, sampling=sampling,
-                     spec=SpecConfig(mode, SPECULATE_K), seed=call)
+                     spec=SpecConfig(mode.split()[0], SPECULATE_K, num_drafts=drafts), seed=call)
     while decoder.num_active:
         decoder.step()
     return decoder
@@ -126,9 +132,10 @@ def phases(decoder: RecordingDecoder, rows: int) -> list[dict]:
 
 def run(model, head, args) -> dict[str, list[dict]]:
     """Each mode's last call, repeat by repeat -> {mode: [{"phases", "seconds", "tokens", "accept"}, ...]}."""
-    out: dict[str, list[dict]] = {m: [] for m in MODES}
+    modes = MODES + tuple(f"rs n={n}" for n in args.num_drafts)
+    out: dict[str, list[dict]] = {m: [] for m in modes}
     for repeat in range(args.repeats):
-        for mode in MODES:
+        for mode in modes:
             chooser = AutoChooser() if mode == "auto" else None
             for call in range(args.calls):
                 with stage(f"bench/tail.py: repeat {repeat + 1}, {mode}, batch {call + 1}/{args.calls}"):
@@ -161,49 +168,62 @@ def _spread(values: list[float]) -> str:
 
 
 def report(results: dict[str, list[dict]], rows: int) -> list[str]:
-    """The table: per group of active rows, tok/s of each mode (median), rs/none and auto/none, auto's modes."""
-    lines = ["| active rows | steps none / rs / auto | none tok/s | rs tok/s | auto tok/s | rs / none | auto / none "
-             "| auto ran |", "|---|---|---|---|---|---|---|---|"]
+    """The table: per group of active rows, tok/s of each mode (median), each over none (and an ``rs n=``
+    mode over rs too), auto's modes."""
+    modes = list(results)
+    ratios = [(m, "none") for m in modes if m != "none"] + [(m, "rs") for m in modes if m.startswith("rs n=")]
+    lines = [f"| active rows | steps {' / '.join(modes)} | " + " | ".join(f"{m} tok/s" for m in modes) + " | "
+             + " | ".join(f"{a} / {b}" for a, b in ratios) + " | auto ran |",
+             "|---|---|" + "---|" * (len(modes) + len(ratios) + 1)]
+
+    def cells(rate: dict[str, list[float]]) -> str:
+        return " | ".join(_spread([x / y for x, y in zip(rate[a], rate[b])]) for a, b in ratios)
+
     for i, edge in enumerate(results["none"][0]["phases"]):
         low = edge["rows"] // 2 + 1
         label = f"{low}-{edge['rows']}" if low < edge["rows"] else str(edge["rows"])
-        rate = {m: [_rate(r["phases"][i]) for r in results[m]] for m in MODES}
-        steps = " / ".join(str(results[m][0]["phases"][i]["steps"]) for m in MODES)
+        rate = {m: [_rate(r["phases"][i]) for r in results[m]] for m in modes}
+        steps = " / ".join(str(results[m][0]["phases"][i]["steps"]) for m in modes)
         ran = sorted(set().union(*(r["phases"][i]["modes"] for r in results["auto"]))) or ["-"]
-        lines.append(f"| {label} | {steps} | " + " | ".join(_median(rate[m]) for m in MODES)
-                     + f" | {_spread([a / b for a, b in zip(rate['rs'], rate['none'])])} | "
-                       f"{_spread([a / b for a, b in zip(rate['auto'], rate['none'])])} | {', '.join(ran)} |")
-    whole = {m: [r["tokens"] / r["seconds"] for r in results[m]] for m in MODES}
-    lines.append(f"| whole call | | " + " | ".join(f"{statistics.median(whole[m]):.1f}" for m in MODES)
-                 + f" | {_spread([a / b for a, b in zip(whole['rs'], whole['none'])])} | "
-                   f"{_spread([a / b for a, b in zip(whole['auto'], whole['none'])])} | |")
+        lines.append(f"| {label} | {steps} | " + " | ".join(_median(rate[m]) for m in modes)
+                     + f" | {cells(rate)} | {', '.join(ran)} |")
+    whole = {m: [r["tokens"] / r["seconds"] for r in results[m]] for m in modes}
+    lines.append("| whole call | | " + " | ".join(f"{statistics.median(whole[m]):.1f}" for m in modes)
+                 + f" | {cells(whole)} | |")
     accept = [r["accept"] for r in results["rs"] if r["accept"]]
     lengths = results["none"][0]["lengths"]
     lines += ["", f"rs accept length {statistics.median(accept):.2f}; completion lengths (none, first repeat): "
                   f"min {lengths[0]}, median {lengths[len(lengths) // 2]}, max {lengths[-1]} of {rows} rows"]
+    for m in modes[len(MODES):]:
+        lines.append(f"{m} accept length {statistics.median(r['accept'] for r in results[m] if r['accept']):.2f}")
     return lines
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
-    ap.add_argument("--quick", action="store_true", help="B = 16, V = 128, up to 512 new tokens, 1 repeat")
-    ap.add_argument("--rows", type=int, default=32, help="B, rows of a batch (GRPO: prompts x group size)")
-    ap.add_argument("--max-new-tokens", type=int, default=1024, help="completion length cap")
-    ap.add_argument("--vocab", type=int, default=256, help="V: rows stop with probability about 1/V a token")
+    ap.add_argument("--quick", action="store_true", help="defaults B = 16, V = 128, up to 512 new tokens, 1 repeat")
+    ap.add_argument("--rows", type=int, help="B, rows of a batch (GRPO: prompts x group size); default 32")
+    ap.add_argument("--max-new-tokens", type=int, help="completion length cap; default 1024")
+    ap.add_argument("--vocab", type=int, help="V: rows stop with probability about 1/V a token; default 256")
     ap.add_argument("--hidden-size", type=int, default=256, help="D of the random model")
     ap.add_argument("--layers", type=int, default=4, help="decoder layers of the random model")
     ap.add_argument("--calls", type=int, default=2, help="batches decoded per mode; the last is reported")
-    ap.add_argument("--repeats", type=int, default=2, help="times the three modes run in turn")
+    ap.add_argument("--repeats", type=int, help="times the modes run in turn; default 2")
+    ap.add_argument("--num-drafts", type=int, nargs="+", default=[], help="also rs with n chains a row, per n")
     ap.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
     args = ap.parse_args(argv)
-    if args.quick:
-        args.rows, args.vocab, args.max_new_tokens, args.repeats = 16, 128, 512, 1
+    for key, value in (QUICK if args.quick else DEFAULTS).items():  # NOTE: --quick sets what was not given
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if any(n < 1 for n in args.num_drafts):
+        ap.error("--num-drafts must be >= 1")
     if args.threads:
         torch.set_num_threads(args.threads)
     model, head = build(args.vocab, args.hidden_size, args.layers, args.max_new_tokens)
     print(f"# bench/tail.py | torch {torch.__version__} | {torch.get_num_threads()} thread(s) | load "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs | B = {args.rows}, V = {args.vocab}, D = "
-          f"{args.hidden_size}, {args.layers} layers, max {args.max_new_tokens} new tokens, rs K = {SPECULATE_K}\n",
+          f"{args.hidden_size}, {args.layers} layers, max {args.max_new_tokens} new tokens, rs K = {SPECULATE_K}, "
+          f"calls {args.calls}, repeats {args.repeats}\n",
           flush=True)
     start = time.time()
     lines = report(run(model, head, args), args.rows)
