@@ -134,3 +134,16 @@ def verifier_stats(completions: Completions) -> SpecStats:
     stats = completions.log.to_stats([UNCUT] * len(completions.lengths))
     stats.num_generated_tokens = sum(completions.lengths)  # the completions' tokens, not the uncut bound
     return stats
+
+
+def assert_three_tokens_are_plain(model, out, sampling: SamplingParams, name: str) -> None:
+    """``out`` (rows of 3 tokens after STAT_PROMPT) fits plain sampling: the marginals of tokens 1..3 and the joint
+    of (1, 2) against the enumerated distribution (``exact_joint``), each by ``assert_fits``."""
+    tokens = np.array(out.token_ids)
+    assert tokens.shape[1] == 3
+    joint = exact_joint(model, STAT_PROMPT, sampling)
+    v = model.config.vocab_size
+    for t, marginal in enumerate((joint.sum((1, 2)), joint.sum((0, 2)), joint.sum((0, 1)))):
+        assert_fits(np.bincount(tokens[:, t], minlength=v), marginal, f"{name} token {t + 1}")
+    assert_fits(np.bincount(tokens[:, 0] * v + tokens[:, 1], minlength=v * v), joint.sum(2), f"{name} (1, 2)")
+
