@@ -108,10 +108,7 @@ class Drafter:
         noise = None
         for j in range(k):
             if j > 0:
-                positions = cache.begin(1)
-                g = head.forward_step(g[:, None], tokens[-1][:, None], positions, step=j,
-                                      attention_bias=cache.attention_bias(), cache=cache)[:, 0]
-                cache.shift_all(1)
+                g = self._chained_step(g, tokens[-1], j)
             logits = head.logits(g, step=j)
             q = self.probs(logits)
             if sampled:
@@ -145,10 +142,7 @@ class Drafter:
         noise = noise.reshape(num * num_drafts, k, vocab)
         tokens, probs = [first.reshape(-1)], [q_first.repeat_interleave(num_drafts, dim=0)]
         for j in range(1, k):
-            positions = cache.begin(1)
-            g = head.forward_step(g[:, None], tokens[-1][:, None], positions, step=j,
-                                  attention_bias=cache.attention_bias(), cache=cache)[:, 0]
-            cache.shift_all(1)
+            g = self._chained_step(g, tokens[-1], j)
             probs.append(self.probs(head.logits(g, step=j)))
             tokens.append(sample_from_probs(probs[-1], noise[:, j]))
         if k > 1:
@@ -156,6 +150,15 @@ class Drafter:
         cache.select_rows(list(range(0, num * num_drafts, num_drafts)))  # every lane's committed part is the row's
         return (torch.stack(tokens, 1).view(num, num_drafts, k),
                 torch.stack(probs, 1).view(num, num_drafts, k, vocab))
+
+    def _chained_step(self, g: torch.Tensor, token: torch.Tensor, step: int) -> torch.Tensor:  # (R, D)
+        """Draft step ``step`` >= 1 from the previous step's output g (R, D) and draft token (R,); its cache entry is
+        speculative (``draft`` and ``draft_lanes`` roll them back)."""
+        positions = self.cache.begin(1)
+        g = self.head.forward_step(g[:, None], token[:, None], positions, step=step,
+                                   attention_bias=self.cache.attention_bias(), cache=self.cache)[:, 0]
+        self.cache.shift_all(1)
+        return g
 
     def _feed_pending(self) -> torch.Tensor:  # (R, D)
         """Step 1 over the pending pairs, committed to the head's cache -> the head's output at each row's frontier."""
