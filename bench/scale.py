@@ -68,7 +68,6 @@ def build_model(vocab: int, layers: int, arch: str = "qwen3", tiny: bool = False
     ``positions`` positions; arch "qwen3_5" gives Qwen3.5 text blocks (full attention)."""
     import torch
     import transformers
-    from bebop.utils.progress import stage
 
     torch.manual_seed(0)
     width = TINY_WIDTH if tiny else dict(hidden_size=1024, intermediate_size=3072, num_attention_heads=16,
@@ -512,6 +511,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     import torch
     import transformers
+    from bebop.utils.progress import stage
 
     wanted = set(args.only or ["rl", "train-mtp", "eval-mtp", "mtp-long", "generate", "check-lossless", "export",
                                "length", "versus-hf"]

@@ -17,7 +17,7 @@ end of the call, as vLLM and SGLang do.
 
 q is the draft's temperature-scaled softmax, or with ``filter_drafts`` the target's top-k/top-p
 applied to the draft's logits (``bebop.speculative.engine``'s deviation 2); drafts are drawn from
-exactly that q (``sample_from_probs`` with the rows' draft-stream noise), or are its argmax when the
+exactly that q (``sampling.keyed_race`` on the rows' draft streams), or are its argmax when the
 step does not sample (``to`` mode, or temperature 0).
 """
 
@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import torch
 
+from bebop.speculative import rng
 from bebop.speculative.kv_cache import RaggedKVCache
-from bebop.speculative.multidraft import lane_noise
-from bebop.speculative.sampling import logits_to_probs, sample_from_probs
-from bebop.speculative.verification import draw_draft_noise
+from bebop.speculative.multidraft import lane_keys
+from bebop.speculative.sampling import keyed_race, logits_to_probs
+from bebop.speculative.verification import STREAM_DRAFT
 
 
 class Drafter:
@@ -104,20 +105,15 @@ class Drafter:
         """
         cache, head = self.cache, self.head
         g = self._feed_pending()  # (R, D)
+        # every draft step of a block draws at the block's counter, from its own stream
+        keys = rng.counter_keys(rows.keys[:, STREAM_DRAFT: STREAM_DRAFT + k], rows.counters) if sampled else None
         tokens, probs = [], []
-        noise = None
         for j in range(k):
             if j > 0:
                 g = self._chained_step(g, tokens[-1], j)
             logits = head.logits(g, step=j)
             q = self.probs(logits)
-            if sampled:
-                if noise is None:  # every draft step's noise in one pass, at the block's counter
-                    noise = draw_draft_noise(rows.keys, rows.counters, k, q.shape[-1])
-                token = sample_from_probs(q, noise[:, j])
-            else:
-                token = logits.argmax(-1)
-            tokens.append(token)
+            tokens.append(keyed_race(q, keys[:, j]) if sampled else logits.argmax(-1))
             probs.append(q)
         if k > 1:
             cache.rollback(k - 1)  # the chained steps' entries were speculative
@@ -129,22 +125,21 @@ class Drafter:
 
         The chained steps run on n copies of each row's cache (one lane per chain); the copies are dropped
         after the call. Lane 0 draws from the rows' draft streams, so n = 1 drafts exactly what ``draft``
-        draws; lane c > 0 from streams derived from them (``multidraft.lane_noise``).
+        draws; lane c > 0 from streams derived from them (``multidraft.lane_keys``).
         """
         cache, head = self.cache, self.head
         g = self._feed_pending()  # (R, D)
         q_first = self.probs(head.logits(g, step=0))  # (R, V)
         num, vocab = q_first.shape
-        noise = lane_noise(rows.keys, rows.counters, k, num_drafts, vocab)  # (R, n, K, V)
-        first = sample_from_probs(q_first[:, None].expand(num, num_drafts, vocab), noise[:, :, 0])  # (R, n)
-        cache.select_rows([r for r in range(num) for _ in range(num_drafts)])  # lane r * n + c
+        keys = lane_keys(rows.keys, rows.counters, k, num_drafts).reshape(num * num_drafts, k)  # lane r * n + c
+        cache.select_rows([r for r in range(num) for _ in range(num_drafts)])
         g = g.repeat_interleave(num_drafts, dim=0)  # (R n, D)
-        noise = noise.reshape(num * num_drafts, k, vocab)
-        tokens, probs = [first.reshape(-1)], [q_first.repeat_interleave(num_drafts, dim=0)]
+        probs = [q_first.repeat_interleave(num_drafts, dim=0)]
+        tokens = [keyed_race(probs[0], keys[:, 0])]  # n i.i.d. first drafts per row
         for j in range(1, k):
             g = self._chained_step(g, tokens[-1], j)
             probs.append(self.probs(head.logits(g, step=j)))
-            tokens.append(sample_from_probs(probs[-1], noise[:, j]))
+            tokens.append(keyed_race(probs[-1], keys[:, j]))
         if k > 1:
             cache.rollback(k - 1)
         cache.select_rows(list(range(0, num * num_drafts, num_drafts)))  # every lane's committed part is the row's

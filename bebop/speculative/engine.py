@@ -58,18 +58,18 @@ from bebop.speculative import rng
 from bebop.speculative.completions import Completions
 from bebop.speculative.drafter import Drafter
 from bebop.speculative.kv_cache import fill_order
-from bebop.speculative.multidraft import verify_multi_draft_from_noise
-from bebop.speculative.sampling import logits_to_probs, sample_from_probs
+from bebop.speculative.multidraft import verify_multi_draft_keyed
+from bebop.speculative.sampling import keyed_race, logits_to_probs
 from bebop.speculative.settings import MODES, SamplingParams, SpecConfig, check_settings, head_problem
 from bebop.speculative.stats import EmissionLog, entropy
 from bebop.speculative.target import Target
 from bebop.speculative.verification import (
     VERIFIERS,
-    draw_verify_noise,
     finite_at_drafts,
     greedy_verify,
     noise_keys,
-    verify_from_noise,
+    race_key,
+    verify_keyed,
 )
 from bebop.utils.errors import BebopError
 
@@ -291,8 +291,7 @@ class _Runner:
         self._log_block(rows, [1] * len(rows.index), entropy(probs)[:, None])
         if self.greedy:
             return logits.argmax(-1)
-        bits = rng.keyed_bits(rows.keys[:, 1:2], rows.counters, (logits.shape[-1],))[:, 0]  # resample stream
-        return sample_from_probs(probs, rng.exponential_from_bits(bits))
+        return keyed_race(probs, race_key(rows.keys, rows.counters))
 
     def _log_block(self, rows: _Rows, widths: list[int], token_entropy: torch.Tensor, drafts=None) -> None:
         """Logs a step's tokens (emitted next, from each row's current completion length)."""
@@ -340,8 +339,7 @@ class _Runner:
             out, accepted = greedy_verify(logits, drafts, validate=False)
         else:
             q_verify = q if self.spec.mode == "rs" else None
-            coins, race = draw_verify_noise(rows.keys, rows.counters, self.k, p.shape[-1])
-            out, accepted = verify_from_noise(self.verifier, p, drafts, q_verify, coins, race, validate=False)
+            out, accepted = verify_keyed(self.verifier, p, drafts, q_verify, rows.keys, rows.counters)
         host = _read_step(out, accepted, finite_at_drafts(q, drafts))
         kept = [h[-2] + 1 for h in host]
         self.target.cache.commit(kept)
@@ -357,8 +355,7 @@ class _Runner:
         lane_drafts = drafts.view(num * n, k)
         logits, hidden = self.target.forward(torch.cat([rows.last_token.repeat_interleave(n)[:, None], lane_drafts], 1))
         p = self._probs(logits).view(num, n, k + 1, vocab)
-        coins, race = draw_verify_noise(rows.keys, rows.counters, n + k - 1, vocab)
-        chain, out, accepted = verify_multi_draft_from_noise(p, drafts, q, coins, race)
+        chain, out, accepted = verify_multi_draft_keyed(p, drafts, q, rows.keys, rows.counters)
         finite = finite_at_drafts(q.view(num * n, k, vocab), lane_drafts).view(num, n).all(1)
         host = _read_step(out, accepted, finite, chain)  # NOTE: the kept chains come with the step's one host read
         kept, kept_chain = [h[-2] + 1 for h in host], [h[-3] for h in host]

@@ -38,15 +38,14 @@ import torch
 
 from bebop.speculative import rng
 from bebop.speculative.sampling import (
-    PAD_TOKEN_ID,
     accept_token_wise,
     acceptance_probs,
     compute_dtype,
-    drafts_with_bonus,
+    keyed_race,
     recovery_weights,
     sample_from_probs,
 )
-from bebop.speculative.verification import COIN_DTYPE, draw_draft_noise
+from bebop.speculative.verification import COIN_DTYPE, STREAM_DRAFT, draw_coins, output_tokens, race_key
 
 
 def _check(
@@ -156,10 +155,24 @@ def verify_multi_draft_from_noise(
     chain, num_accepted, weights = accept_multi_draft(target_probs, draft_tokens, draft_probs, uniform)
     emitted = sample_from_probs(weights, exponential.to(weights.dtype))  # (B,)
     kept = draft_tokens[torch.arange(chain.shape[0], device=chain.device), chain]  # (B, K)
-    positions = torch.arange(kept.shape[1] + 1, device=kept.device)  # (K+1,)
-    stop = num_accepted[:, None]  # (B, 1)
-    output = torch.where(positions < stop, drafts_with_bonus(kept), PAD_TOKEN_ID)
-    return chain, torch.where(positions == stop, emitted[:, None], output), num_accepted
+    return chain, output_tokens(kept, num_accepted, emitted), num_accepted
+
+
+def verify_multi_draft_keyed(
+    target_probs: torch.Tensor,  # (B, n, K+1, V)
+    draft_tokens: torch.Tensor,  # (B, n, K) int64
+    draft_probs: torch.Tensor,  # (B, n, K, V)
+    keys: torch.Tensor,  # (B, 2 + max_k) int64, the rows' stream keys (``verification.noise_keys``)
+    counters: torch.Tensor,  # (B,) int64, the rows' decode positions
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # (B,) int64, (B, K+1) int64, (B,) int64
+    """The engine's multi-draft verify step: `verify_multi_draft_from_noise` with the rows' keyed noise
+    (n + K - 1 coins, the emitted token's race by `sampling.keyed_race`), token for token."""
+    num_drafts, k = draft_tokens.shape[1:]
+    uniform = draw_coins(keys, counters, num_drafts + k - 1)
+    chain, num_accepted, weights = accept_multi_draft(target_probs, draft_tokens, draft_probs, uniform)
+    emitted = keyed_race(weights, race_key(keys, counters))
+    kept = draft_tokens[torch.arange(chain.shape[0], device=chain.device), chain]  # (B, K)
+    return chain, output_tokens(kept, num_accepted, emitted), num_accepted
 
 
 def multi_draft_verify(
@@ -195,18 +208,18 @@ def multi_draft_expected_accepts(
     return multi_draft_accept_prob(p_1, q_1, num_drafts).to(torch.float64) * (1 + deeper)
 
 
-def lane_noise(
+def lane_keys(
     keys: torch.Tensor,  # (R, 2 + max_k) int64, the rows' stream keys (``verification.noise_keys``)
     counters: torch.Tensor,  # (R,) int64, the rows' decode positions at the start of the block
     k: int,
     num_drafts: int,
-    vocab_size: int,
-) -> torch.Tensor:  # (R, n, K, V) float32 Exp(1)
-    """The draft noise of n chains: lane 0 is ``verification.draw_draft_noise`` (one chain's), lane c > 0
-    draws from the streams keyed by (the row's draft key of step j, c), a pure function of the row's seed
-    like every stream, so a row's drafts do not depend on its batch."""
-    lanes = [draw_draft_noise(keys, counters, k, vocab_size)]  # (R, K, V)
+) -> torch.Tensor:  # (R, n, K) int64
+    """The draft streams' keys of n chains at the rows' counters: lane 0 is one chain's (stream STREAM_DRAFT + j),
+    lane c > 0 the stream keyed by (the row's draft key of step j, c), a pure function of the row's seed like
+    every stream, so a row's drafts do not depend on its batch. Draft j of lane c is
+    ``sampling.keyed_race(q, lane_keys[:, c, j])``."""
+    lanes = [keys[:, STREAM_DRAFT: STREAM_DRAFT + k]]  # (R, K)
     for c in range(1, num_drafts):
-        lane_keys = torch.stack([rng.stream_keys(keys[:, 2 + j], [c])[:, 0] for j in range(k)], dim=1)  # (R, K)
-        lanes.append(rng.exponential_from_bits(rng.keyed_bits(lane_keys, counters, (vocab_size,))))
-    return torch.stack(lanes, dim=1)
+        lanes.append(torch.stack([rng.stream_keys(keys[:, STREAM_DRAFT + j], [c])[:, 0] for j in range(k)], dim=1))
+    stream = torch.stack(lanes, dim=1)  # (R, n, K)
+    return rng.counter_keys(stream.reshape(stream.shape[0], -1), counters).view(stream.shape)

@@ -153,11 +153,27 @@ def keyed_bits(
     shape: tuple[int, ...],
 ) -> torch.Tensor:  # (B, S, *shape) int64
     """`random_bits` for S streams in one pass, from precomputed stream keys."""
-    key = _absorb(keys, counters[:, None])  # (B, S)
-    num_elements = math.prod(shape)
-    element = torch.arange(1, num_elements + 1, dtype=torch.int64, device=keys.device)
-    bits = mix64(key[..., None] + element.mul_(GOLDEN_GAMMA))  # (B, S, N)
+    bits = element_bits(counter_keys(keys, counters), 0, math.prod(shape))  # (B, S, N)
     return bits.view(*keys.shape, *shape)
+
+
+def counter_keys(
+    keys: torch.Tensor,  # (B, S) int64 from stream_keys
+    counters: torch.Tensor,  # (B,) int64
+) -> torch.Tensor:  # (B, S) int64
+    """The full key of each (row, stream) at the rows' counters: where `element_bits` starts its sequence."""
+    return _absorb(keys, counters[:, None])
+
+
+def element_bits(
+    key: torch.Tensor,  # (...) int64 from counter_keys
+    start: int,
+    stop: int,
+) -> torch.Tensor:  # (..., stop - start) int64
+    """Elements start .. stop - 1 of `keyed_bits`' flat element index, for each key: a slice of the
+    elements can be drawn without the others (`keyed_bits` is elements 0 .. N - 1)."""
+    element = torch.arange(start + 1, stop + 1, dtype=torch.int64, device=key.device)
+    return mix64(key[..., None] + element.mul_(GOLDEN_GAMMA))
 
 
 def uniform_from_bits(

@@ -20,9 +20,9 @@ Transformers via Speculative Decoding"; Chen et al. 2023; Bebop, arXiv 2606.1237
 Every verify step has one shape (`verify_from_noise`): check the inputs, ask the verifier, draw the
 emitted token by the exponential race over its weights, and lay out [accepted drafts, emitted token,
 PAD_TOKEN_ID...]. The noise is an argument: `rejection_sample` and `block_verify` draw it from a
-`torch.Generator` in call order; the engine draws it from the counter-based `bebop.speculative.rng`
-with `draw_draft_noise` and `draw_verify_noise`, so a row's tokens do not depend on its batch. Stream
-layout of `noise_keys`:
+`torch.Generator` in call order; the engine's step (`verify_keyed`) and its drafter draw it from the
+counter-based `bebop.speculative.rng` (`draw_coins`, `sampling.keyed_race`), so a row's tokens do not
+depend on its batch. Stream layout of `noise_keys` (a stream's column is its number):
     STREAM_ACCEPT    uniform (B, K)   accept coins of one verify step
     STREAM_RESAMPLE  Exp(1) (B, V)    the recovered or bonus token of one verify step (a plain step's token)
     STREAM_DRAFT + j Exp(1) (B, V)    draft step j (0-based) of the same block, ŷ = argmax(q_j / E)
@@ -51,6 +51,7 @@ from bebop.speculative.sampling import (
     PAD_TOKEN_ID,
     accept_token_wise,
     drafts_with_bonus,
+    keyed_race,
     sample_from_probs,
 )
 from bebop.utils.torch_utils import compute_dtype
@@ -162,33 +163,22 @@ def noise_keys(
     return rng.stream_keys(seeds, [STREAM_ACCEPT, STREAM_RESAMPLE] + [STREAM_DRAFT + j for j in range(max_k)])
 
 
-def draw_draft_noise(
-    keys: torch.Tensor,  # (B, 2 + max_k) int64, from noise_keys
-    counters: torch.Tensor,  # (B,) int64, the rows' decode positions at the start of the block
-    k: int,  # K <= max_k, draft steps of the block
-    vocab_size: int,
-) -> torch.Tensor:  # (B, K, V) float32 Exp(1)
-    """Batch-independent noise of a block's K draft steps, in one pass: ŷ_j = sample_from_probs(q_j, noise[:, j])."""
-    if not 0 <= k <= keys.shape[1] - 2:
-        raise ValueError(f"k must lie in [0, {keys.shape[1] - 2}] (the keys' draft streams), got {k}")
-    return rng.exponential_from_bits(rng.keyed_bits(keys[:, 2: 2 + k], counters, (vocab_size,)))
-
-
-def draw_verify_noise(
+def race_key(
     keys: torch.Tensor,  # (B, 2 + max_k) int64, from noise_keys
     counters: torch.Tensor,  # (B,) int64, the rows' decode positions
-    k: int,  # K, drafts per row
-    vocab_size: int,
-) -> tuple[torch.Tensor, torch.Tensor]:  # (B, K) float64, (B, V) float32
-    """Batch-independent noise of one verify step: the accept coins and the recovered/bonus draw.
+) -> torch.Tensor:  # (B,) int64
+    """The key of the emitted token's race (stream STREAM_RESAMPLE) at the rows' counters, for `sampling.keyed_race`."""
+    return rng.counter_keys(keys[:, STREAM_RESAMPLE: STREAM_RESAMPLE + 1], counters)[:, 0]
 
-    NOTE: each stream is drawn at its own width (K coins, V race values): a joint (B, 2, max(K, V)) draw
-    hashes V - K coins no one reads, which at V = 152k, B = 16 doubled this function's time; an element's
-    bits do not depend on the width drawn, so both ways give the same noise.
-    """
-    coins = rng.keyed_bits(keys[:, 0:1], counters, (k,))[:, 0]  # (B, K): column 0, the accept stream
-    race = rng.keyed_bits(keys[:, 1:2], counters, (vocab_size,))[:, 0]  # (B, V): column 1, the recovered/bonus
-    return rng.uniform_from_bits(coins, COIN_DTYPE), rng.exponential_from_bits(race)
+
+def draw_coins(
+    keys: torch.Tensor,  # (B, 2 + max_k) int64, from noise_keys
+    counters: torch.Tensor,  # (B,) int64, the rows' decode positions
+    k: int,  # coins per row: K for one chain
+) -> torch.Tensor:  # (B, K) float64 in (0, 1)
+    """The accept coins of one verify step (stream STREAM_ACCEPT), batch-independent."""
+    return rng.uniform_from_bits(rng.keyed_bits(keys[:, STREAM_ACCEPT: STREAM_ACCEPT + 1], counters, (k,))[:, 0],
+                                 COIN_DTYPE)
 
 
 # ----------------------------------------------------------------------------- verify ops
@@ -235,10 +225,38 @@ def verify_from_noise(
         _raise_failed(checks)
     num_accepted, weights = verifier(target_probs, draft_tokens, draft_probs, uniform)  # (B,), (B, V)
     emitted = sample_from_probs(weights, exponential.to(weights.dtype))  # (B,)
-    positions = torch.arange(k + 1, device=target_probs.device)  # (K+1,)
+    return output_tokens(draft_tokens, num_accepted, emitted), num_accepted
+
+
+def verify_keyed(
+    verifier: Verifier,
+    target_probs: torch.Tensor,  # (B, K+1, V)
+    draft_tokens: torch.Tensor,  # (B, K) int64
+    draft_probs: torch.Tensor | None,  # (B, K, V); None = target-only
+    keys: torch.Tensor,  # (B, 2 + max_k) int64, from noise_keys
+    counters: torch.Tensor,  # (B,) int64, the rows' decode positions
+) -> tuple[torch.Tensor, torch.Tensor]:  # (B, K+1) int64, (B,) int64
+    """The engine's verify step: `verify_from_noise` with the rows' keyed noise (`draw_coins`, and the
+    STREAM_RESAMPLE race by `sampling.keyed_race`), token for token, without a (B, V) noise tensor. The
+    inputs are not checked: the engine made them."""
+    num_accepted, weights = verifier(target_probs, draft_tokens, draft_probs,
+                                     draw_coins(keys, counters, draft_tokens.shape[1]))
+    return output_tokens(draft_tokens, num_accepted, keyed_race(weights, race_key(keys, counters))), num_accepted
+
+
+def output_tokens(
+    draft_tokens: torch.Tensor,  # (B, K) int64
+    num_accepted: torch.Tensor,  # (B,) int64 in 0..K
+    emitted: torch.Tensor,  # (B,) int64, the recovered or bonus token
+) -> torch.Tensor:  # (B, K+1) int64
+    """A verify step's output per row: the accepted drafts, the emitted token, then PAD_TOKEN_ID.
+
+    Example: drafts [[5, 8]], 1 accepted, emitted 3 -> [[5, 3, -1]].
+    """
+    positions = torch.arange(draft_tokens.shape[1] + 1, device=draft_tokens.device)  # (K+1,)
     stop = num_accepted[:, None]  # (B, 1)
     output = torch.where(positions < stop, drafts_with_bonus(draft_tokens), PAD_TOKEN_ID)
-    return torch.where(positions == stop, emitted[:, None], output), num_accepted
+    return torch.where(positions == stop, emitted[:, None], output)
 
 
 def _verify_with_generator(
@@ -270,7 +288,7 @@ def rejection_sample(
     """Rejection sampling (draft_probs given) or target-only verification, noise from `generator`.
 
     The noise is drawn in call order, so a row's tokens depend on the batch it is in (the engine's
-    `draw_verify_noise` does not). generator=None uses torch's default generator. Args and returns
+    `verify_keyed` does not). generator=None uses torch's default generator. Args and returns
     as in `verify_from_noise`.
     """
     return _verify_with_generator(accept_token_wise, target_probs, draft_tokens, draft_probs, generator, validate)

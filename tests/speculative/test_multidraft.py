@@ -28,6 +28,7 @@ from bebop.speculative.multidraft import (
     multi_draft_verify,
     residuals,
     verify_multi_draft_from_noise,
+    verify_multi_draft_keyed,
 )
 from bebop.speculative.sampling import accept_token_wise, verify_distributions
 from bebop.speculative.verification import verify_from_noise
@@ -171,6 +172,26 @@ def test_one_chain_equals_token_wise_bit_for_bit():
     chain, got, got_accepted = verify_multi_draft_from_noise(p[:, None], drafts[:, None], q[:, None], coins, race)
     assert torch.equal(got, expected) and torch.equal(got_accepted, expected_accepted)
     assert (chain == 0).all()
+
+
+def test_keyed_step_equals_the_step_over_its_noise_drawn_whole():
+    """The engine's `verify_multi_draft_keyed` is `verify_multi_draft_from_noise` given the rows' coin and
+    race streams (`verification.noise_keys`) drawn whole, token for token."""
+    from bebop.speculative import rng
+    from bebop.speculative.verification import STREAM_ACCEPT, STREAM_RESAMPLE, noise_keys
+
+    gen = torch.Generator().manual_seed(4)
+    batch, n, k, vocab = 300, 3, 2, 9
+    p = torch.softmax(torch.randn(batch, n, k + 1, vocab, generator=gen) * 2, -1)
+    q = torch.softmax(torch.randn(batch, n, k, vocab, generator=gen) * 2, -1)
+    drafts = torch.multinomial(q.reshape(-1, vocab), 1, generator=gen).view(batch, n, k)
+    seeds, counters = rng.derive_seeds(2, 1, torch.arange(batch)), torch.arange(batch) % 11
+    coins = rng.uniform(seeds, STREAM_ACCEPT, counters, (n + k - 1,), torch.float64)
+    race = rng.exponential(seeds, STREAM_RESAMPLE, counters, (vocab,))
+    got = verify_multi_draft_keyed(p, drafts, q, noise_keys(seeds, k), counters)
+    want = verify_multi_draft_from_noise(p, drafts, q, coins, race)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert len(set(got[0].tolist())) == n  # every chain is kept somewhere
 
 
 def test_docstring_examples():

@@ -7,7 +7,8 @@ Three layers (the shape both verifiers share, its engine path and greedy: test_v
   * statistical: chi-square over 1e5 rows drawn by `rejection_sample`, RS and TO. α = 1e-4 per check
     and 6 checks, so a correct verifier fails the file with odds at most 6e-4 (union bound) for a seed
     picked at random; seeds are fixed, so a given checkout passes or fails deterministically.
-  * literal: logits_to_probs cases and the helpers' examples written by hand.
+  * literal: logits_to_probs cases, the helpers' examples written by hand, and `keyed_race` against the
+    race over its noise drawn whole.
 """
 
 import math
@@ -16,11 +17,12 @@ import numpy as np
 import pytest
 import torch
 
-from bebop.speculative import sampling
+from bebop.speculative import rng, sampling
 from bebop.speculative.sampling import (
     PAD_TOKEN_ID,
     accept_token_wise,
     acceptance_probs,
+    keyed_race,
     logits_to_probs,
     recovery_weights,
     sample_from_probs,
@@ -135,6 +137,44 @@ def test_helper_examples_and_zero_handling():
     assert torch.equal(recovery_weights(same, torch.tensor(0), same), same)
     # Exponential race example from the docstring.
     assert sample_from_probs(torch.tensor([0.0, 1.0, 3.0]), torch.tensor([0.5, 1.0, 2.0])).item() == 2
+
+
+def _both_races(weights: torch.Tensor, keys: torch.Tensor, counters: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`keyed_race` at the rows' stream keys and counters, and its definition: the stream's (B, V) noise drawn
+    whole (`rng.keyed_bits`), then one argmax per row."""
+    noise = rng.exponential_from_bits(rng.keyed_bits(keys[:, None], counters, (weights.shape[-1],)))[:, 0]
+    return keyed_race(weights, rng.counter_keys(keys[:, None], counters)[:, 0]), sample_from_probs(
+        weights, noise.to(weights.dtype))
+
+
+@pytest.mark.parametrize("block", [1, 7, 64, sampling.RACE_BLOCK_ELEMENTS], ids=lambda b: f"block={b}")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_keyed_race_is_the_race_over_its_noise_drawn_whole(monkeypatch, block, dtype):
+    """Any block size gives the tokens of one race over the whole row, sampled, filtered (zeros) and peaked rows,
+    float32 and float64; blocks of 1 value per row make every token its own block."""
+    monkeypatch.setattr(sampling, "RACE_BLOCK_ELEMENTS", block)
+    g = torch.Generator().manual_seed(5)
+    keys = rng.stream_keys(rng.derive_seeds(1, 2, torch.arange(5)), [3])[:, 0]
+    for vocab in (1, 2, 13, 300):
+        weights = torch.softmax(4 * torch.randn(5, vocab, generator=g, dtype=dtype), -1)
+        weights[1, ::2] = 0.0  # a filtered row
+        for counter in range(20):
+            counters = torch.arange(5) + counter
+            got, want = _both_races(weights, keys, counters)
+            assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("block", [1, 2, 3], ids=lambda b: f"block={b}")
+def test_keyed_race_ties_and_nan_as_one_argmax(monkeypatch, block):
+    """Ties across blocks go to the first maximal token and a NaN wins from where it first appears, as
+    torch.argmax over the whole row decides; a row of 4 tokens spans 1 to 4 blocks."""
+    monkeypatch.setattr(sampling, "RACE_BLOCK_ELEMENTS", block)
+    inf, nan = float("inf"), float("nan")
+    weights = torch.tensor([[0.1, inf, 0.2, inf], [0.1, 0.2, 0.3, nan], [nan, 0.5, nan, 0.1], [0.0, 0.0, 0.0, 0.0]])
+    keys = rng.stream_keys(rng.derive_seeds(0, 0, torch.arange(4)), [1])[:, 0]
+    counters = torch.zeros(4, dtype=torch.int64)
+    got, want = _both_races(weights, keys, counters)
+    assert torch.equal(got, want) and got.tolist() == [1, 3, 0, 0]
 
 
 # ----------------------------------------------------------------------------- statistical

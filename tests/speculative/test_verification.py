@@ -1,12 +1,13 @@
 """Tests for bebop.speculative.verification: the one shape both verifiers share (checks, noise, output).
 
   * statistical: the engine's path for each verifier in `VERIFIERS`: drafts drawn with
-    `draw_draft_noise`, verified with `draw_verify_noise` and `verify_from_noise`, chi-square over 1e5
+    `sampling.keyed_race` on the draft streams, verified with `verify_keyed`, chi-square over 1e5
     rows against the target's joint. α = 1e-4 per check, 3 checks per verifier, 6 in all, so a
     correct implementation fails the file with odds at most 6e-4 (union bound) for a seed picked at
     random; seeds are fixed, so a given checkout passes or fails deterministically.
-  * literal: the noise streams, batch independence, greedy cases, one-hot targets and K = 0 for both
-    verifiers, and input validation written by hand.
+  * literal: the noise streams (`verify_keyed` equals `verify_from_noise` on the streams' noise drawn whole),
+    batch independence, greedy cases, one-hot targets and K = 0 for both verifiers, and input validation
+    written by hand.
 """
 
 import pytest
@@ -14,19 +15,19 @@ import torch
 
 from bebop.speculative.settings import VERIFY_CHOICES
 from bebop.speculative import rng
-from bebop.speculative.sampling import PAD_TOKEN_ID, sample_from_probs
+from bebop.speculative.sampling import PAD_TOKEN_ID, keyed_race, sample_from_probs
 from bebop.speculative.verification import (
     STREAM_ACCEPT,
     STREAM_DRAFT,
     STREAM_RESAMPLE,
     VERIFIERS,
     block_verify,
-    draw_draft_noise,
-    draw_verify_noise,
+    draw_coins,
     greedy_verify,
     noise_keys,
     rejection_sample,
     verify_from_noise,
+    verify_keyed,
 )
 from tests.helpers.verification import (
     ALPHA,
@@ -47,38 +48,46 @@ def test_verifiers_are_the_verify_choices():
 
 
 def test_noise_follows_the_stream_layout():
-    """The draws are `rng`'s streams at the rows' counters: coins STREAM_ACCEPT, race STREAM_RESAMPLE,
-    draft step j STREAM_DRAFT + j; K may exceed V."""
+    """The engine's draws are `rng`'s streams at the rows' counters: coins STREAM_ACCEPT, the emitted token's
+    race STREAM_RESAMPLE, draft step j STREAM_DRAFT + j (the column of `noise_keys` is the stream); K may
+    exceed V. `verify_keyed` equals `verify_from_noise` given those streams' noise drawn whole."""
     seeds = rng.derive_seeds(4, 2, torch.arange(6))
     counters = torch.tensor([0, 3, 3, 9, 1, 40])
     keys = noise_keys(seeds, 3)
     for k, vocab in ((3, 11), (3, 2)):
-        coins, race = draw_verify_noise(keys, counters, k, vocab)
+        coins = draw_coins(keys, counters, k)
         assert torch.equal(coins, rng.uniform(seeds, STREAM_ACCEPT, counters, (k,), torch.float64))
-        assert torch.equal(race, rng.exponential(seeds, STREAM_RESAMPLE, counters, (vocab,)))
-        drafts = draw_draft_noise(keys, counters, k, vocab)  # (B, K, V)
-        for j in range(k):
-            assert torch.equal(drafts[:, j], rng.exponential(seeds, STREAM_DRAFT + j, counters, (vocab,)))
-    with pytest.raises(ValueError, match="draft streams"):
-        draw_draft_noise(keys, counters, 4, 11)
+        weights = torch.rand(6, vocab, generator=torch.Generator().manual_seed(vocab))
+        for stream in [STREAM_RESAMPLE] + [STREAM_DRAFT + j for j in range(k)]:
+            race = rng.exponential(seeds, stream, counters, (vocab,))
+            key = rng.counter_keys(keys[:, stream: stream + 1], counters)[:, 0]
+            assert torch.equal(keyed_race(weights, key), sample_from_probs(weights, race))
+        p = torch.softmax(torch.randn(6, k + 1, vocab, generator=torch.Generator().manual_seed(1)), -1)
+        q = torch.softmax(torch.randn(6, k, vocab, generator=torch.Generator().manual_seed(2)), -1)
+        drafts = torch.randint(0, vocab, (6, k), generator=torch.Generator().manual_seed(3))
+        race = rng.exponential(seeds, STREAM_RESAMPLE, counters, (vocab,))
+        for verifier in VERIFIERS.values():
+            got = verify_keyed(verifier, p, drafts, q, keys, counters)
+            want = verify_from_noise(verifier, p, drafts, q, coins, race)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 def _engine_path(tables, verify: str):
-    """1e5 rows the way the engine runs them: drafts from `draw_draft_noise`, then one verify step."""
+    """1e5 rows the way the engine runs them: drafts by `keyed_race` on the draft streams, then one verify step."""
     p1, p2, p3, q1, q2 = tables
     seeds = rng.derive_seeds(0, 0, torch.arange(NUM_ROWS))
     counters = torch.full((NUM_ROWS,), 17, dtype=torch.int64)
     keys = noise_keys(seeds, 2)
-    noise = draw_draft_noise(keys, counters, 2, JOINT_VOCAB)  # (N, 2, V)
-    y1 = sample_from_probs(q1.expand(NUM_ROWS, JOINT_VOCAB), noise[:, 0])
-    y2 = sample_from_probs(q2[y1], noise[:, 1])
+    draft_keys = rng.counter_keys(keys[:, STREAM_DRAFT: STREAM_DRAFT + 2], counters)
+    y1 = keyed_race(q1.expand(NUM_ROWS, JOINT_VOCAB), draft_keys[:, 0])
+    y2 = keyed_race(q2[y1], draft_keys[:, 1])
     target = torch.stack([p1.expand(NUM_ROWS, JOINT_VOCAB), p2[y1], p3[y1, y2]], dim=1)  # (N, 3, V)
     draft_tokens = torch.stack([y1, y2], dim=1)
     draft_probs = torch.stack([q1.expand(NUM_ROWS, JOINT_VOCAB), q2[y1]], dim=1)
 
     def run(rows=slice(None)):
-        coins, race = draw_verify_noise(keys[rows], counters[rows], 2, JOINT_VOCAB)
-        return verify_from_noise(VERIFIERS[verify], target[rows], draft_tokens[rows], draft_probs[rows], coins, race)
+        return verify_keyed(VERIFIERS[verify], target[rows], draft_tokens[rows], draft_probs[rows], keys[rows],
+                            counters[rows])
 
     return run
 
