@@ -1,7 +1,12 @@
 """Where a decode step's time goes: an rs step phase by phase beside a plain step, at each batch size.
 
 ``bench/rollout.py --step-profile K`` prints the table (``profile_table``) for the embedded model or
-any model and head; ``bench/hybrid.py`` prints it for its hybrid and full-attention models.
+any model and head; ``bench/hybrid.py`` prints it for its hybrid and full-attention models. Run as a
+script, it prints it at a real vocabulary: bench/scale.py's random model (V = 151,936, 2 layers of
+D = 1,024) with a head warm-started from its last layer (random weights: its accept length says nothing
+of a trained head's; the phases' costs are what the table is for)::
+
+    PYTHONPATH=. .venv/bin/python bench/step_profile.py --batch-sizes 16 --max-new-tokens 8
 
 Phases (each step's wall time is split among them; mean milliseconds per decode step):
     draft           ``Drafter.draft``: the K chained head steps, their lm_head and the drafts' sampling
@@ -126,3 +131,28 @@ def profile_table(model, tok, head, prompts_for, batch_sizes: list[int], k: int 
                 else " | "
             lines.append(f"| {batch} | {name} | " + " | ".join(cells) + f" | {total * 1e3:.2f} | {extra} |")
     return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    from bebop.mtp.head import MtpHead
+    from bench.scale import QWEN3_VOCAB, IdTokenizer, _random_ids, build_model
+
+    ap = argparse.ArgumentParser(description="the step profile at a real vocabulary", allow_abbrev=False)
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[16], help="rows B")
+    ap.add_argument("--max-new-tokens", type=int, default=8, help="tokens per row and call")
+    ap.add_argument("--repeats", type=int, default=2, help="calls per mode and B")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    model = build_model(QWEN3_VOCAB, 2)
+    head = MtpHead(model).eval()
+    for param in list(model.parameters()) + list(head.parameters()):
+        param.requires_grad_(False)
+    print(profile_table(model, IdTokenizer(), head, lambda b: _random_ids(b, 32, QWEN3_VOCAB), args.batch_sizes,
+                        max_new=args.max_new_tokens, repeats=args.repeats))
+
+
+if __name__ == "__main__":
+    main()
