@@ -22,6 +22,7 @@ import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import PreTrainedTokenizerFast, Qwen3_5ForCausalLM, Qwen3_5TextConfig
@@ -36,6 +37,9 @@ from bebop.utils.locks import entry_lock
 from bebop.utils.optim import make_adamw, master_state_dict
 from bebop.utils.progress import progress, say, step_line
 from bebop.utils.torch_utils import resolve_device, resolve_dtype, seed_everything, state_sha256
+
+if TYPE_CHECKING:
+    from bebop.mtp.data import Sequences
 
 EMBEDDED_VERSION = "v3"  # bump when the task, tokenizer or model changes, so stale caches are not reused
 CACHE_DTYPE = torch.float32  # NOTE: cached heads and data are built on, and keyed by, the float32 weights
