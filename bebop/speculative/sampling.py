@@ -70,7 +70,7 @@ def keyed_race(
     and raced one vocabulary block at a time.
 
     A block holds about RACE_BLOCK_ELEMENTS values, so its int64 bits and float64 uniforms stay in a core's
-    cache; drawn whole, three draft steps' noise at V = 151,936 and B = 16 was 58 MB of bits hashed in a
+    cache; drawn whole, three draft steps' noise at V = 151,936 and B = 16 is 58 MB of bits, hashed in a
     dozen passes over memory (docs/scaling.md). Ties and NaN resolve as one argmax over the row does: the
     first maximal index, a NaN before any number.
 
