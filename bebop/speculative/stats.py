@@ -44,6 +44,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+ENTROPY_BLOCK_ELEMENTS = 1 << 18  # values `entropy` reads at once: its temporaries stay in a core's cache
+
 
 @dataclass
 class SpecStats:
@@ -311,5 +313,19 @@ def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
 
 
 def entropy(probs: torch.Tensor) -> torch.Tensor:
-    """H(p) in nats over the last dim, with 0 log 0 = 0."""
+    """H(p) in nats over the last dim, with 0 log 0 = 0.
+
+    Rows go a block at a time (about ENTROPY_BLOCK_ELEMENTS values): each row is the same reduction as
+    over the whole tensor, while the clamp, log and product temporaries stay in a core's cache instead of
+    three (..., V) copies; at V = 151,936 and 64 rows, a fifth of the time on one CPU thread (docs/scaling.md).
+    """
+    flat = probs.reshape(-1, probs.shape[-1])
+    rows = max(1, ENTROPY_BLOCK_ELEMENTS // max(flat.shape[-1], 1))
+    if flat.shape[0] <= rows:
+        return _entropy(probs)
+    return torch.cat([_entropy(flat[start: start + rows]) for start in range(0, flat.shape[0], rows)]).view(
+        probs.shape[:-1])
+
+
+def _entropy(probs: torch.Tensor) -> torch.Tensor:
     return -(probs * torch.log(probs.clamp_min(1e-30))).sum(-1)

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from bebop.speculative.engine import SamplingParams, SpecConfig, generate
 from bebop.speculative.sampling import logits_to_probs
+from bebop.speculative import stats
 from bebop.speculative.stats import EmissionLog, concat_stats, entropy
 from tests.helpers.engine import ToyTokenizer, peaked_model, perturbed_head, record_blocks, toy_prompts, verifier_stats
 
@@ -257,3 +258,18 @@ def test_vllm_emitted_count_from_lengths_equals_the_engines(data):
     assert emitted_accepted(lengths, s.num_drafts) == s.num_accepted_tokens
     assert s.verifier_num_accepted_tokens == sum(w - 1 for widths in steps for w in widths)
     assert s.verifier_accepted_per_pos == [sum(w - 1 > j for widths in steps for w in widths) for j in range(k)]
+
+
+@pytest.mark.parametrize("block", [1, 5, 64, stats.ENTROPY_BLOCK_ELEMENTS], ids=lambda b: f"block={b}")
+def test_entropy_by_blocks_of_rows_is_the_whole_reduction(monkeypatch, block):
+    """Rows a block at a time give every row's entropy bit for bit as one reduction over the tensor does, for
+    (..., V) shapes of 1 to 3 dims, zeros (0 log 0 = 0), one-hot and float64 rows."""
+    monkeypatch.setattr(stats, "ENTROPY_BLOCK_ELEMENTS", block)
+    g = torch.Generator().manual_seed(0)
+    for shape, dtype in (((7,), torch.float32), ((5, 7), torch.float32), ((3, 4, 7), torch.float64), ((0, 7), torch.float32)):
+        probs = torch.softmax(3 * torch.randn(shape, generator=g, dtype=dtype), -1)
+        if probs.dim() > 1 and probs.shape[0]:
+            probs[0] = 0.0
+            probs[0, ..., 2] = 1.0
+        whole = -(probs * torch.log(probs.clamp_min(1e-30))).sum(-1)
+        assert torch.equal(stats.entropy(probs), whole)
