@@ -152,10 +152,8 @@ def verify_multi_draft_from_noise(
     """One multi-draft verify step, deterministically given the noise: the kept chain, the output laid
     out as `verification.verify_from_noise` lays it out (the kept chain's accepted drafts, the emitted
     token, then PAD_TOKEN_ID), and the accepted count."""
-    chain, num_accepted, weights = accept_multi_draft(target_probs, draft_tokens, draft_probs, uniform)
-    emitted = sample_from_probs(weights, exponential.to(weights.dtype))  # (B,)
-    kept = draft_tokens[torch.arange(chain.shape[0], device=chain.device), chain]  # (B, K)
-    return chain, output_tokens(kept, num_accepted, emitted), num_accepted
+    return _verify_multi_draft(target_probs, draft_tokens, draft_probs, uniform,
+                               lambda weights: sample_from_probs(weights, exponential.to(weights.dtype)))
 
 
 def verify_multi_draft_keyed(
@@ -168,11 +166,15 @@ def verify_multi_draft_keyed(
     """The engine's multi-draft verify step: `verify_multi_draft_from_noise` with the rows' keyed noise
     (n + K - 1 coins, the emitted token's race by `sampling.keyed_race`), token for token."""
     num_drafts, k = draft_tokens.shape[1:]
-    uniform = draw_coins(keys, counters, num_drafts + k - 1)
+    return _verify_multi_draft(target_probs, draft_tokens, draft_probs, draw_coins(keys, counters, num_drafts + k - 1),
+                               lambda weights: keyed_race(weights, race_key(keys, counters)))
+
+
+def _verify_multi_draft(target_probs, draft_tokens, draft_probs, uniform, race):
+    """`accept_multi_draft`, the emitted token drawn by ``race(weights)`` (B,), the kept chain's output laid out."""
     chain, num_accepted, weights = accept_multi_draft(target_probs, draft_tokens, draft_probs, uniform)
-    emitted = keyed_race(weights, race_key(keys, counters))
     kept = draft_tokens[torch.arange(chain.shape[0], device=chain.device), chain]  # (B, K)
-    return chain, output_tokens(kept, num_accepted, emitted), num_accepted
+    return chain, output_tokens(kept, num_accepted, race(weights)), num_accepted
 
 
 def multi_draft_verify(

@@ -223,9 +223,8 @@ def verify_from_noise(
             ((exponential > 0).all(), "exponential noise must be > 0 (and not NaN)"),
         ]
         _raise_failed(checks)
-    num_accepted, weights = verifier(target_probs, draft_tokens, draft_probs, uniform)  # (B,), (B, V)
-    emitted = sample_from_probs(weights, exponential.to(weights.dtype))  # (B,)
-    return output_tokens(draft_tokens, num_accepted, emitted), num_accepted
+    return _verify(verifier, target_probs, draft_tokens, draft_probs, uniform,
+                   lambda weights: sample_from_probs(weights, exponential.to(weights.dtype)))
 
 
 def verify_keyed(
@@ -239,9 +238,14 @@ def verify_keyed(
     """The engine's verify step: `verify_from_noise` with the rows' keyed noise (`draw_coins`, and the
     STREAM_RESAMPLE race by `sampling.keyed_race`), token for token, without a (B, V) noise tensor. The
     inputs are not checked: the engine made them."""
-    num_accepted, weights = verifier(target_probs, draft_tokens, draft_probs,
-                                     draw_coins(keys, counters, draft_tokens.shape[1]))
-    return output_tokens(draft_tokens, num_accepted, keyed_race(weights, race_key(keys, counters))), num_accepted
+    return _verify(verifier, target_probs, draft_tokens, draft_probs, draw_coins(keys, counters, draft_tokens.shape[1]),
+                   lambda weights: keyed_race(weights, race_key(keys, counters)))
+
+
+def _verify(verifier, target_probs, draft_tokens, draft_probs, uniform, race):
+    """The verifier's count and weights, the emitted token drawn by ``race(weights)`` (B,), the output laid out."""
+    num_accepted, weights = verifier(target_probs, draft_tokens, draft_probs, uniform)  # (B,), (B, V)
+    return output_tokens(draft_tokens, num_accepted, race(weights)), num_accepted
 
 
 def output_tokens(
