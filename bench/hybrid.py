@@ -19,8 +19,12 @@ a random order):
     snapshots/row   bytes a verify pass of K + 1 = 4 tokens holds per row until its commit
     verify/plain    a verify forward over K + 1 tokens over a plain forward, at B, K = 1..4 (medians of
                     interleaved calls, ``bench.rollout.measure_costs``)
-    step cost       milliseconds of an rs decode step (draft, verify, commit) over a plain one, from
-                    the calls below: a verify pass's whole cost in the loop over a plain step
+    step cost       an rs decode step (draft, verify, commit, bookkeeping) over a plain one: the mean
+                    decode step of each call below (``Completions.step_times``, prefill left out),
+                    medians over repeats
+    forwards        what the step's forwards alone cost, in plain steps: (verify over K + 1 + K draft
+                    steps) / plain, at K = 3 from the same medians as verify/plain; verify/plain (1 + K c)
+    gap             step cost - forwards: what sampling, verification, commit and bookkeeping add
     tok/s           completion tokens per second of ``none`` and ``rs`` (K = 3, T = 1), medians
     speedup         median of the per-repeat ratios rs / none, [min, max] over repeats (the noise)
     accept len      1 + accepted drafts per verify step
@@ -162,15 +166,15 @@ def run_rollouts(models: dict, heads: dict, batch: int, args) -> dict:
     """tok/s of none and rs per model at B = ``batch``, every setting once per repeat in a random order."""
     prompts = make_prompts(batch, args.vocab)
     settings = [(name, mode) for name in models for mode in ("none", "rs")]
-    calls = {s: [] for s in settings}  # (seconds, forwards: decode steps + prefill) per timed call
+    calls = {s: [] for s in settings}  # (seconds, mean decode step seconds) per timed call
     accept = {}
     for repeat in range(args.repeats + 1):  # repeat 0 warms up
         for name, mode in run_order(settings, repeat):
             method = Method(mode, SPECULATE_K if mode == "rs" else 0)
-            took, out, num_steps = run_bebop(models[name], _Tokenizer(), heads[name], prompts, method, 1.0,
-                                             args.max_new_tokens, seed=repeat)
+            took, out, _ = run_bebop(models[name], _Tokenizer(), heads[name], prompts, method, 1.0,
+                                     args.max_new_tokens, seed=repeat)
             if repeat:
-                calls[(name, mode)].append((took, num_steps + 1))
+                calls[(name, mode)].append((took, statistics.fmean(t for _, t, _ in out.step_times)))
                 if mode == "rs":
                     accept[name] = out.stats.accept_length
     rows = {}
@@ -178,7 +182,7 @@ def run_rollouts(models: dict, heads: dict, batch: int, args) -> dict:
     for name in models:
         none, rs = calls[(name, "none")], calls[(name, "rs")]
         ratios = [n / r for (n, _), (r, _) in zip(none, rs)]  # the same repeat's calls: paired
-        per_step = {mode: statistics.median(t / f for t, f in calls[(name, mode)]) for mode in ("none", "rs")}
+        per_step = {mode: statistics.median(step for _, step in calls[(name, mode)]) for mode in ("none", "rs")}
         rows[name] = {
             "step_cost": per_step["rs"] / per_step["none"],
             "none": tokens / statistics.median(t for t, _ in none), "rs": tokens / statistics.median(t for t, _ in rs),
@@ -197,7 +201,7 @@ def rollback_model(family: str, device: str) -> torch.nn.Module:
     return getattr(transformers, model_name)(config).to(device).eval()
 
 
-@torch.no_grad()
+@torch.inference_mode()  # as the engine runs its forwards
 def measure_rollback(model, batch: int, repeats: int, device: str) -> dict:
     """{mode: (held bytes, median seconds of a verify pass and its commit)} at B = ``batch``."""
     capacity = 8 + (repeats + 1) * (SPECULATE_K + 1)
@@ -262,9 +266,9 @@ def main(argv=None) -> None:
         kept, pending = state_bytes(model, args)
         params = sum(p.numel() for p in model.parameters())
         print(f"| {kind} | {params / 1e6:.2f}M | {kept / 1024:.1f} KiB | {pending / 1024:.1f} KiB |")
-    print("\n| B | model | verify/plain K=1 | K=2 | K=3 | K=4 | plain ms | step cost | none tok/s | rs tok/s | "
-          "speedup [min, max] | accept len |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("\n| B | model | verify/plain K=1 | K=2 | K=3 | K=4 | plain ms | step cost | forwards | gap | none tok/s | "
+          "rs tok/s | speedup [min, max] | accept len |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for batch in args.batch_sizes:
         with stage(f"bench/hybrid.py: step costs and rollouts at B={batch}"):
             costs = {kind: measure_costs(model, heads[kind], batch, COST_KS, kv_len=32)
@@ -273,8 +277,10 @@ def main(argv=None) -> None:
         for kind in models:
             c, r = costs[kind], rows[kind]
             ratios = " | ".join(f"{c[k]['verify_over_plain']:.2f}" for k in COST_KS)
+            k = c[SPECULATE_K]
+            forwards = (k["verify_s"] + SPECULATE_K * k["draft_s"]) / k["plain_s"]
             print(f"| {batch} | {kind} | {ratios} | {c[1]['plain_s'] * 1e3:.1f} | {r['step_cost']:.2f} | "
-                  f"{r['none']:.0f} | {r['rs']:.0f} | "
+                  f"{forwards:.2f} | {r['step_cost'] - forwards:+.2f} | {r['none']:.0f} | {r['rs']:.0f} | "
                   f"{r['speedup']:.2f}x [{r['low']:.2f}, {r['high']:.2f}] | {r['accept']:.2f} |")
     for kind, model in models.items():  # where an rs step's time goes, phase by phase
         print(f"\n{kind}:", profile_table(model, _Tokenizer(), heads[kind], lambda b: make_prompts(b, args.vocab),

@@ -9,6 +9,8 @@
                                                                     # + rs at top-k 20 / top-p 0.9, q filtered or not
     PYTHONPATH=. .venv/bin/python bench/rollout.py --block --modes rs --ks 3 --temperatures 1 0.7 --no-hf
                                                                     # + rs with block verification ("rs block" rows)
+    PYTHONPATH=. .venv/bin/python bench/rollout.py --modes rs --ks 3 --temperatures 1 --batch-sizes 32 \
+        --group-size 8 --step-profile 3 --threads 1                 # bench/trl_step.py's rollouts: 4 prompts x 8
 
 Defaults: the embedded model and its e2e-TV head (both trained and cached on first use).
 
@@ -148,6 +150,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--filtered", action="store_true",
                     help=f"also run none and rs at top-k {FILTER_TOP_K} / top-p {FILTER_TOP_P} (T > 0 only), "
                          "with drafts from q as is and from q filtered the same way")
+    ap.add_argument("--group-size", type=int, default=1, metavar="G",
+                    help="each distinct prompt G times in a row, as GRPO samples a group (B / G distinct prompts)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads; 0 = torch's default")
     ap.add_argument("--device", default="cpu", help="cpu, cuda or auto")
     ap.add_argument("--json", default=None, metavar="OUT", help="write every row and cost to this JSON file")
@@ -160,6 +164,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.quick:
         for key, value in QUICK.items():
             setattr(args, key, value)
+    if args.group_size < 1 or any(b % args.group_size for b in args.batch_sizes):
+        ap.error(f"--group-size {args.group_size} must be at least 1 and divide every batch size {args.batch_sizes}")
     return args
 
 
@@ -177,8 +183,9 @@ def load(args: argparse.Namespace):
     return model, tok, head
 
 
-def make_prompts(num: int) -> list[str]:
-    return [p.prompt for p in arith.make_problems(num, seed=PROMPT_SEED)]
+def make_prompts(num: int, group_size: int = 1) -> list[str]:
+    """``num`` prompts: ``num / group_size`` distinct ones, each repeated ``group_size`` times in a row (GRPO's groups)."""
+    return [p.prompt for p in arith.make_problems(num // group_size, seed=PROMPT_SEED) for _ in range(group_size)]
 
 
 def header(args, model, head, device) -> str:
@@ -360,7 +367,7 @@ def _prefilled_caches(model, head, batch: int, kv_len: int, capacity: int):
     return target, mtp_cache, g[:, -1:], ids[:, -1:]
 
 
-@torch.no_grad()
+@torch.inference_mode()  # as the engine runs its forwards
 def measure_costs(model, head, batch: int, ks: list[int], kv_len: int, stat: str = "median") -> dict[int, dict]:
     """Seconds of one chained draft step, one verify forward over K+1 tokens and one plain forward,
     interleaved call by call at batch ``batch`` over ``kv_len`` cached positions; medians (or minima).
@@ -404,7 +411,7 @@ def measure_costs(model, head, batch: int, ks: list[int], kv_len: int, stat: str
 def run_group(model, tok, head, methods: list[Method], batch: int, temperature: float, args,
               top_k: int = 0, top_p: float = 1.0) -> list[Row]:
     """Every method at (B, T): one short warmup each, then ``repeats`` interleaved timed calls."""
-    prompts = make_prompts(batch)
+    prompts = make_prompts(batch, args.group_size)
     rows = {m: Row(m.name, m.k, batch, temperature, m.filter_drafts, top_k, top_p, verify=m.verify) for m in methods}
     outputs = {}
 
@@ -576,7 +583,7 @@ def main(argv: list[str] | None = None) -> None:
     costs: dict[int, dict[int, dict]] = {}
     start = time.perf_counter()
     for batch in args.batch_sizes:
-        kv_len = max(len(tok.encode(p)) for p in make_prompts(batch)) + args.max_new_tokens // 2
+        kv_len = max(len(tok.encode(p)) for p in make_prompts(batch, args.group_size)) + args.max_new_tokens // 2
         with stage(f"bench/rollout.py: step costs at B={batch}"):
             costs[batch] = measure_costs(model, head, batch, args.ks, kv_len, args.stat)
         methods = [Method("none")] + ([] if args.no_hf else [Method("hf")])
@@ -601,7 +608,8 @@ def main(argv: list[str] | None = None) -> None:
                       file=sys.stderr, flush=True)
     print(format_tables(rows, costs, args.stat))
     if args.step_profile:
-        print("\n" + profile_table(model, tok, head, make_prompts, args.batch_sizes, args.step_profile, 1.0,
+        prompts_for = lambda b: make_prompts(b, args.group_size)  # noqa: E731
+        print("\n" + profile_table(model, tok, head, prompts_for, args.batch_sizes, args.step_profile, 1.0,
                                    args.max_new_tokens, min(args.repeats, 3)))
     print("\n" + format_notes(rows, notes))
     print(f"\ntotal {time.perf_counter() - start:.0f}s, load {os.getloadavg()[0]:.1f} at the end")

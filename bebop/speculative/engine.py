@@ -72,6 +72,7 @@ from bebop.speculative.verification import (
     verify_keyed,
 )
 from bebop.utils.errors import BebopError
+from bebop.utils.torch_utils import release_inference_buffers
 
 
 @dataclass
@@ -132,6 +133,10 @@ class Decoder:
     an MTP head and ``max_speculate_k`` > 0, plain steps keep the head's inputs, so ``none`` can be
     followed by ``to``/``rs``.
 
+    The prefill and every step run under ``torch.inference_mode`` (no autograd bookkeeping per op: about a
+    seventh of a step on a small model on a CPU, docs/results.md); ``result`` turns any buffer the model or
+    head made meanwhile back into a normal tensor (``release_inference_buffers``), so training may follow.
+
     Args:
         model, tokenizer, prompts, mtp, sampling, spec, seed, step, row_ids: as for ``generate``.
         max_speculate_k: the deepest K any step may draft (default: the spec's K).
@@ -169,7 +174,7 @@ class Decoder:
         )
         self.step_times: list[tuple[int, float, float]] = []
         start = time.perf_counter()
-        with torch.no_grad():
+        with torch.inference_mode():
             self.runner.prefill(self.rows, self.prompt_ids)
         self.prefill_seconds = time.perf_counter() - start
 
@@ -199,7 +204,7 @@ class Decoder:
         """One decode step of the active rows -> (rows, seconds, seconds of its drafting or 0)."""
         num_rows, start = len(self.rows.index), time.perf_counter()
         self.runner.draft_seconds = 0.0
-        with torch.no_grad():
+        with torch.inference_mode():
             self.runner.decode_step(self.rows)
         self.step_times.append((num_rows, time.perf_counter() - start, self.runner.draft_seconds))
         return self.step_times[-1]
@@ -207,6 +212,7 @@ class Decoder:
     def result(self) -> Completions:
         """The completions and statistics; call once every row has finished."""
         runner = self.runner
+        release_inference_buffers(runner.target.model, runner.drafter.head if runner.drafter else None)
         texts = [self.tokenizer.decode(t, skip_special_tokens=True) for t in runner.outputs]
         lengths = [len(t) for t in runner.outputs]
         return Completions(

@@ -119,3 +119,21 @@ def cache_kwargs(module: torch.nn.Module, cache) -> dict:
     ``cache`` in every model's ``forward``: then callers pass ``cache=`` themselves.
     """
     return {"cache" if _takes_cache(type(module)) else "past_key_values": cache}
+
+
+def release_inference_buffers(*modules: torch.nn.Module | None) -> int:
+    """Replaces every buffer of ``modules`` that is an inference tensor with a normal copy; returns how many.
+
+    A model may create a buffer during a forward (a dynamic rotary's ``inv_freq``); under
+    ``torch.inference_mode`` that buffer is an inference tensor, which autograd refuses to save and which
+    no op outside inference mode may change in place, so a training step after the rollout would fail
+    on it. The decoder calls this once per call, after its last step. None entries are skipped.
+    """
+    released = 0
+    for module in modules:
+        for sub in module.modules() if module is not None else ():
+            for name, buffer in sub._buffers.items():
+                if buffer is not None and buffer.is_inference():
+                    sub._buffers[name] = buffer.clone()
+                    released += 1
+    return released

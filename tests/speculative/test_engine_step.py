@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from bebop.speculative.engine import Decoder, SamplingParams, SpecConfig
+from bebop.utils.torch_utils import release_inference_buffers
 from tests.helpers.engine import ToyTokenizer, peaked_model, perturbed_head, toy_prompts
 
 HOST_READS = ("tolist", "item", "__bool__", "__int__", "__float__", "__index__", "numpy", "cpu")
@@ -47,3 +48,45 @@ def test_a_decode_step_reads_the_device_once(mode, temperature, verify, monkeypa
         assert len(reads) - before == 1, reads[before:]
     monkeypatch.undo()
     assert steps >= 3 and decoder.result().finish_reasons
+
+
+class _LazyBuffer(torch.nn.Module):
+    """Registers a buffer the first time it runs, as a dynamic rotary registers its ``inv_freq``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not hasattr(self, "scale"):
+            self.register_buffer("scale", torch.ones(x.shape[-1]), persistent=False)
+        return x * self.scale
+
+
+@pytest.mark.parametrize("released", [True, False])
+def test_a_buffer_made_during_a_rollout_trains_afterwards(released, monkeypatch):
+    """The decoder runs in inference mode; a buffer the model makes meanwhile is released as a normal tensor,
+    so a training step that saves it for backward works (without the release, autograd refuses it)."""
+    model = peaked_model(eos_token_id=None)
+    lazy = _LazyBuffer()
+    model.get_decoder().norm.register_forward_hook(lambda _m, _args, out: lazy(out))
+    if not released:
+        monkeypatch.setattr("bebop.speculative.engine.release_inference_buffers", lambda *modules: 0)
+    model.add_module("lazy", lazy)
+    Decoder(model, ToyTokenizer(eos_token_id=5), toy_prompts((2, 5)), sampling=SamplingParams(max_new_tokens=3),
+            spec=SpecConfig("none"), seed=0).result()
+    weight = torch.ones(lazy.scale.shape, requires_grad=True)
+    if released:
+        assert not lazy.scale.is_inference()
+        (weight * lazy.scale).sum().backward()
+        assert torch.equal(weight.grad, torch.ones_like(weight))
+    else:
+        with pytest.raises(RuntimeError, match="[Ii]nference tensor"):
+            (weight * lazy.scale).sum().backward()
+
+
+def test_release_inference_buffers_copies_only_inference_buffers():
+    module = torch.nn.Linear(2, 2)
+    module.register_buffer("normal", torch.zeros(2))
+    with torch.inference_mode():
+        module.register_buffer("made", torch.ones(2))
+    assert module.made.is_inference()
+    assert release_inference_buffers(module, None) == 1
+    assert not module.made.is_inference() and torch.equal(module.made, torch.ones(2))
+    assert release_inference_buffers(module) == 0
