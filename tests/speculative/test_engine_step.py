@@ -3,6 +3,8 @@
 Every way a step could read a tensor's values on the host is counted (``tolist``, ``item``, ``bool``,
 ``int``, ``float``, ``numpy``, ``cpu``); a speculative step reads its rows' tokens, counts and q's
 finiteness together, a plain step its tokens. A second read would stall a GPU's queue once more per step.
+
+The steps run in inference mode; a buffer the model makes meanwhile must not stay an inference tensor.
 """
 
 from __future__ import annotations
