@@ -53,6 +53,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import functools
 import json
 import os
 import pstats
@@ -608,7 +609,7 @@ def main(argv: list[str] | None = None) -> None:
                       file=sys.stderr, flush=True)
     print(format_tables(rows, costs, args.stat))
     if args.step_profile:
-        prompts_for = lambda b: make_prompts(b, args.group_size)  # noqa: E731
+        prompts_for = functools.partial(make_prompts, group_size=args.group_size)
         print("\n" + profile_table(model, tok, head, prompts_for, args.batch_sizes, args.step_profile, 1.0,
                                    args.max_new_tokens, min(args.repeats, 3)))
     print("\n" + format_notes(rows, notes))
